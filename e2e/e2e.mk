@@ -1,0 +1,35 @@
+# End-to-end targets (control plane build, e2e): included by the top-level Makefile.
+# The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, helm,
+# kubectl, kwok stages, third-party CRDs) is built from e2e/versions.env into
+# ~/.cache/tpusync/controlplane/<key>/ by e2e/build-controlplane.sh; see docs/e2e.md.
+
+E2E_BUILD := e2e/build-controlplane.sh
+# Lazily evaluated: only targets that use it pay for the hashing.
+CONTROLPLANE_DIR = $(shell bash $(E2E_BUILD) --print)
+CONTROLPLANE_BIN = $(CONTROLPLANE_DIR)/bin
+
+.PHONY: controlplane controlplane-dir controlplane-bin controlplane-regen e2e e2e-cluster
+
+# Builds the control plane if the cache lacks it (no-op, about a second, when present).
+# The Go builds run under nice so they yield to anything else on the machine.
+controlplane:
+	nice -n 19 bash $(E2E_BUILD)
+
+controlplane-dir:
+	@echo $(CONTROLPLANE_DIR)
+
+# Prints the directory holding etcd, kube-apiserver, ..., kwok, helm, kubectl.
+controlplane-bin:
+	@echo $(CONTROLPLANE_BIN)
+
+# After bumping KUBERNETES_VERSION or ETCD_VERSION in e2e/versions.env: regenerate the wrapper
+# modules' go.mod/go.sum, then commit them.
+controlplane-regen:
+	bash e2e/controlplane/regen-gomod.sh
+
+e2e: controlplane install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m pytest e2e -q
+
+# Starts a cluster with fake TPU node pools for manual poking; Ctrl-C tears it down.
+e2e-cluster: controlplane install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) e2e/cluster.py

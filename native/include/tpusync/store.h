@@ -1,0 +1,191 @@
+// Store: the host's block store. A shared-memory DRAM pool in front of an optional disk tier.
+//
+// put copies blocks into DRAM slots; when DRAM runs low, the least recently used unpinned
+// blocks are written behind to disk by background threads and their slots reused. get copies
+// blocks out, promoting disk blocks back into DRAM after verifying their checksums. Every
+// method is thread-safe. Long calls do their copies and disk I/O without holding the lock.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tpusync/block_index.h"
+#include "tpusync/block_key.h"
+#include "tpusync/block_pool.h"
+#include "tpusync/disk_tier.h"
+#include "tpusync/status.h"
+
+namespace tpusync {
+
+struct StoreOptions {
+  BlockPoolOptions pool;
+  bool disk_enabled = false;
+  DiskTierOptions disk;  // block_bytes is taken from the pool
+  uint32_t io_threads = 1;
+  // Write-behind starts when fewer than this fraction of DRAM slots are free.
+  double writeback_watermark = 0.05;
+};
+
+struct ConstBuffer {
+  const std::byte* data;
+  size_t size;
+};
+
+struct MutableBuffer {
+  std::byte* data;
+  size_t size;
+};
+
+struct LookupResult {
+  size_t prefix_len = 0;    // leading keys that are present in some tier
+  std::vector<Tier> tiers;  // per key
+};
+
+struct StoreStats {
+  uint64_t block_bytes = 0;
+  uint64_t dram_slots = 0, dram_used = 0;
+  uint64_t disk_extents = 0, disk_used = 0;
+  uint64_t blocks = 0, pinned = 0;
+  uint64_t puts = 0, put_dedup = 0, bytes_put = 0;
+  uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
+  uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
+  uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0;
+  uint64_t recovered_dram = 0, recovered_disk = 0;
+  bool hugepages = false, mlocked = false, direct_io = false;
+  std::string last_error;
+};
+
+class Store;
+
+// A DRAM slot reserved for one key, written in place (no copy), then committed.
+// Destroying an uncommitted lease releases the slot. Must not outlive its Store.
+class WriteLease {
+ public:
+  WriteLease(WriteLease&& o) noexcept;
+  WriteLease& operator=(WriteLease&&) = delete;
+  ~WriteLease();
+  std::byte* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+  uint64_t file_offset() const { return file_offset_; }
+  const BlockKey& key() const { return key_; }
+  // Publishes the first `length` bytes as the block. kFailedPrecondition if already done.
+  Status Commit(uint64_t length);
+
+ private:
+  friend class Store;
+  WriteLease(Store* s, BlockKey k, uint32_t slot, std::byte* d, size_t cap, uint64_t off)
+      : store_(s), key_(k), slot_(slot), data_(d), capacity_(cap), file_offset_(off) {}
+  Store* store_;
+  BlockKey key_;
+  uint32_t slot_;
+  std::byte* data_;
+  size_t capacity_;
+  uint64_t file_offset_;
+};
+
+// A resident block held in DRAM for reading in place; it cannot be evicted while held.
+class ReadLease {
+ public:
+  ReadLease(ReadLease&& o) noexcept;
+  ReadLease& operator=(ReadLease&&) = delete;
+  ~ReadLease();
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  uint64_t file_offset() const { return file_offset_; }
+
+ private:
+  friend class Store;
+  ReadLease(Store* s, BlockKey k, const std::byte* d, size_t n, uint64_t off)
+      : store_(s), key_(k), data_(d), size_(n), file_offset_(off) {}
+  Store* store_;
+  BlockKey key_;
+  const std::byte* data_;
+  size_t size_;
+  uint64_t file_offset_;
+};
+
+class Store {
+ public:
+  // Opens (or re-attaches to) the pool file and the disk directory and rebuilds the index
+  // from what they hold.
+  static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
+  // Stops the write-behind threads. Blocks still queued for demotion stay in DRAM.
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Stores each buffer (1..block_bytes bytes) under its key. A key already present is left
+  // as it is (blocks are content-addressed). kResourceExhausted if DRAM is full of pinned or
+  // in-use blocks; blocks stored before the failure stay stored.
+  Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
+  // Copies each present block into its output buffer and sets found[i]. A disk block that
+  // fails verification is reported (stats, log), dropped and counted as a miss.
+  // kInvalidArgument if an output buffer is smaller than its block.
+  Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
+  // The tier of each key and the length of the present prefix; pins the prefix if asked.
+  LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
+  // Pins keep blocks from eviction until released. Both check every key before changing any:
+  // kNotFound (pin) or kFailedPrecondition (release of an unpinned key) name the first bad one.
+  Status Pin(std::span<const BlockKey> keys);
+  Status Release(std::span<const BlockKey> keys);
+  // Pushes blocks one tier down now: DRAM -> disk (dropped without a disk tier), disk -> gone.
+  Status Evict(std::span<const BlockKey> keys);
+  // Waits for queued write-behind; returns the first demotion error since the last Flush.
+  Status Flush();
+  StoreStats Stats() const;
+
+  // Zero-copy access. kFailedPrecondition if the key is already stored (Reserve) or
+  // kNotFound if it is absent (Acquire).
+  Result<WriteLease> Reserve(const BlockKey& key);
+  Result<ReadLease> Acquire(const BlockKey& key);
+
+  const BlockPool& pool() const { return *pool_; }
+
+ private:
+  friend class WriteLease;
+  friend class ReadLease;
+  struct Counters;
+  Store() = default;
+
+  // All *Locked helpers run with mu_ held; the ones taking the lock may drop it while waiting.
+  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock);
+  std::optional<uint32_t> AcquireExtentLocked();
+  void DropDramLocked(IndexEntry& e);
+  void MaybeStartWritebackLocked();
+  void StartDemotionLocked(IndexEntry& e);
+  Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
+  Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
+  Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out);
+  void RecordErrorLocked(const Status& st);
+  void IoLoop(std::stop_token stop);
+  void CommitLease(WriteLease& lease, uint64_t length, Status* result);
+  void AbortLease(WriteLease& lease);
+  void ReleaseRead(const BlockKey& key);
+
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<DiskTier> disk_;  // null without a disk tier
+  uint32_t writeback_low_ = 0;      // free-slot count that starts write-behind
+  uint32_t max_pending_ = 0;        // demotions in flight at most
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;     // slot freed, demotion or promotion done, work queued
+  BlockIndex index_;                   // guarded by mu_
+  std::deque<BlockKey> demote_queue_;  // guarded by mu_
+  uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
+  uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
+  uint64_t tick_ = 0;                  // guarded by mu_
+  uint64_t seq_ = 0;                   // guarded by mu_
+  Status flush_error_;                 // guarded by mu_
+  std::unique_ptr<Counters> c_;        // guarded by mu_
+  std::vector<std::jthread> io_threads_;
+};
+
+}  // namespace tpusync

@@ -1,0 +1,543 @@
+#include "tpusync/store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <unordered_map>
+
+#include "copy.h"
+#include "log.h"
+#include "posix_io.h"
+
+namespace tpusync {
+
+struct Store::Counters {
+  uint64_t puts = 0, put_dedup = 0, bytes_put = 0;
+  uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
+  uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
+  uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0;
+  uint64_t recovered_dram = 0, recovered_disk = 0;
+  std::string last_error;
+};
+
+Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& o) {
+  std::unique_ptr<Store> s(new Store());
+  s->c_ = std::make_unique<Counters>();
+  TPUSYNC_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(o.pool));
+  if (o.disk_enabled) {
+    DiskTierOptions d = o.disk;
+    d.block_bytes = s->pool_->block_bytes();
+    TPUSYNC_ASSIGN_OR_RETURN(s->disk_, DiskTier::Open(d));
+  }
+  const uint32_t slots = s->pool_->num_slots();
+  s->writeback_low_ = std::max<uint32_t>(1, static_cast<uint32_t>(slots * o.writeback_watermark));
+  s->max_pending_ = std::max<uint32_t>(2, 2 * o.io_threads);
+
+  // Rebuild the index, oldest first so the newest ends up most recent.
+  for (const RecoveredSlot& r : s->pool_->recovered()) {
+    IndexEntry& e = s->index_.Insert(r.key);
+    e.length = r.length;
+    s->index_.SetDram(e, r.slot);
+    s->tick_ = std::max(s->tick_, r.tick);
+    ++s->c_->recovered_dram;
+  }
+  if (s->disk_) {
+    if (s->disk_->damaged_at_open() > 0) {
+      Log(LogLevel::kWarning, "disk",
+          std::to_string(s->disk_->damaged_at_open()) + " damaged extent headers in " + s->disk_->path() + " ignored");
+      s->c_->corruptions += s->disk_->damaged_at_open();
+    }
+    for (const RecoveredExtent& r : s->disk_->recovered()) {
+      IndexEntry& e = s->index_.Insert(r.key);
+      if (e.length != 0 && e.length != r.length) {
+        s->disk_->Free(r.extent);  // disagrees with the DRAM copy: the DRAM copy wins
+        continue;
+      }
+      e.length = r.length;
+      s->index_.SetDisk(e, r.extent);
+      s->seq_ = std::max(s->seq_, r.seq);
+      ++s->c_->recovered_disk;
+    }
+    for (uint32_t i = 0; i < o.io_threads; ++i) {
+      s->io_threads_.emplace_back([p = s.get()](std::stop_token st) { p->IoLoop(st); });
+    }
+  }
+  return s;
+}
+
+Store::~Store() {
+  for (auto& t : io_threads_) t.request_stop();
+  cv_.notify_all();
+  io_threads_.clear();  // joins
+}
+
+// ---- slots and extents ----------------------------------------------------------------
+
+void Store::DropDramLocked(IndexEntry& e) {
+  pool_->Free(e.slot);
+  index_.ClearDram(e);
+  ++c_->evictions;
+  if (!e.on_disk() && e.pins == 0) index_.Erase(e.key);
+  cv_.notify_all();
+}
+
+Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    if (auto slot = pool_->Allocate()) return *slot;
+    IndexEntry* victim = index_.DramVictim();
+    // Without a write-behind to wait for, a clean copy below, or no lower tier: drop it now.
+    if (victim != nullptr && (!disk_ || victim->on_disk())) {
+      DropDramLocked(*victim);
+      continue;
+    }
+    if (victim != nullptr && pending_demotions_ < max_pending_) {
+      StartDemotionLocked(*victim);
+      continue;
+    }
+    if (victim == nullptr && pending_demotions_ == 0 && busy_ == 0) {
+      return ResourceExhausted("all " + std::to_string(pool_->num_slots()) +
+                               " DRAM slots hold pinned or leased blocks");
+    }
+    cv_.wait(lock);
+  }
+}
+
+std::optional<uint32_t> Store::AcquireExtentLocked() {
+  for (;;) {
+    if (auto e = disk_->Allocate()) return e;
+    IndexEntry* victim = index_.DiskVictim();
+    if (victim == nullptr) return std::nullopt;
+    disk_->Free(victim->extent);
+    index_.ClearDisk(*victim);
+    ++c_->disk_evictions;
+    if (!victim->in_dram() && !victim->writing && victim->pins == 0) index_.Erase(victim->key);
+  }
+}
+
+// ---- write-behind ---------------------------------------------------------------------
+
+void Store::StartDemotionLocked(IndexEntry& e) {
+  e.demoting = true;
+  e.drop_slot_after_demote = true;
+  demote_queue_.push_back(e.key);
+  ++pending_demotions_;
+  cv_.notify_all();
+}
+
+void Store::MaybeStartWritebackLocked() {
+  if (!disk_) return;
+  uint32_t free = pool_->free_slots();
+  while (free + pending_demotions_ < writeback_low_ && pending_demotions_ < max_pending_) {
+    IndexEntry* victim = index_.DramVictim();
+    if (victim == nullptr) return;
+    if (victim->on_disk()) {
+      DropDramLocked(*victim);
+      ++free;
+    } else {
+      StartDemotionLocked(*victim);
+    }
+  }
+}
+
+// Writes one DRAM block to disk with the lock dropped; the caller set e.demoting.
+Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key) {
+  IndexEntry* e = index_.Find(key);
+  if (e == nullptr) return Status::Ok();
+  Status st = Status::Ok();
+  if (e->in_dram() && !e->on_disk()) {
+    std::optional<uint32_t> extent = AcquireExtentLocked();
+    if (!extent) {
+      st = ResourceExhausted("disk tier full: every extent holds a pinned or in-use block");
+    } else {
+      const std::byte* src = pool_->data(e->slot);
+      uint64_t length = e->length, seq = ++seq_;
+      lock.unlock();
+      st = disk_->Write(*extent, key, src, length, seq);
+      lock.lock();
+      e = index_.Find(key);  // still present: a demoting block is never evicted
+      if (st.ok()) {
+        index_.SetDisk(*e, *extent);
+        ++c_->demotions;
+      } else {
+        disk_->Free(*extent);
+        ++c_->disk_write_errors;
+        RecordErrorLocked(st);
+      }
+    }
+  }
+  e->demoting = false;
+  // A failed demotion still frees the slot: DRAM is a cache and must not stall.
+  if (std::exchange(e->drop_slot_after_demote, false) && e->pins == 0 && e->dram_readers == 0) {
+    DropDramLocked(*e);
+  }
+  cv_.notify_all();
+  return st;
+}
+
+void Store::IoLoop(std::stop_token stop) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, stop, [&] { return !demote_queue_.empty(); });
+    if (stop.stop_requested()) return;
+    BlockKey key = demote_queue_.front();
+    demote_queue_.pop_front();
+    Status st = DemoteLocked(lock, key);
+    if (!st.ok() && flush_error_.ok()) flush_error_ = st;  // surfaces through Flush
+    --pending_demotions_;
+    cv_.notify_all();
+  }
+}
+
+Status Store::Flush() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return pending_demotions_ == 0; });
+  return std::exchange(flush_error_, Status::Ok());
+}
+
+// ---- put / get ------------------------------------------------------------------------
+
+Status Store::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
+  if (keys.size() != buffers.size()) {
+    return InvalidArgument("put: " + std::to_string(keys.size()) + " keys but " + std::to_string(buffers.size()) +
+                           " buffers");
+  }
+  const uint64_t bb = pool_->block_bytes();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size == 0 || buffers[i].size > bb) {
+      return InvalidArgument("put: buffer " + std::to_string(i) + " holds " + std::to_string(buffers[i].size) +
+                             " bytes; blocks hold 1.." + std::to_string(bb));
+    }
+  }
+  std::unique_lock lock(mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (index_.Find(keys[i]) != nullptr) {  // present, or being written by another caller
+      ++c_->put_dedup;
+      continue;
+    }
+    Result<uint32_t> slot = AcquireSlotLocked(lock);
+    if (!slot.ok()) return slot.status();
+    if (index_.Find(keys[i]) != nullptr) {  // another caller stored it while we waited
+      pool_->Free(*slot);
+      ++c_->put_dedup;
+      continue;
+    }
+    IndexEntry& e = index_.Insert(keys[i]);
+    e.writing = true;
+    e.slot = *slot;
+    ++busy_;
+    lock.unlock();
+    CopyBytes(pool_->data(*slot), buffers[i].data, buffers[i].size);
+    lock.lock();
+    --busy_;
+    IndexEntry* w = index_.Find(keys[i]);
+    w->writing = false;
+    w->length = buffers[i].size;
+    pool_->Commit(*slot, keys[i], w->length, ++tick_);
+    index_.SetDram(*w, *slot);
+    ++c_->puts;
+    c_->bytes_put += w->length;
+    MaybeStartWritebackLocked();
+    cv_.notify_all();
+  }
+  return Status::Ok();
+}
+
+Status Store::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out) {
+  ++e.dram_readers;
+  index_.TouchDram(e);
+  pool_->Touch(e.slot, ++tick_);
+  const std::byte* src = pool_->data(e.slot);
+  const BlockKey key = e.key;
+  const uint64_t length = e.length;
+  ++busy_;
+  lock.unlock();
+  CopyBytes(out.data, src, length);
+  lock.lock();
+  --busy_;
+  IndexEntry* r = index_.Find(key);  // still present: a block being read is never evicted
+  if (--r->dram_readers == 0) cv_.notify_all();
+  c_->bytes_got += length;
+  return Status::Ok();
+}
+
+// Reads a disk block into a fresh DRAM slot, then copies it to `out` if given. When DRAM is
+// full of pinned blocks the read goes through a staging buffer instead, without promotion.
+// On a failed verification the disk copy is dropped and the error returned (a miss).
+Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out) {
+  const BlockKey key = entry.key;
+  entry.promoting = true;
+  ++entry.disk_readers;
+  Result<uint32_t> slot = AcquireSlotLocked(lock);
+  IndexEntry* e = index_.Find(key);  // promoting blocks are not evicted
+  const uint32_t extent = e->extent;
+  const uint64_t length = e->length;
+  Status st = slot.status();
+  std::optional<AlignedBuffer> staging;
+  if (slot.ok() || out != nullptr) {
+    if (!slot.ok()) staging.emplace(pool_->block_bytes());
+    std::byte* dst = slot.ok() ? pool_->data(*slot) : staging->data();
+    ++busy_;
+    lock.unlock();
+    st = disk_->Read(extent, key, length, dst);
+    if (st.ok() && staging) CopyBytes(out->data, dst, length);
+    lock.lock();
+    --busy_;
+    e = index_.Find(key);
+  }
+  --e->disk_readers;
+  e->promoting = false;
+  cv_.notify_all();
+  if (!st.ok()) {
+    if (slot.ok()) pool_->Free(*slot);
+    if (st.code() == StatusCode::kResourceExhausted && !slot.ok()) return st;  // no slot; the disk copy is fine
+    (st.code() == StatusCode::kDataLoss ? c_->corruptions : c_->disk_read_errors)++;
+    RecordErrorLocked(st);
+    Log(LogLevel::kWarning, "disk", "block treated as a miss: " + st.message());
+    disk_->Free(extent);
+    index_.ClearDisk(*e);
+    if (!e->in_dram() && e->pins == 0) index_.Erase(key);
+    return st;
+  }
+  if (staging) {
+    c_->bytes_got += length;
+    return Status::Ok();
+  }
+  pool_->Commit(*slot, key, length, ++tick_);
+  index_.SetDram(*e, *slot);
+  ++c_->promotions;
+  return out != nullptr ? CopyOutLocked(lock, *e, *out) : Status::Ok();
+}
+
+Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found) {
+  if (keys.size() != out.size() || keys.size() != found.size()) {
+    return InvalidArgument("get: " + std::to_string(keys.size()) + " keys but " + std::to_string(out.size()) +
+                           " output buffers");
+  }
+  Status result = Status::Ok();
+  std::unique_lock lock(mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    found[i] = 0;
+    IndexEntry* e = index_.Find(keys[i]);
+    while (e != nullptr && e->promoting) {  // another reader is bringing it up: share its work
+      cv_.wait(lock);
+      e = index_.Find(keys[i]);
+    }
+    if (e == nullptr || e->tier() == Tier::kNone) {
+      ++c_->misses;
+      continue;
+    }
+    if (out[i].size < e->length) {
+      if (result.ok()) {
+        result = InvalidArgument("get: output buffer " + std::to_string(i) + " holds " + std::to_string(out[i].size) +
+                                 " bytes, block " + keys[i].ToHex() + " holds " + std::to_string(e->length));
+      }
+      continue;
+    }
+    if (e->in_dram()) {
+      ++c_->hits_dram;
+      (void)CopyOutLocked(lock, *e, out[i]);
+      found[i] = 1;
+    } else if (PromoteLocked(lock, *e, &out[i]).ok()) {
+      ++c_->hits_disk;
+      found[i] = 1;
+    } else {
+      ++c_->misses;
+    }
+  }
+  return result;
+}
+
+// ---- lookup, pins, eviction -------------------------------------------------------------
+
+LookupResult Store::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
+  LookupResult r;
+  r.tiers.resize(keys.size(), Tier::kNone);
+  std::lock_guard lock(mu_);
+  bool in_prefix = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry* e = index_.Find(keys[i]);
+    r.tiers[i] = e == nullptr ? Tier::kNone : e->tier();
+    in_prefix = in_prefix && r.tiers[i] != Tier::kNone;
+    if (!in_prefix) continue;
+    ++r.prefix_len;
+    if (pin_prefix && e->pins++ == 0) index_.AdjustPinned(1);
+  }
+  return r;
+}
+
+Status Store::Pin(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry* e = index_.Find(keys[i]);
+    if (e == nullptr || e->tier() == Tier::kNone) {
+      return NotFound("pin: block " + keys[i].ToHex() + " (key " + std::to_string(i) + ") is not stored");
+    }
+  }
+  for (const BlockKey& k : keys) {
+    if (index_.Find(k)->pins++ == 0) index_.AdjustPinned(1);
+  }
+  return Status::Ok();
+}
+
+Status Store::Release(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> need;  // a repeated key releases once per copy
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry* e = index_.Find(keys[i]);
+    if (e == nullptr || e->pins < ++need[keys[i]]) {
+      return FailedPrecondition("release: block " + keys[i].ToHex() + " (key " + std::to_string(i) +
+                                ") is not pinned");
+    }
+  }
+  for (const BlockKey& k : keys) {
+    if (--index_.Find(k)->pins == 0) index_.AdjustPinned(-1);
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status Store::Evict(std::span<const BlockKey> keys) {
+  std::unique_lock lock(mu_);
+  Status result = Status::Ok();
+  for (const BlockKey& key : keys) {
+    IndexEntry* e = index_.Find(key);
+    while (e != nullptr && (e->demoting || e->promoting)) {
+      cv_.wait(lock);
+      e = index_.Find(key);
+    }
+    if (e == nullptr || e->writing) continue;
+    if (e->pins > 0 || e->dram_readers > 0) {
+      if (result.ok()) result = FailedPrecondition("evict: block " + key.ToHex() + " is pinned or being read");
+      continue;
+    }
+    if (e->in_dram()) {
+      if (disk_ && !e->on_disk()) {
+        e->demoting = true;
+        e->drop_slot_after_demote = true;
+        Status st = DemoteLocked(lock, key);
+        if (!st.ok() && result.ok()) result = st;
+      } else {
+        DropDramLocked(*e);
+      }
+    } else if (e->on_disk() && e->disk_readers == 0) {
+      disk_->Free(e->extent);
+      ++c_->disk_evictions;
+      index_.Erase(key);
+    }
+  }
+  return result;
+}
+
+void Store::RecordErrorLocked(const Status& st) { c_->last_error = st.ToString(); }
+
+StoreStats Store::Stats() const {
+  std::lock_guard lock(mu_);
+  StoreStats s;
+  s.block_bytes = pool_->block_bytes();
+  s.dram_slots = pool_->num_slots();
+  s.dram_used = pool_->num_slots() - pool_->free_slots();
+  s.disk_extents = disk_ ? disk_->num_extents() : 0;
+  s.disk_used = disk_ ? disk_->num_extents() - disk_->free_extents() : 0;
+  s.blocks = index_.size();
+  s.pinned = index_.pinned_blocks();
+  const Counters& c = *c_;
+  s.puts = c.puts, s.put_dedup = c.put_dedup, s.bytes_put = c.bytes_put;
+  s.hits_dram = c.hits_dram, s.hits_disk = c.hits_disk, s.misses = c.misses, s.bytes_got = c.bytes_got;
+  s.evictions = c.evictions, s.demotions = c.demotions, s.promotions = c.promotions;
+  s.disk_evictions = c.disk_evictions;
+  s.corruptions = c.corruptions, s.disk_write_errors = c.disk_write_errors, s.disk_read_errors = c.disk_read_errors;
+  s.recovered_dram = c.recovered_dram, s.recovered_disk = c.recovered_disk;
+  s.hugepages = pool_->hugepages(), s.mlocked = pool_->mlocked(), s.direct_io = disk_ && disk_->direct_io();
+  s.last_error = c.last_error;
+  return s;
+}
+
+// ---- zero-copy leases -------------------------------------------------------------------
+
+Result<WriteLease> Store::Reserve(const BlockKey& key) {
+  std::unique_lock lock(mu_);
+  if (index_.Find(key) != nullptr) return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
+  TPUSYNC_ASSIGN_OR_RETURN(uint32_t slot, AcquireSlotLocked(lock));
+  if (index_.Find(key) != nullptr) {
+    pool_->Free(slot);
+    return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
+  }
+  IndexEntry& e = index_.Insert(key);
+  e.writing = true;
+  e.slot = slot;
+  return WriteLease(this, key, slot, pool_->data(slot), pool_->block_bytes(), pool_->file_offset(slot));
+}
+
+void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
+  if (length == 0 || length > lease.capacity_) {
+    *result = InvalidArgument("commit: length " + std::to_string(length) + " outside 1.." +
+                              std::to_string(lease.capacity_));
+    return;
+  }
+  std::lock_guard lock(mu_);
+  IndexEntry* e = index_.Find(lease.key_);
+  e->writing = false;
+  e->length = length;
+  pool_->Commit(lease.slot_, lease.key_, length, ++tick_);
+  index_.SetDram(*e, lease.slot_);
+  ++c_->puts;
+  c_->bytes_put += length;
+  MaybeStartWritebackLocked();
+  lease.store_ = nullptr;
+  cv_.notify_all();
+}
+
+void Store::AbortLease(WriteLease& lease) {
+  std::lock_guard lock(mu_);
+  pool_->Free(lease.slot_);
+  index_.Erase(lease.key_);
+  cv_.notify_all();
+}
+
+Result<ReadLease> Store::Acquire(const BlockKey& key) {
+  std::unique_lock lock(mu_);
+  IndexEntry* e = index_.Find(key);
+  while (e != nullptr && e->promoting) {
+    cv_.wait(lock);
+    e = index_.Find(key);
+  }
+  if (e == nullptr || e->tier() == Tier::kNone) return NotFound("acquire: block " + key.ToHex() + " is not stored");
+  if (!e->in_dram()) {
+    TPUSYNC_RETURN_IF_ERROR(PromoteLocked(lock, *e, nullptr));
+    e = index_.Find(key);
+  }
+  ++e->dram_readers;
+  index_.TouchDram(*e);
+  return ReadLease(this, key, pool_->data(e->slot), e->length, pool_->file_offset(e->slot));
+}
+
+void Store::ReleaseRead(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  IndexEntry* e = index_.Find(key);
+  if (--e->dram_readers == 0) cv_.notify_all();
+}
+
+WriteLease::WriteLease(WriteLease&& o) noexcept
+    : store_(std::exchange(o.store_, nullptr)), key_(o.key_), slot_(o.slot_), data_(o.data_),
+      capacity_(o.capacity_), file_offset_(o.file_offset_) {}
+
+WriteLease::~WriteLease() {
+  if (store_ != nullptr) store_->AbortLease(*this);
+}
+
+Status WriteLease::Commit(uint64_t length) {
+  if (store_ == nullptr) return FailedPrecondition("commit: lease already committed or released");
+  Status st = Status::Ok();
+  store_->CommitLease(*this, length, &st);
+  return st;
+}
+
+ReadLease::ReadLease(ReadLease&& o) noexcept
+    : store_(std::exchange(o.store_, nullptr)), key_(o.key_), data_(o.data_), size_(o.size_),
+      file_offset_(o.file_offset_) {}
+
+ReadLease::~ReadLease() {
+  if (store_ != nullptr) store_->ReleaseRead(key_);
+}
+
+}  // namespace tpusync

@@ -1,0 +1,295 @@
+#include "tpusync/store.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "test_util.h"
+
+namespace tpusync {
+namespace {
+
+using testing::Key;
+using testing::Pattern;
+using testing::ShmPath;
+using testing::TempDir;
+
+constexpr uint64_t kBlock = 8192;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  StoreOptions Opts(uint64_t dram_blocks, uint64_t disk_blocks = 0) {
+    StoreOptions o;
+    o.pool = {.path = shm_.path(), .block_bytes = kBlock, .num_slots = dram_blocks};
+    o.disk_enabled = disk_blocks > 0;
+    o.disk = {.dir = dir_.path(), .capacity_bytes = disk_blocks * kBlock};
+    return o;
+  }
+  std::unique_ptr<Store> Open(uint64_t dram_blocks, uint64_t disk_blocks = 0) {
+    auto s = Store::Open(Opts(dram_blocks, disk_blocks));
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  // Puts blocks [first, first+n) with their patterns.
+  static void PutRange(Store& s, uint64_t first, uint64_t n, uint64_t size = kBlock) {
+    for (uint64_t i = first; i < first + n; ++i) {
+      auto data = Pattern(Key(i), size);
+      BlockKey k = Key(i);
+      ConstBuffer b{data.data(), data.size()};
+      Status st = s.Put({&k, 1}, {&b, 1});
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+  // Gets one block; true if found with exactly its pattern.
+  static bool GetMatches(Store& s, uint64_t i, uint64_t size = kBlock) {
+    std::vector<std::byte> out(kBlock);
+    BlockKey k = Key(i);
+    MutableBuffer b{out.data(), out.size()};
+    uint8_t found = 0;
+    Status st = s.Get({&k, 1}, {&b, 1}, {&found, 1});
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return found && std::memcmp(out.data(), Pattern(k, size).data(), size) == 0;
+  }
+  static std::vector<BlockKey> Keys(uint64_t first, uint64_t n) {
+    std::vector<BlockKey> v;
+    for (uint64_t i = first; i < first + n; ++i) v.push_back(Key(i));
+    return v;
+  }
+
+  ShmPath shm_;
+  TempDir dir_;
+};
+
+TEST_F(StoreTest, PutGetLookupInDram) {
+  auto s = Open(8);
+  PutRange(*s, 0, 3);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(GetMatches(*s, i));
+  EXPECT_FALSE(GetMatches(*s, 99));
+  auto keys = Keys(0, 5);
+  keys[3] = Key(42);
+  LookupResult r = s->Lookup(keys, false);
+  EXPECT_EQ(r.prefix_len, 3u);
+  EXPECT_EQ(r.tiers[0], Tier::kDram);
+  EXPECT_EQ(r.tiers[3], Tier::kNone);
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.puts, 3u);
+  EXPECT_EQ(st.hits_dram, 3u);
+  EXPECT_EQ(st.misses, 1u);
+}
+
+TEST_F(StoreTest, PutOfAPresentKeyIsADedup) {
+  auto s = Open(4);
+  PutRange(*s, 0, 1);
+  PutRange(*s, 0, 1);
+  EXPECT_EQ(s->Stats().puts, 1u);
+  EXPECT_EQ(s->Stats().put_dedup, 1u);
+  EXPECT_EQ(s->Stats().dram_used, 1u);
+}
+
+TEST_F(StoreTest, BadArgumentsAreRejectedWithoutSideEffects) {
+  auto s = Open(4);
+  std::vector<std::byte> big(kBlock + 1), small(10);
+  BlockKey k = Key(1);
+  ConstBuffer b{big.data(), big.size()};
+  Status st = s->Put({&k, 1}, {&b, 1});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("buffer 0 holds 8193 bytes"), std::string::npos);
+  EXPECT_EQ(s->Stats().dram_used, 0u);
+  PutRange(*s, 1, 1);
+  MutableBuffer out{small.data(), small.size()};
+  uint8_t found = 1;
+  EXPECT_EQ(s->Get({&k, 1}, {&out, 1}, {&found, 1}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(found, 0);
+}
+
+TEST_F(StoreTest, WithoutDiskTheLeastRecentlyUsedBlockIsDropped) {
+  auto s = Open(4);
+  PutRange(*s, 0, 4);
+  EXPECT_TRUE(GetMatches(*s, 0));  // 0 is now the most recent; 1 is the LRU
+  PutRange(*s, 4, 1);
+  EXPECT_FALSE(GetMatches(*s, 1));
+  EXPECT_TRUE(GetMatches(*s, 0));
+  EXPECT_TRUE(GetMatches(*s, 4));
+  EXPECT_EQ(s->Stats().evictions, 1u);
+}
+
+TEST_F(StoreTest, PinnedBlocksAreNeverEvicted) {
+  auto s = Open(4);
+  PutRange(*s, 0, 4);
+  auto keys = Keys(0, 4);
+  ASSERT_TRUE(s->Pin(keys).ok());
+  std::vector<std::byte> data(kBlock);
+  BlockKey k = Key(9);
+  ConstBuffer b{data.data(), data.size()};
+  Status st = s->Put({&k, 1}, {&b, 1});
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(GetMatches(*s, i));
+  ASSERT_TRUE(s->Release({&keys[2], 1}).ok());
+  EXPECT_TRUE(s->Put({&k, 1}, {&b, 1}).ok());
+  EXPECT_EQ(s->Lookup(Keys(0, 4), false).tiers[2], Tier::kNone);
+  EXPECT_EQ(s->Stats().pinned, 3u);
+}
+
+TEST_F(StoreTest, PinAndReleaseCheckEveryKeyFirst) {
+  auto s = Open(4);
+  PutRange(*s, 0, 2);
+  std::vector<BlockKey> keys = {Key(0), Key(7)};
+  Status st = s->Pin(keys);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(s->Stats().pinned, 0u);  // Key(0) was not pinned either
+  keys = {Key(0), Key(0)};
+  ASSERT_TRUE(s->Pin({keys.data(), 1}).ok());
+  EXPECT_EQ(s->Release(keys).code(), StatusCode::kFailedPrecondition);  // pinned once, released twice
+  EXPECT_TRUE(s->Release({keys.data(), 1}).ok());
+  EXPECT_EQ(s->Release({keys.data(), 1}).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(StoreTest, LookupPinsThePrefixOnly) {
+  auto s = Open(8);
+  PutRange(*s, 0, 3);
+  std::vector<BlockKey> keys = {Key(0), Key(1), Key(50), Key(2)};
+  LookupResult r = s->Lookup(keys, true);
+  EXPECT_EQ(r.prefix_len, 2u);
+  EXPECT_EQ(r.tiers[3], Tier::kDram);
+  EXPECT_EQ(s->Stats().pinned, 2u);
+  EXPECT_TRUE(s->Release({keys.data(), 2}).ok());
+  EXPECT_EQ(s->Release({&keys[3], 1}).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(StoreTest, OverflowIsWrittenBehindToDiskAndPromotedOnRead) {
+  auto s = Open(8, 64);
+  PutRange(*s, 0, 40);
+  ASSERT_TRUE(s->Flush().ok());
+  StoreStats st = s->Stats();
+  EXPECT_GE(st.demotions, 32u);
+  EXPECT_LE(st.dram_used, 8u);
+  auto r = s->Lookup(Keys(0, 40), false);
+  EXPECT_EQ(r.prefix_len, 40u);
+  EXPECT_EQ(r.tiers[0], Tier::kDisk);
+  for (uint64_t i = 0; i < 40; ++i) EXPECT_TRUE(GetMatches(*s, i)) << i;
+  st = s->Stats();
+  EXPECT_GE(st.promotions, 32u);
+  EXPECT_EQ(st.hits_dram + st.hits_disk, 40u);
+  EXPECT_EQ(s->Lookup(Keys(39, 1), false).tiers[0], Tier::kDramAndDisk);
+}
+
+TEST_F(StoreTest, DiskTierEvictsItsOwnLeastRecentlyUsed) {
+  auto s = Open(4, 8);
+  PutRange(*s, 0, 20);
+  ASSERT_TRUE(s->Flush().ok());
+  StoreStats st = s->Stats();
+  EXPECT_LE(st.disk_used, 8u);
+  EXPECT_GT(st.disk_evictions, 0u);
+  EXPECT_FALSE(GetMatches(*s, 0));
+  EXPECT_TRUE(GetMatches(*s, 19));
+}
+
+TEST_F(StoreTest, ExplicitEvictMovesDownOneTier) {
+  auto s = Open(8, 8);
+  PutRange(*s, 0, 2);
+  auto keys = Keys(0, 2);
+  ASSERT_TRUE(s->Evict({keys.data(), 1}).ok());
+  EXPECT_EQ(s->Lookup(keys, false).tiers[0], Tier::kDisk);
+  ASSERT_TRUE(s->Evict({keys.data(), 1}).ok());
+  EXPECT_EQ(s->Lookup(keys, false).tiers[0], Tier::kNone);
+  ASSERT_TRUE(s->Pin({&keys[1], 1}).ok());
+  EXPECT_EQ(s->Evict({&keys[1], 1}).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(GetMatches(*s, 1));
+}
+
+TEST_F(StoreTest, CorruptedDiskBlockIsAMissNeverWrongBytes) {
+  auto s = Open(4, 8);
+  PutRange(*s, 0, 1);
+  auto k = Keys(0, 1);
+  ASSERT_TRUE(s->Evict(k).ok());
+  // Flip one payload byte of the only written extent (extent 0).
+  std::string path = dir_.file("extents.dat");
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  std::fseek(f, 4096 + 123, SEEK_SET);
+  int c = std::fgetc(f);
+  std::fseek(f, 4096 + 123, SEEK_SET);
+  std::fputc(c ^ 0x01, f);
+  std::fclose(f);
+  EXPECT_FALSE(GetMatches(*s, 0));
+  StoreStats st = s->Stats();
+  EXPECT_EQ(st.corruptions, 1u);
+  EXPECT_NE(st.last_error.find("checksum mismatch"), std::string::npos);
+  EXPECT_EQ(s->Lookup(k, false).tiers[0], Tier::kNone);
+  EXPECT_EQ(st.disk_used, 0u);
+}
+
+TEST_F(StoreTest, RestartRecoversDramAndDisk) {
+  {
+    auto s = Open(8, 32);
+    PutRange(*s, 0, 20, 5000);
+    ASSERT_TRUE(s->Flush().ok());
+  }
+  auto s = Open(8, 32);
+  StoreStats st = s->Stats();
+  EXPECT_GT(st.recovered_dram, 0u);
+  EXPECT_GT(st.recovered_disk, 0u);
+  EXPECT_EQ(s->Lookup(Keys(0, 20), false).prefix_len, 20u);
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_TRUE(GetMatches(*s, i, 5000)) << i;
+}
+
+TEST_F(StoreTest, FullDiskIsReportedAndTheStoreKeepsServing) {
+  std::filesystem::create_symlink("/dev/full", dir_.file("extents.dat"));
+  auto s = Open(4, 16);
+  PutRange(*s, 0, 12);
+  Status st = s->Flush();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("No space left"), std::string::npos);
+  StoreStats stats = s->Stats();
+  EXPECT_GT(stats.disk_write_errors, 0u);
+  EXPECT_TRUE(GetMatches(*s, 11));  // the newest blocks are still served from DRAM
+  EXPECT_TRUE(s->Flush().ok());     // the error was reported once
+}
+
+TEST_F(StoreTest, LeasesGiveZeroCopyAccessToSlots) {
+  auto s = Open(4);
+  auto w = s->Reserve(Key(5));
+  ASSERT_TRUE(w.ok());
+  auto data = Pattern(Key(5), kBlock);
+  std::memcpy(w->data(), data.data(), kBlock);
+  EXPECT_EQ(s->Lookup(Keys(5, 1), false).tiers[0], Tier::kNone);  // not visible until committed
+  ASSERT_TRUE(w->Commit(kBlock).ok());
+  EXPECT_EQ(w->Commit(kBlock).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s->Reserve(Key(5)).status().code(), StatusCode::kFailedPrecondition);
+  auto r = s->Acquire(Key(5));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->data(), w->data());  // the very same bytes, no copy
+  EXPECT_EQ(r->file_offset(), w->file_offset());
+  EXPECT_EQ(s->Acquire(Key(6)).status().code(), StatusCode::kNotFound);
+  {
+    auto aborted = s->Reserve(Key(7));
+    ASSERT_TRUE(aborted.ok());
+  }
+  EXPECT_EQ(s->Stats().dram_used, 1u);
+}
+
+TEST_F(StoreTest, ConcurrentWritersAndReadersSeeWholeBlocks) {
+  auto s = Open(32, 256);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 100; ++i) {
+        uint64_t id = (i * 4 + t) % 150;  // overlapping keys across threads
+        PutRange(*s, id, 1);
+        if (!GetMatches(*s, id) && s->Lookup(Keys(id, 1), false).prefix_len == 1) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(s->Flush().ok());
+  EXPECT_EQ(bad.load(), 0);
+  for (uint64_t id = 0; id < 150; ++id) {
+    if (s->Lookup(Keys(id, 1), false).prefix_len == 1) EXPECT_TRUE(GetMatches(*s, id)) << id;
+  }
+}
+
+}  // namespace
+}  // namespace tpusync

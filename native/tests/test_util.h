@@ -1,0 +1,40 @@
+// Shared helpers for the native tests: scratch directories and patterned blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpusync/block_key.h"
+
+namespace tpusync::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A unique /dev/shm path, unlinked on destruction.
+class ShmPath {
+ public:
+  ShmPath();
+  ~ShmPath();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic block content that differs for every (key, byte offset).
+std::vector<std::byte> Pattern(const BlockKey& key, size_t size);
+BlockKey Key(uint64_t i);
+
+}  // namespace tpusync::testing

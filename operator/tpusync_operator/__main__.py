@@ -1,0 +1,51 @@
+"""python -m tpusync_operator: run the operator (kopf) with probes, metrics and peering.
+
+  --standalone            no peering (a single replica; dev and tests)
+  --peering NAME          ClusterKopfPeering name (default tpusync-operator); two replicas
+                          elect one active instance
+  --namespace NS          watch only these namespaces (repeatable); default cluster-wide
+  --liveness URL          kopf probe endpoint (default http://0.0.0.0:8080/healthz); use it
+                          for both liveness and readiness: it answers once startup is done
+  --metrics-port PORT     Prometheus metrics (default 9090; 0 disables)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import kopf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--standalone", action="store_true", help="run without peering")
+    mode.add_argument("--peering", default="tpusync-operator", help="ClusterKopfPeering name")
+    parser.add_argument("--priority", type=int, default=0, help="peering priority")
+    parser.add_argument("--namespace", "-n", action="append", default=[], help="namespace to watch")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="probe endpoint URL")
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("TPUSYNC_METRICS_PORT", "9090")))
+    parser.add_argument("--verbose", "-v", action="store_true")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
+    from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+
+    kopf.run(
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

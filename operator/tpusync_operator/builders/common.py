@@ -1,0 +1,89 @@
+"""Metadata, labels and security settings shared by every builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MANAGED_BY = "tpusync-operator"
+POOL_LABEL = "tpusync.dev/pool"
+SERVING_LABEL = "tpusync.dev/serving"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+ROLE_LABEL = "tpusync.dev/role"
+LLMD_ROLE_LABEL = "llm-d.ai/role"
+LLMD_SERVING_LABEL = "llm-d.ai/inference-serving"
+DRAM_ANNOTATION = "tpusync.dev/dram-bytes"
+DISK_ANNOTATION = "tpusync.dev/disk-bytes"
+NONROOT_UID = 65532
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The custom resource that owns the children (for ownerReferences and naming)."""
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> "Owner":
+        meta = body["metadata"]
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
+
+    def reference(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
+
+
+def base_labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tpusync",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        COMPONENT_LABEL: component,
+    }
+
+
+def metadata(owner: Owner, name: str, labels: dict[str, str],
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": owner.namespace, "labels": dict(labels),
+                            "ownerReferences": [owner.reference()]}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Restricted Pod Security Standard at pod level."""
+    return {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID,
+            "fsGroup": NONROOT_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security_context(read_only_root: bool = True) -> dict[str, Any]:
+    return {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": read_only_root, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def resources(res: Any, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """Container resources from models.Resources, plus `extra` in both requests and limits."""
+    out: dict[str, Any] = {}
+    requests = dict(res.requests or {})
+    limits = dict(res.limits or {})
+    for key, value in (extra or {}).items():
+        requests[key] = value
+        limits[key] = value
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def env_from_fields() -> list[dict[str, Any]]:
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]

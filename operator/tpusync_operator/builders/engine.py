@@ -1,0 +1,72 @@
+"""Engine command lines per engine type (pure).
+
+The flags below are the contract with the engines' owners; each is an assumption to keep
+in sync with python/tpusync (reference engine, vLLM connector) and the engine images.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..models import DisaggregatedServingSpec
+from .sidecar import CONTROL_SOCKET
+
+# Pinned defaults (override with spec.engine.image).
+DEFAULT_IMAGES = {
+    "reference": "ghcr.io/tpusync/tpusync-serving:0.1.0",
+    "vllm-tpu": "docker.io/vllm/vllm-tpu:v0.11.1",
+    "sglang-jax": "docker.io/lmsysorg/sglang-jax:v0.0.2",
+}
+# tpusync's vLLM KV connector (python/tpusync); the name vLLM loads through kv_transfer_config.
+VLLM_CONNECTOR = "TPUSyncConnector"
+VLLM_CONNECTOR_MODULE = "tpusync.vllm.connector"
+
+
+def engine_image(spec: DisaggregatedServingSpec) -> str:
+    return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
+
+
+def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int) -> tuple[list[str], list[str]]:
+    """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`."""
+    m = spec.model
+    extra = list((spec.prefill if role == "prefill" else spec.decode).args or [])
+    if spec.engine.type == "reference":
+        args = ["--role", role, "--port", str(port), "--model", m.uri, "--served-model-name", m.name,
+                "--control-socket", CONTROL_SOCKET,
+                "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
+        return ["python", "-m", "tpusync.serving"], args + extra
+    if spec.engine.type == "vllm-tpu":
+        kv = {
+            "kv_connector": VLLM_CONNECTOR,
+            "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
+                                          "layerwise": spec.kv_transfer.layerwise},
+        }
+        args = [m.uri, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
+                "--tensor-parallel-size", str(chips),
+                "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True)]
+        return ["vllm", "serve"], args + extra
+    # sglang-jax
+    args = ["--model-path", m.uri, "--port", str(port), "--served-model-name", m.name,
+            "--tp-size", str(chips), "--disaggregation-mode", role,
+            "--disaggregation-transfer-backend", "tpusync"]
+    return ["python", "-m", "sgl_jax.launch_server"], args + extra
+
+
+def engine_probe_path(spec: DisaggregatedServingSpec) -> str:
+    return "/health"
+
+
+def engine_env(spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]]:
+    env = [
+        {"name": "TPUSYNC_ROLE", "value": role},
+        {"name": "TPUSYNC_CONTROL_SOCKET", "value": CONTROL_SOCKET},
+        # Block keys hashed with Python's hash() must agree across replicas.
+        {"name": "PYTHONHASHSEED", "value": "0"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": "/cache/huggingface"},
+    ]
+    env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
+    return env

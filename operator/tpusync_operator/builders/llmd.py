@@ -1,0 +1,227 @@
+"""llm-d wiring of a DisaggregatedServing: the endpoint picker (EPP) with its
+EndpointPickerConfig, InferencePool, InferenceObjective and HTTPRoute.
+
+Formats (REFERENCE.md section 2): EndpointPickerConfig llm-d.ai/v1alpha1 (strict decoding);
+InferencePool inference.networking.k8s.io/v1; InferenceObjective llm-d.ai/v1alpha2;
+HTTPRoute gateway.networking.k8s.io/v1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from ..models import DisaggregatedServingSpec
+from . import names
+from .common import (LLMD_SERVING_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context,
+                     metadata, pod_security_context)
+
+EPP_GRPC_PORT = 9002
+EPP_HEALTH_PORT = 9003
+EPP_METRICS_PORT = 9090
+EPP_CONFIG_KEY = "config.yaml"
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
+INFERENCE_OBJECTIVE_API = "llm-d.ai/v1alpha2"
+HTTPROUTE_API = "gateway.networking.k8s.io/v1"
+CONFIG_HASH_ANNOTATION = "tpusync.dev/epp-config-hash"
+
+
+def serving_pod_labels(owner: Owner) -> dict[str, str]:
+    """The InferencePool's selector: serving pods (Deployment pods, LWS leaders) of this object."""
+    return {SERVING_LABEL: owner.name, LLMD_SERVING_LABEL: "true"}
+
+
+def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """The EndpointPickerConfig: P/D profiles chosen by disagg-profile-handler with a
+    prefix-based-pd-decider; prefix-cache scoring either precise (KV events from the
+    tpusync sidecars, port 5557) or approximate."""
+    r = spec.routing
+    w = r.scorer_weights
+    plugins: list[dict[str, Any]] = []
+    data_layer: dict[str, Any] | None = None
+    if r.precise_prefix_cache:
+        selector = ",".join(f"{k}={v}" for k, v in serving_pod_labels(owner).items())
+        plugins += [
+            {"type": "token-producer",
+             "parameters": {"modelName": spec.model.name,
+                            "vllm": {"url": f"http://{names.role(owner.name, 'decode')}.{owner.namespace}.svc:{spec.port}"}}},
+            {"type": "endpoint-notification-source"},
+            {"type": "metrics-data-source"},
+            {"type": "core-metrics-extractor"},
+            {"type": "precise-prefix-cache-producer",
+             "parameters": {
+                 "tokenProcessorConfig": {"blockSize": r.block_size_tokens},
+                 "kvEventsConfig": {
+                     "topicFilter": "kv@",
+                     "discoverPods": True,
+                     "podDiscoveryConfig": {"podLabelSelector": selector, "podNamespace": owner.namespace,
+                                            "socketPort": 5557},
+                 },
+                 "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}},
+             }},
+            {"type": "prefix-cache-scorer",
+             "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}},
+        ]
+        data_layer = {"sources": [
+            {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
+            {"pluginRef": "endpoint-notification-source",
+             "extractors": [{"pluginRef": "precise-prefix-cache-producer"}]},
+        ]}
+    else:
+        plugins += [{"type": "approx-prefix-cache-producer",
+                     "parameters": {"blockSizeTokens": r.block_size_tokens}},
+                    {"type": "prefix-cache-scorer"}]
+    plugins += [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": r.pd_threshold_tokens}},
+        {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "prefix-based-pd-decider"}}},
+    ]
+
+    def profile(name: str, role_filter: str) -> dict[str, Any]:
+        refs: list[dict[str, Any]] = [{"pluginRef": role_filter}, {"pluginRef": "max-score-picker"}]
+        for ref, weight in (("prefix-cache-scorer", w.prefix_cache), ("queue-scorer", w.queue),
+                            ("kv-cache-utilization-scorer", w.kv_cache_utilization)):
+            if weight > 0:
+                refs.append({"pluginRef": ref, "weight": weight})
+        return {"name": name, "plugins": refs}
+
+    config: dict[str, Any] = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": plugins,
+        "schedulingProfiles": [profile("prefill", "prefill-filter"), profile("decode", "decode-filter")],
+    }
+    if data_layer is not None:
+        config["dataLayer"] = data_layer
+    return config
+
+
+def epp_config_text(owner: Owner, spec: DisaggregatedServingSpec) -> str:
+    return yaml.safe_dump(build_epp_config(owner, spec), sort_keys=False)
+
+
+def build_epp_config_map(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
+            "data": {EPP_CONFIG_KEY: epp_config_text(owner, spec)}}
+
+
+def build_epp_service_account(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker"))}
+
+
+EPP_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+     "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": ["get", "list", "watch"]},
+]
+
+
+def build_epp_role(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
+            "rules": EPP_RULES}
+
+
+def build_epp_role_binding(owner: Owner) -> dict[str, Any]:
+    name = names.epp(owner.name)
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": metadata(owner, name, base_labels(owner, "endpoint-picker")),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}]}
+
+
+def _epp_selector(owner: Owner) -> dict[str, str]:
+    return {SERVING_LABEL: owner.name, "app.kubernetes.io/component": "endpoint-picker"}
+
+
+def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """The endpoint picker. Its pod template carries a hash of the config so a config change
+    rolls it (the EPP reads the file once at start)."""
+    name = names.epp(owner.name)
+    config_hash = hashlib.sha256(epp_config_text(owner, spec).encode()).hexdigest()[:16]
+    labels = {**base_labels(owner, "endpoint-picker"), **_epp_selector(owner)}
+
+    def grpc_probe(**extra: Any) -> dict[str, Any]:
+        return {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, **extra}
+
+    container = {
+        "name": "epp",
+        "image": spec.routing.epp_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["--pool-name", owner.name, "--pool-namespace", owner.namespace,
+                 "--pool-group", "inference.networking.k8s.io",
+                 "--config-file", f"/config/{EPP_CONFIG_KEY}",
+                 "--grpc-health-port", str(EPP_HEALTH_PORT), "--zap-encoder", "json"],
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT},
+                  {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT},
+                  {"name": "metrics", "containerPort": EPP_METRICS_PORT}],
+        "livenessProbe": grpc_probe(initialDelaySeconds=5, periodSeconds=10),
+        "readinessProbe": grpc_probe(periodSeconds=2),
+        "securityContext": container_security_context(read_only_root=True),
+        "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
+    }
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": metadata(owner, name, labels),
+            "spec": {"replicas": 1,
+                     "selector": {"matchLabels": _epp_selector(owner)},
+                     "template": {
+                         "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
+                         "spec": {"serviceAccountName": name,
+                                  "terminationGracePeriodSeconds": 130,
+                                  "securityContext": pod_security_context(),
+                                  "containers": [container],
+                                  "volumes": [{"name": "config", "configMap": {"name": name}}]}}}}
+
+
+def build_epp_service(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
+            "spec": {"selector": _epp_selector(owner),
+                     "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "protocol": "TCP",
+                                "appProtocol": "http2"},
+                               {"name": "http-metrics", "port": EPP_METRICS_PORT, "protocol": "TCP"}]}}
+
+
+def build_inference_pool(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    return {"apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
+            "metadata": metadata(owner, owner.name, base_labels(owner, "inference-pool")),
+            "spec": {"selector": {"matchLabels": serving_pod_labels(owner)},
+                     "targetPorts": [{"number": spec.port}],
+                     "endpointPickerRef": {"name": names.epp(owner.name), "kind": "Service",
+                                           "port": {"number": EPP_GRPC_PORT}, "failureMode": "FailClose"}}}
+
+
+def build_inference_objective(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    return {"apiVersion": INFERENCE_OBJECTIVE_API, "kind": "InferenceObjective",
+            "metadata": metadata(owner, owner.name, base_labels(owner, "inference-objective")),
+            "spec": {"priority": spec.routing.objective.priority,
+                     "poolRef": {"group": "inference.networking.k8s.io", "name": owner.name}}}
+
+
+def build_http_route(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    gw = spec.routing.gateway_ref
+    assert gw is not None
+    parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}
+    if gw.namespace:
+        parent["namespace"] = gw.namespace
+    if gw.section_name:
+        parent["sectionName"] = gw.section_name
+    return {"apiVersion": HTTPROUTE_API, "kind": "HTTPRoute",
+            "metadata": metadata(owner, owner.name, base_labels(owner, "http-route")),
+            "spec": {"parentRefs": [parent],
+                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                                "backendRefs": [{"group": "inference.networking.k8s.io",
+                                                 "kind": "InferencePool", "name": owner.name}],
+                                "timeouts": {"request": "300s"}}]}}

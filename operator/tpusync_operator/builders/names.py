@@ -1,0 +1,46 @@
+"""Child object names, in one place (the reconcilers and builders agree through these)."""
+
+from __future__ import annotations
+
+from ..models import TPUSyncPoolSpec
+
+
+def pool_config(pool: str) -> str:
+    return f"{pool}-config"
+
+
+def pool_auth(pool: str, spec: TPUSyncPoolSpec) -> str:
+    return spec.auth.secret_name or f"{pool}-auth"
+
+
+def pool_peers(pool: str) -> str:
+    return f"{pool}-peers"
+
+
+def pool_netpol(pool: str) -> str:
+    return f"{pool}-data"
+
+
+def pool_store(pool: str) -> str:
+    return f"{pool}-store"
+
+
+def peers_dns(pool: str, namespace: str) -> str:
+    return f"{pool_peers(pool)}.{namespace}.svc"
+
+
+def gke_node_pool(pool: str, spec: TPUSyncPoolSpec) -> str:
+    gke = spec.provisioning.gke
+    return (gke.node_pool_name if gke and gke.node_pool_name else pool)
+
+
+def role(serving: str, role_name: str) -> str:
+    return f"{serving}-{role_name}"
+
+
+def epp(serving: str) -> str:
+    return f"{serving}-epp"
+
+
+def serving_netpol(serving: str) -> str:
+    return f"{serving}-serving"

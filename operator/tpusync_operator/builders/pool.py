@@ -1,0 +1,161 @@
+"""Children of a TPUSyncPool: shared config, auth Secret, peer Service, NetworkPolicy,
+store nodes, and the GKE node pool request body."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from ..models import TPUSyncPoolSpec
+from ..quantity import to_bytes
+from ..tpu import ACCELERATOR_LABEL, NODEPOOL_LABEL, TOPOLOGY_LABEL, Slice
+from . import names
+from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, POOL_LABEL, Owner, base_labels, metadata,
+                     pod_security_context, resources)
+from .sidecar import build_sidecar_container, build_sidecar_volumes
+
+
+def pool_labels(owner: Owner, component: str) -> dict[str, str]:
+    return {**base_labels(owner, component), POOL_LABEL: owner.name}
+
+
+def pool_node_selector(pool: str, spec: TPUSyncPoolSpec) -> dict[str, str]:
+    """Labels that select the pool's hosts."""
+    if spec.provisioning.mode == "gke":
+        return {NODEPOOL_LABEL: names.gke_node_pool(pool, spec)}
+    existing = spec.provisioning.existing
+    selector: dict[str, str] = dict(existing.node_selector or {}) if existing else {}
+    if existing and existing.node_pool_name:
+        selector[NODEPOOL_LABEL] = existing.node_pool_name
+    return selector
+
+
+def build_config_map(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, Any]:
+    disk = spec.tiers.disk
+    data = {
+        "TPUSYNC_POOL": owner.name,
+        "TPUSYNC_PEERS_DNS": names.peers_dns(owner.name, owner.namespace),
+        "TPUSYNC_DATA_PORT": str(spec.sidecar.data_port),
+        "TPUSYNC_HTTP_PORT": str(spec.sidecar.http_port),
+        "TPUSYNC_KV_EVENTS_PORT": str(spec.sidecar.kv_events_port),
+        "TPUSYNC_DRAM_BYTES": str(to_bytes(spec.tiers.dram)),
+        "TPUSYNC_DISK_BYTES": str(to_bytes(disk.size) if disk else 0),
+        "TPUSYNC_BLOCK_BYTES": str(to_bytes(spec.tiers.block_bytes)),
+        "TPUSYNC_TPU_TYPE": tpu.tpu_type,
+        "TPUSYNC_TPU_TOPOLOGY": tpu.topology,
+        "TPUSYNC_AUTH_SECRET": names.pool_auth(owner.name, spec),
+    }
+    if spec.tiers.shared is not None:
+        data["TPUSYNC_SHARED_DIR"] = spec.tiers.shared.mount_path
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(owner, names.pool_config(owner.name), pool_labels(owner, "config")),
+            "data": data}
+
+
+def build_auth_secret(owner: Owner, spec: TPUSyncPoolSpec, token: bytes) -> dict[str, Any]:
+    """The generated auth Secret. The caller creates it once and never rewrites it."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": metadata(owner, names.pool_auth(owner.name, spec), pool_labels(owner, "auth")),
+            "data": {"token": base64.b64encode(token).decode()}}
+
+
+def build_peers_service(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
+    """Headless Service: DNS A records of every pool member, ready or not (peer discovery)."""
+    sc = spec.sidecar
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(owner, names.pool_peers(owner.name), pool_labels(owner, "peers")),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {POOL_LABEL: owner.name},
+                     "ports": [{"name": "tpusync-data", "port": sc.data_port, "targetPort": "tpusync-data"},
+                               {"name": "sidecar-http", "port": sc.http_port, "targetPort": "sidecar-http"}]}}
+
+
+def build_network_policy(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
+    """Only pool members (store nodes and the pool's serving pods, all labelled with the pool)
+    reach the data port; KV events (token ids) only from this namespace; the sidecar's HTTP
+    port (health, metrics) from anywhere. Serving pods get their engine ports from the
+    DisaggregatedServing's own policy (policies are additive)."""
+    sc = spec.sidecar
+    members = {"podSelector": {"matchLabels": {POOL_LABEL: owner.name}}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(owner, names.pool_netpol(owner.name), pool_labels(owner, "network-policy")),
+            "spec": {"podSelector": {"matchLabels": {POOL_LABEL: owner.name}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [
+                         {"from": [members], "ports": [{"protocol": "TCP", "port": sc.data_port}]},
+                         {"from": [{"podSelector": {}}],
+                          "ports": [{"protocol": "TCP", "port": sc.kv_events_port}]},
+                         {"ports": [{"protocol": "TCP", "port": sc.http_port}]},
+                     ]}}
+
+
+def build_store_nodes(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
+    """Store nodes: standalone sidecars lending DRAM and disk as a lower tier."""
+    store = spec.store_nodes
+    dram = to_bytes(store.dram)
+    disk = store.disk
+    labels = pool_labels(owner, "store")
+    selector = {POOL_LABEL: owner.name, "app.kubernetes.io/component": "store"}
+    container = build_sidecar_container(owner.name, owner.namespace, spec, dram_bytes=dram, disk=disk, native=False)
+    if resources(store.resources):
+        container["resources"] = resources(store.resources)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": build_sidecar_volumes(owner.name, spec, shm_bytes=dram, disk=disk),
+    }
+    if store.node_selector:
+        pod_spec["nodeSelector"] = dict(store.node_selector)
+    template = {"metadata": {"labels": labels,
+                             "annotations": {DRAM_ANNOTATION: str(dram),
+                                             DISK_ANNOTATION: str(to_bytes(disk.size) if disk else 0)}},
+                "spec": pod_spec}
+    body: dict[str, Any] = {"selector": {"matchLabels": selector}, "template": template}
+    if store.kind == "StatefulSet":
+        body = {"serviceName": names.pool_peers(owner.name), "podManagementPolicy": "Parallel",
+                "replicas": 1 if store.replicas is None else store.replicas, **body}
+    return {"apiVersion": "apps/v1", "kind": store.kind,
+            "metadata": metadata(owner, names.pool_store(owner.name), labels), "spec": body}
+
+
+def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, Any]:
+    """Body of POST .../clusters/C/nodePools (GKE API v1). Multi-host slices are created
+    atomically with a COMPACT placement: tpuTopology for v6e, a workload policy for v7x."""
+    gke = spec.provisioning.gke
+    assert gke is not None
+    cap = spec.capacity
+    config: dict[str, Any] = {
+        "machineType": tpu.machine_type,
+        "labels": {POOL_LABEL: owner.name, "tpusync.dev/namespace": owner.namespace},
+        "spot": cap.spot,
+    }
+    if gke.service_account:
+        config["serviceAccount"] = gke.service_account
+    if cap.reservation:
+        config["reservationAffinity"] = {"consumeReservationType": "SPECIFIC_RESERVATION",
+                                         "key": "compute.googleapis.com/reservation-name",
+                                         "values": [cap.reservation]}
+    node_pool: dict[str, Any] = {"name": names.gke_node_pool(owner.name, spec), "config": config}
+    hosts = cap.hosts if cap.hosts is not None else tpu.hosts
+    if cap.autoscaling is not None:
+        node_pool["initialNodeCount"] = cap.autoscaling.min_hosts
+        node_pool["autoscaling"] = {"enabled": True, "minNodeCount": cap.autoscaling.min_hosts,
+                                    "maxNodeCount": cap.autoscaling.max_hosts}
+    else:
+        node_pool["initialNodeCount"] = hosts
+    if tpu.multi_host:
+        placement: dict[str, Any] = {"type": "COMPACT"}
+        if tpu.tpu_type == "v7x":
+            placement["policyName"] = gke.workload_policy
+        else:
+            placement["tpuTopology"] = tpu.topology
+        node_pool["placementPolicy"] = placement
+    if gke.queued_provisioning:
+        node_pool["queuedProvisioning"] = {"enabled": True}
+    return {"nodePool": node_pool}
+
+
+def tpu_node_labels(tpu: Slice) -> dict[str, str]:
+    return {ACCELERATOR_LABEL: tpu.accelerator, TOPOLOGY_LABEL: tpu.topology}

@@ -1,0 +1,194 @@
+"""Children of a DisaggregatedServing: per-role workloads (Deployment or LeaderWorkerSet),
+role Services and the serving NetworkPolicy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..models import DisaggregatedServingSpec, DiskTier, TPUSyncPoolSpec
+from ..quantity import to_bytes
+from ..tpu import TPU_RESOURCE, Slice
+from . import names
+from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, LLMD_ROLE_LABEL, LLMD_SERVING_LABEL, POOL_LABEL,
+                     ROLE_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context, metadata,
+                     pod_security_context, resources)
+from .engine import engine_command, engine_env, engine_image, engine_probe_path
+from .pool import pool_node_selector, tpu_node_labels
+from .sidecar import build_sidecar_container, build_sidecar_volumes
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+PROXY_NAME = "routing-proxy"
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """What a serving needs to know about its TPUSyncPool."""
+    name: str
+    spec: TPUSyncPoolSpec
+    tpu: Slice
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One role after planning: the workload kind and its shape."""
+    role: str                # "prefill" | "decode"
+    replicas: int
+    hosts_per_replica: int
+    chips_per_host: int      # 0 when the engine runs without TPUs (reference, cpuOnly)
+    kind: str                # "Deployment" | "LeaderWorkerSet"
+
+    @property
+    def chips(self) -> int:
+        return self.chips_per_host * self.hosts_per_replica
+
+
+def uses_proxy(spec: DisaggregatedServingSpec, role: str) -> bool:
+    """Decode pods run llm-d's routing proxy in front of the engine (P/D handshake)."""
+    return role == "decode" and spec.routing.enabled
+
+
+def engine_port(spec: DisaggregatedServingSpec, role: str) -> int:
+    if not uses_proxy(spec, role):
+        return spec.port
+    return 8200 if spec.port != 8200 else 8201
+
+
+def role_selector(owner: Owner, role: str) -> dict[str, str]:
+    return {SERVING_LABEL: owner.name, ROLE_LABEL: role}
+
+
+def _tiers(spec: DisaggregatedServingSpec, pool: PoolInfo) -> tuple[int, DiskTier | None]:
+    dram = to_bytes(spec.prefix_cache.host_dram or pool.spec.tiers.dram)
+    disk: DiskTier | None = None
+    if spec.prefix_cache.disk:
+        base = pool.spec.tiers.disk
+        disk = DiskTier(size=spec.prefix_cache.disk,
+                        medium=base.medium if base else "EmptyDir",
+                        storage_class_name=base.storage_class_name if base else None)
+    return dram, disk
+
+
+def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan,
+                       *, serving: bool) -> dict[str, Any]:
+    """Pod template of one role. `serving` marks pods that take requests (a Deployment pod or
+    an LWS leader): only those carry the llm-d labels the InferencePool and EPP select."""
+    role = plan.role
+    dram, disk = _tiers(spec, pool)
+    port = engine_port(spec, role)
+    command, args = engine_command(spec, role, port=port, chips=plan.chips)
+    labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
+    if serving:
+        labels[LLMD_ROLE_LABEL] = role
+        labels[LLMD_SERVING_LABEL] = "true"
+    tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
+    env = engine_env(spec, role)
+    if plan.kind == "LeaderWorkerSet":
+        env.append({"name": "TPUSYNC_WORKER_INDEX",
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_WORKER_INDEX}']"}}})
+    engine: dict[str, Any] = {
+        "name": "engine",
+        "image": engine_image(spec),
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": command,
+        "args": args,
+        "env": env,
+        "envFrom": [{"configMapRef": {"name": names.pool_config(pool.name)}}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
+                         "periodSeconds": 10, "failureThreshold": 360},
+        "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
+                           "periodSeconds": 5, "failureThreshold": 3},
+        "securityContext": container_security_context(read_only_root=False),
+        "volumeMounts": [
+            {"name": "tpusync-shm", "mountPath": "/dev/shm"},
+            {"name": "tpusync-run", "mountPath": "/run/tpusync"},
+            {"name": "tpusync-tmp", "mountPath": "/tmp"},
+            {"name": "engine-cache", "mountPath": "/cache"},
+        ],
+    }
+    role_spec = spec.prefill if role == "prefill" else spec.decode
+    res = resources(role_spec.resources, tpu_request)
+    if res:
+        engine["resources"] = res
+    sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True)
+    init = [sidecar]
+    if uses_proxy(spec, role) and serving:
+        init.append({
+            "name": PROXY_NAME,
+            "image": spec.routing.proxy_image,
+            "imagePullPolicy": "IfNotPresent",
+            "restartPolicy": "Always",
+            "args": [f"--port={spec.port}", f"--model-server-port={port}",
+                     f"--kv-connector={spec.routing.proxy_kv_connector}", "--secure-proxy=false"],
+            "ports": [{"name": "proxy", "containerPort": spec.port, "protocol": "TCP"}],
+            "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
+            "securityContext": container_security_context(read_only_root=True),
+        })
+    node_selector = pool_node_selector(pool.name, pool.spec)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": pod_security_context(),
+        "initContainers": init,
+        "containers": [engine],
+        "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk)
+        + [{"name": "engine-cache", "emptyDir": {}}],
+    }
+    if plan.chips_per_host:
+        node_selector = {**node_selector, **tpu_node_labels(pool.tpu)}
+        pod["tolerations"] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    annotations = {DRAM_ANNOTATION: str(dram), DISK_ANNOTATION: str(to_bytes(disk.size) if disk else 0)}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+
+
+def build_role_workload(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan) -> dict[str, Any]:
+    """A Deployment (one host per replica) or a LeaderWorkerSet (multi-host replicas)."""
+    name = names.role(owner.name, plan.role)
+    labels = {**base_labels(owner, plan.role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name,
+              ROLE_LABEL: plan.role}
+    if plan.kind == "Deployment":
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": metadata(owner, name, labels),
+                "spec": {"replicas": plan.replicas,
+                         "selector": {"matchLabels": role_selector(owner, plan.role)},
+                         # TPU hosts are scarce: replace in place rather than surge.
+                         "strategy": {"type": "RollingUpdate",
+                                      "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                         "template": build_pod_template(owner, spec, pool, plan, serving=True)}}
+    annotations = {LWS_EXCLUSIVE: "cloud.google.com/gke-nodepool"} if plan.chips_per_host else None
+    return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
+            "metadata": metadata(owner, name, labels, annotations),
+            "spec": {"replicas": plan.replicas,
+                     "startupPolicy": "LeaderCreated",
+                     "rolloutStrategy": {"type": "RollingUpdate",
+                                         "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+                     "leaderWorkerTemplate": {
+                         "size": plan.hosts_per_replica,
+                         "restartPolicy": "RecreateGroupOnPodRestart",
+                         "leaderTemplate": build_pod_template(owner, spec, pool, plan, serving=True),
+                         "workerTemplate": build_pod_template(owner, spec, pool, plan, serving=False)}}}
+
+
+def build_role_service(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> dict[str, Any]:
+    """ClusterIP Service of a role's serving pods (LWS leaders only)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(owner, names.role(owner.name, role), {**base_labels(owner, role),
+                                                                       SERVING_LABEL: owner.name}),
+            "spec": {"selector": {**role_selector(owner, role), LLMD_SERVING_LABEL: "true"},
+                     "ports": [{"name": "http", "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}]}}
+
+
+def build_serving_network_policy(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """Open the serving port of this serving's pods (gateway, EPP, peers). The pool's own
+    policy keeps the data port closed to everyone else."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(owner, names.serving_netpol(owner.name), base_labels(owner, "network-policy")),
+            "spec": {"podSelector": {"matchLabels": {SERVING_LABEL: owner.name}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"ports": [{"protocol": "TCP", "port": spec.port}]}]}}

@@ -1,0 +1,98 @@
+"""The tpusync-sidecar container and its volumes (shared by store nodes and serving pods)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models import DiskTier, TPUSyncPoolSpec
+from ..quantity import to_bytes
+from . import names
+from .common import container_security_context, env_from_fields, resources
+
+SHM_DIR = "/dev/shm"
+POOL_PATH = "/dev/shm/tpusync-pool"
+RUN_DIR = "/run/tpusync"
+CONTROL_SOCKET = "/run/tpusync/control.sock"
+DISK_DIR = "/var/lib/tpusync/disk"
+AUTH_DIR = "/etc/tpusync/auth"
+CONTAINER_NAME = "tpusync-sidecar"
+
+
+def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *, dram_bytes: int,
+                            disk: DiskTier | None, native: bool) -> dict[str, Any]:
+    """The sidecar container; `native` makes it a native sidecar (init container, restartPolicy Always)."""
+    sc = spec.sidecar
+    args = [
+        f"--data-port={sc.data_port}",
+        f"--http-port={sc.http_port}",
+        f"--control-socket={CONTROL_SOCKET}",
+        f"--pool-path={POOL_PATH}",
+        f"--dram-bytes={dram_bytes}",
+        f"--block-bytes={to_bytes(spec.tiers.block_bytes)}",
+        f"--auth-secret-file={AUTH_DIR}/token",
+        f"--peers-dns={names.peers_dns(pool, namespace)}",
+        f"--kv-events-endpoint=tcp://*:{sc.kv_events_port}",
+    ]
+    mounts = [
+        {"name": "tpusync-shm", "mountPath": SHM_DIR},
+        {"name": "tpusync-run", "mountPath": RUN_DIR},
+        {"name": "tpusync-tmp", "mountPath": "/tmp"},
+        {"name": "tpusync-auth", "mountPath": AUTH_DIR, "readOnly": True},
+    ]
+    if disk is not None:
+        args += [f"--disk-dir={DISK_DIR}", f"--disk-bytes={to_bytes(disk.size)}"]
+        mounts.append({"name": "tpusync-disk", "mountPath": DISK_DIR})
+    env = env_from_fields() + [{"name": "TPUSYNC_POOL", "value": pool}]
+    if spec.tiers.shared is not None:
+        mounts.append({"name": "tpusync-shared", "mountPath": spec.tiers.shared.mount_path})
+        env.append({"name": "TPUSYNC_SHARED_DIR", "value": spec.tiers.shared.mount_path})
+
+    def probe(path: str, **extra: Any) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "sidecar-http"}, "periodSeconds": 5, **extra}
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": sc.image,
+        "imagePullPolicy": sc.image_pull_policy,
+        "command": ["tpusync-sidecar"],
+        "args": args,
+        "env": env,
+        "ports": [
+            {"name": "tpusync-data", "containerPort": sc.data_port, "protocol": "TCP"},
+            {"name": "sidecar-http", "containerPort": sc.http_port, "protocol": "TCP"},
+            {"name": "kv-events", "containerPort": sc.kv_events_port, "protocol": "TCP"},
+        ],
+        "startupProbe": probe("/healthz", failureThreshold=60),
+        "livenessProbe": probe("/healthz", failureThreshold=3),
+        "readinessProbe": probe("/readyz", failureThreshold=2),
+        "securityContext": container_security_context(read_only_root=True),
+        "volumeMounts": mounts,
+    }
+    res = resources(sc.resources)
+    if res:
+        container["resources"] = res
+    if native:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+def build_sidecar_volumes(pool: str, spec: TPUSyncPoolSpec, *, shm_bytes: int,
+                          disk: DiskTier | None) -> list[dict[str, Any]]:
+    """Volumes the sidecar mounts. No hostPath: memory-backed emptyDir for the zero-copy pool."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "tpusync-shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(shm_bytes)}},
+        {"name": "tpusync-run", "emptyDir": {"sizeLimit": "16Mi"}},
+        {"name": "tpusync-tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+        {"name": "tpusync-auth", "secret": {"secretName": names.pool_auth(pool, spec), "defaultMode": 0o440}},
+    ]
+    if disk is not None:
+        if disk.medium == "EphemeralVolume":
+            volumes.append({"name": "tpusync-disk", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": disk.storage_class_name,
+                "resources": {"requests": {"storage": disk.size}}}}}})
+        else:
+            volumes.append({"name": "tpusync-disk", "emptyDir": {"sizeLimit": disk.size}})
+    if spec.tiers.shared is not None:
+        volumes.append({"name": "tpusync-shared",
+                        "persistentVolumeClaim": {"claimName": spec.tiers.shared.claim_name}})
+    return volumes

@@ -1,0 +1,238 @@
+"""Generate the CRDs in crds/ from the pydantic models (the single source of truth).
+
+    python -m tpusync_operator.crdgen --out crds/      # write
+    python -m tpusync_operator.crdgen --check crds/    # exit 1 when crds/ differs
+
+The pydantic JSON schema is rewritten into a Kubernetes *structural* schema: $refs are
+inlined, Optional's `anyOf [X, null]` collapses to X, titles and examples go, nested
+objects keep their `default: {}` so the API server defaults nested fields, and model-level
+CEL rules (`x-kubernetes-validations`) stay with their object. Anything left that a
+structural schema forbids (anyOf, oneOf, allOf, $ref, a property without a type) is an
+error here rather than at `kubectl apply` time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from . import GROUP, VERSION
+from .models import (DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec,
+                     TPUSyncPoolStatus)
+
+_DROP = {"title", "examples"}
+_FORBIDDEN = {"anyOf", "oneOf", "allOf", "$ref", "not", "$defs"}
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def _inline(node: Any, defs: dict[str, Any], path: str) -> Any:
+    if isinstance(node, list):
+        return [_inline(n, defs, path) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
+        target.update(node)  # siblings (description, default) win
+        node = target
+    if "allOf" in node and len(node["allOf"]) == 1:
+        inner = node.pop("allOf")[0]
+        node = {**_inline(inner, defs, path), **node}
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise SchemaError(f"{path}: a union of {len(options)} types is not structural")
+        del node["anyOf"]
+        node = {**_inline(options[0], defs, path), **node}
+        if node.get("default", 0) is None:
+            del node["default"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {k: _inline(v, defs, f"{path}.{k}") for k, v in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _inline(value, defs, f"{path}[]")
+        else:
+            out[key] = value
+    if out.get("default", 0) is None:
+        del out["default"]
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def _check_structural(node: Any, path: str) -> None:
+    if not isinstance(node, dict):
+        return
+    bad = _FORBIDDEN & node.keys()
+    if bad:
+        raise SchemaError(f"{path}: {sorted(bad)} is not allowed in a structural schema")
+    if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        raise SchemaError(f"{path}: every schema node needs a type")
+    for key, child in node.get("properties", {}).items():
+        _check_structural(child, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            _check_structural(node[key], f"{path}[]")
+
+
+def structural_schema(model: type[BaseModel], path: str) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema = _inline(raw, defs, path)
+    _check_structural(schema, path)
+    return schema
+
+
+_READY = '.status.conditions[?(@.type=="Ready")].status'
+
+KINDS: dict[str, dict[str, Any]] = {
+    "TPUSyncPool": {
+        "plural": "tpusyncpools", "singular": "tpusyncpool", "shortNames": ["tsp", "tpupool"],
+        "spec": TPUSyncPoolSpec, "status": TPUSyncPoolStatus,
+        "description": "A pool of TPU hosts running the tpusync transfer sidecar.",
+        "columns": [
+            ("TPU", "string", ".spec.tpu.type"), ("Topology", "string", ".spec.tpu.topology"),
+            ("Mode", "string", ".spec.provisioning.mode"), ("Ready", "string", _READY),
+            ("Hosts", "integer", ".status.readyHosts"), ("Sidecars", "integer", ".status.readySidecars"),
+            ("NodePool", "string", ".status.nodePool.state"),
+        ],
+    },
+    "DisaggregatedServing": {
+        "plural": "disaggregatedservings", "singular": "disaggregatedserving",
+        "shortNames": ["dserving", "dsv"],
+        "spec": DisaggregatedServingSpec, "status": DisaggregatedServingStatus,
+        "description": "An LLM served with separate prefill and decode roles on a TPUSyncPool, routed by llm-d.",
+        "columns": [
+            ("Model", "string", ".spec.model.name"), ("Engine", "string", ".spec.engine.type"),
+            ("Pool", "string", ".spec.poolRef.name"), ("Ready", "string", _READY),
+            ("Prefill", "integer", ".status.prefill.readyReplicas"),
+            ("Decode", "integer", ".status.decode.readyReplicas"),
+            ("Endpoint", "string", ".status.endpoint"),
+        ],
+    },
+}
+
+
+def build_crd(kind: str) -> dict[str, Any]:
+    k = KINDS[kind]
+    spec = structural_schema(k["spec"], "spec")
+    status = structural_schema(k["status"], "status")
+    spec.pop("default", None)
+    columns = [{"name": n, "type": t, "jsonPath": p} for n, t, p in k["columns"]]
+    columns.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{k['plural']}.{GROUP}",
+            "annotations": {"tpusync.dev/generated-by": "python -m tpusync_operator.crdgen"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": kind, "listKind": f"{kind}List", "plural": k["plural"],
+                "singular": k["singular"], "shortNames": k["shortNames"], "categories": ["tpusync"],
+            },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": k["description"],
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec,
+                        "status": status,
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
+    """kopf's documented peering resources (group kopf.dev), needed for --peering."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.kopf.dev"},
+        "spec": {
+            "group": "kopf.dev", "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": plural[:-1]},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }}}],
+        },
+    }
+
+
+def render_all() -> dict[str, str]:
+    """File name -> YAML text, deterministic."""
+    def dump(*docs: dict[str, Any]) -> str:
+        return "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=100) for d in docs)
+
+    files = {f"{GROUP}_{KINDS[k]['plural']}.yaml": dump(build_crd(k)) for k in KINDS}
+    files["kopf.dev_peerings.yaml"] = dump(
+        _peering_crd("ClusterKopfPeering", "clusterkopfpeerings", "Cluster"),
+        _peering_crd("KopfPeering", "kopfpeerings", "Namespaced"))
+    return files
+
+
+def write(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render_all().items():
+        (out / name).write_text(text)
+
+
+def check(directory: Path) -> list[str]:
+    """Unified diffs between directory and a fresh generation (empty when identical)."""
+    diffs = []
+    for name, text in render_all().items():
+        path = directory / name
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            diffs.append("".join(difflib.unified_diff(
+                current.splitlines(True), text.splitlines(True), f"{path} (committed)", f"{path} (generated)")))
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpusync_operator.crdgen", description=__doc__.split("\n")[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--out", type=Path, help="write the CRDs into this directory")
+    group.add_argument("--check", type=Path, help="fail when this directory differs from the models")
+    args = parser.parse_args(argv)
+    if args.out:
+        write(args.out)
+        return 0
+    diffs = check(args.check)
+    for d in diffs:
+        sys.stderr.write(d)
+    if diffs:
+        sys.stderr.write(f"\n{args.check} is stale: run `make crds` and commit the result\n")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

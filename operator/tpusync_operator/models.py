@@ -1,0 +1,326 @@
+"""The tpusync.dev/v1alpha1 API. These pydantic models are the single source of truth:
+`python -m tpusync_operator.crdgen` turns them into the CRDs under crds/, and the
+reconcilers parse every object through them.
+
+Conventions: field names are camelCase on the wire (aliases); every nested object has
+`default: {}` in the CRD so the API server applies nested defaults; cross-field rules
+are CEL (`x-kubernetes-validations`) whose messages name the field; rules the schema
+cannot express (TPU slice arithmetic, the referenced pool) are checked by the planner,
+which raises kopf.PermanentError with the field named.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .quantity import QUANTITY_PATTERN
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, examples=["64Gi"])]
+DNSName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Topology = Annotated[str, Field(max_length=16, pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$", examples=["2x4", "2x2x2"])]
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """Model-level CEL rules: (rule, message)."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def sub(model: type[BaseModel], description: str) -> Any:
+    """A nested object that is always present (defaults to {} in the CRD too)."""
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Resources(Model):
+    """Container resource requests and limits (Kubernetes quantities)."""
+    requests: dict[str, str] | None = None
+    limits: dict[str, str] | None = None
+
+
+class EnvVar(Model):
+    name: Annotated[str, Field(min_length=1)]
+    value: str = ""
+
+
+# ---------------------------------------------------------------- TPUSyncPool
+
+class TPUSpec(Model):
+    """The TPU slice every host of the pool belongs to."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.type == 'v6e' ? self.topology.matches('^[0-9]+x[0-9]+$') : "
+         "self.topology.matches('^[0-9]+x[0-9]+x[0-9]+$')",
+         "spec.tpu.topology must be AxB for v6e and AxBxC for v7x"),
+    ))
+    type: Literal["v6e", "v7x"] = Field(description="TPU generation.")
+    topology: Topology = Field(description="Slice topology, e.g. 2x4 (v6e) or 2x2x2 (v7x).")
+
+
+class Autoscaling(Model):
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.minHosts <= self.maxHosts", "spec.capacity.autoscaling.minHosts must not exceed maxHosts"),
+    ))
+    min_hosts: Annotated[int, Field(ge=0)] = 0
+    max_hosts: Annotated[int, Field(ge=1)]
+
+
+class Capacity(Model):
+    """How many hosts; spot or reserved capacity."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!(has(self.hosts) && has(self.autoscaling))",
+         "spec.capacity: set either hosts or autoscaling, not both"),
+        ("!(self.spot && has(self.reservation))",
+         "spec.capacity: spot and reservation are mutually exclusive"),
+    ))
+    hosts: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology.")
+    autoscaling: Autoscaling | None = Field(None, description="Autoscaling range in hosts (mode gke).")
+    spot: bool = Field(False, description="Use Spot VMs.")
+    reservation: str | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
+
+
+class GKEProvisioning(Model):
+    """Create and own a GKE node pool through the GKE REST API."""
+    project: Annotated[str, Field(min_length=1)]
+    location: Annotated[str, Field(min_length=1)] = Field(description="Region or zone of the cluster.")
+    cluster: Annotated[str, Field(min_length=1)]
+    node_pool_name: DNSName | None = Field(None, description="Defaults to the TPUSyncPool name.")
+    workload_policy: str | None = Field(
+        None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
+    queued_provisioning: bool = Field(False, description="Use queued provisioning (Dynamic Workload Scheduler).")
+    service_account: str | None = Field(None, description="Node service account e-mail.")
+    api_endpoint: str = Field("https://container.googleapis.com", description="GKE API base URL.")
+
+
+class ExistingProvisioning(Model):
+    """Use nodes that already exist, selected by node pool name or labels."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("has(self.nodePoolName) || has(self.nodeSelector)",
+         "spec.provisioning.existing needs nodePoolName or nodeSelector"),
+    ))
+    node_pool_name: str | None = None
+    node_selector: dict[str, str] | None = None
+
+
+class Provisioning(Model):
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.mode != 'gke' || has(self.gke)", "spec.provisioning.gke is required when mode is gke"),
+        ("self.mode != 'existing' || has(self.existing)",
+         "spec.provisioning.existing is required when mode is existing"),
+        ("self.mode == oldSelf.mode", "spec.provisioning.mode is immutable"),
+    ))
+    mode: Literal["gke", "existing"] = Field("existing", description="gke: create and own a node pool.")
+    gke: GKEProvisioning | None = None
+    existing: ExistingProvisioning | None = None
+
+
+class DiskTier(Model):
+    """Local disk tier. No hostPath: an emptyDir (node ephemeral storage, e.g. local SSD)
+    or a generic ephemeral volume from a storage class."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.medium != 'EphemeralVolume' || has(self.storageClassName)",
+         "spec.tiers.disk.storageClassName is required when medium is EphemeralVolume"),
+    ))
+    size: Quantity
+    medium: Literal["EmptyDir", "EphemeralVolume"] = "EmptyDir"
+    storage_class_name: str | None = None
+
+
+class SharedTier(Model):
+    """Optional shared storage (an existing ReadWriteMany PersistentVolumeClaim)."""
+    claim_name: DNSName
+    mount_path: str = "/mnt/tpusync-shared"
+
+
+class Tiers(Model):
+    dram: Quantity = Field("16Gi", description="Host DRAM each sidecar lends to the pool (/dev/shm).")
+    disk: DiskTier | None = None
+    shared: SharedTier | None = None
+    block_bytes: Quantity = Field("1Mi", description="Transfer block size.")
+
+
+class SidecarSpec(Model):
+    """The tpusync-sidecar container."""
+    image: str = "ghcr.io/tpusync/tpusync-sidecar:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    data_port: Port = 7600
+    http_port: Port = 7601
+    kv_events_port: Port = 5557
+    resources: Resources = sub(Resources, "Sidecar resources.")
+
+
+class StoreNodes(Model):
+    """Standalone sidecars that lend their DRAM and disk to the pool as a lower tier."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.kind == 'StatefulSet' || !has(self.replicas)",
+         "spec.storeNodes.replicas applies only to kind StatefulSet"),
+    ))
+    enabled: bool = False
+    kind: Literal["StatefulSet", "DaemonSet"] = "StatefulSet"
+    replicas: Annotated[int, Field(ge=0)] | None = Field(None, description="StatefulSet replicas (default 1).")
+    dram: Quantity = "32Gi"
+    disk: DiskTier | None = None
+    node_selector: dict[str, str] | None = None
+    resources: Resources = sub(Resources, "Store node resources.")
+
+
+class AuthSpec(Model):
+    secret_name: DNSName | None = Field(
+        None, description="Secret with key `token`; generated as <pool>-auth when absent.")
+
+
+class TPUSyncPoolSpec(Model):
+    tpu: TPUSpec
+    capacity: Capacity = sub(Capacity, "Host count, autoscaling, spot or reservation.")
+    provisioning: Provisioning = Field(description="Where the hosts come from.")
+    tiers: Tiers = sub(Tiers, "Memory and storage tiers.")
+    sidecar: SidecarSpec = sub(SidecarSpec, "Transfer sidecar image, ports and resources.")
+    store_nodes: StoreNodes = sub(StoreNodes, "Optional store nodes.")
+    auth: AuthSpec = sub(AuthSpec, "Shared secret for the data plane.")
+
+
+_MAP_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str
+
+
+class NodePoolStatus(Model):
+    name: str | None = None
+    state: str | None = Field(None, description="GKE node pool status, or Existing.")
+    operation: str | None = Field(None, description="Pending GKE operation name.")
+
+
+class TPUSyncPoolStatus(Model):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_LIST)
+    node_pool: NodePoolStatus | None = None
+    hosts: int | None = Field(None, description="Desired hosts.")
+    ready_hosts: int | None = None
+    sidecars: int | None = Field(None, description="Sidecar pods in the pool.")
+    ready_sidecars: int | None = None
+    dram_bytes: int | None = Field(None, description="DRAM lent by ready sidecars.")
+    disk_bytes: int | None = Field(None, description="Disk lent by ready sidecars.")
+    peers_service: str | None = None
+
+
+# --------------------------------------------------------- DisaggregatedServing
+
+class ModelRef(Model):
+    name: Annotated[str, Field(min_length=1)] = Field(description="Served model name (the OpenAI model id).")
+    uri: Annotated[str, Field(min_length=1)] = Field(description="Weights: hf://org/name, gs://bucket/path or a path.")
+
+
+class EngineSpec(Model):
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!self.cpuOnly || self.type == 'reference'", "spec.engine.cpuOnly is only valid with type reference"),
+    ))
+    type: Literal["vllm-tpu", "sglang-jax", "reference"] = "vllm-tpu"
+    image: str | None = Field(None, description="Engine image; a pinned default per type when empty.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    cpu_only: bool = Field(False, description="Reference engine only: request no TPUs (tests, kind/kwok).")
+    env: list[EnvVar] | None = None
+
+
+class PoolRef(Model):
+    name: DNSName = Field(description="A TPUSyncPool in the same namespace.")
+
+
+class RoleSpec(Model):
+    replicas: Annotated[int, Field(ge=0)] = 1
+    topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the pool's.")
+    hosts_per_replica: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Hosts per replica; derived from the topology when empty. >1 uses a LeaderWorkerSet.")
+    args: list[str] | None = Field(None, description="Extra engine arguments.")
+    resources: Resources = sub(Resources, "Engine resources (TPU chips are added).")
+
+
+class KVTransfer(Model):
+    connector: Literal["tpusync"] = "tpusync"
+    layerwise: bool = Field(True, description="Send KV layer by layer while prefill runs.")
+
+
+class PrefixCache(Model):
+    host_dram: Quantity | None = Field(None, description="Host-DRAM prefix cache per pod; the pool's dram when empty.")
+    disk: Quantity | None = Field(None, description="Disk prefix cache per pod; none when empty.")
+
+
+class ScorerWeights(Model):
+    prefix_cache: Annotated[float, Field(ge=0)] = 2.0
+    queue: Annotated[float, Field(ge=0)] = 1.0
+    kv_cache_utilization: Annotated[float, Field(ge=0)] = 1.0
+
+
+class GatewayRef(Model):
+    name: DNSName
+    namespace: DNSName | None = None
+    section_name: str | None = None
+
+
+class Objective(Model):
+    priority: int = 0
+
+
+class Routing(Model):
+    """llm-d routing: endpoint picker, InferencePool, InferenceObjective, HTTPRoute."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.gatewayRef) || self.enabled", "spec.routing.gatewayRef requires spec.routing.enabled"),
+    ))
+    enabled: bool = True
+    scorer_weights: ScorerWeights = sub(ScorerWeights, "Scheduling profile scorer weights.")
+    pd_threshold_tokens: Annotated[int, Field(ge=0)] = Field(
+        16, description="prefix-based-pd-decider nonCachedTokens: disaggregate above this many uncached tokens.")
+    precise_prefix_cache: bool = Field(True, description="Route on KV events from the sidecars (port 5557).")
+    block_size_tokens: Annotated[int, Field(ge=1)] = 64
+    gateway_ref: GatewayRef | None = None
+    objective: Objective = sub(Objective, "InferenceObjective priority.")
+    epp_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0"
+    proxy_image: str = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.5.0"
+    proxy_kv_connector: str = Field(
+        "nixlv2", description="kv_transfer_params protocol the decode routing proxy speaks.")
+
+
+class DisaggregatedServingSpec(Model):
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.prefill.replicas + self.decode.replicas > 0",
+         "spec.prefill.replicas + spec.decode.replicas must be at least 1"),
+    ))
+    model: ModelRef
+    engine: EngineSpec = sub(EngineSpec, "Inference engine.")
+    pool_ref: PoolRef
+    prefill: RoleSpec = sub(RoleSpec, "Prefill role.")
+    decode: RoleSpec = sub(RoleSpec, "Decode role.")
+    kv_transfer: KVTransfer = sub(KVTransfer, "KV transfer between roles.")
+    prefix_cache: PrefixCache = sub(PrefixCache, "Prefix cache offload.")
+    routing: Routing = sub(Routing, "llm-d routing.")
+    port: Port = 8000
+
+
+class RoleStatus(Model):
+    kind: str | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+
+
+class DisaggregatedServingStatus(Model):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_LIST)
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    endpoint: str | None = None
+    routing_ready: bool | None = None

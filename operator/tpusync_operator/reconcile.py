@@ -1,0 +1,342 @@
+"""The one level-based reconcile per kind. Every pass (create, update, resume, timer) does:
+parse -> plan -> act on the cloud (GKE) -> server-side apply children, delete stale ones ->
+observe -> write status once -> emit events -> raise TemporaryError if it should come back
+sooner than the timer. It is idempotent: running it twice changes nothing the second time."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import kopf
+from pydantic import ValidationError
+
+from .builders import names
+from .builders.common import POOL_LABEL, Owner
+from .builders.pool import build_auth_secret
+from .builders.serving import PoolInfo
+from .gke import ClusterRef, GKEAuthError, GKEClient, GKEConflict, GKEError, GKETransientError
+from .kube import Kube, KubeError
+from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
+from .planner import (OPTIONAL_KINDS, PlanError, check_pool, missing_crd_message, node_pool_step, plan_pool,
+                      plan_serving)
+from .status import (Capacity, Clock, Cond, PoolObservation, RoleObservation, ServingObservation,
+                     merge_conditions, pool_capacity, pool_conditions, serving_conditions, transitions,
+                     workload_ready_replicas, node_ready, utc_now)
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[dict[str, Any], str, str, str], None]   # (body, type, reason, message)
+
+
+def _kopf_emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(body, type=type_, reason=reason, message=message)
+
+
+@dataclass
+class Deps:
+    """Everything a reconcile talks to, injected (tests pass fakes)."""
+    kube: Kube
+    gke: Callable[[str], GKEClient] | None = None     # api endpoint -> client
+    now: Clock = utc_now
+    token: Callable[[], bytes] = lambda: secrets.token_bytes(32)
+    emit: Emit = _kopf_emit
+
+
+@dataclass
+class _Pass:
+    """Per-pass accumulator: events are held until the status write has succeeded."""
+    body: dict[str, Any]
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    issues: list[Cond] = field(default_factory=list)
+    retry: tuple[float, str] | None = None
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def issue(self, reason: str, message: str, retry: float | None = None) -> None:
+        self.issues.append(Cond("Degraded", True, reason, message))
+        if retry is not None:
+            self.again(retry, message)
+
+    def again(self, delay: float, message: str) -> None:
+        if self.retry is None or delay < self.retry[0]:
+            self.retry = (delay, message)
+
+
+def _full_status(model: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Every status field, None included, so a merge patch also clears stale fields."""
+    out = {f.alias or k: None for k, f in model.model_fields.items()}
+    out.update(values)
+    return out
+
+
+async def _finish(deps: Deps, p: _Pass, api_version: str, kind: str, status_model: type,
+                  values: dict[str, Any]) -> dict[str, Any]:
+    meta = p.body["metadata"]
+    old = (p.body.get("status") or {}).get("conditions")
+    status = _full_status(status_model, values)
+    await deps.kube.patch_status(api_version, kind, meta["namespace"], meta["name"], status)
+    was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in old or [])
+    for c in transitions(old, status["conditions"]):
+        if c["type"] == "Ready" and c["status"] == "True":
+            p.event("Normal", "Ready", c["message"])
+        elif c["type"] == "Ready" and was_ready:
+            p.event("Warning", "NotReady", f"{c['reason']}: {c['message']}")
+        elif c["type"] == "Degraded" and c["status"] == "True":
+            p.event("Warning", c["reason"], c["message"])
+    for type_, reason, message in p.events:
+        deps.emit(p.body, type_, reason, message)
+    if p.retry is not None:
+        raise kopf.TemporaryError(p.retry[1], delay=p.retry[0])
+    return status
+
+
+async def _invalid(deps: Deps, p: _Pass, api_version: str, kind: str, status_model: type, message: str) -> None:
+    now = deps.now()
+    meta = p.body["metadata"]
+    old = (p.body.get("status") or {}).get("conditions")
+    conds = merge_conditions(old, [Cond("Ready", False, "InvalidSpec", message),
+                                   Cond("Progressing", False, "InvalidSpec", message),
+                                   Cond("Degraded", True, "InvalidSpec", message)], meta.get("generation"), now)
+    await _finish(deps, p, api_version, kind, status_model,
+                  {**{k: v for k, v in (p.body.get("status") or {}).items()},
+                   "observedGeneration": meta.get("generation"), "conditions": conds})
+    raise kopf.PermanentError(message)
+
+
+def _validation_message(e: ValidationError, root: str = "spec") -> str:
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    return f"{root}.{loc}: {first['msg']}"
+
+
+async def _apply_all(kube: Kube, namespace: str, apply: list[dict[str, Any]], delete: list[Any]) -> None:
+    for obj in apply:
+        await kube.apply(obj)
+    for ref in delete:
+        await kube.delete(ref.api_version, ref.kind, namespace, ref.name)
+
+
+def _kube_retry(p: _Pass, e: KubeError) -> None:
+    if e.status in (400, 403, 422):
+        p.issue("ApplyFailed", str(e), retry=60)
+    else:
+        p.again(10, str(e))
+
+
+# ------------------------------------------------------------------ pool
+
+async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
+    """Reconcile one TPUSyncPool; returns the status written."""
+    p = _Pass(body)
+    owner = Owner.from_body(body)
+    gen = body["metadata"].get("generation")
+    old = body.get("status") or {}
+    try:
+        spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
+        plan = plan_pool(owner, spec)
+    except ValidationError as e:
+        await _invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, _validation_message(e))
+        raise AssertionError("unreachable")
+    except PlanError as e:
+        await _invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, str(e))
+        raise AssertionError("unreachable")
+    kube = deps.kube
+
+    node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
+    node_pool_ready, node_pool_message = True, ""
+    if spec.provisioning.mode == "gke":
+        node_pool, node_pool_ready, node_pool_message = await _gke_node_pool(deps, p, owner, spec, plan, old)
+    else:
+        existing = spec.provisioning.existing
+        node_pool["name"] = existing.node_pool_name if existing else None
+
+    try:
+        secret_name = names.pool_auth(owner.name, spec)
+        if spec.auth.secret_name:
+            if await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+                p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
+        elif await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+            # Created once, never re-applied: re-applying would rotate the token under running pods.
+            if await kube.create(build_auth_secret(owner, spec, deps.token())):
+                p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
+        await _apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        nodes = await kube.list("v1", "Node", None, plan.node_selector) if plan.node_selector else []
+        pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})
+        store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
+    except KubeError as e:
+        _kube_retry(p, e)
+        nodes, pods, store_ready, store_desired = [], [], 0, plan.store_replicas
+    ready_hosts = sum(1 for n in nodes if node_ready(n))
+    cap: Capacity = pool_capacity(pods)
+    obs = PoolObservation(mode=spec.provisioning.mode, desired_hosts=plan.desired_hosts,
+                          min_ready_hosts=plan.min_ready_hosts, ready_hosts=ready_hosts, capacity=cap,
+                          store_desired=store_desired, store_ready=store_ready,
+                          node_pool_state=node_pool["state"], node_pool_ready=node_pool_ready,
+                          node_pool_message=node_pool_message, issues=p.issues)
+    conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
+    if spec.provisioning.mode == "gke" and not node_pool_ready:
+        p.again(15, node_pool_message or "waiting for the GKE node pool")
+    return await _finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
+        "observedGeneration": gen, "conditions": conds, "nodePool": node_pool,
+        "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
+        "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,
+        "peersService": names.peers_dns(owner.name, owner.namespace),
+    })
+
+
+async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired: int) -> tuple[int, int]:
+    if not spec.store_nodes.enabled:
+        return 0, 0
+    obj = await kube.get("apps/v1", spec.store_nodes.kind, owner.namespace, names.pool_store(owner.name))
+    st = (obj or {}).get("status", {})
+    if spec.store_nodes.kind == "DaemonSet":
+        return int(st.get("numberReady", 0) or 0), int(st.get("desiredNumberScheduled", 0) or 0) or -1
+    return int(st.get("readyReplicas", 0) or 0), desired
+
+
+async def _gke_node_pool(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: Any,
+                         old: dict[str, Any]) -> tuple[dict[str, Any], bool, str]:
+    gke = spec.provisioning.gke
+    assert gke is not None and deps.gke is not None and plan.node_pool_request is not None
+    cluster = ClusterRef(gke.project, gke.location, gke.cluster)
+    name = names.gke_node_pool(owner.name, spec)
+    op_name = (old.get("nodePool") or {}).get("operation")
+    client = deps.gke(gke.api_endpoint)
+    try:
+        op = await client.get_operation(cluster, op_name) if op_name else None
+        observed = await client.get_node_pool(cluster, name)
+        step = node_pool_step(plan.node_pool_request, op, observed)
+        pending = op_name if op is not None and op.get("status") != "DONE" else None
+        if step.action == "create":
+            try:
+                created = await client.create_node_pool(cluster, plan.node_pool_request)
+                pending = created.get("name")
+                p.event("Normal", "NodePoolCreating", f"creating GKE node pool {name} (operation {pending})")
+            except GKEConflict as e:
+                p.again(15, f"node pool {name}: {e.message}")
+        if step.degraded_reason:
+            p.issue(step.degraded_reason, step.message)
+        return {"name": name, "state": step.state, "operation": pending}, step.ready, step.message
+    except GKEAuthError as e:
+        p.issue("GKEAuthFailed", f"GKE API refused the operator's identity ({e.status}): {e.message}", retry=120)
+        return {"name": name, "state": "Unknown", "operation": op_name}, False, str(e)
+    except GKETransientError as e:
+        p.again(30, str(e))
+        return {"name": name, "state": "Unknown", "operation": op_name}, False, f"GKE API unavailable: {e}"
+    except GKEError as e:
+        p.issue("GKEError", str(e), retry=60)
+        return {"name": name, "state": "Unknown", "operation": op_name}, False, str(e)
+
+
+async def delete_pool(body: dict[str, Any], deps: Deps) -> None:
+    """Finalizer for mode gke: delete the node pool and wait until GKE reports it gone."""
+    spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
+    gke = spec.provisioning.gke
+    if spec.provisioning.mode != "gke" or gke is None or deps.gke is None:
+        return
+    owner = Owner.from_body(body)
+    cluster = ClusterRef(gke.project, gke.location, gke.cluster)
+    name = names.gke_node_pool(owner.name, spec)
+    client = deps.gke(gke.api_endpoint)
+    try:
+        observed = await client.get_node_pool(cluster, name)
+        if observed is None:
+            deps.emit(body, "Normal", "NodePoolDeleted", f"GKE node pool {name} is gone")
+            return
+        if observed.get("status") != "STOPPING":
+            op = await client.delete_node_pool(cluster, name)
+            if op is None:
+                return
+            deps.emit(body, "Normal", "NodePoolDeleting", f"deleting GKE node pool {name} (operation {op.get('name')})")
+    except GKEConflict as e:
+        raise kopf.TemporaryError(f"node pool {name} busy: {e.message}", delay=30)
+    except GKEAuthError as e:
+        raise kopf.TemporaryError(f"GKE API refused deleting node pool {name}: {e.message}", delay=120)
+    except GKEError as e:
+        raise kopf.TemporaryError(str(e), delay=30)
+    raise kopf.TemporaryError(f"waiting for GKE node pool {name} to be deleted", delay=15)
+
+
+# ---------------------------------------------------------------- serving
+
+async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
+    """Reconcile one DisaggregatedServing; returns the status written."""
+    p = _Pass(body)
+    owner = Owner.from_body(body)
+    gen = body["metadata"].get("generation")
+    old = body.get("status") or {}
+    kube = deps.kube
+    try:
+        spec = DisaggregatedServingSpec.model_validate(body.get("spec") or {})
+    except ValidationError as e:
+        await _invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, _validation_message(e))
+        raise AssertionError("unreachable")
+
+    def finish_blocked(reason: str, message: str, delay: float) -> Any:
+        p.issue(reason, message, retry=delay)
+        obs = ServingObservation(roles=[], routing_enabled=spec.routing.enabled, routing_ready=False,
+                                 pool_ready=False, issues=p.issues)
+        conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
+        return _finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus,
+                       {"observedGeneration": gen, "conditions": conds, "routingReady": False})
+
+    pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, spec.pool_ref.name)
+    if pool_body is None:
+        return await finish_blocked("PoolNotFound", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
+                                    f"not found in namespace {owner.namespace}", 30)
+    try:
+        pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
+        pool = PoolInfo(spec.pool_ref.name, pool_spec, check_pool(pool_spec))
+    except (ValidationError, PlanError) as e:
+        return await finish_blocked("PoolInvalid", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
+                                    f"is invalid: {e}", 60)
+    pool_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in (pool_body.get("status") or {}).get("conditions", []))
+
+    available = await kube.served_kinds(OPTIONAL_KINDS)
+    try:
+        plan = plan_serving(owner, spec, pool, available)
+    except PlanError as e:
+        await _invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, str(e))
+        raise AssertionError("unreachable")
+    roles: list[RoleObservation] = []
+    epp_ready = False
+    try:
+        await _apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        for rp in plan.roles:
+            obj = None
+            if rp.kind not in plan.missing_kinds:
+                api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
+                obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
+            roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
+        if spec.routing.enabled:
+            epp = await kube.get("apps/v1", "Deployment", owner.namespace, names.epp(owner.name))
+            epp_ready = int(((epp or {}).get("status") or {}).get("availableReplicas", 0) or 0) > 0
+    except KubeError as e:
+        _kube_retry(p, e)
+    if plan.missing_kinds:
+        p.again(60, missing_crd_message(plan.missing_kinds))
+    routing_ready = spec.routing.enabled and epp_ready and "InferencePool" not in plan.missing_kinds
+    obs = ServingObservation(roles=roles, routing_enabled=spec.routing.enabled, routing_ready=routing_ready,
+                             pool_ready=pool_ready,
+                             missing_kinds_message=missing_crd_message(plan.missing_kinds) if plan.missing_kinds else "",
+                             issues=p.issues)
+    conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
+    role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
+    return await _finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
+        "observedGeneration": gen, "conditions": conds,
+        "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
+        "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
+    })
+
+
+def _endpoint(owner: Owner, spec: DisaggregatedServingSpec) -> str:
+    gw = spec.routing.gateway_ref
+    if gw is not None and spec.routing.enabled:
+        return f"gateway/{gw.namespace or owner.namespace}/{gw.name}"
+    role = "decode" if spec.decode.replicas > 0 else "prefill"
+    return f"http://{names.role(owner.name, role)}.{owner.namespace}.svc:{spec.port}"

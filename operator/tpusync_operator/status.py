@@ -1,0 +1,182 @@
+"""Status computation (pure): conditions Ready / Progressing / Degraded with reason, message,
+observedGeneration and a lastTransitionTime that changes only when the status changes.
+The clock is passed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from .builders.common import DISK_ANNOTATION, DRAM_ANNOTATION
+from .builders.sidecar import CONTAINER_NAME
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _ts(now: datetime) -> str:
+    return now.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(old: list[dict[str, Any]] | None, new: list[Cond], generation: int | None,
+                     now: datetime) -> list[dict[str, Any]]:
+    """New condition dicts; lastTransitionTime is kept from `old` when the status is unchanged."""
+    previous = {c.get("type"): c for c in old or []}
+    out = []
+    for c in new:
+        status = "True" if c.status else "False"
+        prior = previous.get(c.type)
+        changed = prior is None or prior.get("status") != status
+        out.append({
+            "type": c.type, "status": status, "reason": c.reason, "message": c.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": _ts(now) if changed or "lastTransitionTime" not in prior
+            else prior["lastTransitionTime"],
+        })
+    return out
+
+
+def transitions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Conditions whose status changed (for events)."""
+    previous = {c.get("type"): c.get("status") for c in old or []}
+    return [c for c in new if previous.get(c["type"]) != c["status"]]
+
+
+def three(ready: Cond, progressing: Cond, degraded: Cond) -> list[Cond]:
+    return [ready, progressing, degraded]
+
+
+# ------------------------------------------------------------------ pool
+
+def node_ready(node: dict[str, Any]) -> bool:
+    for c in node.get("status", {}).get("conditions", []) or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True" and not node.get("spec", {}).get("unschedulable", False)
+    return False
+
+
+def sidecar_ready(pod: dict[str, Any]) -> bool:
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    statuses = (pod.get("status", {}).get("initContainerStatuses") or []) + \
+               (pod.get("status", {}).get("containerStatuses") or [])
+    return any(s.get("name") == CONTAINER_NAME and s.get("ready") for s in statuses)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    sidecars: int
+    ready_sidecars: int
+    dram_bytes: int
+    disk_bytes: int
+
+
+def pool_capacity(pods: list[dict[str, Any]]) -> Capacity:
+    """Sum the DRAM and disk that ready sidecars lend (from their pod annotations)."""
+    ready = [p for p in pods if sidecar_ready(p)]
+
+    def total(key: str) -> int:
+        return sum(int(p.get("metadata", {}).get("annotations", {}).get(key, "0") or 0) for p in ready)
+
+    return Capacity(len(pods), len(ready), total(DRAM_ANNOTATION), total(DISK_ANNOTATION))
+
+
+@dataclass
+class PoolObservation:
+    mode: str
+    desired_hosts: int
+    min_ready_hosts: int
+    ready_hosts: int
+    capacity: Capacity
+    store_desired: int               # -1: DaemonSet (desiredNumberScheduled given separately)
+    store_ready: int
+    node_pool_state: str | None = None
+    node_pool_ready: bool = True
+    node_pool_message: str = ""
+    issues: list[Cond] = field(default_factory=list)   # Degraded causes, first one wins the reason
+
+
+def pool_conditions(o: PoolObservation) -> list[Cond]:
+    progressing: list[str] = []
+    if o.mode == "gke" and not o.node_pool_ready:
+        progressing.append(o.node_pool_message or f"node pool is {o.node_pool_state}")
+    if o.ready_hosts < o.min_ready_hosts:
+        progressing.append(f"{o.ready_hosts}/{o.min_ready_hosts} hosts ready")
+    if o.store_desired != 0 and o.store_ready < max(o.store_desired, 1):
+        progressing.append(f"{o.store_ready}/{max(o.store_desired, 1)} store nodes ready")
+    blocking = [i for i in o.issues if i.status]
+    if blocking:
+        degraded = Cond("Degraded", True, blocking[0].reason, "; ".join(i.message for i in blocking))
+    else:
+        degraded = Cond("Degraded", False, "AsExpected")
+    if progressing:
+        reason = "NodePoolProvisioning" if o.mode == "gke" and not o.node_pool_ready else "HostsNotReady" \
+            if o.ready_hosts < o.min_ready_hosts else "StoreNodesNotReady"
+        prog = Cond("Progressing", True, reason, "; ".join(progressing))
+    else:
+        prog = Cond("Progressing", False, "Stable", f"{o.ready_hosts} hosts, {o.capacity.ready_sidecars} sidecars ready")
+    ready_ok = not progressing and not any(i.reason in _BLOCKS_READY for i in blocking)
+    ready = Cond("Ready", ready_ok, "PoolReady" if ready_ok else (prog.reason if progressing else degraded.reason),
+                 prog.message if ready_ok else (prog.message if progressing else degraded.message))
+    return three(ready, prog, degraded)
+
+
+_BLOCKS_READY = {"AuthSecretMissing", "NodePoolError", "NodePoolOperationFailed", "InvalidSpec", "GKEAuthFailed"}
+
+
+# ---------------------------------------------------------------- serving
+
+@dataclass
+class RoleObservation:
+    role: str
+    kind: str
+    replicas: int
+    ready_replicas: int
+
+
+@dataclass
+class ServingObservation:
+    roles: list[RoleObservation]
+    routing_enabled: bool
+    routing_ready: bool
+    pool_ready: bool
+    missing_kinds_message: str = ""
+    issues: list[Cond] = field(default_factory=list)
+
+
+def serving_conditions(o: ServingObservation) -> list[Cond]:
+    waiting = [f"{r.role} {r.ready_replicas}/{r.replicas} ready" for r in o.roles if r.ready_replicas < r.replicas]
+    if o.routing_enabled and not o.routing_ready:
+        waiting.append("routing not ready")
+    issues = list(o.issues)
+    if o.missing_kinds_message:
+        issues.insert(0, Cond("Degraded", True, "MissingCRD", o.missing_kinds_message))
+    if not o.pool_ready:
+        waiting.append("TPUSyncPool not ready")
+    degraded = (Cond("Degraded", True, issues[0].reason, "; ".join(i.message for i in issues)) if issues
+                else Cond("Degraded", False, "AsExpected"))
+    prog = (Cond("Progressing", True, "RolloutInProgress", "; ".join(waiting)) if waiting
+            else Cond("Progressing", False, "Stable", "all roles ready"))
+    ok = not waiting and not issues
+    ready = Cond("Ready", ok, "ServingReady" if ok else (degraded.reason if issues else prog.reason),
+                 "all roles ready" if ok else (degraded.message if issues else prog.message))
+    return three(ready, prog, degraded)
+
+
+def workload_ready_replicas(obj: dict[str, Any] | None) -> int:
+    """Ready replicas of a Deployment or LeaderWorkerSet (groups), 0 when absent."""
+    if not obj:
+        return 0
+    return int(obj.get("status", {}).get("readyReplicas", 0) or 0)

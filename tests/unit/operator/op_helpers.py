@@ -1,0 +1,179 @@
+"""Helpers for the operator unit tests: fluent object builders, golden files,
+an in-memory Kubernetes API (FakeKube) and a controllable clock."""
+
+from __future__ import annotations
+
+import copy
+import os
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GOLDEN = Path(__file__).parent / "golden"
+SAMPLES = Path(__file__).resolve().parents[3] / "samples"
+UPDATE = os.environ.get("TPUSYNC_UPDATE_GOLDEN") == "1"
+
+
+def assert_golden(name: str, objs: Any) -> None:
+    """Compare objs with golden/<name>.yaml; TPUSYNC_UPDATE_GOLDEN=1 rewrites the file."""
+    docs = objs if isinstance(objs, list) else [objs]
+    text = "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=100) for d in docs)
+    path = GOLDEN / f"{name}.yaml"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"{path} is missing: run the tests with TPUSYNC_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"{name} differs from {path}; if intended, regenerate with TPUSYNC_UPDATE_GOLDEN=1"
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+class PoolBody:
+    """Fluent TPUSyncPool bodies: PoolBody().v7x("2x2x2").gke(workloadPolicy="p").build()."""
+
+    def __init__(self, name: str = "pool", namespace: str = "ns"):
+        self.body: dict[str, Any] = {
+            "apiVersion": "tpusync.dev/v1alpha1", "kind": "TPUSyncPool",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
+            "spec": {"tpu": {"type": "v6e", "topology": "2x4"},
+                     "provisioning": {"mode": "existing", "existing": {"nodePoolName": "tpu-np"}}},
+        }
+
+    def spec(self, **patch: Any) -> "PoolBody":
+        self.body["spec"] = merge(self.body["spec"], patch)
+        return self
+
+    def v7x(self, topology: str = "2x2x1") -> "PoolBody":
+        return self.spec(tpu={"type": "v7x", "topology": topology})
+
+    def gke(self, **extra: Any) -> "PoolBody":
+        self.body["spec"]["provisioning"] = {"mode": "gke", "gke": {
+            "project": "proj", "location": "us-central1", "cluster": "c1", **extra}}
+        return self
+
+    def store(self, **store: Any) -> "PoolBody":
+        return self.spec(storeNodes={"enabled": True, **store})
+
+    def ready(self) -> "PoolBody":
+        self.body["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "PoolReady",
+                                               "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+        return self
+
+    def build(self) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+
+class ServingBody:
+    def __init__(self, name: str = "llm", namespace: str = "ns", pool: str = "pool"):
+        self.body: dict[str, Any] = {
+            "apiVersion": "tpusync.dev/v1alpha1", "kind": "DisaggregatedServing",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 3},
+            "spec": {"model": {"name": "m", "uri": "hf://org/m"}, "poolRef": {"name": pool},
+                     "engine": {"type": "reference"}},
+        }
+
+    def spec(self, **patch: Any) -> "ServingBody":
+        self.body["spec"] = merge(self.body["spec"], patch)
+        return self
+
+    def build(self) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+
+def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
+    labels = obj.get("metadata", {}).get("labels", {}) or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class FakeKube:
+    """In-memory API server for the reconcilers. `log` records every write and event in order."""
+
+    def __init__(self, served: set[str] | None = None):
+        self.objects: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
+        self.served = set(served) if served is not None else {
+            "LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
+        self.log: list[tuple[str, ...]] = []
+        self.fail_next: list[Exception] = []
+
+    def key(self, obj: dict[str, Any]) -> tuple[str, str, str | None, str]:
+        m = obj["metadata"]
+        return (obj["apiVersion"], obj["kind"], m.get("namespace"), m["name"])
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self.objects[self.key(obj)] = copy.deepcopy(obj)
+
+    def find(self, kind: str, name: str) -> dict[str, Any] | None:
+        return next((o for (a, k, n, nm), o in self.objects.items() if k == kind and nm == name), None)
+
+    def kinds(self) -> list[tuple[str, str]]:
+        return sorted((k, nm) for (_, k, _, nm) in self.objects)
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        self.log.append(("apply", obj["kind"], obj["metadata"]["name"]))
+        prior = self.objects.get(self.key(obj), {})
+        stored = copy.deepcopy(obj)
+        if "status" in prior:
+            stored["status"] = prior["status"]
+        self.objects[self.key(obj)] = stored
+        return stored
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        if self.key(obj) in self.objects:
+            return False
+        self.log.append(("create", obj["kind"], obj["metadata"]["name"]))
+        self.put(obj)
+        return True
+
+    async def get(self, api_version, kind, namespace, name):
+        self.log.append(("get", kind, name))
+        obj = self.objects.get((api_version, kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    async def list(self, api_version, kind, namespace, selector):
+        return [copy.deepcopy(o) for (a, k, n, _), o in self.objects.items()
+                if a == api_version and k == kind and (namespace is None or n == namespace) and _matches(o, selector)]
+
+    async def delete(self, api_version, kind, namespace, name):
+        if self.objects.pop((api_version, kind, namespace, name), None) is None:
+            return False
+        self.log.append(("delete", kind, name))
+        return True
+
+    async def patch_status(self, api_version, kind, namespace, name, status):
+        from tpusync_operator.kube import KubeError
+        obj = self.objects.get((api_version, kind, namespace, name))
+        if obj is None:
+            raise KubeError(404, f"{kind} {name} not found")
+        self.log.append(("status", kind, name))
+        obj["status"] = copy.deepcopy(status)
+
+    async def served_kinds(self, kinds):
+        return {k for k in kinds if k in self.served}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += timedelta(seconds=seconds)
+
+
+def load_samples(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((SAMPLES / name).read_text()) if d]

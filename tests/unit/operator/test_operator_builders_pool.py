@@ -1,0 +1,125 @@
+"""Pool builders: golden YAML per case (table-driven) plus the invariants that matter."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from op_helpers import PoolBody, assert_golden
+from tpusync_operator.builders import pool as b
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.models import TPUSyncPoolSpec
+from tpusync_operator.tpu import slice_for
+
+
+def setup(body):
+    owner = Owner.from_body(body)
+    spec = TPUSyncPoolSpec.model_validate(body["spec"])
+    return owner, spec, slice_for(spec.tpu.type, spec.tpu.topology)
+
+
+CASES = {
+    "pool-existing-v6e": PoolBody(),
+    "pool-disk-shared": PoolBody().spec(tiers={"dram": "8Gi", "disk": {"size": "100Gi"},
+                                               "shared": {"claimName": "filestore"}}),
+    "pool-store-statefulset": PoolBody().store(replicas=2, dram="4Gi",
+                                               disk={"size": "1Ti", "medium": "EphemeralVolume",
+                                                     "storageClassName": "premium-rwo"}),
+    "pool-store-daemonset": PoolBody().store(kind="DaemonSet", nodeSelector={"pool": "cpu"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pool_children_golden(case):
+    owner, spec, tpu = setup(CASES[case].build())
+    objs = [b.build_config_map(owner, spec, tpu), b.build_peers_service(owner, spec),
+            b.build_network_policy(owner, spec)]
+    if spec.store_nodes.enabled:
+        objs.append(b.build_store_nodes(owner, spec))
+    assert_golden(case, objs)
+    for obj in objs:
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert ref["uid"] == "uid-pool" and ref["controller"] is True
+
+
+NODE_POOL_CASES = {
+    "nodepool-v6e-single-host": (PoolBody().gke().spec(capacity={"hosts": 3, "spot": True}), {
+        "machineType": "ct6e-standard-8t", "initialNodeCount": 3, "placement": None}),
+    "nodepool-v6e-multi-host": (PoolBody().spec(tpu={"topology": "4x4"}).gke(), {
+        "machineType": "ct6e-standard-4t", "initialNodeCount": 4,
+        "placement": {"type": "COMPACT", "tpuTopology": "4x4"}}),
+    "nodepool-v7x-multi-host-reserved": (
+        PoolBody().v7x("2x2x2").gke(workloadPolicy="wp", queuedProvisioning=False)
+        .spec(capacity={"reservation": "res-1"}), {
+            "machineType": "tpu7x-standard-4t", "initialNodeCount": 2,
+            "placement": {"type": "COMPACT", "policyName": "wp"}}),
+    "nodepool-v7x-autoscaling": (
+        PoolBody().v7x("2x2x1").gke().spec(capacity={"autoscaling": {"minHosts": 0, "maxHosts": 4}}), {
+            "machineType": "tpu7x-standard-4t", "initialNodeCount": 0, "placement": None}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NODE_POOL_CASES))
+def test_node_pool_request(case):
+    body, want = NODE_POOL_CASES[case]
+    owner, spec, tpu = setup(body.build())
+    req = b.build_node_pool_request(owner, spec, tpu)
+    np = req["nodePool"]
+    assert np["name"] == "pool"
+    assert np["config"]["machineType"] == want["machineType"]
+    assert np["initialNodeCount"] == want["initialNodeCount"]
+    assert np.get("placementPolicy") == want["placement"]
+    assert_golden(case, req)
+
+
+def test_reservation_affinity_and_autoscaling():
+    _, _, _ = setup(PoolBody().build())
+    owner, spec, tpu = setup(NODE_POOL_CASES["nodepool-v7x-multi-host-reserved"][0].build())
+    affinity = b.build_node_pool_request(owner, spec, tpu)["nodePool"]["config"]["reservationAffinity"]
+    assert affinity == {"consumeReservationType": "SPECIFIC_RESERVATION",
+                        "key": "compute.googleapis.com/reservation-name", "values": ["res-1"]}
+    owner, spec, tpu = setup(NODE_POOL_CASES["nodepool-v7x-autoscaling"][0].build())
+    assert b.build_node_pool_request(owner, spec, tpu)["nodePool"]["autoscaling"] == {
+        "enabled": True, "minNodeCount": 0, "maxNodeCount": 4}
+
+
+def test_auth_secret_carries_the_token():
+    owner, spec, _ = setup(PoolBody().build())
+    secret = b.build_auth_secret(owner, spec, b"\x00\x01secret")
+    assert secret["metadata"]["name"] == "pool-auth"
+    assert base64.b64decode(secret["data"]["token"]) == b"\x00\x01secret"
+
+
+def test_network_policy_admits_only_members_to_data_port():
+    owner, spec, _ = setup(PoolBody().spec(sidecar={"dataPort": 9000}).build())
+    np = b.build_network_policy(owner, spec)["spec"]
+    data_rules = [r for r in np["ingress"] if {"protocol": "TCP", "port": 9000} in r["ports"]]
+    assert len(data_rules) == 1
+    assert data_rules[0]["from"] == [{"podSelector": {"matchLabels": {"tpusync.dev/pool": "pool"}}}]
+    assert all(9000 not in [p["port"] for p in r["ports"]] for r in np["ingress"] if r is not data_rules[0])
+
+
+def test_store_nodes_are_hardened():
+    owner, spec, _ = setup(CASES["pool-store-statefulset"].build())
+    pod = b.build_store_nodes(owner, spec)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = pod["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"readinessProbe", "livenessProbe", "startupProbe"} <= c.keys()
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert "--dram-bytes=4294967296" in c["args"]
+    assert "--disk-bytes=1099511627776" in c["args"]
+
+
+@pytest.mark.parametrize("spec,selector", [
+    (PoolBody().build()["spec"], {"cloud.google.com/gke-nodepool": "tpu-np"}),
+    (PoolBody().gke(nodePoolName="np2").build()["spec"], {"cloud.google.com/gke-nodepool": "np2"}),
+    (PoolBody().spec(provisioning={"existing": {"nodePoolName": None, "nodeSelector": {"a": "b"}}}).build()["spec"],
+     {"a": "b"}),
+])
+def test_pool_node_selector(spec, selector):
+    assert b.pool_node_selector("pool", TPUSyncPoolSpec.model_validate(spec)) == selector

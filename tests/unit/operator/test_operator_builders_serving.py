@@ -1,0 +1,216 @@
+"""Serving and llm-d builders: golden YAML per case plus targeted invariants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from op_helpers import PoolBody, ServingBody, assert_golden
+from tpusync_operator.builders import llmd
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.serving import PoolInfo, build_pod_template, engine_port
+from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from tpusync_operator.planner import plan_serving
+from tpusync_operator.tpu import slice_for
+
+ALL = {"LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
+
+
+def pool_info(body):
+    spec = TPUSyncPoolSpec.model_validate(body["spec"])
+    return PoolInfo(body["metadata"]["name"], spec, slice_for(spec.tpu.type, spec.tpu.topology))
+
+
+def plan(serving, pool, available=ALL):
+    body = serving.build()
+    return plan_serving(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]),
+                        pool_info(pool.build()), set(available))
+
+
+CASES = {
+    "serving-reference-v6e": (ServingBody(), PoolBody()),
+    "serving-reference-cpu-only": (ServingBody().spec(engine={"cpuOnly": True}, routing={"enabled": False}),
+                                   PoolBody()),
+    "serving-vllm-v7x-lws-gateway": (
+        ServingBody().spec(engine={"type": "vllm-tpu"}, prefill={"replicas": 2, "args": ["--x"]},
+                           prefixCache={"hostDram": "8Gi", "disk": "50Gi"},
+                           routing={"gatewayRef": {"name": "gw", "namespace": "gw-ns"}}),
+        PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")),
+    "serving-sglang-approx-routing": (
+        ServingBody().spec(engine={"type": "sglang-jax"}, routing={"precisePrefixCache": False,
+                                                                   "scorerWeights": {"queue": 0}}),
+        PoolBody()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_serving_children_golden(case):
+    serving, pool = CASES[case]
+    p = plan(serving, pool)
+    assert_golden(case, p.apply)
+
+
+def _pods(objs):
+    for o in objs:
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(("prefill", "decode")):
+            yield o["metadata"]["name"], o["spec"]["template"]
+        if o["kind"] == "LeaderWorkerSet":
+            t = o["spec"]["leaderWorkerTemplate"]
+            yield o["metadata"]["name"] + "/leader", t["leaderTemplate"]
+            yield o["metadata"]["name"] + "/worker", t["workerTemplate"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pods_run_restricted_with_native_sidecar(case):
+    serving, pool = CASES[case]
+    pods = list(_pods(plan(serving, pool).apply))
+    assert pods
+    for name, tpl in pods:
+        spec = tpl["spec"]
+        sidecar = spec["initContainers"][0]
+        assert sidecar["name"] == "tpusync-sidecar" and sidecar["restartPolicy"] == "Always", name
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for c in spec["initContainers"] + spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+        shm = next(v for v in spec["volumes"] if v["name"] == "tpusync-shm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert not any("hostPath" in v for v in spec["volumes"])
+        engine = spec["containers"][0]
+        assert {"name": "tpusync-shm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+        assert {"name": "tpusync-shm", "mountPath": "/dev/shm"} in sidecar["volumeMounts"]
+
+
+def test_llmd_labels_only_on_serving_pods():
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    pods = dict(_pods(plan(serving, pool).apply))
+    leader = pods["llm-decode/leader"]["metadata"]["labels"]
+    worker = pods["llm-decode/worker"]["metadata"]["labels"]
+    assert leader["llm-d.ai/role"] == "decode" and leader["llm-d.ai/inference-serving"] == "true"
+    assert "llm-d.ai/role" not in worker and "llm-d.ai/inference-serving" not in worker
+    assert leader["tpusync.dev/pool"] == worker["tpusync.dev/pool"] == "pool"
+    # routing proxy on decode leaders only
+    assert [c["name"] for c in pods["llm-decode/leader"]["spec"]["initContainers"]] == ["tpusync-sidecar", "routing-proxy"]
+    assert [c["name"] for c in pods["llm-decode/worker"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
+    assert [c["name"] for c in pods["llm-prefill/leader"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
+
+
+def test_tpu_requests_and_selectors():
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    pods = dict(_pods(plan(serving, pool).apply))
+    spec = pods["llm-prefill/leader"]["spec"]
+    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "pool",
+                                    "cloud.google.com/gke-tpu-accelerator": "tpu7x",
+                                    "cloud.google.com/gke-tpu-topology": "2x2x2"}
+    assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+    cpu = dict(_pods(plan(*CASES["serving-reference-cpu-only"]).apply))["llm-prefill"]["spec"]
+    assert "resources" not in cpu["containers"][0] and "tolerations" not in cpu
+    assert cpu["nodeSelector"] == {"cloud.google.com/gke-nodepool": "tpu-np"}
+
+
+def test_vllm_kv_transfer_config():
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    pods = dict(_pods(plan(serving, pool).apply))
+    args = pods["llm-prefill/leader"]["spec"]["containers"][0]["args"]
+    kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["layerwise"] is True
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    assert args[-1] == "--x"
+    dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
+    assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
+    assert dargs[dargs.index("--port") + 1] == "8200"
+
+
+def test_engine_port_behind_proxy():
+    spec = DisaggregatedServingSpec.model_validate(ServingBody().build()["spec"])
+    assert engine_port(spec, "prefill") == 8000 and engine_port(spec, "decode") == 8200
+    spec = DisaggregatedServingSpec.model_validate(ServingBody().spec(port=8200).build()["spec"])
+    assert engine_port(spec, "decode") == 8201
+
+
+def test_sidecar_tier_sizes_follow_prefix_cache():
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    tpl = dict(_pods(plan(serving, pool).apply))["llm-prefill/leader"]
+    args = tpl["spec"]["initContainers"][0]["args"]
+    assert "--dram-bytes=8589934592" in args and "--disk-bytes=53687091200" in args
+    assert tpl["metadata"]["annotations"]["tpusync.dev/dram-bytes"] == "8589934592"
+
+
+def _owner_spec(serving):
+    body = serving.build()
+    return Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"])
+
+
+def test_epp_config_pd_and_precise_prefix_cache():
+    owner, spec = _owner_spec(ServingBody().spec(routing={"pdThresholdTokens": 77}))
+    cfg = llmd.build_epp_config(owner, spec)
+    assert cfg["apiVersion"] == "llm-d.ai/v1alpha1" and cfg["kind"] == "EndpointPickerConfig"
+    by_type = {p["type"]: p for p in cfg["plugins"]}
+    assert by_type["prefix-based-pd-decider"]["parameters"] == {"nonCachedTokens": 77}
+    assert by_type["disagg-profile-handler"]["parameters"] == {"deciders": {"prefill": "prefix-based-pd-decider"}}
+    kv = by_type["precise-prefix-cache-producer"]["parameters"]["kvEventsConfig"]
+    assert kv["podDiscoveryConfig"]["socketPort"] == 5557
+    assert kv["podDiscoveryConfig"]["podLabelSelector"] == "tpusync.dev/serving=llm,llm-d.ai/inference-serving=true"
+    assert by_type["prefix-cache-scorer"]["parameters"] == {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}
+    profiles = {p["name"]: [r["pluginRef"] for r in p["plugins"]] for p in cfg["schedulingProfiles"]}
+    assert profiles["prefill"][0] == "prefill-filter" and profiles["decode"][0] == "decode-filter"
+    # every pluginRef names a declared plugin (strict decoding upstream)
+    declared = set(by_type)
+    refs = {r["pluginRef"] for p in cfg["schedulingProfiles"] for r in p["plugins"]}
+    refs |= {s["pluginRef"] for s in cfg["dataLayer"]["sources"]}
+    refs |= {e["pluginRef"] for s in cfg["dataLayer"]["sources"] for e in s["extractors"]}
+    assert refs <= declared
+    assert set(cfg) <= {"apiVersion", "kind", "plugins", "schedulingProfiles", "dataLayer", "featureGates"}
+
+
+def test_epp_config_approx_and_zero_weight():
+    owner, spec = _owner_spec(ServingBody().spec(routing={"precisePrefixCache": False,
+                                                          "scorerWeights": {"queue": 0}}))
+    cfg = llmd.build_epp_config(owner, spec)
+    types = [p["type"] for p in cfg["plugins"]]
+    assert "approx-prefix-cache-producer" in types and "precise-prefix-cache-producer" not in types
+    assert "dataLayer" not in cfg
+    for profile in cfg["schedulingProfiles"]:
+        assert "queue-scorer" not in [r["pluginRef"] for r in profile["plugins"]]
+
+
+def test_epp_deployment_rolls_on_config_change():
+    owner, a = _owner_spec(ServingBody())
+    _, b = _owner_spec(ServingBody().spec(routing={"pdThresholdTokens": 5}))
+    ha = llmd.build_epp_deployment(owner, a)["spec"]["template"]["metadata"]["annotations"]
+    hb = llmd.build_epp_deployment(owner, b)["spec"]["template"]["metadata"]["annotations"]
+    assert ha != hb
+    cm = llmd.build_epp_config_map(owner, a)
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == llmd.build_epp_config(owner, a)
+
+
+def test_inference_pool_and_route():
+    owner, spec = _owner_spec(ServingBody().spec(routing={"gatewayRef": {"name": "gw", "sectionName": "http"}}))
+    pool = llmd.build_inference_pool(owner, spec)
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["spec"]["selector"] == {"matchLabels": {"tpusync.dev/serving": "llm", "llm-d.ai/inference-serving": "true"}}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"name": "llm-epp", "kind": "Service", "port": {"number": 9002},
+                                                 "failureMode": "FailClose"}
+    route = llmd.build_http_route(owner, spec)
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw",
+                                            "sectionName": "http"}]
+    assert route["spec"]["rules"][0]["backendRefs"] == [{"group": "inference.networking.k8s.io",
+                                                         "kind": "InferencePool", "name": "llm"}]
+    obj = llmd.build_inference_objective(owner, spec)
+    assert obj["apiVersion"] == "llm-d.ai/v1alpha2" and obj["spec"]["poolRef"]["name"] == "llm"
+
+
+def test_lws_shape():
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    lws = next(o for o in plan(serving, pool).apply if o["kind"] == "LeaderWorkerSet"
+               and o["metadata"]["name"] == "llm-prefill")
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    assert lws["spec"]["replicas"] == 2 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
+        "cloud.google.com/gke-nodepool"

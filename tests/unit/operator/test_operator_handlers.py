@@ -1,0 +1,55 @@
+"""kopf wiring: one reconcile for create/update/resume (+ timers), a finalizer only for
+GKE-provisioned pools, and the `python -m tpusync_operator` entry point."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from tpusync_operator import __main__ as entry
+from tpusync_operator import handlers
+
+
+def changing_handlers():
+    return kopf.get_default_registry()._changing.get_all_handlers()
+
+
+def test_same_reconcile_for_create_update_resume():
+    by_fn = {}
+    for h in changing_handlers():
+        by_fn.setdefault(h.fn.__name__, set()).add(h.reason if h.reason else ("resume" if h.initial else None))
+    assert by_fn["pool_changed"] == {"create", "update", "resume"}
+    assert by_fn["serving_changed"] == {"create", "update", "resume"}
+    timers = {h.fn.__name__ for h in kopf.get_default_registry()._spawning.get_all_handlers()}
+    assert {"pool_timer", "serving_timer"} <= timers
+
+
+def test_finalizer_only_for_gke_pools():
+    deletes = [h for h in changing_handlers() if h.reason == "delete"]
+    assert [h.fn.__name__ for h in deletes] == ["pool_deleted"]
+    (d,) = deletes
+    assert d.when is handlers._is_gke and d.requires_finalizer
+    assert handlers._is_gke(spec={"provisioning": {"mode": "gke"}})
+    assert not handlers._is_gke(spec={"provisioning": {"mode": "existing"}})
+    assert not handlers._is_gke(spec={})
+
+
+@pytest.mark.parametrize("argv,want", [
+    ([], {"standalone": False, "peering_name": "tpusync-operator", "clusterwide": True, "namespaces": [],
+          "liveness_endpoint": "http://0.0.0.0:8080/healthz"}),
+    (["--standalone", "-n", "a", "-n", "b", "--liveness", "http://127.0.0.1:9/healthz"],
+     {"standalone": True, "peering_name": None, "clusterwide": False, "namespaces": ["a", "b"],
+      "liveness_endpoint": "http://127.0.0.1:9/healthz"}),
+])
+def test_entry_point_flags(monkeypatch, argv, want):
+    seen = {}
+    monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
+    monkeypatch.setenv("TPUSYNC_METRICS_PORT", "0")
+    assert entry.main(argv + ["--metrics-port", "0"]) == 0
+    for k, v in want.items():
+        assert seen[k] == v, k
+
+
+def test_standalone_and_peering_are_exclusive():
+    with pytest.raises(SystemExit):
+        entry.main(["--standalone", "--peering", "x"])

@@ -1,0 +1,126 @@
+"""ApiKube (the thin API-server client) against a local HTTP server that records requests:
+server-side apply wire format, paths, discovery of optional CRDs, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from tpusync_operator.kube import ApiKube, KubeError, path
+
+
+class Server:
+    def __init__(self):
+        self.requests = []
+        self.routes = {}   # (method, path) -> (status, body)
+
+
+def start(server: Server):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _do(self, method):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            self.server_state.requests.append((method, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            route = self.path.split("?")[0]
+            status, payload = self.server_state.routes.get((method, route), (404, {"kind": "Status", "message": "nope"}))
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._do("GET")
+
+        def do_PATCH(self):
+            self._do("PATCH")
+
+        def do_POST(self):
+            self._do("POST")
+
+        def do_DELETE(self):
+            self._do("DELETE")
+
+    Handler.server_state = server
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    t.start()
+    return httpd, t
+
+
+@pytest.fixture
+def api_server():
+    state = Server()
+    httpd, t = start(state)
+    yield state, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    t.join()
+
+
+def with_kube(url, fn):
+    async def go():
+        cfg = Configuration(host=url)
+        cfg.api_key = {"BearerToken": "Bearer t0k"}
+        async with ApiClient(cfg) as api:
+            return await fn(ApiKube(api))
+    return asyncio.run(go())
+
+
+def test_paths():
+    assert path("v1", "ConfigMap", "ns", "a") == "/api/v1/namespaces/ns/configmaps/a"
+    assert path("v1", "Node", None) == "/api/v1/nodes"
+    assert path("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ns") == \
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ns/leaderworkersets"
+
+
+def test_server_side_apply_wire_format(api_server):
+    state, url = api_server
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"}}
+    state.routes[("PATCH", "/apis/apps/v1/namespaces/ns/deployments/d")] = (200, {**obj, "status": {}})
+    out = with_kube(url, lambda k: k.apply(obj))
+    assert out["metadata"]["name"] == "d"
+    method, p, headers, body = state.requests[0]
+    assert method == "PATCH" and "fieldManager=tpusync-operator" in p and "force=true" in p
+    assert headers["content-type"] == "application/apply-patch+yaml"
+    assert headers["authorization"] == "Bearer t0k"
+    assert json.loads(body) == obj
+
+
+def test_get_404_is_none_and_errors_carry_status(api_server):
+    state, url = api_server
+    assert with_kube(url, lambda k: k.get("v1", "Secret", "ns", "x")) is None
+    state.routes[("GET", "/api/v1/namespaces/ns/pods")] = (500, {"message": "etcd down"})
+    with pytest.raises(KubeError) as e:
+        with_kube(url, lambda k: k.list("v1", "Pod", "ns", {"b": "2", "a": "1"}))
+    assert e.value.status == 500 and "etcd down" in str(e.value)
+    assert state.requests[-1][1].endswith("?labelSelector=a%3D1,b%3D2")
+
+
+def test_create_conflict_and_status_patch(api_server):
+    state, url = api_server
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "ns"}}
+    state.routes[("POST", "/api/v1/namespaces/ns/secrets")] = (409, {"message": "exists"})
+    assert with_kube(url, lambda k: k.create(secret)) is False
+    state.routes[("PATCH", "/apis/tpusync.dev/v1alpha1/namespaces/ns/tpusyncpools/p/status")] = (200, {})
+    with_kube(url, lambda k: k.patch_status("tpusync.dev/v1alpha1", "TPUSyncPool", "ns", "p", {"hosts": 1}))
+    _, p, headers, body = state.requests[-1]
+    assert headers["content-type"] == "application/merge-patch+json" and json.loads(body) == {"status": {"hosts": 1}}
+
+
+def test_served_kinds_discovery(api_server):
+    state, url = api_server
+    state.routes[("GET", "/apis/inference.networking.k8s.io/v1")] = (
+        200, {"resources": [{"name": "inferencepools"}, {"name": "inferencepools/status"}]})
+    kinds = {"InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
+             "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets")}
+    assert with_kube(url, lambda k: k.served_kinds(kinds)) == {"InferencePool"}

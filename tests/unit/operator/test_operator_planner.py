@@ -1,0 +1,151 @@
+"""Planner: TPU slice arithmetic, spec rules the schema cannot catch, the GKE node pool
+state machine, and serving plans (optional CRDs, pruning)."""
+
+from __future__ import annotations
+
+import pytest
+
+from op_helpers import PoolBody, ServingBody
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.serving import PoolInfo
+from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from tpusync_operator.planner import (PlanError, Ref, check_pool, missing_crd_message, node_pool_step, plan_pool,
+                                      plan_serving)
+from tpusync_operator.tpu import TopologyError, slice_for
+
+
+@pytest.mark.parametrize("tpu,topology,chips,per_host,hosts,machine", [
+    ("v6e", "1x1", 1, 1, 1, "ct6e-standard-1t"),
+    ("v6e", "2x2", 4, 4, 1, "ct6e-standard-4t"),
+    ("v6e", "2x4", 8, 8, 1, "ct6e-standard-8t"),
+    ("v6e", "4x4", 16, 4, 4, "ct6e-standard-4t"),
+    ("v6e", "16x16", 256, 4, 64, "ct6e-standard-4t"),
+    ("v7x", "2x2x1", 4, 4, 1, "tpu7x-standard-4t"),
+    ("v7x", "2x2x2", 8, 4, 2, "tpu7x-standard-4t"),
+    ("v7x", "4x4x4", 64, 4, 16, "tpu7x-standard-4t"),
+])
+def test_slices(tpu, topology, chips, per_host, hosts, machine):
+    s = slice_for(tpu, topology)
+    assert (s.chips, s.chips_per_host, s.hosts, s.machine_type) == (chips, per_host, hosts, machine)
+    assert s.multi_host == (hosts > 1)
+
+
+@pytest.mark.parametrize("tpu,topology", [("v6e", "3x3"), ("v6e", "2x2x2"), ("v7x", "2x4"), ("v7x", "1x1x3"),
+                                          ("v6e", "0x4"), ("v5p", "2x2x2")])
+def test_bad_slices(tpu, topology):
+    with pytest.raises(TopologyError, match="spec.tpu"):
+        slice_for(tpu, topology)
+
+
+def pool_spec(body):
+    return TPUSyncPoolSpec.model_validate(body.build()["spec"])
+
+
+@pytest.mark.parametrize("body,field", [
+    (PoolBody().v7x("2x2x2").gke(), "spec.provisioning.gke.workloadPolicy"),
+    (PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"hosts": 8}), "spec.capacity.hosts"),
+    (PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"autoscaling": {"minHosts": 1, "maxHosts": 4}}),
+     "spec.capacity.autoscaling"),
+    (PoolBody().spec(tpu={"topology": "3x3"}), "spec.tpu.topology"),
+])
+def test_plan_errors_name_the_field(body, field):
+    with pytest.raises(PlanError, match=field.replace(".", r"\.")):
+        check_pool(pool_spec(body))
+
+
+def test_multi_host_existing_pool_allows_many_hosts():
+    assert check_pool(pool_spec(PoolBody().spec(tpu={"topology": "4x4"}, capacity={"hosts": 8}))).hosts == 4
+
+
+def test_plan_pool_children_and_pruning():
+    body = PoolBody().build()
+    p = plan_pool(Owner.from_body(body), pool_spec(PoolBody()))
+    assert [o["kind"] for o in p.apply] == ["ConfigMap", "Service", "NetworkPolicy"]
+    assert set(p.delete) == {Ref("apps/v1", "StatefulSet", "pool-store"), Ref("apps/v1", "DaemonSet", "pool-store")}
+    assert p.node_pool_request is None and p.desired_hosts == 1
+    p = plan_pool(Owner.from_body(body), pool_spec(PoolBody().store(kind="DaemonSet")))
+    assert p.apply[-1]["kind"] == "DaemonSet" and p.delete == [Ref("apps/v1", "StatefulSet", "pool-store")]
+    assert p.store_replicas == -1
+
+
+REQ = {"nodePool": {"name": "np", "config": {"machineType": "tpu7x-standard-4t", "spot": False},
+                    "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}}
+GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-standard-4t"},
+        "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}
+
+
+@pytest.mark.parametrize("op,observed,action,state,ready,reason", [
+    (None, None, "create", "CREATING", False, None),
+    ({"name": "op1", "status": "RUNNING"}, None, "wait", "PROVISIONING", False, None),
+    ({"name": "op1", "status": "RUNNING"}, {**GOOD, "status": "PROVISIONING"}, "wait", "PROVISIONING", False, None),
+    ({"name": "op1", "status": "DONE", "error": {"message": "quota"}}, None, "create", "ERROR", False,
+     "NodePoolOperationFailed"),
+    ({"name": "op1", "status": "DONE"}, GOOD, "none", "RUNNING", True, None),
+    (None, GOOD, "none", "RUNNING", True, None),
+    (None, {**GOOD, "status": "RECONCILING"}, "wait", "RECONCILING", False, None),
+    (None, {**GOOD, "status": "ERROR", "statusMessage": "boom"}, "none", "ERROR", False, "NodePoolError"),
+    (None, {**GOOD, "status": "RUNNING_WITH_ERROR"}, "none", "RUNNING_WITH_ERROR", True, "NodePoolError"),
+    (None, {**GOOD, "config": {"machineType": "other"}}, "none", "RUNNING", True, "NodePoolDrift"),
+    (None, {**GOOD, "placementPolicy": {"type": "COMPACT", "policyName": "x"}}, "none", "RUNNING", True,
+     "NodePoolDrift"),
+])
+def test_node_pool_step(op, observed, action, state, ready, reason):
+    step = node_pool_step(REQ, op, observed)
+    assert (step.action, step.state, step.ready, step.degraded_reason) == (action, state, ready, reason)
+
+
+def test_drift_message_names_fields():
+    step = node_pool_step(REQ, None, {**GOOD, "config": {"machineType": "other", "spot": True}})
+    assert "machineType" in step.message and "spot" in step.message
+
+
+def serving_plan(serving, pool=PoolBody(), available=frozenset({"LeaderWorkerSet", "InferencePool",
+                                                                  "InferenceObjective", "HTTPRoute"})):
+    body = serving.build()
+    ps = pool_spec(pool)
+    info = PoolInfo("pool", ps, check_pool(ps))
+    return plan_serving(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]), info,
+                        set(available))
+
+
+def test_roles_single_and_multi_host():
+    p = serving_plan(ServingBody())
+    assert [(r.role, r.kind, r.hosts_per_replica, r.chips_per_host) for r in p.roles] == [
+        ("prefill", "Deployment", 1, 8), ("decode", "Deployment", 1, 8)]
+    p = serving_plan(ServingBody().spec(engine={"type": "vllm-tpu"}), PoolBody().v7x("2x2x2"))
+    assert {r.kind for r in p.roles} == {"LeaderWorkerSet"} and p.roles[0].chips == 8
+    assert Ref("apps/v1", "Deployment", "llm-prefill") in p.delete
+
+
+@pytest.mark.parametrize("serving,field", [
+    (ServingBody().spec(prefill={"topology": "2x2"}), "spec.prefill.topology"),
+    (ServingBody().spec(decode={"hostsPerReplica": 2}), "spec.decode.hostsPerReplica"),
+])
+def test_role_plan_errors(serving, field):
+    with pytest.raises(PlanError, match=field.replace(".", r"\.")):
+        serving_plan(serving)
+
+
+def test_missing_optional_crds_are_reported_not_applied():
+    p = serving_plan(ServingBody().spec(routing={"gatewayRef": {"name": "gw"}}), PoolBody().v7x("2x2x2"),
+                     available=frozenset())
+    assert p.missing_kinds == ["HTTPRoute", "InferenceObjective", "InferencePool", "LeaderWorkerSet"]
+    kinds = {o["kind"] for o in p.apply}
+    assert not kinds & {"LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
+    assert {"Deployment", "ConfigMap", "Service"} <= kinds   # the EPP still deploys
+    assert not any(r.kind in ("LeaderWorkerSet", "InferencePool") for r in p.delete)
+    msg = missing_crd_message(p.missing_kinds)
+    assert "LeaderWorkerSet (leaderworkersets.leaderworkerset.x-k8s.io)" in msg
+    assert "InferencePool (inferencepools.inference.networking.k8s.io)" in msg
+
+
+def test_routing_disabled_prunes_llmd_objects():
+    p = serving_plan(ServingBody().spec(routing={"enabled": False}))
+    assert {r.kind for r in p.delete} >= {"InferencePool", "InferenceObjective", "HTTPRoute", "Deployment", "Role"}
+    assert not {o["kind"] for o in p.apply} & {"InferencePool", "Role"}
+    assert p.missing_kinds == []
+
+
+def test_cpu_only_needs_no_tpu_match():
+    p = serving_plan(ServingBody().spec(engine={"cpuOnly": True}, prefill={"topology": "1x1"}))
+    assert all(r.chips_per_host == 0 and r.kind == "Deployment" for r in p.roles)

@@ -1,0 +1,316 @@
+"""The level-based reconcilers against an in-memory API server (FakeKube) and a fake GKE:
+children applied with owner references, idempotence, drift repair, status written once per
+pass with events after it, missing CRDs degrade, invalid specs are permanent errors."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import kopf
+import pytest
+
+from op_helpers import FakeKube, PoolBody, ServingBody
+from tpusync_operator.gke import GKEAuthError, GKETransientError
+from tpusync_operator.kube import KubeError
+from tpusync_operator.reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
+
+
+def run(fn, body, d):
+    """One reconcile pass; like the API server, the fake holds the object before it runs."""
+    key = (body["apiVersion"], body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+    if key not in d.kube.objects:
+        d.kube.put(body)
+    return asyncio.run(fn(body, d))
+
+
+class Recorder:
+    def __init__(self, kube: FakeKube):
+        self.kube = kube
+        self.events = []
+
+    def __call__(self, body, type_, reason, message):
+        self.kube.log.append(("event", reason))
+        self.events.append((type_, reason, message))
+
+
+def deps(kube, clock, gke=None):
+    return Deps(kube=kube, gke=(lambda endpoint: gke) if gke else None, now=clock,
+                token=lambda: b"fixed-token", emit=Recorder(kube))
+
+
+def node(name, pool_label="tpu-np", ready=True):
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool_label}},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def stored(kube, body):
+    """The body as the API server would return it next (status included)."""
+    out = copy.deepcopy(body)
+    obj = kube.objects.get((body["apiVersion"], body["kind"], "ns", body["metadata"]["name"]))
+    if obj and "status" in obj:
+        out["status"] = obj["status"]
+    return out
+
+
+def test_pool_existing_mode(kube, clock):
+    kube.put(node("n1"))
+    body = PoolBody().build()
+    d = deps(kube, clock)
+    status = run(reconcile_pool, body, d)
+    assert ("ConfigMap", "pool-config") in kube.kinds() and ("Secret", "pool-auth") in kube.kinds()
+    assert ("Service", "pool-peers") in kube.kinds() and ("NetworkPolicy", "pool-data") in kube.kinds()
+    for (_, kind, _, name), obj in kube.objects.items():
+        if kind not in ("Node", "TPUSyncPool"):
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-pool", (kind, name)
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "True" and cond["Ready"]["observedGeneration"] == 1
+    assert status["readyHosts"] == 1 and status["nodePool"] == {"name": "tpu-np", "state": "Existing",
+                                                                "operation": None}
+    # one status write per pass, events only after it
+    writes = [e for e in kube.log if e[0] == "status"]
+    assert len(writes) == 1
+    first_event = next(i for i, e in enumerate(kube.log) if e[0] == "event")
+    assert first_event > kube.log.index(writes[0])
+    assert ("Normal", "SecretGenerated", "generated auth Secret pool-auth") in d.emit.events
+
+
+def test_pool_is_idempotent_and_repairs_drift(kube, clock):
+    kube.put(node("n1"))
+    body = PoolBody().build()
+    run(reconcile_pool, body, deps(kube, clock))
+    snapshot = copy.deepcopy(kube.objects)
+    secret = kube.find("Secret", "pool-auth")["data"]
+    clock.advance(60)
+    kube.log.clear()
+    d = deps(kube, clock)
+    run(reconcile_pool, stored(kube, body), d)
+    assert kube.objects == snapshot   # same children, same status (lastTransitionTime kept)
+    assert not any(e[0] == "create" for e in kube.log) and d.emit.events == []
+    assert kube.find("Secret", "pool-auth")["data"] == secret
+    # drift: someone edits the ConfigMap; the next pass puts it back
+    kube.find("ConfigMap", "pool-config")["data"]["TPUSYNC_DRAM_BYTES"] = "1"
+    run(reconcile_pool, stored(kube, body), deps(kube, clock))
+    assert kube.find("ConfigMap", "pool-config")["data"]["TPUSYNC_DRAM_BYTES"] == str(16 * 2**30)
+
+
+def test_pool_store_nodes_toggle_prunes(kube, clock):
+    body = PoolBody().store(replicas=2).build()
+    run(reconcile_pool, body, deps(kube, clock))
+    assert kube.find("StatefulSet", "pool-store") is not None
+    status = kube.find("TPUSyncPool", "pool")["status"]
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Progressing"]["status"] == "True" and "store nodes" in cond["Progressing"]["message"]
+    body["spec"]["storeNodes"]["enabled"] = False
+    run(reconcile_pool, stored(kube, body), deps(kube, clock))
+    assert kube.find("StatefulSet", "pool-store") is None
+
+
+def test_pool_missing_user_secret_is_degraded(kube, clock):
+    body = PoolBody().spec(auth={"secretName": "mine"}).build()
+    with pytest.raises(kopf.TemporaryError):
+        run(reconcile_pool, body, deps(kube, clock))
+    cond = {c["type"]: c for c in kube.find("TPUSyncPool", "pool")["status"]["conditions"]}
+    assert cond["Degraded"]["reason"] == "AuthSecretMissing" and "spec.auth.secretName" in cond["Degraded"]["message"]
+    assert kube.find("Secret", "pool-auth") is None
+
+
+def test_invalid_pool_is_permanent(kube, clock):
+    body = PoolBody().v7x("2x2x2").gke().build()   # v7x multi-host without a workload policy
+    d = deps(kube, clock)
+    with pytest.raises(kopf.PermanentError, match="workloadPolicy"):
+        run(reconcile_pool, body, d)
+    cond = {c["type"]: c for c in kube.find("TPUSyncPool", "pool")["status"]["conditions"]}
+    assert cond["Degraded"]["reason"] == "InvalidSpec"
+    assert ("Warning", "InvalidSpec") == d.emit.events[0][:2]
+    assert not [k for k in kube.kinds() if k[0] != "TPUSyncPool"]
+
+
+class FakeGKE:
+    def __init__(self):
+        self.pools = {}
+        self.ops = {}
+        self.calls = []
+        self.fail = None
+
+    def _check(self):
+        if self.fail:
+            raise self.fail
+
+    async def get_operation(self, cluster, name):
+        self._check()
+        self.calls.append(("getop", name))
+        return self.ops[name]
+
+    async def get_node_pool(self, cluster, name):
+        self._check()
+        self.calls.append(("get", name))
+        return self.pools.get(name)
+
+    async def create_node_pool(self, cluster, request):
+        self._check()
+        np = request["nodePool"]
+        self.calls.append(("create", np["name"]))
+        self.pools[np["name"]] = {**np, "status": "PROVISIONING"}
+        self.ops["op-1"] = {"name": "op-1", "status": "RUNNING"}
+        return self.ops["op-1"]
+
+    async def delete_node_pool(self, cluster, name):
+        self._check()
+        self.calls.append(("delete", name))
+        if name not in self.pools:
+            return None
+        self.pools[name]["status"] = "STOPPING"
+        return {"name": "op-2", "status": "RUNNING"}
+
+
+def test_pool_gke_lifecycle(kube, clock):
+    gke = FakeGKE()
+    body = PoolBody().gke().build()
+    d = deps(kube, clock, gke)
+    with pytest.raises(kopf.TemporaryError):
+        run(reconcile_pool, body, d)
+    assert gke.calls == [("get", "pool"), ("create", "pool")]
+    status = kube.find("TPUSyncPool", "pool")["status"]
+    assert status["nodePool"] == {"name": "pool", "state": "CREATING", "operation": "op-1"}
+    assert ("Normal", "NodePoolCreating") in [e[:2] for e in d.emit.events]
+    # operation still running: no second create
+    with pytest.raises(kopf.TemporaryError):
+        run(reconcile_pool, stored(kube, body), deps(kube, clock, gke))
+    assert [c for c in gke.calls if c[0] == "create"] == [("create", "pool")]
+    # GKE finishes; nodes appear
+    gke.ops["op-1"]["status"] = "DONE"
+    gke.pools["pool"]["status"] = "RUNNING"
+    kube.put(node("n1", "pool"))
+    status = run(reconcile_pool, stored(kube, body), deps(kube, clock, gke))
+    assert status["nodePool"] == {"name": "pool", "state": "RUNNING", "operation": None}
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+@pytest.mark.parametrize("error,reason", [(GKEAuthError(403, "denied"), "GKEAuthFailed"),
+                                          (GKETransientError(503, "unavailable"), None)])
+def test_pool_gke_errors(kube, clock, error, reason):
+    gke = FakeGKE()
+    gke.fail = error
+    with pytest.raises(kopf.TemporaryError):
+        run(reconcile_pool, PoolBody().gke().build(), deps(kube, clock, gke))
+    cond = {c["type"]: c for c in kube.find("TPUSyncPool", "pool")["status"]["conditions"]}
+    assert cond["Ready"]["status"] == "False"
+    if reason:
+        assert cond["Degraded"]["reason"] == reason and "403" in cond["Degraded"]["message"]
+    else:
+        assert cond["Degraded"]["status"] == "False" and "unavailable" in cond["Progressing"]["message"]
+
+
+def test_pool_delete_waits_for_gke(kube, clock):
+    gke = FakeGKE()
+    gke.pools["pool"] = {"name": "pool", "status": "RUNNING"}
+    body = PoolBody().gke().build()
+    with pytest.raises(kopf.TemporaryError, match="deleted"):
+        run(delete_pool, body, deps(kube, clock, gke))
+    with pytest.raises(kopf.TemporaryError):
+        run(delete_pool, body, deps(kube, clock, gke))
+    assert [c for c in gke.calls if c[0] == "delete"] == [("delete", "pool")]   # STOPPING: not deleted twice
+    del gke.pools["pool"]
+    run(delete_pool, body, deps(kube, clock, gke))     # gone: the finalizer may be released
+
+
+def test_delete_of_existing_pool_touches_no_cloud(kube, clock):
+    run(delete_pool, PoolBody().build(), deps(kube, clock, None))
+
+
+# ---------------------------------------------------------------- serving
+
+def test_serving_full(kube, clock):
+    kube.put(PoolBody().ready().build())
+    body = ServingBody().spec(routing={"gatewayRef": {"name": "gw"}}).build()
+    status = run(reconcile_serving, body, deps(kube, clock))
+    kinds = {k for k, _ in kube.kinds()}
+    assert {"Deployment", "Service", "InferencePool", "InferenceObjective", "HTTPRoute", "ConfigMap",
+            "Role", "RoleBinding", "ServiceAccount", "NetworkPolicy"} <= kinds
+    assert status["endpoint"] == "gateway/ns/gw" and status["routingReady"] is False
+    assert status["prefill"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 0}
+    # workloads become ready
+    for name in ("llm-prefill", "llm-decode"):
+        kube.find("Deployment", name)["status"] = {"readyReplicas": 1}
+    kube.find("Deployment", "llm-epp")["status"] = {"availableReplicas": 1}
+    d = deps(kube, clock)
+    status = run(reconcile_serving, stored(kube, body), d)
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False"}
+    assert ("Normal", "Ready") in [e[:2] for e in d.emit.events]
+
+
+def test_serving_missing_crds_degrades_not_crashes(clock):
+    kube = FakeKube(served=set())
+    kube.put(PoolBody().v7x("2x2x2").gke(workloadPolicy="wp").ready().build())
+    body = ServingBody().spec(engine={"type": "vllm-tpu"}).build()
+    d = deps(kube, clock)
+    with pytest.raises(kopf.TemporaryError, match="LeaderWorkerSet"):
+        run(reconcile_serving, body, d)
+    cond = {c["type"]: c for c in kube.find("DisaggregatedServing", "llm")["status"]["conditions"]}
+    assert cond["Degraded"]["status"] == "True" and cond["Degraded"]["reason"] == "MissingCRD"
+    assert "LeaderWorkerSet" in cond["Degraded"]["message"] and "InferencePool" in cond["Degraded"]["message"]
+    assert ("Warning", "MissingCRD") in [e[:2] for e in d.emit.events]
+    assert kube.find("LeaderWorkerSet", "llm-prefill") is None
+    # the CRDs get installed: the next pass converges without a restart
+    kube.served = {"LeaderWorkerSet", "InferencePool", "InferenceObjective"}
+    run(reconcile_serving, stored(kube, body), deps(kube, clock))
+    assert kube.find("LeaderWorkerSet", "llm-prefill") is not None and kube.find("InferencePool", "llm")
+    cond = {c["type"]: c for c in kube.find("DisaggregatedServing", "llm")["status"]["conditions"]}
+    assert cond["Degraded"]["status"] == "False"
+
+
+def test_serving_pool_not_found(kube, clock):
+    with pytest.raises(kopf.TemporaryError, match="TPUSyncPool pool not found"):
+        run(reconcile_serving, ServingBody().build(), deps(kube, clock))
+    cond = {c["type"]: c for c in kube.find("DisaggregatedServing", "llm")["status"]["conditions"]}
+    assert cond["Degraded"]["reason"] == "PoolNotFound" and "spec.poolRef.name" in cond["Degraded"]["message"]
+
+
+def test_serving_plan_error_is_permanent(kube, clock):
+    kube.put(PoolBody().ready().build())
+    with pytest.raises(kopf.PermanentError, match=r"spec\.prefill\.topology"):
+        run(reconcile_serving, ServingBody().spec(prefill={"topology": "2x2"}).build(), deps(kube, clock))
+
+
+def test_serving_invalid_spec_is_permanent(kube, clock):
+    body = ServingBody().build()
+    del body["spec"]["model"]
+    with pytest.raises(kopf.PermanentError, match=r"spec\.model"):
+        run(reconcile_serving, body, deps(kube, clock))
+
+
+def test_routing_disabled_removes_llmd_objects(kube, clock):
+    kube.put(PoolBody().ready().build())
+    body = ServingBody().build()
+    run(reconcile_serving, body, deps(kube, clock))
+    assert kube.find("InferencePool", "llm") and kube.find("Deployment", "llm-epp")
+    body["spec"]["routing"] = {"enabled": False}
+    run(reconcile_serving, stored(kube, body), deps(kube, clock))
+    assert kube.find("InferencePool", "llm") is None and kube.find("Deployment", "llm-epp") is None
+    assert kube.find("Deployment", "llm-decode") is not None
+
+
+def test_transient_api_error_retries(kube, clock):
+    kube.put(PoolBody().ready().build())
+    kube.fail_next.append(KubeError(503, "etcd timeout"))
+    with pytest.raises(kopf.TemporaryError, match="etcd timeout"):
+        run(reconcile_serving, ServingBody().build(), deps(kube, clock))
+    assert [e for e in kube.log if e[0] == "status"]   # status still written once
+
+
+def test_samples_reconcile(clock):
+    from op_helpers import load_samples
+    for sample in ("v6e-single-host-reference.yaml", "v7x-multi-host-vllm.yaml"):
+        kube = FakeKube()
+        pool, serving = load_samples(sample)
+        for doc in (pool, serving):
+            doc["metadata"].update(uid="uid-" + doc["metadata"]["name"], generation=1)
+        gke = FakeGKE()
+        with pytest.raises(kopf.TemporaryError):   # the node pool is being created
+            run(reconcile_pool, pool, deps(kube, clock, gke))
+        assert gke.calls[-1][0] == "create"
+        run(reconcile_serving, serving, deps(kube, clock))
+        assert kube.find("InferencePool", serving["metadata"]["name"]) is not None

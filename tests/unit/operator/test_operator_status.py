@@ -1,0 +1,93 @@
+"""Status computation: conditions, transition times, capacity."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tpusync_operator.status import (Capacity, Cond, PoolObservation, RoleObservation, ServingObservation,
+                                     merge_conditions, pool_capacity, pool_conditions, serving_conditions,
+                                     transitions)
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def test_transition_time_changes_only_with_status():
+    first = merge_conditions(None, [Cond("Ready", False, "A", "x")], 1, T0)
+    assert first[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    same = merge_conditions(first, [Cond("Ready", False, "B", "y")], 2, T0 + timedelta(minutes=5))
+    assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert same[0]["reason"] == "B" and same[0]["observedGeneration"] == 2
+    flipped = merge_conditions(same, [Cond("Ready", True, "C")], 2, T0 + timedelta(minutes=9))
+    assert flipped[0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
+    assert transitions(same, flipped) == flipped and transitions(flipped, flipped) == []
+
+
+def pod(name, ready, dram=0, disk=0, deleting=False):
+    meta = {"name": name, "annotations": {"tpusync.dev/dram-bytes": str(dram), "tpusync.dev/disk-bytes": str(disk)}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"initContainerStatuses": [{"name": "tpusync-sidecar", "ready": ready}]}}
+
+
+def test_pool_capacity_counts_ready_sidecars_only():
+    cap = pool_capacity([pod("a", True, 10, 1), pod("b", False, 100, 100), pod("c", True, 5, 0),
+                         pod("d", True, 1000, 0, deleting=True),
+                         {"metadata": {"name": "e"}, "status": {"containerStatuses": [{"name": "tpusync-sidecar",
+                                                                                        "ready": True}]}}])
+    assert cap == Capacity(sidecars=5, ready_sidecars=3, dram_bytes=15, disk_bytes=1)
+
+
+def obs(**kw):
+    base = dict(mode="existing", desired_hosts=2, min_ready_hosts=2, ready_hosts=2,
+                capacity=Capacity(2, 2, 0, 0), store_desired=0, store_ready=0)
+    base.update(kw)
+    return PoolObservation(**base)
+
+
+def by_type(conds):
+    return {c.type: c for c in conds}
+
+
+@pytest.mark.parametrize("o,ready,progressing,degraded,reason", [
+    (obs(), True, False, False, "PoolReady"),
+    (obs(ready_hosts=1), False, True, False, "HostsNotReady"),
+    (obs(mode="gke", node_pool_ready=False, node_pool_state="PROVISIONING"), False, True, False,
+     "NodePoolProvisioning"),
+    (obs(store_desired=2, store_ready=1), False, True, False, "StoreNodesNotReady"),
+    (obs(store_desired=-1, store_ready=0), False, True, False, "StoreNodesNotReady"),
+    (obs(issues=[Cond("Degraded", True, "AuthSecretMissing", "spec.auth.secretName: missing")]), False, False, True,
+     "AuthSecretMissing"),
+    (obs(issues=[Cond("Degraded", True, "NodePoolDrift", "drift")]), True, False, True, "PoolReady"),
+])
+def test_pool_conditions(o, ready, progressing, degraded, reason):
+    c = by_type(pool_conditions(o))
+    assert (c["Ready"].status, c["Progressing"].status, c["Degraded"].status) == (ready, progressing, degraded)
+    assert c["Ready"].reason == reason
+
+
+def sobs(**kw):
+    base = dict(roles=[RoleObservation("prefill", "Deployment", 1, 1), RoleObservation("decode", "Deployment", 2, 2)],
+                routing_enabled=True, routing_ready=True, pool_ready=True)
+    base.update(kw)
+    return ServingObservation(**base)
+
+
+def test_serving_ready():
+    c = by_type(serving_conditions(sobs()))
+    assert c["Ready"].status and not c["Progressing"].status and not c["Degraded"].status
+
+
+def test_serving_rollout_and_routing():
+    c = by_type(serving_conditions(sobs(roles=[RoleObservation("decode", "LeaderWorkerSet", 2, 1)],
+                                        routing_ready=False)))
+    assert not c["Ready"].status and c["Progressing"].status
+    assert "decode 1/2 ready" in c["Progressing"].message and "routing not ready" in c["Progressing"].message
+
+
+def test_serving_missing_crd_degrades_and_names_it():
+    c = by_type(serving_conditions(sobs(missing_kinds_message="CRD not installed in the cluster: LeaderWorkerSet")))
+    assert c["Degraded"].status and c["Degraded"].reason == "MissingCRD"
+    assert "LeaderWorkerSet" in c["Degraded"].message
+    assert not c["Ready"].status and c["Ready"].reason == "MissingCRD"
