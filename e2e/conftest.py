@@ -65,7 +65,7 @@ def namespace(cluster):
     """A fresh namespace (with its default ServiceAccount ready), deleted afterwards."""
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("wait", "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default",
                     "-n", name, "--timeout=60s")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

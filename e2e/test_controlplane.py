@@ -171,3 +171,19 @@ def test_third_party_objects_validate(cluster, crds, namespace):
          "metadata": {"name": "bad", "namespace": namespace},
          "spec": {"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 1}]}}))
     assert bad.returncode != 0 and "endpointPickerRef" in bad.stderr, bad.stderr
+
+
+def test_helm_installs_a_chart(cluster, namespace, tmp_path):
+    chart = tmp_path / "smoke"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: smoke\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text("greeting: hello\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  greeting: {{ .Values.greeting | quote }}\n")
+    cluster.helm("install", "smoke", str(chart), "-n", namespace, "--set", "greeting=hi",
+                 "--wait", "--timeout", "60s")
+    cm = cluster.kubectl_json("get", "configmap", "smoke-cm", "-n", namespace)
+    assert cm["data"]["greeting"] == "hi"
+    assert "smoke" in cluster.helm("list", "-n", namespace, "-q").stdout.split()
+    cluster.helm("uninstall", "smoke", "-n", namespace, "--wait")

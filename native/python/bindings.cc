@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "convert.h"
+#include "net/peer_client.h"
 #include "tpusync/store.h"
 
 namespace tpusync::py {
@@ -103,6 +104,8 @@ pb::dict StatsDict(const StoreStats& s) {
 }
 
 }  // namespace
+
+void BindNet(pb::module_& m);  // net_bindings.cc
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "tpusync native engine: shared-memory DRAM block pool, disk tier, block index.";
@@ -253,7 +256,28 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &PyStore::close, "Frees the pool mapping and stops the write-behind threads.")
       .def_property_readonly("pool_path", [](PyStore& s) { return s.get().pool().path(); })
       .def_property_readonly("block_bytes", [](PyStore& s) { return s.get().pool().block_bytes(); })
-      .def_property_readonly("num_slots", [](PyStore& s) { return s.get().pool().num_slots(); });
+      .def_property_readonly("num_slots", [](PyStore& s) { return s.get().pool().num_slots(); })
+      .def(
+          "pull_from",
+          [](PyStore& s, net::PeerClient& peer, const pb::handle& keys, int timeout_ms) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            Store& store = s.get();
+            std::vector<uint8_t> held;
+            Status st;
+            {
+              pb::gil_scoped_release nogil;  // a network transfer into the pool
+              st = net::PullIntoStore(peer, store, k, net::Deadline::After(std::chrono::milliseconds(timeout_ms)),
+                                      held);
+            }
+            ThrowIfError(st);
+            pb::list out(held.size());
+            for (size_t i = 0; i < held.size(); ++i) out[i] = pb::bool_(held[i] != 0);
+            return out;
+          },
+          pb::arg("peer"), pb::arg("keys"), pb::kw_only(), pb::arg("timeout_ms") = 120000,
+          "Pulls the blocks this store lacks from a peer; returns which are held afterwards.");
+
+  BindNet(m);
 }
 
 }  // namespace tpusync::py

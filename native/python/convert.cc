@@ -102,6 +102,7 @@ void Raise(const Status& st) {
     case StatusCode::kIoError: name = "StorageIOError"; break;
     case StatusCode::kUnavailable: name = "UnavailableError"; break;
     case StatusCode::kDeadlineExceeded: name = "DeadlineExceededError"; break;
+    case StatusCode::kUnauthenticated: name = "AuthError"; break;
     default: break;
   }
   pb::object cls = pb::module_::import("tpusync.errors").attr(name);

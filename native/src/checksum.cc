@@ -1,5 +1,7 @@
 #include "checksum.h"
 
+#include <new>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -7,6 +9,7 @@ namespace tpusync {
 
 // The same XXH3 compiled for AVX2 (checksum_avx2.cc): about 3x the SSE2 speed, picked at run time.
 uint64_t ChecksumAvx2(const void* data, size_t len);
+void UpdateAvx2(void* state, const void* data, size_t len);
 
 namespace {
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
@@ -15,5 +18,22 @@ const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 uint64_t Checksum(const void* data, size_t len) {
   return kHaveAvx2 ? ChecksumAvx2(data, len) : XXH3_64bits(data, len);
 }
+
+StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+StreamingChecksum::~StreamingChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void StreamingChecksum::Update(const void* data, size_t len) {
+  if (kHaveAvx2) {
+    UpdateAvx2(state_, data, len);
+  } else {
+    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len);
+  }
+}
+
+uint64_t StreamingChecksum::Digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 
 }  // namespace tpusync

@@ -1,4 +1,4 @@
-// Block checksums: XXH3-64 (tens of GB/s, so verifying every disk read costs little).
+// Block checksums: XXH3-64 (tens of GB/s, so verifying every block costs little).
 #pragma once
 
 #include <cstddef>
@@ -7,5 +7,20 @@
 namespace tpusync {
 
 uint64_t Checksum(const void* data, size_t len);
+
+// The same digest computed over consecutive pieces (e.g. each chunk as it leaves or
+// arrives on a socket, while it is still in cache).
+class StreamingChecksum {
+ public:
+  StreamingChecksum();
+  ~StreamingChecksum();
+  StreamingChecksum(const StreamingChecksum&) = delete;
+  StreamingChecksum& operator=(const StreamingChecksum&) = delete;
+  void Update(const void* data, size_t len);
+  uint64_t Digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t, 64-byte aligned
+};
 
 }  // namespace tpusync

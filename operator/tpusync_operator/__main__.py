@@ -3,6 +3,9 @@
   --standalone            no peering (a single replica; dev and tests)
   --peering NAME          ClusterKopfPeering name (default tpusync-operator); two replicas
                           elect one active instance
+  --priority N|auto       peering priority; "auto" draws a random one per process, so that
+                          replicas of one Deployment differ (kopf pauses every peer when two
+                          share the highest priority)
   --namespace NS          watch only these namespaces (repeatable); default cluster-wide
   --liveness URL          kopf probe endpoint (default http://0.0.0.0:8080/healthz); use it
                           for both liveness and readiness: it answers once startup is done
@@ -14,9 +17,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 
 import kopf
+
+
+def _priority(value: str) -> int:
+    if value == "auto":
+        return random.SystemRandom().randrange(1, 1 << 30)
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--standalone", action="store_true", help="run without peering")
     mode.add_argument("--peering", default="tpusync-operator", help="ClusterKopfPeering name")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority")
+    parser.add_argument("--priority", type=_priority, default=0,
+                        help="peering priority: an integer, or 'auto' (random per process)")
     parser.add_argument("--namespace", "-n", action="append", default=[], help="namespace to watch")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="probe endpoint URL")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("TPUSYNC_METRICS_PORT", "9090")))

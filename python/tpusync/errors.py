@@ -38,3 +38,7 @@ class UnavailableError(TpuSyncError, ConnectionError):
 
 class DeadlineExceededError(TpuSyncError, TimeoutError):
     """An operation did not finish before its deadline."""
+
+
+class AuthError(TpuSyncError, PermissionError):
+    """A peer failed the shared-secret handshake."""

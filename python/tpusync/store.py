@@ -1,9 +1,13 @@
 """KVStore: the block store API that every tpusync backend offers.
 
-`KVStore.local(...)` runs the native engine in this process: a shared-memory DRAM pool
-(which survives a restart of this process) in front of an optional disk tier. It is the
-embedded default used by the tests and the demo, with no sidecar.
+- `KVStore.local(...)` runs the native engine in this process: a shared-memory DRAM pool
+  (which survives a restart of this process) in front of an optional disk tier. It is the
+  embedded default used by the tests and the demo, with no sidecar.
+- `KVStore.connect("unix:///run/tpusync/control.sock")` talks to the sidecar in this pod:
+  blocks are copied straight into and out of the sidecar's shared-memory pool.
+- `KVStore.connect("tpusync://host:port", secret=...)` talks to a sidecar's data port.
 """
+
 
 from __future__ import annotations
 
@@ -45,8 +49,11 @@ class KVStore:
     CPU jax arrays through ``np.asarray``); nothing is copied on the way to the engine.
     """
 
-    def __init__(self, native: _native.Store):
+    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4):
         self._native = native
+        self._secret = secret
+        self._streams = streams
+        self._peers: dict[str, _native.PeerClient] = {}
 
     @classmethod
     def local(
@@ -60,13 +67,16 @@ class KVStore:
         hugepages: bool = False,
         mlock: bool = False,
         io_threads: int = 1,
+        secret: bytes | None = None,
+        streams: int = 4,
     ) -> KVStore:
         """Opens an in-process store.
 
         With ``pool_path`` the DRAM pool lives in that shared-memory file and survives the
         process: opening the same path again finds every committed block. Without it a
         private file under /dev/shm is used and removed on close. ``disk_dir`` adds a disk
-        tier of ``disk_bytes`` that evicted blocks are written behind to.
+        tier of ``disk_bytes`` that evicted blocks are written behind to. ``secret`` is the
+        pool's shared secret, needed by read_remote() to authenticate to peers.
         """
         if block_bytes <= 0 or dram_bytes < block_bytes:
             raise errors.InvalidArgumentError(
@@ -87,7 +97,27 @@ class KVStore:
             unlink_on_close=private,
             io_threads=io_threads,
         )
-        return cls(native)
+        return cls(native, secret=secret, streams=streams)
+
+    @classmethod
+    def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
+                streams: int = 4, timeout: float = 30.0) -> KVStore:
+        """Connects to a sidecar: ``unix:///path/control.sock`` (this pod) or ``tpusync://host:port``.
+
+        The data port needs the pool's shared secret (``secret`` or ``secret_file``); the control
+        socket is protected by file permissions instead.
+        """
+        if secret_file is not None:
+            secret = _read_secret(secret_file)
+        if url.startswith("unix://"):
+            return cls(_native.SidecarClient(url[len("unix://"):], timeout_ms=int(timeout * 1000)))
+        if url.startswith("tpusync://"):
+            if secret is None:
+                raise errors.InvalidArgumentError("tpusync:// needs the pool's shared secret (secret= or secret_file=)")
+            client = _native.PeerClient(url[len("tpusync://"):], secret=secret, streams=streams,
+                                        timeout_ms=int(timeout * 1000))
+            return cls(_RemoteBackend(client))
+        raise errors.InvalidArgumentError(f"unsupported store URL {url!r}: use unix://PATH or tpusync://HOST:PORT")
 
     # -- blocks ---------------------------------------------------------------------------
 
@@ -131,6 +161,31 @@ class KVStore:
         """Occupancy, hit and eviction counters, integrity and I/O error counts."""
         return self._native.stats()
 
+    # -- peers ----------------------------------------------------------------------------
+
+    def read_remote(self, peer: str, keys: Keys) -> list[bool]:
+        """Pulls the blocks this store lacks from a peer sidecar ("host:port" or tpusync://...).
+
+        Only missing blocks travel (prefix-aware). Returns, per key, whether the block is held
+        locally afterwards. A dead peer raises UnavailableError after the blocks that did
+        arrive were kept; nothing partial is ever stored.
+        """
+        peer = peer.removeprefix("tpusync://")
+        if isinstance(self._native, _native.SidecarClient):
+            return self._native.read_remote(peer, keys)
+        if isinstance(self._native, _RemoteBackend):
+            raise errors.PreconditionError("read_remote needs a local store or the pod's sidecar, not a data-port client")
+        if self._secret is None:
+            raise errors.PreconditionError("read_remote needs the pool's secret: KVStore.local(secret=...)")
+        client = self._peers.get(peer)
+        if client is None:
+            client = self._peers[peer] = _native.PeerClient(peer, secret=self._secret, streams=self._streams)
+        try:
+            return self._native.pull_from(client, keys)
+        except errors.UnavailableError:
+            self._peers.pop(peer, None)  # reconnect next time
+            raise
+
     # -- zero-copy ------------------------------------------------------------------------
 
     def reserve(self, key: int | bytes) -> _native.WriteLease:
@@ -153,7 +208,9 @@ class KVStore:
 
     def close(self) -> None:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""
-        self._native.close()
+        self._peers.clear()
+        if hasattr(self._native, "close"):
+            self._native.close()
 
     def __enter__(self) -> KVStore:
         return self
@@ -161,3 +218,43 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def _read_secret(path: str | os.PathLike[str]) -> bytes:
+    with open(path, "rb") as f:
+        return f.read().rstrip(b"\r\n")
+
+
+class _RemoteBackend:
+    """The KVStore surface over a sidecar's data port: put pushes, get pulls, lookup asks."""
+
+    def __init__(self, client: _native.PeerClient):
+        self._client = client
+        self.block_bytes = client.block_bytes
+        self.pool_path = None
+
+    def put(self, keys: Keys, buffers: Sequence[Any]) -> None:
+        stored = self._client.push(keys, buffers)
+        if not all(stored):
+            raise errors.CapacityError(f"the peer stored {sum(stored)} of {len(stored)} blocks (DRAM full of pins?)")
+
+    def get(self, keys: Keys, buffers: Sequence[Any]) -> list[bool]:
+        return self._client.pull(keys, buffers)
+
+    def lookup(self, keys: Keys, *, pin: bool = False) -> tuple[int, np.ndarray]:
+        if pin:
+            raise errors.PreconditionError("pins are held through the pod's control socket (unix://), not the data port")
+        tiers = self._client.exists(keys)
+        missing = np.flatnonzero(tiers == Tier.NONE)
+        return (int(missing[0]) if missing.size else len(tiers)), tiers
+
+    def _local_only(self, *_: Any) -> None:
+        raise errors.PreconditionError("this operation needs the pod's control socket (unix://), not the data port")
+
+    pin = release = evict = _local_only
+
+    def flush(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"block_bytes": self.block_bytes, "peer": self._client.address}

@@ -18,6 +18,7 @@ enum class StatusCode {
   kIoError,             // the operating system refused an I/O call
   kUnavailable,         // a peer or service cannot be reached
   kDeadlineExceeded,
+  kUnauthenticated,     // a peer failed the shared-secret handshake
   kInternal,
 };
 

@@ -53,3 +53,16 @@ def test_entry_point_flags(monkeypatch, argv, want):
 def test_standalone_and_peering_are_exclusive():
     with pytest.raises(SystemExit):
         entry.main(["--standalone", "--peering", "x"])
+
+
+def test_priority_auto_differs_per_process(monkeypatch):
+    """Replicas of one Deployment get the same args: kopf pauses every peer that shares the
+    highest priority, so `--priority auto` (the chart's default) must draw distinct values."""
+    seen: list[int] = []
+    monkeypatch.setattr(kopf, "run", lambda **kw: seen.append(kw["priority"]))
+    for _ in range(20):
+        assert entry.main(["--priority", "auto", "--metrics-port", "0"]) == 0
+    assert entry.main(["--priority", "7", "--metrics-port", "0"]) == 0
+    assert all(p >= 1 for p in seen[:-1]) and len(set(seen[:-1])) > 1 and seen[-1] == 7
+    with pytest.raises(SystemExit):
+        entry.main(["--priority", "high"])

@@ -1,0 +1,79 @@
+{{/*
+RBAC rules: exactly what the operator's code and kopf use (docs/operator.md, "RBAC the
+operator needs"; tests/unit/chart/test_chart_rbac.py holds the same list). Server-side apply
+needs create (when it creates) and patch; prune needs delete.
+*/}}
+
+{{/* Cluster-scoped reads: kopf's CRD observation and API discovery, the pool's ready nodes. */}}
+{{- define "tpusync-operator.clusterScopedRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+- nonResourceURLs: [/api, /api/*, /apis, /apis/*]
+  verbs: [get]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- if and .Values.peering.enabled (not .Values.watchNamespaces) }}
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [list, watch, patch]
+{{- end }}
+{{- end }}
+
+{{/* Everything in a watched namespace (cluster-wide when watchNamespaces is empty). */}}
+{{- define "tpusync-operator.namespacedRules" -}}
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [list, watch, patch]
+{{- end }}
+- apiGroups: [tpusync.dev]
+  resources: [tpusyncpools, disaggregatedservings]
+  verbs: [get, list, watch, patch]
+- apiGroups: [tpusync.dev]
+  resources: [tpusyncpools/status, disaggregatedservings/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [create, patch, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: [apps]
+  resources: [deployments, statefulsets, daemonsets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch, delete]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [llm-d.ai]
+  resources: [inferenceobjectives]
+  verbs: [get, list, watch, create, patch, delete]
+{{- /* Held only because the EPP Role grants them (RBAC escalation prevention). */}}
+- apiGroups: [llm-d.ai, inference.networking.x-k8s.io]
+  resources: [inferenceobjectives, inferencemodelrewrites]
+  verbs: [get, list, watch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [create, patch, delete]
+{{- end }}

@@ -1,0 +1,174 @@
+#include "net/control_client.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "copy.h"
+#include "net/control_service.h"
+
+namespace tpusync::net {
+
+Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string& socket_path,
+                                                              std::chrono::milliseconds timeout) {
+  std::unique_ptr<SidecarClient> c(new SidecarClient());
+  c->timeout_ = timeout;
+  TPUSYNC_ASSIGN_OR_RETURN(c->socket_, Socket::ConnectUnix(socket_path, Deadline::After(timeout)));
+  c->conn_ = std::make_unique<FramedConn>(c->socket_, 0);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame info, c->Call(Op::kInfo, {}, 0));
+  BodyReader r(info.body);
+  uint64_t slots = 0;
+  if (info.header.op != Op::kInfoReply || !r.Str(&c->pool_path_, 4096) || !r.U64(&c->block_bytes_) ||
+      !r.U64(&slots) || !r.done()) {
+    return InvalidArgument("bad frame: INFO reply");
+  }
+  UniqueFd fd(::open(c->pool_path_.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(errno, "open the sidecar's pool file " + c->pool_path_);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  void* base = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) return ErrnoStatus(errno, "map the sidecar's pool file " + c->pool_path_);
+  c->pool_ = Mapping(base, static_cast<size_t>(st.st_size));
+  return c;
+}
+
+Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status) {
+  Deadline d = Deadline::After(timeout_);
+  TPUSYNC_RETURN_IF_ERROR(conn_->Send(op, body, d, count, status));
+  return conn_->Recv(d);
+}
+
+Result<Frame> SidecarClient::CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status) {
+  BodyWriter w;
+  WriteKeyList(w, keys);
+  return Call(op, w.bytes(), static_cast<uint32_t>(keys.size()), status);
+}
+
+Result<std::vector<SidecarClient::Slot>> SidecarClient::Slots(Op op, std::span<const BlockKey> keys) {
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(op, keys));
+  BodyReader r(f.body);
+  std::vector<Slot> slots(keys.size());
+  for (Slot& s : slots) {
+    if (!r.U8(&s.code) || !r.U64(&s.offset) || !r.U64(&s.size)) break;
+    if (s.code == kSlotOk && (s.offset + s.size > pool_.size() || s.size > block_bytes_)) {
+      return InvalidArgument("bad frame: slot outside the pool file");
+    }
+  }
+  if (f.header.op != Op::kSlots || !r.done()) return InvalidArgument("bad frame: SLOTS reply");
+  return slots;
+}
+
+Status SidecarClient::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
+  if (keys.size() != buffers.size()) return InvalidArgument("put: keys and buffers differ in number");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size == 0 || buffers[i].size > block_bytes_) {
+      return InvalidArgument("put: buffer " + std::to_string(i) + " holds " + std::to_string(buffers[i].size) +
+                             " bytes; blocks hold 1.." + std::to_string(block_bytes_));
+    }
+  }
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kReserve, keys));
+  BodyWriter w;
+  std::vector<BlockKey> done;
+  bool no_room = false;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (slots[i].code == kSlotNoRoom) no_room = true;
+    if (slots[i].code != kSlotOk) continue;
+    CopyBytes(pool_.data() + slots[i].offset, buffers[i].data, buffers[i].size);
+    done.push_back(keys[i]);
+  }
+  WriteKeyList(w, done);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (slots[i].code == kSlotOk) w.U64(buffers[i].size);
+  }
+  TPUSYNC_RETURN_IF_ERROR(Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(done.size())).status());
+  if (no_room) return ResourceExhausted("put: the sidecar's DRAM is full of pinned or leased blocks");
+  return Status::Ok();
+}
+
+Status SidecarClient::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out,
+                          std::span<uint8_t> found) {
+  if (keys.size() != out.size() || keys.size() != found.size()) return InvalidArgument("get: sizes differ");
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kAcquire, keys));
+  Status result = Status::Ok();
+  std::vector<BlockKey> held;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    found[i] = 0;
+    if (slots[i].code != kSlotOk) continue;
+    held.push_back(keys[i]);
+    if (out[i].size < slots[i].size) {
+      if (result.ok()) result = InvalidArgument("get: output buffer " + std::to_string(i) + " is too small");
+      continue;
+    }
+    CopyBytes(out[i].data, pool_.data() + slots[i].offset, slots[i].size);
+    found[i] = 1;
+  }
+  TPUSYNC_RETURN_IF_ERROR(CallKeys(Op::kUnacquire, held).status());
+  return result;
+}
+
+Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, pin_prefix ? 1 : 0));
+  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS reply");
+  LookupResult r;
+  for (std::byte b : f.body) {
+    auto t = std::to_integer<uint8_t>(b);
+    r.tiers.push_back(t <= 3 ? static_cast<Tier>(t) : Tier::kNone);
+  }
+  while (r.prefix_len < r.tiers.size() && r.tiers[r.prefix_len] != Tier::kNone) ++r.prefix_len;
+  return r;
+}
+
+Status SidecarClient::Pin(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  return CallKeys(Op::kPin, keys).status();
+}
+
+Status SidecarClient::Release(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  return CallKeys(Op::kRelease, keys).status();
+}
+
+Status SidecarClient::Evict(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  return CallKeys(Op::kEvict, keys).status();
+}
+
+Status SidecarClient::Flush() {
+  std::lock_guard lock(mu_);
+  return Call(Op::kFlush, {}, 0).status();
+}
+
+Result<std::string> SidecarClient::Stats() {
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(Op::kStats, {}, 0));
+  return std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size());
+}
+
+Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys) {
+  BodyWriter w;
+  w.Str(peer);
+  WriteKeyList(w, keys);
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(op, w.bytes(), static_cast<uint32_t>(keys.size())));
+  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: peer reply");
+  std::vector<uint8_t> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = std::to_integer<uint8_t>(f.body[i]);
+  return out;
+}
+
+Result<std::vector<uint8_t>> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys) {
+  return PeerCall(Op::kPullFrom, peer, keys);
+}
+
+Result<std::vector<uint8_t>> SidecarClient::PushTo(const std::string& peer, std::span<const BlockKey> keys) {
+  return PeerCall(Op::kPushTo, peer, keys);
+}
+
+Result<std::vector<uint8_t>> SidecarClient::ExistsAt(const std::string& peer, std::span<const BlockKey> keys) {
+  return PeerCall(Op::kExistsAt, peer, keys);
+}
+
+}  // namespace tpusync::net

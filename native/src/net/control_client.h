@@ -1,0 +1,59 @@
+// SidecarClient: an engine's handle on the sidecar in its pod. It maps the sidecar's pool
+// file and copies blocks in and out itself; the control channel only hands out slots.
+#pragma once
+
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "net/conn.h"
+#include "posix_io.h"
+#include "tpusync/store.h"
+
+namespace tpusync::net {
+
+class SidecarClient {
+ public:
+  static Result<std::unique_ptr<SidecarClient>> Connect(const std::string& socket_path,
+                                                        std::chrono::milliseconds timeout);
+
+  // Same contracts as Store's methods of the same names.
+  Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
+  Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
+  Result<LookupResult> Lookup(std::span<const BlockKey> keys, bool pin_prefix);
+  Status Pin(std::span<const BlockKey> keys);
+  Status Release(std::span<const BlockKey> keys);
+  Status Evict(std::span<const BlockKey> keys);
+  Status Flush();
+  Result<std::string> Stats();
+  // Asks the sidecar to pull from / push to a peer ("host:port"). result[i] = 1 when block i
+  // is held locally (pull) or by the peer (push) afterwards; exists gives the peer's tiers.
+  Result<std::vector<uint8_t>> PullFrom(const std::string& peer, std::span<const BlockKey> keys);
+  Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys);
+  Result<std::vector<uint8_t>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys);
+
+  uint64_t block_bytes() const { return block_bytes_; }
+  const std::string& pool_path() const { return pool_path_; }
+
+ private:
+  SidecarClient() = default;
+  Result<Frame> Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status = 0);
+  Result<Frame> CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status = 0);
+  Result<std::vector<uint8_t>> PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys);
+  struct Slot {
+    uint8_t code;
+    uint64_t offset, size;
+  };
+  Result<std::vector<Slot>> Slots(Op op, std::span<const BlockKey> keys);
+
+  std::chrono::milliseconds timeout_{};
+  std::mutex mu_;  // one request at a time on the channel
+  Socket socket_;
+  std::unique_ptr<FramedConn> conn_;
+  Mapping pool_;
+  std::string pool_path_;
+  uint64_t block_bytes_ = 0;
+};
+
+}  // namespace tpusync::net

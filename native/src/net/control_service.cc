@@ -1,0 +1,201 @@
+#include "net/control_service.h"
+
+#include <map>
+#include <sstream>
+
+#include "log.h"
+
+namespace tpusync::net {
+namespace {
+
+Status SendOk(FramedConn& c, Deadline d) { return c.Send(Op::kOk, {}, d); }
+
+Result<std::vector<BlockKey>> Keys(const Frame& f) { return ParseKeyList(f.body, f.header.count); }
+
+std::string StatsText(const StoreStats& s) {
+  std::ostringstream o;
+  o << "block_bytes " << s.block_bytes << "\ndram_slots " << s.dram_slots << "\ndram_used " << s.dram_used
+    << "\ndisk_extents " << s.disk_extents << "\ndisk_used " << s.disk_used << "\nblocks " << s.blocks << "\npinned "
+    << s.pinned << "\nputs " << s.puts << "\nput_dedup " << s.put_dedup << "\nbytes_put " << s.bytes_put
+    << "\nhits_dram " << s.hits_dram << "\nhits_disk " << s.hits_disk << "\nmisses " << s.misses << "\nbytes_got "
+    << s.bytes_got << "\nevictions " << s.evictions << "\ndemotions " << s.demotions << "\npromotions "
+    << s.promotions << "\ndisk_evictions " << s.disk_evictions << "\ncorruptions " << s.corruptions
+    << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
+    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\n";
+  return o.str();
+}
+
+}  // namespace
+
+// Leases taken by one engine connection; destroyed (released) when it disconnects.
+struct ControlService::Session {
+  std::map<BlockKey, WriteLease, bool (*)(const BlockKey&, const BlockKey&)> reserved{
+      [](const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }};
+  std::multimap<BlockKey, ReadLease, bool (*)(const BlockKey&, const BlockKey&)> acquired{
+      [](const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }};
+};
+
+void ControlService::Serve(Socket& socket, const WakeFd& stop) {
+  FramedConn c(socket, store_.pool().block_bytes());
+  Session session;
+  for (;;) {
+    Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::Never());
+    if (!readable.ok() || !*readable) break;
+    Deadline d = Deadline::After(op_timeout_);
+    auto start = Clock::now();
+    Result<Frame> f = c.Recv(d);
+    if (!f.ok()) {
+      if (f.status().code() == StatusCode::kInvalidArgument) {
+        ++metrics_.bad_frames;
+        (void)c.SendError(f.status(), d);
+      }
+      break;
+    }
+    Status st = Handle(c, *f, session, d);
+    metrics_.Latency(ServerOp::kControl, std::chrono::duration<double>(Clock::now() - start).count());
+    if (!st.ok()) {
+      metrics_.Error(ServerOp::kControl);
+      if (st.code() == StatusCode::kInvalidArgument && st.message().rfind("bad frame", 0) == 0) {
+        (void)c.SendError(st, d);
+        break;  // malformed input closes the channel
+      }
+      if (!c.SendError(st, d).ok()) break;
+    }
+  }
+}
+
+Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, Deadline d) {
+  switch (f.header.op) {
+    case Op::kInfo: {
+      BodyWriter w;
+      w.Str(store_.pool().path());
+      w.U64(store_.pool().block_bytes());
+      w.U64(store_.pool().num_slots());
+      return c.Send(Op::kInfoReply, w.bytes(), d);
+    }
+    case Op::kLookup: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      LookupResult r = store_.Lookup(keys, f.header.status != 0);
+      return c.Send(Op::kTiers, std::as_bytes(std::span(r.tiers)), d, static_cast<uint32_t>(keys.size()));
+    }
+    case Op::kPin:
+    case Op::kRelease:
+    case Op::kEvict: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      Status st = f.header.op == Op::kPin ? store_.Pin(keys) : f.header.op == Op::kRelease ? store_.Release(keys)
+                                                                                           : store_.Evict(keys);
+      TPUSYNC_RETURN_IF_ERROR(st);
+      return SendOk(c, d);
+    }
+    case Op::kFlush:
+      TPUSYNC_RETURN_IF_ERROR(store_.Flush());
+      return SendOk(c, d);
+    case Op::kStats: {
+      std::string text = StatsText(store_.Stats());
+      return c.Send(Op::kStatsReply, std::as_bytes(std::span(text)), d);
+    }
+    case Op::kReserve: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      BodyWriter w;
+      for (const BlockKey& k : keys) {
+        Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
+                                                         : store_.Reserve(k);
+        uint8_t code = l.ok() ? kSlotOk
+                       : l.status().code() == StatusCode::kResourceExhausted ? kSlotNoRoom
+                                                                             : kSlotAlreadyStored;
+        w.U8(code);
+        w.U64(l.ok() ? l->file_offset() : 0);
+        w.U64(l.ok() ? l->capacity() : 0);
+        if (l.ok()) session.reserved.emplace(k, std::move(l).value());
+      }
+      return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+    }
+    case Op::kCommit: {
+      BodyReader r(f.body);
+      std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
+      for (auto& [k, len] : items) {
+        if (!r.Key(&k)) break;
+      }
+      for (auto& [k, len] : items) {
+        if (!r.U64(&len)) break;
+      }
+      if (!r.done()) return InvalidArgument("bad frame: COMMIT body");
+      for (auto& [k, len] : items) {
+        auto it = session.reserved.find(k);
+        if (it == session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
+        Status st = it->second.Commit(len);
+        session.reserved.erase(it);
+        TPUSYNC_RETURN_IF_ERROR(st);
+      }
+      return SendOk(c, d);
+    }
+    case Op::kAbort: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      for (const BlockKey& k : keys) session.reserved.erase(k);
+      return SendOk(c, d);
+    }
+    case Op::kAcquire: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      BodyWriter w;
+      for (const BlockKey& k : keys) {
+        Result<ReadLease> l = store_.Acquire(k);
+        w.U8(l.ok() ? kSlotOk : kSlotMissing);
+        w.U64(l.ok() ? l->file_offset() : 0);
+        w.U64(l.ok() ? l->size() : 0);
+        if (l.ok()) session.acquired.emplace(k, std::move(l).value());
+      }
+      return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+    }
+    case Op::kUnacquire: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      for (const BlockKey& k : keys) {
+        if (auto it = session.acquired.find(k); it != session.acquired.end()) session.acquired.erase(it);
+      }
+      return SendOk(c, d);
+    }
+    case Op::kPullFrom:
+    case Op::kPushTo:
+    case Op::kExistsAt:
+      return HandlePeerOp(c, f, d);
+    default:
+      return InvalidArgument("bad frame: op " + std::to_string(static_cast<int>(f.header.op)) +
+                             " is not a control request");
+  }
+}
+
+// Body: peer address, then the keys.
+Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
+  BodyReader r(f.body);
+  std::string peer;
+  std::span<const std::byte> key_bytes;
+  if (!r.Str(&peer, 512) || !r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.done()) {
+    return InvalidArgument("bad frame: peer request body");
+  }
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, peers_.Get(peer));
+  std::vector<uint8_t> result;
+  Status st;
+  if (f.header.op == Op::kExistsAt) {
+    Result<std::vector<Tier>> tiers = client->Exists(keys, d);
+    st = tiers.status();
+    if (tiers.ok()) {
+      for (Tier t : *tiers) result.push_back(static_cast<uint8_t>(t));
+    }
+  } else if (f.header.op == Op::kPullFrom) {
+    uint64_t bytes = 0, blocks = 0;
+    st = PullIntoStore(*client, store_, keys, d, result, &bytes, &blocks);
+    metrics_.Moved(Direction::kIn, TransferOp::kPull, Tier::kDram, bytes, blocks);
+  } else {
+    st = PushFromStore(*client, store_, keys, d, result);
+  }
+  if (!st.ok()) {
+    // A dead or misbehaving peer: report which blocks made it, and reconnect next time.
+    peers_.Forget(peer);
+    Log(LogLevel::kWarning, "control", "peer " + peer + ": " + st.ToString());
+    if (result.size() != keys.size()) return st;
+  }
+  return c.Send(Op::kTiers, std::as_bytes(std::span(result)), d, static_cast<uint32_t>(keys.size()),
+                st.ok() ? 0 : static_cast<uint16_t>(st.code()));
+}
+
+}  // namespace tpusync::net

@@ -1,0 +1,255 @@
+#include "net/peer_client.h"
+
+#include <thread>
+
+namespace tpusync::net {
+
+struct PeerClient::Stream {
+  std::mutex mu;  // one request at a time per stream
+  Socket socket;
+  std::unique_ptr<FramedConn> conn;  // null when disconnected
+};
+
+PeerClient::~PeerClient() = default;
+
+Result<std::unique_ptr<PeerClient>> PeerClient::Connect(const std::string& address, Secret secret,
+                                                        PeerClientOptions options) {
+  if (options.streams < 1 || options.streams > 64) return InvalidArgument("streams must be 1..64");
+  TPUSYNC_ASSIGN_OR_RETURN(auto hp, SplitHostPort(address));
+  std::unique_ptr<PeerClient> c(new PeerClient());
+  c->address_ = address;
+  c->host_ = hp.first;
+  c->port_ = hp.second;
+  c->secret_.emplace(std::move(secret));
+  c->options_ = options;
+  for (int i = 0; i < options.streams; ++i) c->streams_.push_back(std::make_unique<Stream>());
+  for (auto& s : c->streams_) {
+    std::lock_guard lock(s->mu);
+    TPUSYNC_RETURN_IF_ERROR(c->Connected(*s, Deadline::After(options.connect_timeout)));
+  }
+  return c;
+}
+
+Status PeerClient::Connected(Stream& s, Deadline d) {
+  if (s.conn) return Status::Ok();
+  Deadline connect = Deadline::Earliest(d, Deadline::After(options_.connect_timeout));
+  TPUSYNC_ASSIGN_OR_RETURN(s.socket, Socket::ConnectTcp(host_, port_, connect));
+  auto conn = std::make_unique<FramedConn>(s.socket, 0);
+  Result<uint64_t> bb = ClientHandshake(*conn, *secret_, connect);
+  if (!bb.ok()) {
+    s.socket.Close();
+    return Status(bb.status().code(), address_ + ": " + bb.status().message());
+  }
+  block_bytes_ = *bb;
+  conn->set_max_block(*bb);
+  s.conn = std::move(conn);
+  return Status::Ok();
+}
+
+template <typename Fn>
+Status PeerClient::OnAllStreams(size_t n, Fn fn) {
+  size_t used = std::min(streams_.size(), std::max<size_t>(n, 1));
+  std::vector<Status> results(used);
+  std::vector<std::thread> threads;
+  for (size_t s = 1; s < used; ++s) threads.emplace_back([&, s] { results[s] = fn(s, used); });
+  results[0] = fn(0, used);
+  for (auto& t : threads) t.join();
+  for (auto& st : results) {
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Deadline d) {
+  Stream& s = *streams_[0];
+  std::lock_guard lock(s.mu);
+  TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
+  BodyWriter w;
+  WriteKeyList(w, keys);
+  Status st = s.conn->Send(Op::kExists, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+  Result<Frame> f = st.ok() ? s.conn->Expect(Op::kTiers, d) : Result<Frame>(st);
+  if (!f.ok() || f->body.size() != keys.size()) {
+    s.conn.reset();
+    s.socket.Close();
+    return f.ok() ? InvalidArgument("bad frame: TIERS count") : f.status();
+  }
+  std::vector<Tier> tiers(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto t = std::to_integer<uint8_t>(f->body[i]);
+    tiers[i] = t <= 3 ? static_cast<Tier>(t) : Tier::kNone;
+  }
+  return tiers;
+}
+
+Status PeerClient::Pull(std::span<const BlockKey> keys, BlockSink& sink, Deadline d, std::vector<uint8_t>& received) {
+  received.assign(keys.size(), 0);
+  return OnAllStreams(keys.size(), [&](size_t s, size_t used) {
+    std::vector<BlockKey> sub;
+    std::vector<size_t> index;
+    for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
+    Stream& st = *streams_[s];
+    std::lock_guard lock(st.mu);
+    Status r = PullOn(st, sub, index, sink, d, received);
+    if (!r.ok()) st.conn.reset(), st.socket.Close();  // a broken stream reconnects next time
+    return r;
+  });
+}
+
+Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSink& sink,
+                          Deadline d, std::vector<uint8_t>& received) {
+  if (keys.empty()) return Status::Ok();
+  TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
+  BodyWriter w;
+  WriteKeyList(w, keys);
+  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPull, w.bytes(), d, static_cast<uint32_t>(keys.size())));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame tiers, s.conn->Expect(Op::kTiers, d));
+  if (tiers.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS count");
+  std::vector<uint8_t> expected(keys.size());
+  for (size_t j = 0; j < keys.size(); ++j) expected[j] = std::to_integer<uint8_t>(tiers.body[j]) != 0;
+  for (;;) {
+    TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, s.conn->RecvBlockHeader(d));
+    if (h.op == Op::kEnd) return Status::Ok();
+    if (h.count >= keys.size() || !expected[h.count]) {
+      return InvalidArgument("bad frame: BLOCK index " + std::to_string(h.count) + " was not announced");
+    }
+    expected[h.count] = 0;
+    if (h.status != 0) continue;  // the peer lost it since announcing it
+    const size_t i = index[h.count];
+    std::byte* dst = sink.Begin(i, h.body_len);
+    Status st = s.conn->RecvBlockPayload(dst, h.body_len, d);
+    sink.Finish(i, h.body_len, st.ok() && dst != nullptr);
+    if (!st.ok()) return st;
+    received[i] = dst != nullptr;
+  }
+}
+
+Status PeerClient::Push(std::span<const BlockKey> keys, BlockSource& source, Deadline d, std::vector<uint8_t>& stored) {
+  stored.assign(keys.size(), 0);
+  return OnAllStreams(keys.size(), [&](size_t s, size_t used) {
+    std::vector<BlockKey> sub;
+    std::vector<size_t> index;
+    for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
+    Stream& st = *streams_[s];
+    std::lock_guard lock(st.mu);
+    Status r = PushOn(st, sub, index, source, d, stored);
+    if (!r.ok()) st.conn.reset(), st.socket.Close();
+    return r;
+  });
+}
+
+Status PeerClient::PushOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index,
+                          BlockSource& source, Deadline d, std::vector<uint8_t>& stored) {
+  if (keys.empty()) return Status::Ok();
+  TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
+  BodyWriter w;
+  WriteKeyList(w, keys);
+  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPush, w.bytes(), d, static_cast<uint32_t>(keys.size())));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame wanted, s.conn->Expect(Op::kTiers, d));
+  if (wanted.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS count");
+  for (uint32_t j = 0; j < keys.size(); ++j) {
+    if (std::to_integer<uint8_t>(wanted.body[j]) == 0) continue;
+    Result<std::span<const std::byte>> data = source.Open(index[j]);
+    Status st = data.ok() ? s.conn->SendBlock(j, data->data(), data->size(), d) : s.conn->SendAbsent(j, d);
+    if (data.ok()) source.Close(index[j]);
+    TPUSYNC_RETURN_IF_ERROR(st);
+  }
+  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kEnd, {}, d));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame done, s.conn->Expect(Op::kPushDone, d));
+  if (done.body.size() != keys.size()) return InvalidArgument("bad frame: PUSH_DONE count");
+  for (size_t j = 0; j < keys.size(); ++j) stored[index[j]] = std::to_integer<uint8_t>(done.body[j]) != 0;
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<PeerClient>> PeerPool::Get(const std::string& address) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = clients_.find(address); it != clients_.end()) return it->second;
+  }
+  TPUSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PeerClient> c, PeerClient::Connect(address, secret_, options_));
+  std::shared_ptr<PeerClient> shared = std::move(c);
+  std::lock_guard lock(mu_);
+  return clients_.try_emplace(address, shared).first->second;
+}
+
+void PeerPool::Forget(const std::string& address) {
+  std::lock_guard lock(mu_);
+  clients_.erase(address);
+}
+
+namespace {
+
+class StoreSink : public BlockSink {
+ public:
+  StoreSink(Store& store, std::span<const BlockKey> keys) : store_(store), keys_(keys), leases_(keys.size()) {}
+  std::byte* Begin(size_t i, uint64_t length) override {
+    if (length > store_.pool().block_bytes()) return nullptr;
+    Result<WriteLease> l = store_.Reserve(keys_[i]);  // fails if another writer stored it meanwhile
+    if (!l.ok()) return nullptr;
+    leases_[i].emplace(std::move(l).value());
+    return leases_[i]->data();
+  }
+  void Finish(size_t i, uint64_t length, bool ok) override {
+    if (ok && leases_[i] && leases_[i]->Commit(length).ok()) {
+      bytes_ += length;
+      ++blocks_;
+    }
+    leases_[i].reset();  // an uncommitted lease gives its slot back: nothing partial is published
+  }
+  std::atomic<uint64_t> bytes_{0}, blocks_{0};
+
+ private:
+  Store& store_;
+  std::span<const BlockKey> keys_;
+  std::vector<std::optional<WriteLease>> leases_;
+};
+
+class StoreSource : public BlockSource {
+ public:
+  StoreSource(Store& store, std::span<const BlockKey> keys) : store_(store), keys_(keys), leases_(keys.size()) {}
+  Result<std::span<const std::byte>> Open(size_t i) override {
+    TPUSYNC_ASSIGN_OR_RETURN(ReadLease l, store_.Acquire(keys_[i]));
+    leases_[i].emplace(std::move(l));
+    return std::span<const std::byte>(leases_[i]->data(), leases_[i]->size());
+  }
+  void Close(size_t i) override { leases_[i].reset(); }
+
+ private:
+  Store& store_;
+  std::span<const BlockKey> keys_;
+  std::vector<std::optional<ReadLease>> leases_;
+};
+
+}  // namespace
+
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
+                     std::vector<uint8_t>& held, uint64_t* bytes, uint64_t* blocks) {
+  LookupResult local = store.Lookup(keys, false);
+  std::vector<BlockKey> missing;
+  std::vector<size_t> where;
+  held.assign(keys.size(), 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (local.tiers[i] != Tier::kNone) {
+      held[i] = 1;
+    } else {
+      missing.push_back(keys[i]);
+      where.push_back(i);
+    }
+  }
+  if (missing.empty()) return Status::Ok();
+  StoreSink sink(store, missing);
+  std::vector<uint8_t> received;
+  Status st = peer.Pull(missing, sink, d, received);
+  if (bytes != nullptr) *bytes = sink.bytes_;
+  if (blocks != nullptr) *blocks = sink.blocks_;
+  LookupResult after = store.Lookup(missing, false);  // a block another writer stored meanwhile counts too
+  for (size_t j = 0; j < missing.size(); ++j) held[where[j]] = received[j] || after.tiers[j] != Tier::kNone;
+  return st;
+}
+
+Status PushFromStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
+                     std::vector<uint8_t>& stored) {
+  StoreSource source(store, keys);
+  return peer.Push(keys, source, d, stored);
+}
+
+}  // namespace tpusync::net

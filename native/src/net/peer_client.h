@@ -1,0 +1,101 @@
+// PeerClient: the client side of the data port, over several parallel streams to one peer.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "net/conn.h"
+#include "tpusync/store.h"
+
+namespace tpusync::net {
+
+// Where pulled blocks land. Begin/Finish run on stream threads, never twice for one index.
+class BlockSink {
+ public:
+  virtual ~BlockSink() = default;
+  // The destination for block `index` (`length` bytes), or nullptr to drop it.
+  virtual std::byte* Begin(size_t index, uint64_t length) = 0;
+  // ok: every byte arrived and matched its checksum. A sink must not publish a block otherwise.
+  virtual void Finish(size_t index, uint64_t length, bool ok) = 0;
+};
+
+// Where pushed blocks come from. Open/Close run on stream threads, never twice for one index.
+class BlockSource {
+ public:
+  virtual ~BlockSource() = default;
+  // The bytes of block `index`, valid until Close(index); an error skips the block.
+  virtual Result<std::span<const std::byte>> Open(size_t index) = 0;
+  virtual void Close(size_t index) = 0;
+};
+
+struct PeerClientOptions {
+  int streams = 2;
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+class PeerClient {
+ public:
+  // Connects and authenticates every stream now, so a wrong secret or a dead peer shows here.
+  static Result<std::unique_ptr<PeerClient>> Connect(const std::string& address, Secret secret,
+                                                     PeerClientOptions options);
+  ~PeerClient();
+
+  const std::string& address() const { return address_; }
+  uint64_t block_bytes() const { return block_bytes_.load(); }
+
+  Result<std::vector<Tier>> Exists(std::span<const BlockKey> keys, Deadline d);
+  // Key i travels on stream i % streams, in order. received[i] = 1 for each block that landed
+  // whole. Returns the first error; blocks of healthy streams still land. Thread-safe.
+  Status Pull(std::span<const BlockKey> keys, BlockSink& sink, Deadline d, std::vector<uint8_t>& received);
+  // stored[i] = 1 when the peer holds block i afterwards (sent now or held already).
+  Status Push(std::span<const BlockKey> keys, BlockSource& source, Deadline d, std::vector<uint8_t>& stored);
+
+ private:
+  struct Stream;
+  PeerClient() = default;
+  Status Connected(Stream& s, Deadline d);
+  Status PullOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSink& sink,
+                Deadline d, std::vector<uint8_t>& received);
+  Status PushOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSource& source,
+                Deadline d, std::vector<uint8_t>& stored);
+  template <typename Fn>
+  Status OnAllStreams(size_t n, Fn fn);
+
+  std::string address_, host_;
+  uint16_t port_ = 0;
+  std::optional<Secret> secret_;
+  PeerClientOptions options_;
+  std::atomic<uint64_t> block_bytes_{0};
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+// Connected clients by peer address, created on first use and replaced after a failure.
+class PeerPool {
+ public:
+  PeerPool(Secret secret, PeerClientOptions options) : secret_(std::move(secret)), options_(options) {}
+  Result<std::shared_ptr<PeerClient>> Get(const std::string& address);
+  void Forget(const std::string& address);
+
+ private:
+  Secret secret_;
+  PeerClientOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<PeerClient>> clients_;  // guarded by mu_
+};
+
+// Prefix-aware pull into the local store: only the blocks the store lacks travel.
+// held[i] = 1 if block i is in the local store afterwards; bytes/blocks count what travelled.
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
+                     std::vector<uint8_t>& held, uint64_t* bytes = nullptr, uint64_t* blocks = nullptr);
+// Pushes local blocks; the peer skips the ones it holds. stored[i] = 1 if the peer holds block i.
+Status PushFromStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
+                     std::vector<uint8_t>& stored);
+
+}  // namespace tpusync::net

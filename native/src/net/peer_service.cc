@@ -1,0 +1,119 @@
+#include "net/peer_service.h"
+
+#include <optional>
+
+#include "log.h"
+
+namespace tpusync::net {
+namespace {
+
+std::span<const std::byte> AsBytes(const std::vector<Tier>& tiers) {
+  return std::as_bytes(std::span(tiers.data(), tiers.size()));
+}
+
+}  // namespace
+
+void PeerService::Serve(Socket& socket, const WakeFd& stop) {
+  ++metrics_.connections_total;
+  ++metrics_.connections_active;
+  FramedConn c(socket, store_.pool().block_bytes());
+  Status hs = ServerHandshake(c, secret_, store_.pool().block_bytes(), Deadline::After(options_.handshake_timeout));
+  if (!hs.ok()) {
+    if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) ++metrics_.auth_failures;
+    if (hs.code() == StatusCode::kInvalidArgument) (void)c.SendError(hs, Deadline::After(options_.handshake_timeout));
+    Log(LogLevel::kWarning, "data", "handshake refused: " + hs.ToString());
+  } else {
+    for (;;) {
+      Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::After(options_.idle_timeout));
+      if (!readable.ok() || !*readable) break;  // idle too long, or draining
+      Deadline d = Deadline::After(options_.op_timeout);
+      auto start = Clock::now();
+      Result<Frame> f = c.Recv(d);
+      if (!f.ok()) {
+        if (f.status().code() == StatusCode::kInvalidArgument) {
+          ++metrics_.bad_frames;
+          (void)c.SendError(f.status(), d);
+          Log(LogLevel::kWarning, "data", "connection closed: " + f.status().message());
+        }
+        break;
+      }
+      ServerOp op = ServerOp::kControl;
+      Status st;
+      switch (f->header.op) {
+        case Op::kExists: op = ServerOp::kExists, st = HandleExists(c, *f, d); break;
+        case Op::kPull: op = ServerOp::kPull, st = HandlePull(c, *f, d); break;
+        case Op::kPush: op = ServerOp::kPush, st = HandlePush(c, *f, d); break;
+        default: st = InvalidArgument("bad frame: op " + std::to_string(static_cast<int>(f->header.op)) +
+                                      " is not a data-port request");
+      }
+      metrics_.Latency(op, std::chrono::duration<double>(Clock::now() - start).count());
+      if (!st.ok()) {
+        metrics_.Error(op);
+        if (st.code() == StatusCode::kInvalidArgument) ++metrics_.bad_frames;
+        if (st.code() == StatusCode::kDeadlineExceeded) ++metrics_.deadline_exceeded;
+        if (st.code() != StatusCode::kUnavailable) (void)c.SendError(st, d);
+        Log(LogLevel::kWarning, "data", "request failed, connection closed: " + st.ToString());
+        break;
+      }
+    }
+  }
+  --metrics_.connections_active;
+}
+
+Status PeerService::HandleExists(FramedConn& c, const Frame& f, Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
+  LookupResult r = store_.Lookup(keys, false);
+  return c.Send(Op::kTiers, AsBytes(r.tiers), d, static_cast<uint32_t>(keys.size()));
+}
+
+// Streams every requested block in order, one frame each, straight from its slot, so the
+// receiver can start on the first (layers) before the last arrive.
+Status PeerService::HandlePull(FramedConn& c, const Frame& f, Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
+  LookupResult r = store_.Lookup(keys, false);
+  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kTiers, AsBytes(r.tiers), d, static_cast<uint32_t>(keys.size())));
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    if (r.tiers[i] == Tier::kNone) continue;
+    Result<ReadLease> lease = store_.Acquire(keys[i]);  // promotes from disk if needed
+    if (!lease.ok()) {
+      TPUSYNC_RETURN_IF_ERROR(c.SendAbsent(i, d));  // evicted or corrupt since the lookup
+      continue;
+    }
+    TPUSYNC_RETURN_IF_ERROR(c.SendBlock(i, lease->data(), lease->size(), d));
+    metrics_.Moved(Direction::kOut, TransferOp::kPull, r.tiers[i] == Tier::kDisk ? Tier::kDisk : Tier::kDram,
+                   lease->size());
+  }
+  return c.Send(Op::kEnd, {}, d);
+}
+
+// Tells the pusher which blocks are wanted (prefix-aware: held ones are skipped), receives
+// each straight into a reserved slot, and commits it only after its checksum matched.
+Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
+  LookupResult r = store_.Lookup(keys, false);
+  std::vector<uint8_t> wanted(keys.size()), stored(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) wanted[i] = r.tiers[i] == Tier::kNone;
+  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kTiers, std::as_bytes(std::span(wanted)), d, static_cast<uint32_t>(keys.size())));
+  for (;;) {
+    TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, c.RecvBlockHeader(d));
+    if (h.op == Op::kEnd) break;
+    if (h.count >= keys.size() || !wanted[h.count]) {
+      return InvalidArgument("bad frame: BLOCK index " + std::to_string(h.count) + " was not asked for");
+    }
+    wanted[h.count] = 0;  // each index at most once
+    if (h.status != 0) continue;
+    std::optional<WriteLease> lease;
+    if (auto l = store_.Reserve(keys[h.count]); l.ok()) lease.emplace(std::move(l).value());
+    // A slot that cannot be had (DRAM full of pins, or stored meanwhile): drain the payload.
+    TPUSYNC_RETURN_IF_ERROR(c.RecvBlockPayload(lease ? lease->data() : nullptr, h.body_len, d));
+    if (lease) {
+      TPUSYNC_RETURN_IF_ERROR(lease->Commit(h.body_len));
+      stored[h.count] = 1;
+      metrics_.Moved(Direction::kIn, TransferOp::kPush, Tier::kDram, h.body_len);
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) stored[i] |= r.tiers[i] != Tier::kNone;
+  return c.Send(Op::kPushDone, std::as_bytes(std::span(stored)), d, static_cast<uint32_t>(keys.size()));
+}
+
+}  // namespace tpusync::net

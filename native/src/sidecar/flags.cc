@@ -1,0 +1,155 @@
+#include "sidecar/flags.h"
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace tpusync {
+namespace {
+
+// Accepts plain integers with an optional binary suffix: 64Ki, 512Mi, 2Gi, 1Ti.
+Result<uint64_t> ParseBytes(const std::string& name, const std::string& v) {
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  std::string suffix(end);
+  const std::map<std::string, uint64_t> mult = {{"", 1}, {"Ki", 1ull << 10}, {"Mi", 1ull << 20},
+                                                {"Gi", 1ull << 30}, {"Ti", 1ull << 40}};
+  auto it = mult.find(suffix);
+  if (v.empty() || end == v.c_str() || it == mult.end()) {
+    return InvalidArgument("--" + name + "=" + v + ": expected bytes such as 1073741824 or 1Gi");
+  }
+  return uint64_t{n} * it->second;
+}
+
+Result<long> ParseInt(const std::string& name, const std::string& v, long lo, long hi) {
+  char* end = nullptr;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < lo || n > hi) {
+    return InvalidArgument("--" + name + "=" + v + ": expected an integer in " + std::to_string(lo) + ".." +
+                           std::to_string(hi));
+  }
+  return n;
+}
+
+Result<bool> ParseBool(const std::string& name, const std::string& v) {
+  if (v == "true" || v == "1" || v.empty()) return true;
+  if (v == "false" || v == "0") return false;
+  return InvalidArgument("--" + name + "=" + v + ": expected true or false");
+}
+
+using Setter = std::function<Status(SidecarFlags&, const std::string&, const std::string&)>;
+
+template <typename T>
+Setter Int(T SidecarFlags::*field, long lo, long hi) {
+  return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
+    TPUSYNC_ASSIGN_OR_RETURN(long x, ParseInt(n, v, lo, hi));
+    f.*field = static_cast<T>(x);
+    return Status::Ok();
+  };
+}
+
+Setter Bytes(uint64_t SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
+    TPUSYNC_ASSIGN_OR_RETURN(f.*field, ParseBytes(n, v));
+    return Status::Ok();
+  };
+}
+
+Setter Str(std::string SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string&, const std::string& v) {
+    f.*field = v;
+    return Status::Ok();
+  };
+}
+
+Setter Bool(bool SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
+    TPUSYNC_ASSIGN_OR_RETURN(f.*field, ParseBool(n, v));
+    return Status::Ok();
+  };
+}
+
+struct FlagDef {
+  const char* name;
+  Setter set;
+  const char* help;
+};
+
+const std::vector<FlagDef>& Defs() {
+  static const std::vector<FlagDef> defs = {
+      {"bind", Str(&SidecarFlags::bind), "address for the data and HTTP ports (default 127.0.0.1)"},
+      {"data-port", Int(&SidecarFlags::data_port, 0, 65535), "TCP port for peers (default 9400; 0 = any)"},
+      {"http-port", Int(&SidecarFlags::http_port, 0, 65535), "/healthz /readyz /metrics (default 9401; 0 = any)"},
+      {"control-socket", Str(&SidecarFlags::control_socket), "UNIX socket for engines in this pod"},
+      {"pool-path", Str(&SidecarFlags::pool_path), "shared-memory pool file (default /dev/shm/tpusync-pool)"},
+      {"dram-bytes", Bytes(&SidecarFlags::dram_bytes), "DRAM pool size (default 1Gi)"},
+      {"block-bytes", Bytes(&SidecarFlags::block_bytes), "block size, a multiple of 4096 (default 2Mi)"},
+      {"disk-dir", Str(&SidecarFlags::disk_dir), "directory of the disk tier (default: none)"},
+      {"disk-bytes", Bytes(&SidecarFlags::disk_bytes), "disk tier size"},
+      {"auth-secret-file", Str(&SidecarFlags::auth_secret_file), "file holding the pool's shared secret"},
+      {"streams", Int(&SidecarFlags::streams, 1, 64), "parallel TCP streams per peer (default 4)"},
+      {"io-threads", Int(&SidecarFlags::io_threads, 1, 64), "disk write-behind threads (default 1)"},
+      {"max-connections", Int(&SidecarFlags::max_connections, 1, 65536), "data connections at most (default 256)"},
+      {"handshake-timeout-ms", Int(&SidecarFlags::handshake_timeout_ms, 1, 600000), "(default 5000)"},
+      {"op-timeout-ms", Int(&SidecarFlags::op_timeout_ms, 1, 3600000), "deadline of one request (default 120000)"},
+      {"drain-timeout-ms", Int(&SidecarFlags::drain_timeout_ms, 0, 3600000), "SIGTERM drain period (default 30000)"},
+      {"hugepages", Bool(&SidecarFlags::hugepages), "ask for transparent huge pages"},
+      {"mlock", Bool(&SidecarFlags::mlock), "lock the pool in RAM"},
+      {"peers-dns", Str(&SidecarFlags::peers_dns), "headless Service of the pool (peer discovery)"},
+      {"kv-events-endpoint", Str(&SidecarFlags::kv_events_endpoint), "ZMQ endpoint for KV events"},
+      {"help", Bool(&SidecarFlags::help), "print this help"},
+  };
+  return defs;
+}
+
+std::string EnvName(const std::string& flag) {
+  std::string e = "TPUSYNC_";
+  for (char c : flag) e += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return e;
+}
+
+}  // namespace
+
+Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
+  SidecarFlags f;
+  for (const FlagDef& d : Defs()) {  // environment first, flags override
+    if (const char* v = std::getenv(EnvName(d.name).c_str())) TPUSYNC_RETURN_IF_ERROR(d.set(f, d.name, v));
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + a + "' (see --help)");
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1), name.resize(eq), has_value = true;
+    }
+    const FlagDef* def = nullptr;
+    for (const FlagDef& d : Defs()) {
+      if (name == d.name) def = &d;
+    }
+    if (def == nullptr) return InvalidArgument("unknown flag --" + name + " (see --help)");
+    bool is_bool = name == "help" || name == "hugepages" || name == "mlock";
+    if (!has_value && !is_bool) {
+      if (i + 1 >= args.size()) return InvalidArgument("--" + name + " needs a value");
+      value = args[++i];
+    }
+    TPUSYNC_RETURN_IF_ERROR(def->set(f, name, value));
+  }
+  if (f.block_bytes == 0 || f.block_bytes % 4096 != 0) {
+    return InvalidArgument("--block-bytes=" + std::to_string(f.block_bytes) + ": must be a multiple of 4096");
+  }
+  if (f.dram_bytes < f.block_bytes) return InvalidArgument("--dram-bytes must hold at least one block");
+  if (!f.disk_dir.empty() && f.disk_bytes < f.block_bytes) {
+    return InvalidArgument("--disk-bytes must hold at least one block when --disk-dir is set");
+  }
+  return f;
+}
+
+std::string SidecarUsage() {
+  std::string s = "usage: tpusync-sidecar [--flag=value]...\n\nEvery flag can also be set as TPUSYNC_<FLAG> in "
+                  "the environment; the shared secret as TPUSYNC_AUTH_SECRET.\n\n";
+  for (const FlagDef& d : Defs()) s += "  --" + std::string(d.name) + "\n      " + d.help + "\n";
+  return s;
+}
+
+}  // namespace tpusync

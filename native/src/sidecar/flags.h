@@ -1,0 +1,40 @@
+// Sidecar settings: every flag `--name=value` also reads from env TPUSYNC_NAME.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpusync/status.h"
+
+namespace tpusync {
+
+struct SidecarFlags {
+  std::string bind = "127.0.0.1";
+  uint16_t data_port = 9400;
+  uint16_t http_port = 9401;
+  std::string control_socket;  // empty: no control channel
+  std::string pool_path = "/dev/shm/tpusync-pool";
+  uint64_t dram_bytes = 1ull << 30;
+  uint64_t block_bytes = 2ull << 20;
+  std::string disk_dir;  // empty: no disk tier
+  uint64_t disk_bytes = 0;
+  std::string auth_secret_file;  // or env TPUSYNC_AUTH_SECRET
+  int streams = 4;
+  int io_threads = 1;
+  int max_connections = 256;
+  int handshake_timeout_ms = 5000;
+  int op_timeout_ms = 120000;
+  int drain_timeout_ms = 30000;
+  bool hugepages = false;
+  bool mlock = false;
+  std::string peers_dns;           // headless Service name of the pool, reported on /readyz
+  std::string kv_events_endpoint;  // ZMQ endpoint for KV events (not published by this build)
+  bool help = false;
+};
+
+// Parses argv (and env); kInvalidArgument names the bad flag.
+Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args);
+std::string SidecarUsage();
+
+}  // namespace tpusync

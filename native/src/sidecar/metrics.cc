@@ -1,0 +1,111 @@
+#include "sidecar/metrics.h"
+
+#include <cstdio>
+
+namespace tpusync {
+namespace {
+
+constexpr const char* kOpNames[] = {"exists", "pull", "push", "control"};
+
+void Line(std::string& out, const std::string& name, const std::string& labels, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  out += name;
+  if (!labels.empty()) out += "{" + labels + "}";
+  out += " ";
+  out += buf;
+  out += "\n";
+}
+
+void Meta(std::string& out, const std::string& name, const char* type, const char* help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+}  // namespace
+
+void Histogram::Observe(double seconds) {
+  size_t i = 0;
+  while (i < kBounds.size() && seconds > kBounds[i]) ++i;
+  ++buckets_[i];
+  ++count_;
+  sum_micros_ += static_cast<uint64_t>(seconds * 1e6);
+}
+
+void Histogram::Render(std::string& out, const std::string& name, const std::string& labels) const {
+  uint64_t cumulative = 0;
+  std::string sep = labels.empty() ? "" : labels + ",";
+  for (size_t i = 0; i < kBounds.size(); ++i) {
+    cumulative += buckets_[i].load();
+    char le[32];
+    std::snprintf(le, sizeof(le), "%g", kBounds[i]);
+    Line(out, name + "_bucket", sep + "le=\"" + le + "\"", static_cast<double>(cumulative));
+  }
+  cumulative += buckets_[kBounds.size()].load();
+  Line(out, name + "_bucket", sep + "le=\"+Inf\"", static_cast<double>(cumulative));
+  Line(out, name + "_sum", labels, sum_micros_.load() / 1e6);
+  Line(out, name + "_count", labels, static_cast<double>(count_.load()));
+}
+
+void Metrics::Moved(Direction d, TransferOp op, Tier tier, uint64_t bytes, uint64_t blocks) {
+  size_t i = Index(d, op, tier == Tier::kDisk);
+  bytes_[i] += bytes;
+  blocks_[i] += blocks;
+}
+
+std::string Metrics::Render(const StoreStats& s) const {
+  std::string out;
+  Meta(out, "tpusync_transfer_bytes_total", "counter", "Block bytes moved over the network.");
+  Meta(out, "tpusync_transfer_blocks_total", "counter", "Blocks moved over the network.");
+  for (int d = 0; d < 2; ++d) {
+    for (int op = 0; op < 2; ++op) {
+      for (int disk = 0; disk < 2; ++disk) {
+        size_t i = static_cast<size_t>(d * 4 + op * 2 + disk);
+        std::string labels = std::string("direction=\"") + (d ? "out" : "in") + "\",op=\"" + (op ? "push" : "pull") +
+                             "\",tier=\"" + (disk ? "disk" : "dram") + "\"";
+        Line(out, "tpusync_transfer_bytes_total", labels, static_cast<double>(bytes_[i].load()));
+        Line(out, "tpusync_transfer_blocks_total", labels, static_cast<double>(blocks_[i].load()));
+      }
+    }
+  }
+  Meta(out, "tpusync_request_duration_seconds", "histogram", "Time to serve one request.");
+  for (size_t op = 0; op < latency_.size(); ++op) {
+    latency_[op].Render(out, "tpusync_request_duration_seconds", std::string("op=\"") + kOpNames[op] + "\"");
+  }
+  Meta(out, "tpusync_request_errors_total", "counter", "Requests that ended in an error.");
+  for (size_t op = 0; op < errors_.size(); ++op) {
+    Line(out, "tpusync_request_errors_total", std::string("op=\"") + kOpNames[op] + "\"",
+         static_cast<double>(errors_[op].load()));
+  }
+  auto counter = [&](const char* name, const char* help, double v) {
+    Meta(out, name, "counter", help);
+    Line(out, name, "", v);
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    Meta(out, name, "gauge", help);
+    Line(out, name, "", v);
+  };
+  counter("tpusync_auth_failures_total", "Peers that failed the handshake.", static_cast<double>(auth_failures.load()));
+  counter("tpusync_bad_frames_total", "Frames rejected by validation.", static_cast<double>(bad_frames.load()));
+  counter("tpusync_deadline_exceeded_total", "Operations that passed their deadline.",
+          static_cast<double>(deadline_exceeded.load()));
+  counter("tpusync_connections_total", "Connections accepted.", static_cast<double>(connections_total.load()));
+  gauge("tpusync_connections_active", "Connections being served.", static_cast<double>(connections_active.load()));
+  gauge("tpusync_pool_block_bytes", "Block size.", static_cast<double>(s.block_bytes));
+  gauge("tpusync_pool_dram_slots", "DRAM slots.", static_cast<double>(s.dram_slots));
+  gauge("tpusync_pool_dram_used_slots", "DRAM slots holding blocks.", static_cast<double>(s.dram_used));
+  gauge("tpusync_pool_disk_extents", "Disk extents.", static_cast<double>(s.disk_extents));
+  gauge("tpusync_pool_disk_used_extents", "Disk extents holding blocks.", static_cast<double>(s.disk_used));
+  gauge("tpusync_pool_pinned_blocks", "Pinned blocks.", static_cast<double>(s.pinned));
+  counter("tpusync_evictions_total", "Blocks evicted from DRAM.", static_cast<double>(s.evictions));
+  counter("tpusync_demotions_total", "Blocks written behind to disk.", static_cast<double>(s.demotions));
+  counter("tpusync_promotions_total", "Blocks read back from disk into DRAM.", static_cast<double>(s.promotions));
+  counter("tpusync_disk_evictions_total", "Blocks evicted from disk.", static_cast<double>(s.disk_evictions));
+  counter("tpusync_corruptions_total", "Stored blocks that failed their checksum.", static_cast<double>(s.corruptions));
+  counter("tpusync_disk_errors_total", "Disk reads and writes that failed.",
+          static_cast<double>(s.disk_write_errors + s.disk_read_errors));
+  counter("tpusync_hits_total", "Blocks found by get (dram + disk).", static_cast<double>(s.hits_dram + s.hits_disk));
+  counter("tpusync_misses_total", "Blocks not found by get.", static_cast<double>(s.misses));
+  return out;
+}
+
+}  // namespace tpusync

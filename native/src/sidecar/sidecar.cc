@@ -1,0 +1,103 @@
+#include "sidecar/sidecar.h"
+
+#include <cstdlib>
+
+#include "log.h"
+
+namespace tpusync {
+
+Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
+  std::unique_ptr<Sidecar> s(new Sidecar());
+  s->flags_ = f;
+  std::optional<net::Secret> secret;
+  if (!f.auth_secret_file.empty()) {
+    TPUSYNC_ASSIGN_OR_RETURN(secret, net::Secret::FromFile(f.auth_secret_file));
+  } else if (const char* env = std::getenv("TPUSYNC_AUTH_SECRET"); env != nullptr && std::string(env).size() >= 16) {
+    secret.emplace(env);
+  } else {
+    return FailedPrecondition("no shared secret: set --auth-secret-file or TPUSYNC_AUTH_SECRET (16+ bytes); "
+                              "the data port never runs unauthenticated");
+  }
+
+  StoreOptions o;
+  o.pool = {.path = f.pool_path, .block_bytes = f.block_bytes, .num_slots = f.dram_bytes / f.block_bytes,
+            .hugepages = f.hugepages, .mlock = f.mlock};
+  o.disk_enabled = !f.disk_dir.empty();
+  o.disk = {.dir = f.disk_dir, .capacity_bytes = f.disk_bytes};
+  o.io_threads = static_cast<uint32_t>(f.io_threads);
+  TPUSYNC_ASSIGN_OR_RETURN(s->store_, Store::Open(o));
+  StoreStats st = s->store_->Stats();
+  Log(LogLevel::kInfo, "sidecar",
+      "pool " + f.pool_path + ": " + std::to_string(st.dram_slots) + " slots of " + std::to_string(st.block_bytes) +
+          " bytes, re-attached " + std::to_string(st.recovered_dram) + " DRAM and " +
+          std::to_string(st.recovered_disk) + " disk blocks");
+
+  net::PeerClientOptions client_options{.streams = f.streams,
+                                        .connect_timeout = std::chrono::milliseconds(f.handshake_timeout_ms)};
+  s->peers_ = std::make_unique<net::PeerPool>(*secret, client_options);
+  s->peer_service_ = std::make_unique<net::PeerService>(
+      *s->store_, *secret, s->metrics_,
+      net::PeerServiceOptions{.handshake_timeout = std::chrono::milliseconds(f.handshake_timeout_ms),
+                              .op_timeout = std::chrono::milliseconds(f.op_timeout_ms)});
+  s->control_service_ = std::make_unique<net::ControlService>(*s->store_, *s->peers_, s->metrics_,
+                                                              std::chrono::milliseconds(f.op_timeout_ms));
+
+  TPUSYNC_ASSIGN_OR_RETURN(net::Listener data_l, net::Listener::ListenTcp(f.bind, f.data_port));
+  TPUSYNC_ASSIGN_OR_RETURN(net::Listener http_l, net::Listener::ListenTcp(f.bind, f.http_port));
+  Sidecar* self = s.get();
+  s->data_ = std::make_unique<net::ConnectionServer>(
+      "data", std::move(data_l), [self](net::Socket& sock, const net::WakeFd& stop) {
+        self->peer_service_->Serve(sock, stop);
+      },
+      static_cast<size_t>(f.max_connections));
+  s->http_ = std::make_unique<net::ConnectionServer>(
+      "http", std::move(http_l),
+      [self](net::Socket& sock, const net::WakeFd&) { ServeHttp(sock, [self](auto& p) { return self->Route(p); }); },
+      64);
+  if (!f.control_socket.empty()) {
+    TPUSYNC_ASSIGN_OR_RETURN(net::Listener ctl_l, net::Listener::ListenUnix(f.control_socket));
+    s->control_ = std::make_unique<net::ConnectionServer>(
+        "control", std::move(ctl_l), [self](net::Socket& sock, const net::WakeFd& stop) {
+          self->control_service_->Serve(sock, stop);
+        },
+        1024);
+    s->control_->Start();
+  }
+  if (!f.kv_events_endpoint.empty()) {
+    Log(LogLevel::kWarning, "sidecar", "--kv-events-endpoint is accepted but this build publishes no KV events yet");
+  }
+  s->data_->Start();
+  s->http_->Start();
+  s->ready_ = true;
+  return s;
+}
+
+HttpResponse Sidecar::Route(const std::string& path) {
+  if (path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+  if (path == "/readyz") {
+    if (!ready_) return {503, "text/plain; charset=utf-8", "draining\n"};
+    return {200, "text/plain; charset=utf-8", "ready\n"};
+  }
+  if (path == "/metrics") {
+    return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_.Render(store_->Stats())};
+  }
+  return {404, "text/plain; charset=utf-8", "not found\n"};
+}
+
+void Sidecar::Stop() {
+  if (!ready_.exchange(false) && !data_) return;
+  auto drain = std::chrono::milliseconds(flags_.drain_timeout_ms);
+  Log(LogLevel::kInfo, "sidecar", "draining: " + std::to_string(data_->active()) + " data connections");
+  data_->Stop(drain);
+  if (control_) control_->Stop(drain);
+  Status st = store_->Flush();
+  if (!st.ok()) Log(LogLevel::kWarning, "sidecar", "write-behind at exit: " + st.ToString());
+  http_->Stop(std::chrono::milliseconds(1000));
+  Log(LogLevel::kInfo, "sidecar", "stopped");
+}
+
+Sidecar::~Sidecar() {
+  if (data_) Stop();
+}
+
+}  // namespace tpusync

@@ -1,0 +1,96 @@
+"""Start and stop `tpusync-sidecar` processes (local demos, tests, benchmarks).
+
+On Kubernetes the operator runs the sidecar; this module is for one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpusync import errors
+
+
+def sidecar_binary() -> str:
+    """The tpusync-sidecar installed with this package (on PATH of its environment)."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    for candidate in (scripts / "tpusync-sidecar", Path(sys.executable).parent / "tpusync-sidecar"):
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("tpusync-sidecar")
+    if found is None:
+        raise errors.NotFoundError("tpusync-sidecar is not installed next to this Python; reinstall the package")
+    return found
+
+
+@dataclass
+class Sidecar:
+    """A running sidecar process. Use as a context manager, or call stop()."""
+
+    process: subprocess.Popen
+    data_port: int
+    http_port: int
+    control_socket: str | None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.data_port}"
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the drain; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no flush (what a crash looks like)."""
+        self.process.kill()
+        self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: int,
+           control_socket: str | None = None, disk_dir: str | None = None, disk_bytes: int = 0,
+           data_port: int = 0, http_port: int = 0, streams: int = 4, extra: list[str] | None = None,
+           stderr=None) -> Sidecar:
+    """Starts a sidecar on 127.0.0.1 and waits until it listens (it prints one JSON line)."""
+    args = [
+        sidecar_binary(), "--bind=127.0.0.1", f"--data-port={data_port}", f"--http-port={http_port}",
+        f"--pool-path={pool_path}", f"--dram-bytes={dram_bytes}", f"--block-bytes={block_bytes}",
+        f"--auth-secret-file={secret_file}", f"--streams={streams}",
+    ]
+    if control_socket:
+        args.append(f"--control-socket={control_socket}")
+    if disk_dir:
+        args += [f"--disk-dir={disk_dir}", f"--disk-bytes={disk_bytes}"]
+    args += extra or []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        code = proc.wait()
+        raise errors.UnavailableError(f"tpusync-sidecar exited with {code} before listening: {' '.join(args)}")
+    ready = json.loads(line)
+    return Sidecar(proc, ready["data_port"], ready["http_port"], control_socket, args)
