@@ -9,18 +9,23 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install native-test pytest bench clean system-deps
+.PHONY: all test demo install native-test fuzz pytest bench clean system-deps
+FUZZ_SECONDS ?= 20
 
 all: test
 
 include operator/operator.mk e2e/e2e.mk
 
-# Debian packages the native build needs (header-only xxHash). Installs them when missing.
+# Debian packages the native build needs: xxHash (header-only), OpenSSL (HMAC for peer
+# authentication), clang with its runtimes (libFuzzer). Installed when missing.
+SYSTEM_PACKAGES := libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev
 system-deps:
-	@test -f /usr/include/xxhash.h || { \
-	  echo "installing libxxhash-dev"; \
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $$missing"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libxxhash-dev; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +49,20 @@ native-test: system-deps
 	cmake --build build/asan
 	ctest --test-dir build/asan --output-on-failure
 
+# libFuzzer on the frame parser for a bounded time (FUZZ_SECONDS), with ASan and UBSan.
+fuzz: system-deps
+	CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DTPUSYNC_FUZZ=ON -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
+	cmake --build build/fuzz --target frame_fuzz
+	mkdir -p build/fuzz/corpus
+	build/fuzz/native/frame_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus \
+	  >build/fuzz/fuzz.log 2>&1 || { tail -60 build/fuzz/fuzz.log; exit 1; }
+	@grep -E "^stat::(number_of_executed_units|new_units_added)" build/fuzz/fuzz.log
+
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test pytest
+test: native-test fuzz pytest
 
 demo: install
 	$(PY) bench/native_bench.py

@@ -19,6 +19,8 @@ image-steps-operator: | system-deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(IMAGE_JOBS) nice -n 10 $(IMAGE_OPERATOR)/venv/bin/pip install -q \
 	  -C build-dir=$(CURDIR)/$(IMAGE_OPERATOR)/wheel '.[operator]'
 	$(IMAGE_OPERATOR)/venv/bin/python -m tpusync_operator --help
+	@# --help stops before the handlers import; prove the extra brings every runtime dependency.
+	$(IMAGE_OPERATOR)/venv/bin/python -c "import tpusync_operator.handlers, tpusync._native"
 
 # Dockerfile: cmake -G Ninja (Release, no Python, no tests) && build tpusync-sidecar &&
 # collect-rootfs.sh && tpusync-sidecar --help. Here the binary then runs from the collected

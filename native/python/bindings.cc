@@ -269,7 +269,9 @@ PYBIND11_MODULE(_native, m) {
               st = net::PullIntoStore(peer, store, k, net::Deadline::After(std::chrono::milliseconds(timeout_ms)),
                                       held);
             }
-            ThrowIfError(st);
+            // A peer that dies or misbehaves mid-transfer is reported per block (False), like the
+            // sidecar's control channel does; the blocks that arrived whole are kept.
+            if (held.size() != k.size()) ThrowIfError(st);
             pb::list out(held.size());
             for (size_t i = 0; i < held.size(); ++i) out[i] = pb::bool_(held[i] != 0);
             return out;

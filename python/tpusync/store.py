@@ -101,7 +101,7 @@ class KVStore:
 
     @classmethod
     def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
-                streams: int = 4, timeout: float = 30.0) -> KVStore:
+                streams: int = 4, timeout: float = 300.0) -> KVStore:
         """Connects to a sidecar: ``unix:///path/control.sock`` (this pod) or ``tpusync://host:port``.
 
         The data port needs the pool's shared secret (``secret`` or ``secret_file``); the control

@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "copy.h"
 #include "net/control_service.h"
 
@@ -22,6 +24,7 @@ Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string&
       !r.U64(&slots) || !r.done()) {
     return InvalidArgument("bad frame: INFO reply");
   }
+  c->batch_ = std::clamp<size_t>(slots / 4, 1, 1024);
   UniqueFd fd(::open(c->pool_path_.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus(errno, "open the sidecar's pool file " + c->pool_path_);
   struct stat st {};
@@ -33,9 +36,15 @@ Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string&
 }
 
 Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status) {
+  if (!socket_.valid()) {
+    return Status(StatusCode::kUnavailable, "the control channel was closed after an earlier failure; reconnect");
+  }
   Deadline d = Deadline::After(timeout_);
-  TPUSYNC_RETURN_IF_ERROR(conn_->Send(op, body, d, count, status));
-  return conn_->Recv(d);
+  Status st = conn_->Send(op, body, d, count, status);
+  Result<Frame> f = st.ok() ? conn_->Recv(d) : Result<Frame>(st);
+  // A reply that did not arrive whole leaves the channel out of step: drop it.
+  if (!f.ok() && (st.code() != StatusCode::kOk || f.status().message().rfind("peer: ", 0) != 0)) socket_.Close();
+  return f;
 }
 
 Result<Frame> SidecarClient::CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status) {
@@ -67,12 +76,21 @@ Status SidecarClient::Put(std::span<const BlockKey> keys, std::span<const ConstB
     }
   }
   std::lock_guard lock(mu_);
+  bool no_room = false;
+  for (size_t i = 0; i < keys.size(); i += batch_) {
+    size_t n = std::min(batch_, keys.size() - i);
+    TPUSYNC_RETURN_IF_ERROR(PutBatch(keys.subspan(i, n), buffers.subspan(i, n), &no_room));
+  }
+  if (no_room) return ResourceExhausted("put: the sidecar's DRAM is full of pinned or leased blocks");
+  return Status::Ok();
+}
+
+Status SidecarClient::PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers, bool* no_room) {
   TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kReserve, keys));
   BodyWriter w;
   std::vector<BlockKey> done;
-  bool no_room = false;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (slots[i].code == kSlotNoRoom) no_room = true;
+    if (slots[i].code == kSlotNoRoom) *no_room = true;
     if (slots[i].code != kSlotOk) continue;
     CopyBytes(pool_.data() + slots[i].offset, buffers[i].data, buffers[i].size);
     done.push_back(keys[i]);
@@ -81,15 +99,25 @@ Status SidecarClient::Put(std::span<const BlockKey> keys, std::span<const ConstB
   for (size_t i = 0; i < keys.size(); ++i) {
     if (slots[i].code == kSlotOk) w.U64(buffers[i].size);
   }
-  TPUSYNC_RETURN_IF_ERROR(Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(done.size())).status());
-  if (no_room) return ResourceExhausted("put: the sidecar's DRAM is full of pinned or leased blocks");
-  return Status::Ok();
+  return Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(done.size())).status();
 }
 
 Status SidecarClient::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out,
                           std::span<uint8_t> found) {
   if (keys.size() != out.size() || keys.size() != found.size()) return InvalidArgument("get: sizes differ");
   std::lock_guard lock(mu_);
+  Status result = Status::Ok();
+  for (size_t i = 0; i < keys.size(); i += batch_) {
+    size_t n = std::min(batch_, keys.size() - i);
+    Status st = GetBatch(keys.subspan(i, n), out.subspan(i, n), found.subspan(i, n));
+    if (st.code() != StatusCode::kInvalidArgument) TPUSYNC_RETURN_IF_ERROR(st);
+    if (result.ok()) result = st;
+  }
+  return result;
+}
+
+Status SidecarClient::GetBatch(std::span<const BlockKey> keys, std::span<const MutableBuffer> out,
+                               std::span<uint8_t> found) {
   TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kAcquire, keys));
   Status result = Status::Ok();
   std::vector<BlockKey> held;

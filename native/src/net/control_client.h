@@ -46,6 +46,8 @@ class SidecarClient {
     uint64_t offset, size;
   };
   Result<std::vector<Slot>> Slots(Op op, std::span<const BlockKey> keys);
+  Status PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers, bool* no_room);
+  Status GetBatch(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
 
   std::chrono::milliseconds timeout_{};
   std::mutex mu_;  // one request at a time on the channel
@@ -54,6 +56,7 @@ class SidecarClient {
   Mapping pool_;
   std::string pool_path_;
   uint64_t block_bytes_ = 0;
+  size_t batch_ = 1;  // keys per reserve/acquire round trip: leases pin slots, so a batch must fit
 };
 
 }  // namespace tpusync::net

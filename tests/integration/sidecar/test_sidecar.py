@@ -1,0 +1,281 @@
+"""Real tpusync-sidecar processes on 127.0.0.1 exchanging blocks."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import struct
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import tpusync
+from tpusync import Tier
+
+from .conftest import BLOCK, SECRET
+from .netfault import Relay
+from .wire import BLOCK as BLOCK_OP
+from .wire import END, ERROR, EXISTS, PULL, PUSH, PUSH_DONE, TIERS, WireClient, frame, keys_body
+
+
+def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
+    return {k: np.random.default_rng(k).integers(0, 256, size, dtype=np.uint8) for k in range(first, first + n)}
+
+
+def engine(s) -> tpusync.KVStore:
+    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
+
+
+def assert_holds(store: tpusync.KVStore, data: dict[int, np.ndarray]) -> None:
+    out = [np.zeros(BLOCK, np.uint8) for _ in data]
+    assert all(store.get(list(data), out))
+    for (k, want), got in zip(data.items(), out):
+        assert np.array_equal(got[: want.size], want), f"block {k} differs"
+
+
+def metric(s, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=5).read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
+    m = re.search(pattern, text, re.M)
+    assert m, f"{name} {labels} not in /metrics"
+    return float(m.group(1))
+
+
+def test_two_sidecars_pull_and_push_byte_exact(launch):
+    a, b = launch("a"), launch("b")
+    data = blocks(0, 24)
+    engine(a).put(list(data), list(data.values()))
+
+    held = engine(b).read_remote(a.address, list(data) + [999])
+    assert held == [True] * 24 + [False]
+    assert_holds(engine(b), data)
+    assert metric(a, "tpusync_transfer_blocks_total", direction="out", op="pull", tier="dram") == 24
+
+    more = blocks(100, 8, size=BLOCK - 1000)  # short blocks keep their length
+    engine(b).put(list(more), list(more.values()))
+    assert engine(b)._native.push_remote(a.address, list(more)) == [True] * 8
+    out = [np.zeros(BLOCK, np.uint8) for _ in more]
+    assert all(engine(a).get(list(more), out))
+    assert all(np.array_equal(o[: BLOCK - 1000], m) for o, m in zip(out, more.values()))
+
+
+def test_three_sidecars_pull_only_the_missing_part_of_a_prefix(launch):
+    a, b, c = launch("a"), launch("b"), launch("c")
+    data = blocks(0, 32)
+    engine(a).put(list(data), list(data.values()))
+    engine(b).read_remote(a.address, list(data)[:20])  # b holds the first 20 blocks of the prefix
+    sent_before = metric(b, "tpusync_transfer_blocks_total", direction="out", op="pull", tier="dram")
+    engine(c).put(list(data)[:12], [data[k] for k in list(data)[:12]])  # c already has 12
+
+    assert engine(c).read_remote(b.address, list(data)[:20]) == [True] * 20
+    assert engine(c).read_remote(a.address, list(data)) == [True] * 32
+    # Only what c lacked travelled: 8 blocks from b, then 12 from a.
+    assert metric(b, "tpusync_transfer_blocks_total", direction="out", op="pull", tier="dram") - sent_before == 8
+    assert metric(a, "tpusync_transfer_blocks_total", direction="out", op="pull", tier="dram") == 20 + 12
+    assert_holds(engine(c), data)
+
+
+def test_pull_from_a_disk_tier_peer(launch, tmp_path):
+    a = launch("a", dram_bytes=4 * BLOCK, disk_dir=str(tmp_path / "disk"), disk_bytes=128 * BLOCK)
+    b = launch("b")
+    data = blocks(0, 40)
+    ea = engine(a)
+    ea.put(list(data), list(data.values()))
+    ea.flush()
+    assert (ea.lookup(list(data)).tiers == Tier.DISK).sum() > 30
+    assert engine(b).read_remote(a.address, list(data)) == [True] * 40
+    assert_holds(engine(b), data)
+    assert metric(a, "tpusync_transfer_blocks_total", direction="out", op="pull", tier="disk") > 30
+
+
+def test_killed_peer_mid_transfer(launch):
+    a, b = launch("a"), launch("b")
+    data = blocks(0, 64)
+    engine(a).put(list(data), list(data.values()))
+    relay = Relay(a.data_port)
+    relay.hold(after_bytes=10 * BLOCK)  # let about ten blocks through, then freeze the stream
+    result: list[list[bool]] = []
+    t = threading.Thread(target=lambda: result.append(engine(b).read_remote(relay.address, list(data))))
+    t.start()
+    assert relay.reached.wait(30)
+    a.kill()  # the peer dies with the transfer half done
+    relay.close()
+    t.join(60)
+    held = result[0]
+    assert 0 < sum(held) < 64, held
+    eb = engine(b)
+    tiers = eb.lookup(list(data)).tiers
+    # Exactly the blocks reported as received are present, each whole: nothing partial.
+    assert [bool(t != Tier.NONE) for t in tiers] == held
+    assert_holds(eb, {k: v for (k, v), h in zip(data.items(), held) if h})
+    assert eb.stats()["dram_used"] == sum(held)  # no slot leaked by the aborted blocks
+    # b keeps serving: a fresh peer still gets what b holds.
+    c = launch("c")
+    got = engine(c).read_remote(b.address, list(data))
+    assert got == held
+
+
+def test_restart_reattaches_pool_and_disk(launch, tmp_path):
+    disk = str(tmp_path / "disk")
+    a = launch("a", dram_bytes=8 * BLOCK, disk_dir=disk, disk_bytes=64 * BLOCK)
+    data = blocks(0, 30)
+    ea = engine(a)
+    ea.put(list(data), list(data.values()))
+    ea.flush()
+    a.kill()
+    a2 = launch("a2", pool_path=a.pool_path, dram_bytes=8 * BLOCK, disk_dir=disk, disk_bytes=64 * BLOCK)
+    assert engine(a2).lookup(list(data)).prefix_len == 30
+    b = launch("b")
+    assert engine(b).read_remote(a2.address, list(data)) == [True] * 30
+    assert_holds(engine(b), data)
+
+
+def test_wrong_secret_is_refused_and_counted(launch):
+    a = launch("a")
+    with pytest.raises(tpusync.errors.AuthError, match="does not hold this pool's secret"):
+        tpusync.KVStore.connect(f"tpusync://{a.address}", secret=b"not-the-secret-at-all")
+    assert metric(a, "tpusync_auth_failures_total") == 1
+    # Data before authentication is refused before any of it is read.
+    w = WireClient(a.data_port)
+    w.send(frame(PULL, keys_body([1]), count=1))
+    op, status, _, body = w.recv_frame()
+    assert op == ERROR and b"expected HELLO" in body
+    assert w.closed_by_peer()
+    # The sidecar still serves authenticated peers.
+    remote = tpusync.KVStore.connect(f"tpusync://{a.address}", secret=SECRET)
+    remote.put([5], [blocks(5, 1)[5]])
+    assert engine(a).lookup([5]).prefix_len == 1
+
+
+BAD_FRAMES = {
+    "wrong magic": frame(EXISTS, keys_body([1]), count=1, magic=0x12345678),
+    "wrong version": frame(EXISTS, keys_body([1]), count=1, version=7),
+    "unknown op": frame(999, b""),
+    "body checksum": frame(EXISTS, keys_body([1]), count=1, body_sum=1),
+    "count vs body": frame(EXISTS, keys_body([1, 2]), count=3),
+    "huge body": frame(EXISTS, b"", count=1, body_len=1 << 40),
+    "reply op as request": frame(TIERS, b"\x01", count=1),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FRAMES))
+def test_malformed_frames_get_an_error_and_a_closed_connection(launch, name):
+    a = launch("a")
+    w = WireClient(a.data_port)
+    w.handshake(SECRET)
+    w.send(BAD_FRAMES[name])
+    op, _, _, body = w.recv_frame()
+    assert op == ERROR and b"bad frame" in body, body
+    assert w.closed_by_peer()
+    assert metric(a, "tpusync_bad_frames_total") >= 1
+    healthy = tpusync.KVStore.connect(f"tpusync://{a.address}", secret=SECRET)
+    assert healthy.lookup([1]).prefix_len == 0
+
+
+def test_push_with_a_corrupted_payload_stores_nothing(launch):
+    a = launch("a")
+    w = WireClient(a.data_port)
+    w.handshake(SECRET)
+    w.send(frame(PUSH, keys_body([7, 8]), count=2))
+    op, _, _, wanted = w.recv_frame()
+    assert op == TIERS and wanted == b"\x01\x01"
+    payload = bytes(range(256)) * 16
+    good = frame(BLOCK_OP, b"", count=0, body_len=len(payload), body_sum=0) + payload
+    import xxhash
+
+    w.send(good + struct.pack("<Q", xxhash.xxh3_64_intdigest(payload)))
+    w.send(frame(BLOCK_OP, b"", count=1, body_len=len(payload), body_sum=0) + payload + struct.pack("<Q", 12345))
+    op, _, _, body = w.recv_frame()
+    assert op == ERROR and b"checksum mismatch" in body
+    ea = engine(a)
+    assert list(ea.lookup([7, 8]).tiers) == [Tier.DRAM, Tier.NONE]
+    assert ea.stats()["dram_used"] == 1  # the bad block's slot went back
+
+
+def test_push_of_an_unannounced_block_is_refused(launch):
+    a = launch("a")
+    w = WireClient(a.data_port)
+    w.handshake(SECRET)
+    w.send(frame(PUSH, keys_body([7]), count=1))
+    w.recv_frame()
+    w.send(frame(BLOCK_OP, b"", count=5, body_len=16, body_sum=0) + bytes(16) + bytes(8))
+    op, _, _, body = w.recv_frame()
+    assert op == ERROR and b"was not asked for" in body
+    assert engine(a).stats()["dram_used"] == 0
+
+
+def test_many_concurrent_clients(launch):
+    a = launch("a", dram_bytes=256 * BLOCK)
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            mine = blocks(1000 * i, 8)
+            via_socket = i % 2 == 0
+            store = engine(a) if via_socket else tpusync.KVStore.connect(f"tpusync://{a.address}", secret=SECRET,
+                                                                          streams=2)
+            for _ in range(3):
+                store.put(list(mine), list(mine.values()))
+                assert_holds(store, mine)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert engine(a).stats()["blocks"] == 16 * 8
+
+
+def test_sigterm_drains_an_in_flight_transfer(launch):
+    a, b = launch("a"), launch("b")
+    data = blocks(0, 48)
+    engine(a).put(list(data), list(data.values()))
+    relay = Relay(a.data_port)
+    relay.hold(after_bytes=4 * BLOCK)
+    result: list[list[bool]] = []
+    t = threading.Thread(target=lambda: result.append(engine(b).read_remote(relay.address, list(data))))
+    t.start()
+    assert relay.reached.wait(30)
+    a.process.send_signal(signal.SIGTERM)  # the transfer is in flight: a must finish it before exiting
+    with pytest.raises(urllib.error.URLError):  # no new work is accepted while draining
+        for _ in range(200):
+            urllib.request.urlopen(f"http://127.0.0.1:{a.http_port}/readyz", timeout=1)
+    relay.release()
+    t.join(60)
+    assert a.process.wait(60) == 0
+    assert result[0] == [True] * 48
+    assert_holds(engine(b), data)
+
+
+def test_http_endpoints(launch):
+    a = launch("a")
+    base = f"http://127.0.0.1:{a.http_port}"
+    assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
+    assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
+    text = urllib.request.urlopen(base + "/metrics").read().decode()
+    for name in ("tpusync_request_duration_seconds_bucket", "tpusync_pool_dram_slots", "tpusync_evictions_total",
+                 "tpusync_corruptions_total", "tpusync_transfer_bytes_total"):
+        assert name in text
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(base + "/nope")
+    assert e.value.code == 404
+    raw = socket.create_connection(("127.0.0.1", a.http_port))
+    raw.sendall(b"x" * 20000)  # an oversized request is dropped, the server keeps going
+    raw.close()
+    assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
+
+
+def test_sidecar_refuses_to_start_without_a_secret(tmp_path):
+    from tpusync import sidecar as sidecar_mod
+
+    with pytest.raises(tpusync.errors.UnavailableError, match="exited with 1"):
+        sidecar_mod.launch(pool_path=f"/dev/shm/tpusync-nosecret-{tmp_path.name}", secret_file=str(tmp_path / "none"),
+                           dram_bytes=4 * BLOCK, block_bytes=BLOCK)
