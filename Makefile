@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 20
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk
 
 # Debian packages the native build needs: xxHash (header-only), OpenSSL (HMAC for peer
 # authentication), clang with its runtimes (libFuzzer). Installed when missing.
@@ -62,7 +62,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz pytest
+test: native-test fuzz chart-test pytest verify
 
 demo: install
 	$(PY) bench/native_bench.py

@@ -35,6 +35,20 @@ pb::dict StatsText(const std::string& text) {
   return d;
 }
 
+// memoryviews into the mapped pool (None for keys without a slot). They stay valid while the
+// client lives (keep_alive) and until the slots are committed/unacquired.
+pb::list SlotViews(const std::vector<net::SidecarClient::SlotView>& views, bool readonly) {
+  pb::list out(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].data == nullptr) {
+      out[i] = pb::none();
+    } else {
+      out[i] = pb::memoryview::from_memory(views[i].data, static_cast<ssize_t>(views[i].size), readonly);
+    }
+  }
+  return out;
+}
+
 // Lands pulled blocks straight in the caller's buffers.
 class BufferSink : public net::BlockSink {
  public:
@@ -177,6 +191,35 @@ void BindNet(pb::module_& m) {
             return a;
           },
           pb::arg("peer"), pb::arg("keys"))
+      .def(
+          "reserve",
+          [](SidecarClient& c, const pb::handle& keys) {
+            auto k = ParseKeys(keys);
+            auto views = Take(c.Reserve(k));
+            return SlotViews(views, false);
+          },
+          pb::arg("keys"), pb::keep_alive<0, 1>(),
+          "Writable views of freshly reserved slots (None where the block is stored or no slot is free).")
+      .def(
+          "commit",
+          [](SidecarClient& c, const pb::handle& keys, const std::vector<uint64_t>& lengths) {
+            ThrowIfError(c.Commit(ParseKeys(keys), lengths));
+          },
+          pb::arg("keys"), pb::arg("lengths"))
+      .def("abort", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Abort(ParseKeys(keys))); })
+      .def(
+          "acquire",
+          [](SidecarClient& c, const pb::handle& keys) {
+            auto k = ParseKeys(keys);
+            Result<std::vector<SidecarClient::SlotView>> r = [&] {
+              pb::gil_scoped_release nogil;  // may promote blocks from disk
+              return c.Acquire(k);
+            }();
+            return SlotViews(Take(std::move(r)), true);
+          },
+          pb::arg("keys"), pb::keep_alive<0, 1>(), "Read-only views of present blocks (None where absent).")
+      .def("unacquire",
+           [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Unacquire(ParseKeys(keys))); })
       .def_property_readonly("block_bytes", &SidecarClient::block_bytes)
       .def_property_readonly("pool_path", &SidecarClient::pool_path);
 

@@ -228,7 +228,8 @@ class ModelRef(Model):
 
 class EngineSpec(Model):
     model_config = ConfigDict(json_schema_extra=cel(
-        ("!self.cpuOnly || self.type == 'reference'", "spec.engine.cpuOnly is only valid with type reference"),
+        ("!has(self.cpuOnly) || !self.cpuOnly || self.type == 'reference'",
+         "spec.engine.cpuOnly is only valid with type reference"),
     ))
     type: Literal["vllm-tpu", "sglang-jax", "reference"] = "vllm-tpu"
     image: str | None = Field(None, description="Engine image; a pinned default per type when empty.")

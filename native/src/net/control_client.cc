@@ -200,3 +200,45 @@ Result<std::vector<uint8_t>> SidecarClient::ExistsAt(const std::string& peer, st
 }
 
 }  // namespace tpusync::net
+
+namespace tpusync::net {
+
+Result<std::vector<SidecarClient::SlotView>> SidecarClient::Views(Op op, std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(op, keys));
+  std::vector<SlotView> views;
+  views.reserve(slots.size());
+  for (const Slot& s : slots) {
+    views.push_back({s.code, s.code == kSlotOk ? pool_.data() + s.offset : nullptr, s.size});
+  }
+  return views;
+}
+
+Result<std::vector<SidecarClient::SlotView>> SidecarClient::Reserve(std::span<const BlockKey> keys) {
+  return Views(Op::kReserve, keys);
+}
+
+Result<std::vector<SidecarClient::SlotView>> SidecarClient::Acquire(std::span<const BlockKey> keys) {
+  return Views(Op::kAcquire, keys);
+}
+
+Status SidecarClient::Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) {
+  if (keys.size() != lengths.size()) return InvalidArgument("commit: keys and lengths differ in number");
+  BodyWriter w;
+  WriteKeyList(w, keys);
+  for (uint64_t len : lengths) w.U64(len);
+  std::lock_guard lock(mu_);
+  return Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(keys.size())).status();
+}
+
+Status SidecarClient::Abort(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  return CallKeys(Op::kAbort, keys).status();
+}
+
+Status SidecarClient::Unacquire(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  return CallKeys(Op::kUnacquire, keys).status();
+}
+
+}  // namespace tpusync::net

@@ -33,10 +33,26 @@ class SidecarClient {
   Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys);
   Result<std::vector<uint8_t>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys);
 
+  // Zero-copy access for engines that lay blocks out themselves (e.g. gathering a KV page
+  // straight from a device buffer into its slot). Reserve returns one slot per key (code
+  // kSlotOk and a pointer into the mapped pool, or why not); Commit publishes reserved
+  // slots; Acquire holds present blocks in DRAM until Unacquire.
+  struct SlotView {
+    uint8_t code;
+    std::byte* data;
+    uint64_t size;
+  };
+  Result<std::vector<SlotView>> Reserve(std::span<const BlockKey> keys);
+  Status Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths);
+  Status Abort(std::span<const BlockKey> keys);
+  Result<std::vector<SlotView>> Acquire(std::span<const BlockKey> keys);
+  Status Unacquire(std::span<const BlockKey> keys);
+
   uint64_t block_bytes() const { return block_bytes_; }
   const std::string& pool_path() const { return pool_path_; }
 
  private:
+  Result<std::vector<SlotView>> Views(Op op, std::span<const BlockKey> keys);
   SidecarClient() = default;
   Result<Frame> Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status = 0);
   Result<Frame> CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status = 0);
