@@ -65,10 +65,12 @@ pytest: install
 test: native-test fuzz chart-test pytest verify
 
 demo: install
-	$(PY) bench/native_bench.py
+	$(PY) -m tpusync.demo
 
 bench: install
 	$(PY) bench/native_bench.py
+	$(PY) bench/transfer_bench.py
+	$(PY) bench/serving_bench.py
 
 clean:
 	rm -rf build $(VENV)

@@ -135,10 +135,10 @@ done_step
 
 echo "controlplane: checking the binaries run"
 "$tmp/bin/kube-apiserver" --version
-"$tmp/bin/etcd" --version | head -1
+"$tmp/bin/etcd" --version | sed -n 1p
 "$tmp/bin/kwok" --version
 "$tmp/bin/helm" version --short
-"$tmp/bin/kubectl" version --client | head -1
+"$tmp/bin/kubectl" version --client | sed -n 1p
 
 cp "$here/versions.env" "$tmp/versions.env"
 du -sh "$tmp" | awk '{print "controlplane: size " $1}'

@@ -498,14 +498,17 @@ class Cluster:
         """Installs the third-party CRDs (LeaderWorkerSet, Gateway API, InferencePool,
         InferenceObjective) from their published definitions; waits until Established.
         Returns the CRD names."""
+        files = list(files) if files is not None else self.crd_files()
         names: list[str] = []
-        for f in (list(files) if files is not None else self.crd_files()):
+        for f in files:
             for doc in yaml.safe_load_all(Path(f).read_text()):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
                     names.append(doc["metadata"]["name"])
+        if files:
             # Server-side: several of these exceed the client-side last-applied annotation limit.
             self.kubectl("apply", "--server-side", "--force-conflicts",
-                         "--field-manager=tpusync-e2e", "-f", str(f))
+                         "--field-manager=tpusync-e2e", *(f"--filename={f}" for f in files),
+                         timeout=timeout + 60)
         if names:
             self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s",
                          *(f"crd/{n}" for n in names), timeout=timeout + 30)

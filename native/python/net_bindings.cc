@@ -7,6 +7,7 @@
 
 #include "convert.h"
 #include "net/control_client.h"
+#include "net/control_service.h"
 #include "net/peer_client.h"
 
 namespace tpusync::py {
@@ -35,8 +36,9 @@ pb::dict StatsText(const std::string& text) {
   return d;
 }
 
-// memoryviews into the mapped pool (None for keys without a slot). They stay valid while the
-// client lives (keep_alive) and until the slots are committed/unacquired.
+// memoryviews into the mapped pool (None for keys without a slot). They are valid while the
+// client lives and until the slots are committed or unacquired: KVStore.reserve_many and
+// acquire_many release them at the end of their block.
 pb::list SlotViews(const std::vector<net::SidecarClient::SlotView>& views, bool readonly) {
   pb::list out(views.size());
   for (size_t i = 0; i < views.size(); ++i) {
@@ -196,9 +198,19 @@ void BindNet(pb::module_& m) {
           [](SidecarClient& c, const pb::handle& keys) {
             auto k = ParseKeys(keys);
             auto views = Take(c.Reserve(k));
+            std::vector<BlockKey> reserved;
+            bool no_room = false;
+            for (size_t i = 0; i < views.size(); ++i) {
+              if (views[i].data != nullptr) reserved.push_back(k[i]);
+              no_room |= views[i].code == net::kSlotNoRoom;
+            }
+            if (no_room) {  // all or nothing: give back what was reserved
+              ThrowIfError(c.Abort(reserved));
+              ThrowIfError(ResourceExhausted("reserve: the sidecar has no free slot for every block"));
+            }
             return SlotViews(views, false);
           },
-          pb::arg("keys"), pb::keep_alive<0, 1>(),
+          pb::arg("keys"),
           "Writable views of freshly reserved slots (None where the block is stored or no slot is free).")
       .def(
           "commit",
@@ -217,7 +229,7 @@ void BindNet(pb::module_& m) {
             }();
             return SlotViews(Take(std::move(r)), true);
           },
-          pb::arg("keys"), pb::keep_alive<0, 1>(), "Read-only views of present blocks (None where absent).")
+          pb::arg("keys"), "Read-only views of present blocks (None where absent).")
       .def("unacquire",
            [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Unacquire(ParseKeys(keys))); })
       .def_property_readonly("block_bytes", &SidecarClient::block_bytes)

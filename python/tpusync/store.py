@@ -11,10 +11,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -196,6 +197,72 @@ class KVStore:
         """Holds a block in DRAM and exposes it read-only in place; drop the lease to release."""
         return self._native.acquire(key)
 
+    @contextlib.contextmanager
+    def reserve_many(self, keys: Sequence[int | bytes]) -> Iterator[list[_Slot | None]]:
+        """Slots to write blocks in place: ``np.frombuffer(slot.view, ...)``, fill, ``slot.commit(n)``.
+
+        None for keys already stored. Committed slots are published when the block exits;
+        the others are given back. CapacityError if no slot can be had.
+        """
+        keys = list(keys)
+        if isinstance(self._native, _native.SidecarClient):
+            slots = [None if v is None else _Slot(v) for v in self._native.reserve(keys)]
+            try:
+                yield slots
+            finally:
+                for s in slots:
+                    if s is not None:
+                        s.view.release()
+                done = [(k, s.length) for k, s in zip(keys, slots) if s is not None and s.length]
+                self._native.abort([k for k, s in zip(keys, slots) if s is not None and not s.length])
+                self._native.commit([k for k, _ in done], [n for _, n in done])
+            return
+        leases: list[Any] = []
+        for key in keys:
+            try:
+                leases.append(self._native.reserve(key))
+            except errors.PreconditionError:
+                leases.append(None)  # already stored
+        slots = [None if lease is None else _Slot(memoryview(lease), lease) for lease in leases]
+        try:
+            yield slots
+        finally:
+            for slot in slots:
+                if slot is not None and slot.length:
+                    slot.lease.commit(slot.length)
+                if slot is not None:
+                    slot.view.release()
+            del leases, slots  # uncommitted leases give their slots back
+
+    @contextlib.contextmanager
+    def acquire_many(self, keys: Sequence[int | bytes]) -> Iterator[list[memoryview | None]]:
+        """Read-only views of present blocks, held in DRAM until the block exits; None if absent."""
+        keys = list(keys)
+        if isinstance(self._native, _native.SidecarClient):
+            views = self._native.acquire(keys)
+            try:
+                yield views
+            finally:
+                for view in views:
+                    if view is not None:
+                        view.release()
+                self._native.unacquire([k for k, v in zip(keys, views) if v is not None])
+            return
+        leases = []
+        for key in keys:
+            try:
+                leases.append(self._native.acquire(key))
+            except errors.NotFoundError:
+                leases.append(None)
+        views = [None if lease is None else memoryview(lease) for lease in leases]
+        try:
+            yield views
+        finally:
+            for view in views:
+                if view is not None:
+                    view.release()
+            del leases
+
     # -- lifecycle ------------------------------------------------------------------------
 
     @property
@@ -218,6 +285,20 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+class _Slot:
+    """A reserved block slot: write through ``view``, then ``commit(length)``."""
+
+    def __init__(self, view: memoryview, lease: Any = None):
+        self.view = view
+        self.lease = lease
+        self.length = 0
+
+    def commit(self, length: int) -> None:
+        if not 0 < length <= len(self.view):
+            raise errors.InvalidArgumentError(f"commit: length {length} outside 1..{len(self.view)}")
+        self.length = length
 
 
 def _read_secret(path: str | os.PathLike[str]) -> bytes:

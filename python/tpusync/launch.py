@@ -1,0 +1,53 @@
+"""Start reference model servers as processes (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from tpusync import errors
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    port: int
+    role: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+
+def start_server(role: str, *, model_config: dict, control_socket: str | None = None, data_address: str | None = None,
+                 peers: list[str] | None = None, prefix_cache: bool = True, stderr=None) -> ServerProcess:
+    """Starts `python -m tpusync.serving` on 127.0.0.1 and returns once it is warmed up and listening."""
+    args = [sys.executable, "-m", "tpusync.serving", "--role", role, "--port", "0",
+            "--model-config", json.dumps(model_config)]
+    if control_socket:
+        args += ["--control-socket", control_socket]
+    if data_address:
+        args += ["--data-address", data_address]
+    if peers:
+        args += ["--peers", ",".join(peers)]
+    if not prefix_cache:
+        args.append("--no-prefix-cache")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        raise errors.UnavailableError(f"the {role} server exited with {proc.wait()} before listening")
+    return ServerProcess(proc, json.loads(line)["port"], role)

@@ -1,0 +1,139 @@
+"""Copy pages of a paged KV cache between jax.Arrays and store blocks.
+
+Cache layout: `k`, `v`: [layers, pages, page_size, kv_heads, head_dim], any dtype (bfloat16
+included). One block holds one page of every layer, K then V: [2, layers, page_size,
+kv_heads, head_dim]. On the CPU backend a jax.Array is host memory, so pages are copied
+straight between the array's buffer and the pool slot, with no staging copy; other
+backends gather the pages on the device and transfer just those. A sharded cache is moved
+shard by shard from the shards this host holds; each shard's block has its own key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpusync.store import KVStore
+
+_GROUP = 16  # pages per device update call (padded by repeating the last page)
+
+
+def shard_key(key: int, shard: int, shards: int) -> int:
+    """The key of one shard's part of a block (the block key itself when unsharded)."""
+    if shards == 1:
+        return key
+    return (key ^ (0x9E3779B97F4A7C15_2545F4914F6CDD1D * (shard + 1))) & ((1 << 128) - 1)
+
+
+def _local_shards(arr: jax.Array) -> list[tuple[int, jax.Array]]:
+    """(global shard number, shard data) for the shards on this host's devices, in a fixed order."""
+    shards = sorted(arr.addressable_shards, key=lambda s: tuple((i.start or 0) for i in s.index))
+    if len(shards) == 1 and not arr.is_fully_addressable:
+        raise ValueError("a sharded cache needs at least one addressable shard")
+    return [(n, s.data) for n, s in enumerate(shards)]
+
+
+def _host_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+    """A host view holding the wanted pages, and their index in it."""
+    if data.devices().pop().platform == "cpu":
+        data.block_until_ready()
+        return np.asarray(data), list(page_ids)  # the device buffer itself
+    gathered = jnp.take(data, jnp.asarray(page_ids), axis=1)
+    return np.asarray(gathered), list(range(len(page_ids)))  # one device-to-host transfer of just these pages
+
+
+def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, page_ids: Sequence[int]) -> int:
+    """Stores the given pages under `keys` (blocks already stored are skipped). Returns bytes written."""
+    if len(keys) != len(page_ids):
+        raise ValueError(f"{len(keys)} keys for {len(page_ids)} pages")
+    written = 0
+    k_shards, v_shards = _local_shards(k), _local_shards(v)
+    for (n, ks), (_, vs) in zip(k_shards, v_shards):
+        kh, idx = _host_pages(ks, page_ids)
+        vh, _ = _host_pages(vs, page_ids)
+        shard_keys = [shard_key(key, n, len(k_shards)) for key in keys]
+        block_shape = (2,) + kh.shape[:1] + kh.shape[2:]
+        nbytes = int(np.prod(block_shape)) * kh.dtype.itemsize
+        with store.reserve_many(shard_keys) as slots:
+            for slot, i in zip(slots, idx):
+                if slot is None:
+                    continue  # already stored (content-addressed)
+                block = np.frombuffer(slot.view, dtype=kh.dtype, count=int(np.prod(block_shape))).reshape(block_shape)
+                np.copyto(block[0], kh[:, i])
+                np.copyto(block[1], vh[:, i])
+                slot.commit(nbytes)
+                written += nbytes
+    return written
+
+
+@partial(jax.jit, donate_argnums=(0, 1))
+def _set_pages(k, v, blocks, page_ids):
+    for block, pid in zip(blocks, page_ids):
+        k = jax.lax.dynamic_update_slice_in_dim(k, block[0][:, None], pid, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(v, block[1][:, None], pid, axis=1)
+    return k, v
+
+
+def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
+               page_ids: Sequence[int]) -> tuple[jax.Array, jax.Array, int]:
+    """Loads stored blocks into the given pages. Returns the updated (k, v) and the number of
+    leading pages loaded; loading stops at the first block the store lacks."""
+    if len(k.addressable_shards) > 1:
+        return _load_pages_sharded(store, keys, k, v, page_ids)
+    loaded = 0
+    shape = (2,) + k.shape[:1] + k.shape[2:]
+    count = int(np.prod(shape))
+    for g in range(0, len(keys), _GROUP):
+        group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
+        with store.acquire_many(group_keys) as views:
+            present = next((i for i, view in enumerate(views) if view is None), len(views))
+            if present == 0:
+                break
+            # On CPU, device_put of a page-aligned host view is zero-copy: the scatter is the only copy.
+            blocks = [jax.device_put(np.frombuffer(view, dtype=k.dtype, count=count).reshape(shape))
+                      for view in views[:present]]
+            pids = group_pages[:present]
+            blocks += [blocks[-1]] * (_GROUP - present)  # pad: rewriting the last page is harmless
+            pids += [pids[-1]] * (_GROUP - present)
+            k, v = _set_pages(k, v, tuple(blocks), tuple(jnp.int32(p) for p in pids))
+            k.block_until_ready()
+        loaded += present
+        if present < len(group_keys):
+            break
+    return k, v, loaded
+
+
+def _load_pages_sharded(store, keys, k, v, page_ids):
+    """Each host loads its own shards: builds per-shard page arrays and reassembles the global array."""
+    k_shards, v_shards = _local_shards(k), _local_shards(v)
+    n_shards = len(k_shards)
+    tiers = [store.lookup([shard_key(key, n, n_shards) for key in keys]).prefix_len for n in range(n_shards)]
+    loaded = min(tiers)
+    if loaded == 0:
+        return k, v, 0
+    new_k, new_v = [], []
+    for (n, ks), (_, vs) in zip(k_shards, v_shards):
+        kh, vh = np.array(ks), np.array(vs)
+        shard_keys = [shard_key(key, n, n_shards) for key in keys[:loaded]]
+        shape = (2,) + kh.shape[:1] + kh.shape[2:]
+        with store.acquire_many(shard_keys) as views:
+            for view, pid in zip(views, page_ids[:loaded]):
+                block = np.frombuffer(view, dtype=kh.dtype, count=int(np.prod(shape))).reshape(shape)
+                kh[:, pid], vh[:, pid] = block[0], block[1]
+        new_k.append(jax.device_put(kh, ks.devices().pop()))
+        new_v.append(jax.device_put(vh, vs.devices().pop()))
+    k = jax.make_array_from_single_device_arrays(k.shape, k.sharding, new_k)
+    v = jax.make_array_from_single_device_arrays(v.shape, v.sharding, new_v)
+    return k, v, loaded
+
+
+def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Compiles the page-load update for this cache (rewrites page 0 with its own content)."""
+    if len(k.addressable_shards) > 1:
+        return k, v
+    block = jnp.stack([k[:, 0], v[:, 0]])
+    return _set_pages(k, v, (block,) * _GROUP, (jnp.int32(0),) * _GROUP)

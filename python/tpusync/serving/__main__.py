@@ -1,0 +1,62 @@
+"""python -m tpusync.serving --role prefill|decode|both --port 8000 [...]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from tpusync.serving.engine import ROLES, Engine
+from tpusync.serving.model import ModelConfig
+from tpusync.serving.server import CompletionServer
+from tpusync.store import KVStore
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tpusync.serving", description=__doc__)
+    ap.add_argument("--role", choices=ROLES, default="both")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    ap.add_argument("--model", default="tpusync/reference", help="model name (the reference engine ignores URIs)")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--control-socket", default=None, help="the pod's sidecar control socket (unix path)")
+    ap.add_argument("--data-address", default=None, help="host:port of that sidecar's data port, for P/D params")
+    ap.add_argument("--peers", default="", help="comma-separated sidecar data addresses to look for prefixes")
+    ap.add_argument("--embedded-store-bytes", type=int, default=0,
+                    help="without a sidecar: an in-process DRAM store of this size (0: no prefix cache)")
+    ap.add_argument("--no-prefix-cache", action="store_true", help="always compute the whole prompt")
+    ap.add_argument("--kv-layerwise", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--hash-seed", default="tpusync")
+    ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
+    ap.add_argument("--no-warm-up", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="ts=%(created).6f level=%(levelname)s msg=%(message)s")
+    cfg = ModelConfig(**json.loads(args.model_config))
+    store = None
+    if args.control_socket:
+        store = KVStore.connect(f"unix://{args.control_socket}")
+    elif args.embedded_store_bytes:
+        store = KVStore.local(dram_bytes=args.embedded_store_bytes, block_bytes=-(-cfg.page_bytes // 4096) * 4096)
+    engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
+                    peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
+                    prefix_cache=not args.no_prefix_cache)
+    if not args.no_warm_up:
+        engine.warm_up()
+    server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model)
+    print(json.dumps({"event": "ready", "port": server.server_address[1], "role": args.role}), flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

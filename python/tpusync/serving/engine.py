@@ -1,0 +1,207 @@
+"""The reference engine: one request at a time, prefix cache and P/D transfer through tpusync.
+
+Roles:
+- `prefill`: computes the prompt, saves its full pages to the store (its sidecar), returns the
+  first token and `kv_transfer_params` naming where the blocks are.
+- `decode`: given `kv_transfer_params`, pulls through its sidecar only the blocks it lacks,
+  loads them, computes the prompt's tail and generates.
+- `both`: everything in one server.
+Every role looks up the longest cached prefix (DRAM, disk, then the configured peers) and
+computes only the rest. If the store or a peer fails, it recomputes: never wrong tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpusync import errors
+from tpusync.hashing import BlockHasher, key_of
+from tpusync.pages import compile_loads, load_pages, save_pages
+from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
+from tpusync.store import KVStore
+
+log = logging.getLogger("tpusync.serving")
+ROLES = ("prefill", "decode", "both")
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0          # prompt tokens whose KV was loaded, not computed
+    computed_tokens: int = 0
+    pulled_blocks: int = 0
+    pulled_bytes: int = 0
+    transfer_seconds: float = 0.0   # pulling from the prefill server or a peer
+    load_seconds: float = 0.0       # store -> KV cache
+    prefill_seconds: float = 0.0    # computing the uncached part of the prompt
+    save_seconds: float = 0.0
+    ttft_seconds: float = 0.0       # arrival to the first token
+    store_error: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    kv_transfer_params: dict | None
+    stats: RequestStats = field(default_factory=RequestStats)
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
+                 data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
+                 prefix_cache: bool = True):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}")
+        cfg.validate()
+        if store is not None and store.block_bytes < cfg.page_bytes:
+            raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
+        self.cfg, self.role, self.store = cfg, role, store
+        self.data_address, self.peers, self.prefix_cache = data_address, peers or [], prefix_cache
+        self.hasher = BlockHasher(cfg.page_size, hash_seed)
+        self.params = init_params(cfg)
+        self.k, self.v = empty_cache(cfg)
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+        self.pages_in_use = 0
+
+    # -- the request path ----------------------------------------------------------------
+
+    def generate(self, prompt: list[int], max_tokens: int, *, kv_transfer_params: dict | None = None,
+                 on_token=None) -> Result:
+        """Greedy decoding. `on_token(token)` is called as each token is produced."""
+        cfg = self.cfg
+        if not prompt:
+            raise errors.InvalidArgumentError("the prompt is empty")
+        if any(not 0 <= t < cfg.vocab for t in prompt):
+            raise errors.InvalidArgumentError(f"token ids must be in [0, {cfg.vocab})")
+        if len(prompt) + max_tokens > cfg.max_seq:
+            raise errors.InvalidArgumentError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds "
+                                              f"max_seq ({cfg.max_seq})")
+        arrived = time.perf_counter()
+        self.waiting += 1
+        with self.lock:
+            self.waiting -= 1
+            self.running += 1
+            try:
+                return self._generate(prompt, max_tokens, kv_transfer_params, on_token, arrived)
+            finally:
+                self.running -= 1
+                self.pages_in_use = 0
+
+    def _generate(self, prompt, max_tokens, kv_params, on_token, arrived) -> Result:
+        cfg, st = self.cfg, RequestStats(prompt_tokens=len(prompt))
+        digests = self.hasher.digests(prompt)
+        keys = [key_of(d) for d in digests]
+        self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
+
+        cached_pages = self._bring_prefix(keys, kv_params, st)
+        # Resume at a chunk boundary, and always compute the chunk holding the last prompt token:
+        # its logits give the first token.
+        start = min(cached_pages * cfg.page_size, len(prompt) - 1) // cfg.chunk * cfg.chunk
+        st.cached_tokens = start
+        t0 = time.perf_counter()
+        logits = None
+        for c in range(start, len(prompt), cfg.chunk):
+            chunk = prompt[c:c + cfg.chunk]
+            padded = jnp.asarray(chunk + [0] * (cfg.chunk - len(chunk)), jnp.int32)
+            logits, self.k, self.v = forward(self.params, self.k, self.v, padded, jnp.int32(c), cfg=cfg,
+                                             n=cfg.chunk, span=span_for(cfg, c + cfg.chunk))
+            last = len(chunk) - 1
+        token = int(jnp.argmax(logits[last]))
+        st.computed_tokens = len(prompt) - start
+        st.prefill_seconds = time.perf_counter() - t0
+        st.ttft_seconds = time.perf_counter() - arrived
+        if on_token:
+            on_token(token)
+
+        self._save_prompt(keys, cached_pages, st)
+        out = [token]
+        if self.role == "prefill":
+            return Result(out, self._transfer_params(keys, len(prompt)), st)
+        pos = len(prompt)
+        while len(out) < max_tokens:
+            logits, self.k, self.v = forward(self.params, self.k, self.v, jnp.asarray([token], jnp.int32),
+                                             jnp.int32(pos), cfg=cfg, n=1, span=span_for(cfg, pos + 1))
+            token = int(jnp.argmax(logits[0]))
+            out.append(token)
+            pos += 1
+            if on_token:
+                on_token(token)
+        return Result(out, None, st)
+
+    def _bring_prefix(self, keys: list[int], kv_params: dict | None, st: RequestStats) -> int:
+        """Makes the longest available prefix of `keys` local and loads it; returns its pages."""
+        if self.store is None or not keys or not (self.prefix_cache or kv_params):
+            return 0
+        try:
+            sources = []
+            if kv_params and kv_params.get("remote_address"):
+                sources.append(kv_params["remote_address"])  # the prefill server's sidecar first
+            if self.prefix_cache:
+                sources += [p for p in self.peers if p not in sources]
+            local = self.store.lookup(keys).prefix_len
+            for peer in sources:
+                if local == len(keys):
+                    break
+                t0 = time.perf_counter()
+                held = self.store.read_remote(peer, keys)
+                st.transfer_seconds += time.perf_counter() - t0
+                now = next((i for i, h in enumerate(held) if not h), len(held))
+                st.pulled_blocks += max(0, now - local)
+                local = max(local, now)
+            st.pulled_bytes = st.pulled_blocks * self.cfg.page_bytes
+            t0 = time.perf_counter()
+            self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
+            st.load_seconds = time.perf_counter() - t0
+            return loaded
+        except errors.TpuSyncError as e:  # a dead sidecar or peer: recompute, never fail or guess
+            st.store_error = str(e)
+            log.warning("prefix cache unavailable, recomputing: %s", e)
+            self.k, self.v = empty_cache(self.cfg) if self.k.is_deleted() else (self.k, self.v)
+            return 0
+
+    def _save_prompt(self, keys: list[int], cached_pages: int, st: RequestStats) -> None:
+        if self.store is None or not (self.prefix_cache or self.role == "prefill"):
+            return
+        t0 = time.perf_counter()
+        try:
+            save_pages(self.store, keys[cached_pages:], self.k, self.v, list(range(cached_pages, len(keys))))
+        except errors.TpuSyncError as e:
+            st.store_error = str(e)
+            log.warning("could not save the prompt's KV: %s", e)
+        st.save_seconds = time.perf_counter() - t0
+
+    def _transfer_params(self, keys: list[int], num_tokens: int) -> dict:
+        return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
+                "num_tokens": num_tokens, "block_size": self.cfg.page_size}
+
+    # -- gauges for /metrics ----------------------------------------------------------------
+
+    def kv_cache_usage(self) -> float:
+        return self.pages_in_use / self.cfg.pages
+
+    def warm_up(self) -> None:
+        """Compiles the shapes requests will use, so the first request's TTFT is not compile time."""
+        span = self.cfg.chunk
+        while True:
+            forward(self.params, self.k, self.v, jnp.zeros(self.cfg.chunk, jnp.int32), jnp.int32(0), cfg=self.cfg,
+                    n=self.cfg.chunk, span=span)
+            self.k, self.v = empty_cache(self.cfg)
+            forward(self.params, self.k, self.v, jnp.zeros(1, jnp.int32), jnp.int32(0), cfg=self.cfg, n=1, span=span)
+            self.k, self.v = empty_cache(self.cfg)
+            if span >= self.cfg.max_seq:
+                break
+            span = min(span * 2, self.cfg.max_seq)
+        self.k, self.v = compile_loads(self.k, self.v)
+        jax.block_until_ready(self.k)
