@@ -16,6 +16,8 @@ __all__ = [
     "CapacityError",
     "CorruptionError",
     "InvalidArgumentError",
+    "KVCacheManager",
+    "KVCacheStore",
     "KVStore",
     "LookupResult",
     "NotFoundError",
@@ -23,6 +25,16 @@ __all__ = [
     "StorageIOError",
     "Tier",
     "TpuSyncError",
+    "TransferStatus",
     "errors",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The JAX-facing API loads JAX only when asked for: the block store needs numpy alone.
+    if name in ("KVCacheManager", "KVCacheStore", "TransferStatus"):
+        from tpusync import kv_cache
+
+        return getattr(kv_cache, name)
+    raise AttributeError(f"module 'tpusync' has no attribute {name!r}")

@@ -4,7 +4,8 @@ Cache layout: `k`, `v`: [layers, pages, page_size, kv_heads, head_dim], any dtyp
 included). One block holds one page of every layer, K then V: [2, layers, page_size,
 kv_heads, head_dim]. On the CPU backend a jax.Array is host memory, so pages are copied
 straight between the array's buffer and the pool slot, with no staging copy; other
-backends gather the pages on the device and transfer just those. A sharded cache is moved
+backends gather the pages on the device and transfer just those. Loads go through one host
+staging copy per group of pages (then one host-to-device copy). A sharded cache is moved
 shard by shard from the shards this host holds; each shard's block has its own key.
 """
 
@@ -72,9 +73,10 @@ def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, 
 
 @partial(jax.jit, donate_argnums=(0, 1))
 def _set_pages(k, v, blocks, page_ids):
-    for block, pid in zip(blocks, page_ids):
-        k = jax.lax.dynamic_update_slice_in_dim(k, block[0][:, None], pid, axis=1)
-        v = jax.lax.dynamic_update_slice_in_dim(v, block[1][:, None], pid, axis=1)
+    """blocks: [_GROUP, 2, layers, page_size, kv_heads, head_dim]; page_ids: [_GROUP] int32."""
+    for i in range(_GROUP):
+        k = jax.lax.dynamic_update_slice_in_dim(k, blocks[i, 0][:, None], page_ids[i], axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(v, blocks[i, 1][:, None], page_ids[i], axis=1)
     return k, v
 
 
@@ -93,14 +95,13 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
             present = next((i for i, view in enumerate(views) if view is None), len(views))
             if present == 0:
                 break
-            # On CPU, device_put of a page-aligned host view is zero-copy: the scatter is the only copy.
-            blocks = [jax.device_put(np.frombuffer(view, dtype=k.dtype, count=count).reshape(shape))
-                      for view in views[:present]]
-            pids = group_pages[:present]
-            blocks += [blocks[-1]] * (_GROUP - present)  # pad: rewriting the last page is harmless
-            pids += [pids[-1]] * (_GROUP - present)
-            k, v = _set_pages(k, v, tuple(blocks), tuple(jnp.int32(p) for p in pids))
-            k.block_until_ready()
+            # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
+            staging = np.empty((_GROUP,) + shape, k.dtype)
+            for i in range(present):
+                np.copyto(staging[i], np.frombuffer(views[i], dtype=k.dtype, count=count).reshape(shape))
+        staging[present:] = staging[present - 1]  # pad: rewriting the last page is harmless
+        pids = group_pages[:present] + [group_pages[present - 1]] * (_GROUP - present)
+        k, v = _set_pages(k, v, staging, np.asarray(pids, np.int32))
         loaded += present
         if present < len(group_keys):
             break
@@ -135,5 +136,5 @@ def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Compiles the page-load update for this cache (rewrites page 0 with its own content)."""
     if len(k.addressable_shards) > 1:
         return k, v
-    block = jnp.stack([k[:, 0], v[:, 0]])
-    return _set_pages(k, v, (block,) * _GROUP, (jnp.int32(0),) * _GROUP)
+    block = np.asarray(jnp.stack([k[:, 0], v[:, 0]]))
+    return _set_pages(k, v, np.stack([block] * _GROUP), np.zeros(_GROUP, np.int32))

@@ -1,0 +1,124 @@
+"""Real processes: two sidecars, a prefill server, a decode server and a monolithic server.
+
+The central correctness test: disaggregated and prefix-cached runs produce exactly the
+tokens of the monolithic run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+from tpusync import sidecar
+from tpusync.launch import start_server
+from tpusync.serving.model import ModelConfig
+
+MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
+CFG = ModelConfig(**MODEL)
+BLOCK = -(-CFG.page_bytes // 4096) * 4096
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.load(resp)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pd")
+    secret = work / "secret"
+    secret.write_text(uuid.uuid4().hex * 2)
+    pools = [f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    started = []
+    try:
+        p_side, d_side = (sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
+                                         block_bytes=BLOCK, control_socket=str(work / f"{i}.sock"),
+                                         stderr=subprocess.DEVNULL) for i, pool in enumerate(pools))
+        started += [p_side, d_side]
+        started.append(start_server("both", model_config=MODEL, prefix_cache=False))
+        started.append(start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
+                                    data_address=p_side.address))
+        started.append(start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
+                                    data_address=d_side.address, peers=[p_side.address]))
+        yield dict(zip(("p_side", "d_side", "mono", "prefill", "decode"), started))
+    finally:
+        for s in reversed(started):
+            s.stop()
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, n).tolist()
+
+
+def tokens(resp: dict) -> list[int]:
+    return resp["choices"][0]["token_ids"]
+
+
+def test_disaggregated_and_cached_runs_match_the_monolithic_run(cluster):
+    shared = prompt(0, 400)
+    for i in range(3):
+        p = shared + prompt(100 + i, 150)
+        want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 12}))
+        first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+        assert tokens(first) == want[:1]
+        params = first["kv_transfer_params"]
+        assert params["remote_address"] == cluster["p_side"].address
+        decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 12, "kv_transfer_params": params})
+        assert tokens(decoded) == want
+        stats = decoded["tpusync"]
+        full_pages = len(p) // CFG.page_size
+        # Only the blocks the decode host lacked travelled: the shared prefix came once.
+        expected_pulled = full_pages if i == 0 else full_pages - len(shared) // CFG.page_size
+        assert stats["pulled_blocks"] == expected_pulled
+        assert stats["computed_tokens"] < CFG.chunk + CFG.page_size
+        hit = post(cluster["decode"].url, {"prompt": p, "max_tokens": 12})
+        assert tokens(hit) == want and hit["tpusync"]["pulled_blocks"] == 0
+
+
+def test_decode_finds_a_prefix_on_a_peer_without_transfer_params(cluster):
+    p = prompt(7, 300)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 6}))
+    post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})  # now in the prefill host's sidecar
+    r = post(cluster["decode"].url, {"prompt": p + prompt(8, 40), "max_tokens": 6})
+    assert r["tpusync"]["pulled_blocks"] == 300 // CFG.page_size
+    assert tokens(post(cluster["decode"].url, {"prompt": p, "max_tokens": 6})) == want
+
+
+def test_metrics_and_errors(cluster):
+    text = urllib.request.urlopen(cluster["decode"].url + "/metrics").read().decode()
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert gauge in text
+    assert urllib.request.urlopen(cluster["decode"].url + "/health").status == 200
+    for body, message in (({"prompt": "x", "temperature": 0.7}, "greedily"), ({"prompt": {"a": 1}}, "prompt"),
+                          ({"prompt": "x", "max_tokens": 0}, "max_tokens")):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            post(cluster["mono"].url, body)
+        assert e.value.code == 400 and message in json.load(e.value)["error"]["message"]
+
+
+def test_text_prompts_round_trip(cluster):
+    r = post(cluster["mono"].url, {"prompt": "The quick brown fox", "max_tokens": 5})
+    assert r["usage"] == {"prompt_tokens": 19, "completion_tokens": 5, "total_tokens": 24}
+    assert len(r["choices"][0]["text"]) == 5
+
+
+def test_dead_prefill_sidecar_means_recompute_not_wrong_tokens(cluster):
+    p = prompt(11, 350)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 8}))
+    params = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
+    params["remote_address"] = "127.0.0.1:1"  # the prefill host's sidecar is gone
+    r = post(cluster["decode"].url, {"prompt": p, "max_tokens": 8, "kv_transfer_params": params})
+    assert tokens(r) == want
+    assert r["tpusync"]["store_error"]

@@ -1,0 +1,89 @@
+"""Copying KV-cache pages between jax.Arrays and store blocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tpusync
+from tpusync.pages import load_pages, save_pages
+
+SHAPE = (3, 6, 4, 2, 8)  # layers, pages, page_size, kv_heads, head_dim
+
+
+def cache(dtype, seed):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.normal(size=SHAPE).astype(np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8])
+def test_pages_round_trip_bit_exact(dtype):
+    k, v = cache(dtype, 1), cache(dtype, 2)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        written = save_pages(store, [10, 11, 12], k, v, [1, 3, 5])
+        assert written == 3 * 2 * 3 * 4 * 2 * 8 * jnp.dtype(dtype).itemsize
+        assert save_pages(store, [10], k, v, [1]) == 0  # stored already: content-addressed
+        k2, v2 = jnp.zeros(SHAPE, dtype), jnp.zeros(SHAPE, dtype)
+        k2, v2, loaded = load_pages(store, [10, 11, 12], k2, v2, [0, 2, 4])
+    assert loaded == 3
+    for src, dst in ((1, 0), (3, 2), (5, 4)):
+        assert np.array_equal(np.asarray(k2[:, dst]).view(np.uint8), np.asarray(k[:, src]).view(np.uint8))
+        assert np.array_equal(np.asarray(v2[:, dst]).view(np.uint8), np.asarray(v[:, src]).view(np.uint8))
+    assert not np.asarray(k2[:, 1]).any()  # other pages untouched
+
+
+def test_load_stops_at_the_first_missing_block():
+    k, v = cache(jnp.float32, 3), cache(jnp.float32, 4)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        save_pages(store, [1, 3], k, v, [0, 2])
+        k2, v2, loaded = load_pages(store, [1, 2, 3], jnp.zeros(SHAPE), jnp.zeros(SHAPE), [0, 1, 2])
+    assert loaded == 1
+    assert not np.asarray(k2[:, 2]).any()
+
+
+def test_a_block_too_small_for_the_page_is_refused():
+    k, v = cache(jnp.float32, 3), cache(jnp.float32, 4)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store, pytest.raises(ValueError):
+        big = jnp.zeros((3, 6, 64, 2, 8))
+        save_pages(store, [1], big, big, [0])
+
+
+SHARDED = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tpusync
+    from tpusync.pages import load_pages, save_pages, shard_key
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    sharding = NamedSharding(mesh, P(None, None, None, "x", None))  # kv_heads split across 2 devices
+    shape = (2, 4, 4, 2, 8)
+    k = jax.device_put(jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape), sharding)
+    v = jax.device_put(-k, sharding)
+    assert len(k.addressable_shards) == 2
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        save_pages(store, [7, 8], k, v, [0, 3])
+        # each device's shard is its own block
+        assert store.lookup([shard_key(7, 0, 2), shard_key(7, 1, 2)]).prefix_len == 2
+        zeros = jax.device_put(jnp.zeros(shape), sharding)
+        k2, v2, n = load_pages(store, [7, 8], zeros, jax.device_put(jnp.zeros(shape), sharding), [1, 2])
+    assert n == 2 and k2.sharding == sharding
+    assert np.array_equal(np.asarray(k2[:, 1]), np.asarray(k[:, 0]))
+    assert np.array_equal(np.asarray(v2[:, 2]), np.asarray(v[:, 3]))
+    print("ok")
+    """
+)
+
+
+def test_sharded_cache_moves_shard_by_shard():
+    out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
