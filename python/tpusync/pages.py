@@ -59,15 +59,18 @@ def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, 
         shard_keys = [shard_key(key, n, len(k_shards)) for key in keys]
         block_shape = (2,) + kh.shape[:1] + kh.shape[2:]
         nbytes = int(np.prod(block_shape)) * kh.dtype.itemsize
-        with store.reserve_many(shard_keys) as slots:
-            for slot, i in zip(slots, idx):
-                if slot is None:
-                    continue  # already stored (content-addressed)
-                block = np.frombuffer(slot.view, dtype=kh.dtype, count=int(np.prod(block_shape))).reshape(block_shape)
-                np.copyto(block[0], kh[:, i])
-                np.copyto(block[1], vh[:, i])
-                slot.commit(nbytes)
-                written += nbytes
+        for g in range(0, len(shard_keys), _GROUP):  # reserved slots cannot be evicted: keep groups small
+            with store.reserve_many(shard_keys[g:g + _GROUP]) as slots:
+                for slot, i in zip(slots, idx[g:g + _GROUP]):
+                    if slot is None:
+                        continue  # already stored (content-addressed)
+                    block = np.frombuffer(slot.view, dtype=kh.dtype, count=int(np.prod(block_shape)))
+                    block = block.reshape(block_shape)
+                    np.copyto(block[0], kh[:, i])
+                    np.copyto(block[1], vh[:, i])
+                    del block
+                    slot.commit(nbytes)
+                    written += nbytes
     return written
 
 
