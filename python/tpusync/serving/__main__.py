@@ -28,6 +28,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-prefix-cache", action="store_true", help="always compute the whole prompt")
     ap.add_argument("--kv-layerwise", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--hash-seed", default="tpusync")
+    ap.add_argument("--kv-events-endpoint", default=None, help='publish KV events here, e.g. "tcp://*:5557"')
+    ap.add_argument("--kv-events-topic", default=None, help="default: kv@<host>:<port>@<model>")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
     ap.add_argument("--no-warm-up", action="store_true")
     return ap.parse_args(argv)
@@ -42,9 +44,15 @@ def main(argv: list[str] | None = None) -> int:
         store = KVStore.connect(f"unix://{args.control_socket}")
     elif args.embedded_store_bytes:
         store = KVStore.local(dram_bytes=args.embedded_store_bytes, block_bytes=-(-cfg.page_bytes // 4096) * 4096)
+    events = None
+    if args.kv_events_endpoint:
+        from tpusync.kv_events import KVEventPublisher
+
+        topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.served_model_name or args.model}"
+        events = KVEventPublisher(args.kv_events_endpoint, topic)
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
-                    prefix_cache=not args.no_prefix_cache)
+                    prefix_cache=not args.no_prefix_cache, kv_events=events)
     if not args.no_warm_up:
         engine.warm_up()
     server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model)

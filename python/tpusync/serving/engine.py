@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpusync import errors
-from tpusync.hashing import BlockHasher, key_of
+from tpusync.hashing import BlockHasher, event_hash_of, key_of
 from tpusync.pages import compile_loads, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.store import KVStore
@@ -59,7 +59,7 @@ class Result:
 class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, kv_events=None):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
@@ -68,6 +68,7 @@ class Engine:
         self.cfg, self.role, self.store = cfg, role, store
         self.data_address, self.peers, self.prefix_cache = data_address, peers or [], prefix_cache
         self.hasher = BlockHasher(cfg.page_size, hash_seed)
+        self.kv_events = kv_events  # a tpusync.kv_events.KVEventPublisher, or None
         self.params = init_params(cfg)
         self.k, self.v = empty_cache(cfg)
         self.lock = threading.Lock()
@@ -102,6 +103,7 @@ class Engine:
     def _generate(self, prompt, max_tokens, kv_params, on_token, arrived) -> Result:
         cfg, st = self.cfg, RequestStats(prompt_tokens=len(prompt))
         digests = self.hasher.digests(prompt)
+        self._digests, self._prompt = digests, prompt
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
@@ -180,7 +182,15 @@ class Engine:
         except errors.TpuSyncError as e:
             st.store_error = str(e)
             log.warning("could not save the prompt's KV: %s", e)
+            return
         st.save_seconds = time.perf_counter() - t0
+        if self.kv_events is not None and cached_pages < len(keys):
+            # The router learns that this host's DRAM tier now holds these blocks.
+            new = self._digests[cached_pages:]
+            parent = event_hash_of(self._digests[cached_pages - 1]) if cached_pages else None
+            page = self.cfg.page_size
+            self.kv_events.block_stored([event_hash_of(d) for d in new], parent, self._prompt[cached_pages * page:
+                                        len(keys) * page], page, medium="CPU")
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict:
         return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
