@@ -10,7 +10,6 @@ the tier's one write-behind thread). Prints a table and writes bench/results/nat
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import shutil
@@ -22,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 import tpusync
+from report import RATE_COLUMNS, report
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 LOOKUP_KEYS = 10_000
@@ -183,19 +182,10 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    table = Table(title=f"tpusync native engine ({args.bytes / GIB:g} GiB per case, median of {args.reps})")
-    for col in ("case", "seconds", "GB/s", "baseline GB/s", "ratio"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        table.add_row(r["case"], f"{r['seconds']:.4f}", fmt(r["gbps"], ".2f"), fmt(r["baseline_gbps"], ".2f"),
-                      fmt(r["ratio"], ".2f"))
-    console.print(table)
-    console.print("baselines: single-thread memcpy (dram-*), O_DIRECT pwrite/pread of the same block size "
-                  f"(disk-*); lookup ratio = seconds / {LOOKUP_TARGET_S * 1e3:g} ms target")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    report(console, f"tpusync native engine ({args.bytes / GIB:g} GiB per case, median of {args.reps})", results,
+           RATE_COLUMNS, args.out,
+           "baselines: single-thread memcpy (dram-*), O_DIRECT pwrite/pread of the same block size "
+           f"(disk-*); lookup ratio = seconds / {LOOKUP_TARGET_S * 1e3:g} ms target")
     return 0
 
 

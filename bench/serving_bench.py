@@ -12,7 +12,6 @@ bench/results/serving.json: cases {"case", "tokens", "seconds", "baseline_second
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
+from report import report
 from tpusync import KVStore, sidecar
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
@@ -108,18 +107,11 @@ def main() -> int:
                 if os.path.exists(pool):
                     os.unlink(pool)
 
-    table = Table(title=f"tpusync serving: TTFT vs recompute ({cfg.layers} layers, d_model {cfg.d_model}, "
-                        f"{cfg.page_bytes // 1024} KiB per {cfg.page_size}-token page, median of {args.reps})")
-    for col in ("case", "tokens", "seconds", "baseline s", "ratio"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        table.add_row(r["case"], str(r["tokens"]), f"{r['seconds']:.4f}", f"{r['baseline_seconds']:.4f}",
-                      f"{r['ratio']:.3f}")
-    console.print(table)
-    console.print("baseline: TTFT recomputing the whole prompt; pd-transfer: KV transfer time / prefill time")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    report(console, f"tpusync serving: TTFT vs recompute ({cfg.layers} layers, d_model {cfg.d_model}, "
+           f"{cfg.page_bytes // 1024} KiB per {cfg.page_size}-token page, median of {args.reps})", results,
+           [("case", "case", ""), ("tokens", "tokens", "d"), ("seconds", "seconds", ".4f"),
+            ("baseline s", "baseline_seconds", ".4f"), ("ratio", "ratio", ".3f")], args.out,
+           "baseline: TTFT recomputing the whole prompt; pd-transfer: KV transfer time / prefill time")
     return 0
 
 

@@ -14,7 +14,6 @@ Prints a table and writes bench/results/transfer.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -28,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 import tpusync
+from report import RATE_COLUMNS, report
 from tpusync import sidecar
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -217,18 +216,10 @@ def main() -> int:
         raw_1g = raw_tcp_seconds(GIB, args.reps)
         results.append(bench_qwen(workdir, secret_file, 8192, 2 * MIB, max(streams), raw_1g))
 
-    table = Table(title=f"tpusync transfer (median of {args.reps}; loopback, {os.cpu_count()} cores)")
-    for col in ("case", "seconds", "GB/s", "baseline GB/s", "ratio"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in results:
-        table.add_row(r["case"], f"{r['seconds']:.3f}", f"{r['gbps']:.2f}", f"{r['baseline_gbps']:.2f}",
-                      f"{r['ratio']:.2f}")
-    console.print(table)
-    console.print("baselines: raw single-stream TCP of the same bytes (pull/push, qwen e2e), single-thread memcpy "
-                  "(shm); qwen e2e = engine put on A + pull A->B + engine get on B")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    report(console, f"tpusync transfer (median of {args.reps}; loopback, {os.cpu_count()} cores)", results,
+           RATE_COLUMNS, args.out,
+           "baselines: raw single-stream TCP of the same bytes (pull/push, qwen e2e), single-thread memcpy "
+           "(shm); qwen e2e = engine put on A + pull A->B + engine get on B")
     return 0
 
 

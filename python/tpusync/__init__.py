@@ -26,6 +26,8 @@ __all__ = [
     "Tier",
     "TpuSyncError",
     "TransferStatus",
+    "WeightSynchronizer",
+    "WeightSynchronizerManager",
     "errors",
 ]
 __version__ = "0.1.0"
@@ -37,4 +39,8 @@ def __getattr__(name: str):
         from tpusync import kv_cache
 
         return getattr(kv_cache, name)
+    if name in ("WeightSynchronizer", "WeightSynchronizerManager"):
+        from tpusync import weights
+
+        return getattr(weights, name)
     raise AttributeError(f"module 'tpusync' has no attribute {name!r}")

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tpusync import errors
 from tpusync.store import KVStore
 
 _GROUP = 16  # pages per device update call (padded by repeating the last page)
@@ -28,6 +29,12 @@ def shard_key(key: int, shard: int, shards: int) -> int:
     if shards == 1:
         return key
     return (key ^ (0x9E3779B97F4A7C15_2545F4914F6CDD1D * (shard + 1))) & ((1 << 128) - 1)
+
+
+def _check_fits(store: KVStore, page_bytes: int) -> None:
+    if page_bytes > store.block_bytes:
+        raise errors.InvalidArgumentError(f"a page of this cache is {page_bytes} bytes, the store's blocks hold "
+                                          f"{store.block_bytes}")
 
 
 def _local_shards(arr: jax.Array) -> list[tuple[int, jax.Array]]:
@@ -59,6 +66,7 @@ def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, 
         shard_keys = [shard_key(key, n, len(k_shards)) for key in keys]
         block_shape = (2,) + kh.shape[:1] + kh.shape[2:]
         nbytes = int(np.prod(block_shape)) * kh.dtype.itemsize
+        _check_fits(store, nbytes)
         for g in range(0, len(shard_keys), _GROUP):  # reserved slots cannot be evicted: keep groups small
             with store.reserve_many(shard_keys[g:g + _GROUP]) as slots:
                 for slot, i in zip(slots, idx[g:g + _GROUP]):
@@ -92,6 +100,7 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
     loaded = 0
     shape = (2,) + k.shape[:1] + k.shape[2:]
     count = int(np.prod(shape))
+    _check_fits(store, count * k.dtype.itemsize)
     for g in range(0, len(keys), _GROUP):
         group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
         with store.acquire_many(group_keys) as views:

@@ -46,13 +46,24 @@ Status PeerClient::Connected(Stream& s, Deadline d) {
   return Status::Ok();
 }
 
+// Key i goes to stream i % n; each stream runs `fn` on its keys on its own thread. A stream
+// that fails is closed, so the next request reconnects it.
 template <typename Fn>
-Status PeerClient::OnAllStreams(size_t n, Fn fn) {
-  size_t used = std::min(streams_.size(), std::max<size_t>(n, 1));
+Status PeerClient::OnAllStreams(std::span<const BlockKey> keys, Fn fn) {
+  size_t used = std::min(streams_.size(), std::max<size_t>(keys.size(), 1));
   std::vector<Status> results(used);
+  auto run = [&](size_t s) {
+    std::vector<BlockKey> sub;
+    std::vector<size_t> index;
+    for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
+    Stream& st = *streams_[s];
+    std::lock_guard lock(st.mu);
+    results[s] = fn(st, sub, index);
+    if (!results[s].ok()) st.conn.reset(), st.socket.Close();
+  };
   std::vector<std::thread> threads;
-  for (size_t s = 1; s < used; ++s) threads.emplace_back([&, s] { results[s] = fn(s, used); });
-  results[0] = fn(0, used);
+  for (size_t s = 1; s < used; ++s) threads.emplace_back(run, s);
+  run(0);
   for (auto& t : threads) t.join();
   for (auto& st : results) {
     if (!st.ok()) return st;
@@ -83,15 +94,8 @@ Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Dea
 
 Status PeerClient::Pull(std::span<const BlockKey> keys, BlockSink& sink, Deadline d, std::vector<uint8_t>& received) {
   received.assign(keys.size(), 0);
-  return OnAllStreams(keys.size(), [&](size_t s, size_t used) {
-    std::vector<BlockKey> sub;
-    std::vector<size_t> index;
-    for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
-    Stream& st = *streams_[s];
-    std::lock_guard lock(st.mu);
-    Status r = PullOn(st, sub, index, sink, d, received);
-    if (!r.ok()) st.conn.reset(), st.socket.Close();  // a broken stream reconnects next time
-    return r;
+  return OnAllStreams(keys, [&](Stream& s, std::span<const BlockKey> sub, std::span<const size_t> index) {
+    return PullOn(s, sub, index, sink, d, received);
   });
 }
 
@@ -125,15 +129,8 @@ Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<c
 
 Status PeerClient::Push(std::span<const BlockKey> keys, BlockSource& source, Deadline d, std::vector<uint8_t>& stored) {
   stored.assign(keys.size(), 0);
-  return OnAllStreams(keys.size(), [&](size_t s, size_t used) {
-    std::vector<BlockKey> sub;
-    std::vector<size_t> index;
-    for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
-    Stream& st = *streams_[s];
-    std::lock_guard lock(st.mu);
-    Status r = PushOn(st, sub, index, source, d, stored);
-    if (!r.ok()) st.conn.reset(), st.socket.Close();
-    return r;
+  return OnAllStreams(keys, [&](Stream& s, std::span<const BlockKey> sub, std::span<const size_t> index) {
+    return PushOn(s, sub, index, source, d, stored);
   });
 }
 

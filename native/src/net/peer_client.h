@@ -66,7 +66,7 @@ class PeerClient {
   Status PushOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSource& source,
                 Deadline d, std::vector<uint8_t>& stored);
   template <typename Fn>
-  Status OnAllStreams(size_t n, Fn fn);
+  Status OnAllStreams(std::span<const BlockKey> keys, Fn fn);
 
   std::string address_, host_;
   uint16_t port_ = 0;

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of

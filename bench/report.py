@@ -1,0 +1,28 @@
+"""Shared output of the benchmarks: a rich table on the console and the JSON results file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def report(console: Console, title: str, results: list[dict], columns: list[tuple[str, str, str]], out: str,
+           note: str) -> None:
+    """columns: (header, result key, format spec); None values print as '-'."""
+    table = Table(title=title)
+    for i, (header, _, _) in enumerate(columns):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for r in results:
+        table.add_row(*("-" if r.get(key) is None else format(r[key], spec) for _, key, spec in columns))
+    console.print(table)
+    console.print(note)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+RATE_COLUMNS = [("case", "case", ""), ("seconds", "seconds", ".4f"), ("GB/s", "gbps", ".2f"),
+                ("baseline GB/s", "baseline_gbps", ".2f"), ("ratio", "ratio", ".2f")]

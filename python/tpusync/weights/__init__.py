@@ -1,0 +1,21 @@
+"""Weight synchronization for RL: trainers publish versioned pytrees, samplers receive them.
+
+See docs/weights.md. `plan` is pure (no I/O, no JAX); `manifest` holds the storage format.
+"""
+
+from tpusync.weights.manager import TransferReport, WeightSynchronizerManager, WorkUnit
+from tpusync.weights.plan import Plan, build_plan, predict, reroute
+from tpusync.weights.synchronizer import TemplateMismatchError, VersionGoneError, WeightSynchronizer
+
+__all__ = [
+    "Plan",
+    "TemplateMismatchError",
+    "TransferReport",
+    "VersionGoneError",
+    "WeightSynchronizer",
+    "WeightSynchronizerManager",
+    "WorkUnit",
+    "build_plan",
+    "predict",
+    "reroute",
+]

@@ -1,0 +1,315 @@
+"""WeightSynchronizerManager: registers work units and moves a version to every host once.
+
+A work unit is a trainer or sampler process, placed on a host (one sidecar, one pool).
+`start_transfer(src_units, dst_units)` reduces the units to hosts (one copy per host, however
+many samplers it runs), computes the plan (`plan.build_plan`: a chain or a fan-out tree) and
+runs it: each destination host pulls chunk c from its parent as soon as the parent holds it,
+so every hop streams. Each chunk is checked against the manifest's checksums when it lands;
+the manifest chunk comes last and the host commits (pins the version, advances its head)
+only when everything is there, so samplers on that host never see a partial version.
+
+A host that dies mid-transfer is routed around: hosts below it pull from its nearest live
+ancestor (`plan.reroute`), which already holds or is receiving the same chunks in order.
+
+The executor drives each host's sidecar through its control socket, so it runs where those
+sockets are (one machine; for several machines, one executor per host fed the same plan).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpusync import errors
+from tpusync.store import KVStore
+from tpusync.weights import manifest as mf
+from tpusync.weights import plan as planmod
+from tpusync.weights.synchronizer import VersionGoneError
+
+TRAINER = "trainer"
+SAMPLER = "sampler"
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    name: str
+    host: str                    # the host sidecar's data address, "host:port"
+    control_socket: str | None   # that sidecar's control socket (for the executor)
+    role: str = SAMPLER
+
+
+@dataclass
+class TransferReport:
+    model: str
+    version: int
+    bytes: int
+    chunks: int
+    plan: planmod.Plan
+    seconds: float = 0.0
+    committed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    rerouted: list[tuple[str, str, str]] = field(default_factory=list)  # (host, dead parent, new parent)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+ChunkCallback = Callable[[str, int, int, int], None]  # (host, chunks done, chunks total, bytes landed)
+
+
+class _HostDead(Exception):
+    pass
+
+
+class WeightSynchronizerManager:
+    """Computes transfer plans from registered work units and runs them."""
+
+    def __init__(self, *, topology: str = planmod.CHAIN, fanout: int = 2, verify: bool = True,
+                 timeout: float = 300.0, chunk_blocks: int | None = None):
+        self.topology = topology
+        self.fanout = fanout
+        self.verify = verify
+        self.timeout = timeout
+        self.chunk_blocks = chunk_blocks
+        self._units: dict[str, WorkUnit] = {}
+        self._stores: dict[str, KVStore] = {}
+        self._lock = threading.Lock()
+        self._runner = ThreadPoolExecutor(2, thread_name_prefix="tpusync-weights-transfer")
+        self._metrics: dict[str, Any] = {"transfers": 0, "transfers_failed_hosts": 0, "bytes_moved": 0,
+                                         "reroutes": 0, "last_transfer_seconds": 0.0, "last_version": None}
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def register_work_unit(self, name: str, *, host: str, control_socket: str | None = None,
+                           role: str = SAMPLER) -> WorkUnit:
+        """Adds (or replaces, on restart) a unit: a trainer or sampler on the host at `host`."""
+        if role not in (TRAINER, SAMPLER):
+            raise errors.InvalidArgumentError(f"role must be {TRAINER!r} or {SAMPLER!r}, not {role!r}")
+        unit = WorkUnit(name, host.removeprefix("tpusync://"), control_socket, role)
+        with self._lock:
+            self._units[name] = unit
+        return unit
+
+    def unregister_work_unit(self, name: str) -> None:
+        with self._lock:
+            self._units.pop(name, None)
+
+    def units(self, role: str | None = None) -> list[WorkUnit]:
+        with self._lock:
+            return [u for u in self._units.values() if role is None or u.role == role]
+
+    def _resolve(self, units: Iterable[str | WorkUnit] | None, role: str) -> list[WorkUnit]:
+        if units is None:
+            return self.units(role)
+        out = []
+        with self._lock:
+            for u in units:
+                if isinstance(u, WorkUnit):
+                    out.append(u)
+                elif u in self._units:
+                    out.append(self._units[u])
+                else:
+                    raise errors.NotFoundError(f"work unit {u!r} is not registered")
+        return out
+
+    def _store(self, unit: WorkUnit) -> KVStore:
+        with self._lock:
+            store = self._stores.get(unit.host)
+            if store is None:
+                if unit.control_socket is None:
+                    raise errors.PreconditionError(f"host {unit.host} ({unit.name}) has no control socket registered")
+                store = self._stores[unit.host] = KVStore.connect(f"unix://{unit.control_socket}")
+            return store
+
+    def _forget(self, host: str) -> None:
+        with self._lock:
+            self._stores.pop(host, None)
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def plan(self, src_units: Sequence[str | WorkUnit] | None, dst_units: Sequence[str | WorkUnit] | None,
+             chunks: int) -> planmod.Plan:
+        """The plan over the units' hosts: one copy per host, sources excluded."""
+        src = self._resolve(src_units, TRAINER)
+        dst = self._resolve(dst_units, SAMPLER)
+        return planmod.build_plan([u.host for u in src], [u.host for u in dst], chunks=chunks,
+                                  topology=self.topology, fanout=self.fanout)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def start_transfer(self, src_units: Sequence[str | WorkUnit] | None, dst_units: Sequence[str | WorkUnit] | None,
+                       model: str, version: int | None = None, *, on_chunk: ChunkCallback | None = None) -> Future:
+        """Sends a committed version (default: the source host's current one) to every
+        destination host. The future's result is a TransferReport; hosts that died are in
+        `report.failed`, the others committed. It raises if the source cannot be read."""
+        src = self._resolve(src_units, TRAINER)
+        dst = self._resolve(dst_units, SAMPLER)
+        if not src:
+            raise errors.InvalidArgumentError("start_transfer needs at least one source unit")
+        if len({u.host for u in src}) != 1:
+            raise errors.InvalidArgumentError("one source host per transfer (each trainer host is its own transfer)")
+        return self._runner.submit(self._run, src[0], dst, model, version, on_chunk)
+
+    def transfer(self, *args: Any, **kw: Any) -> TransferReport:
+        """start_transfer(...).result()."""
+        return self.start_transfer(*args, **kw).result()
+
+    def _run(self, src: WorkUnit, dst: list[WorkUnit], model: str, version: int | None,
+             on_chunk: ChunkCallback | None) -> TransferReport:
+        start = time.perf_counter()
+        src_store = self._store(src)
+        if version is None:
+            version = mf.read_head(src_store.pool_path, model)
+            if version is None:
+                raise errors.NotFoundError(f"no committed version of {model!r} on {src.host}")
+        manifest = mf.read_manifest(src_store, model, version)
+        if manifest is None:
+            raise errors.NotFoundError(f"version {version} of {model!r} is not committed on {src.host}")
+        data = manifest.blocks()
+        per = self.chunk_blocks or manifest.blocks_per_chunk
+        chunks = [data[i:i + per] for i in range(0, len(data), per)]
+        _, parts = mf.manifest_blocks(manifest)
+        n = len(chunks) + 1  # the last chunk: manifest parts, then the commit record
+        plan = planmod.build_plan([src.host], [u.host for u in dst], chunks=n, topology=self.topology,
+                                  fanout=self.fanout)
+        report = TransferReport(model, version, manifest.nbytes, n, plan)
+        by_host = {u.host: u for u in dst}
+        state = _State(plan, src.host, n)
+        deadline = time.monotonic() + self.timeout
+
+        def run_host(host: str) -> None:
+            try:
+                store = self._store(by_host[host])
+                for c in range(n):
+                    self._land_chunk(state, report, host, store, c, chunks, parts, manifest, deadline)
+                    if on_chunk is not None:
+                        on_chunk(host, c + 1, n, sum(b.length for b in chunks[c]) if c < len(chunks) else 0)
+                with state.cond:
+                    report.committed.append(host)
+            except Exception as e:  # noqa: BLE001 - the host is out of this transfer; others go on
+                self._forget(host)
+                with state.cond:
+                    state.dead.add(host)
+                    report.failed[host] = f"{type(e).__name__}: {e}"
+                    state.cond.notify_all()
+
+        hosts = list(plan.destinations)
+        if hosts:
+            with ThreadPoolExecutor(len(hosts), thread_name_prefix="tpusync-weights-hop") as pool:
+                list(pool.map(run_host, hosts))
+        report.seconds = time.perf_counter() - start
+        with self._lock:
+            self._metrics["transfers"] += 1
+            self._metrics["transfers_failed_hosts"] += len(report.failed)
+            self._metrics["bytes_moved"] += report.bytes * len(report.committed)
+            self._metrics["reroutes"] += len(report.rerouted)
+            self._metrics["last_transfer_seconds"] = report.seconds
+            self._metrics["last_version"] = version
+        if hosts and not report.committed and src.host in state.dead:
+            raise errors.UnavailableError(f"source {src.host} failed: {report.failed}")
+        return report
+
+    def _land_chunk(self, state: _State, report: TransferReport, host: str, store: KVStore, c: int,
+                    chunks: list[list[mf.BlockRef]], parts: list[tuple[int, bytes]], manifest: mf.Manifest,
+                    deadline: float) -> None:
+        last = c == len(chunks)
+        while True:
+            with state.cond:
+                while True:
+                    up = state.parent(host)
+                    if state.ready[up] > c:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise errors.DeadlineExceededError(f"chunk {c} did not reach {up} in time")
+                    state.cond.wait(left)
+            try:
+                if last:
+                    ok = all(store.read_remote(up, [k for k, _ in parts]))
+                    ok = ok and all(store.read_remote(up, [mf.commit_key(manifest.model, manifest.version)]))
+                else:
+                    ok = all(store.read_remote(up, [b.key for b in chunks[c]]))
+                    if ok and self.verify:
+                        bad = mf.verify_blocks(store, chunks[c], manifest.checksum)
+                        if bad:
+                            store.evict([b.key for b in bad])
+                            ok = False
+            except errors.UnavailableError:
+                ok = False
+            if ok:
+                break
+            self._check_alive(store, host)
+            if up == state.source:
+                raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
+            with state.cond:
+                state.dead.add(up)  # the relay failed us: route around it
+                report.failed.setdefault(up, f"unreachable from {host} at chunk {c}")
+                report.rerouted.append((host, up, state.parent(host)))
+                state.cond.notify_all()
+        if last:
+            landed = mf.read_manifest(store, manifest.model, manifest.version)
+            if landed is None:
+                raise VersionGoneError(f"version {manifest.version} left {host}'s pool before its commit")
+            mf.commit_on_host(store, landed)
+        with state.cond:
+            state.ready[host] = c + 1
+            state.cond.notify_all()
+
+    @staticmethod
+    def _check_alive(store: KVStore, host: str) -> None:
+        try:
+            store.stats()
+        except errors.TpuSyncError as e:
+            raise _HostDead(f"{host}'s own sidecar is gone: {e}") from e
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Transfer counters, and each known host's pool occupancy and traffic from its sidecar."""
+        with self._lock:
+            out = dict(self._metrics)
+            stores = dict(self._stores)
+        hosts = {}
+        for host, store in stores.items():
+            try:
+                hosts[host] = store.stats()
+            except errors.TpuSyncError as e:
+                hosts[host] = {"error": str(e)}
+        out["hosts"] = hosts
+        return out
+
+    def close(self) -> None:
+        self._runner.shutdown(wait=True)
+        with self._lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for s in stores:
+            s.close()
+
+    def __enter__(self) -> WeightSynchronizerManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _State:
+    """Who holds how many chunks, and who is dead; guarded by `cond`."""
+
+    def __init__(self, plan: planmod.Plan, source: str, n: int):
+        self.plan = plan
+        self.source = source
+        self.cond = threading.Condition()
+        self.ready = {h: 0 for h in plan.destinations}
+        self.ready[source] = n
+        self.dead: set[str] = set()
+
+    def parent(self, host: str) -> str:
+        p = self.plan.parent(self.source, host)
+        while p in self.dead and p != self.source:
+            p = self.plan.parent(self.source, p)
+        return p

@@ -1,0 +1,453 @@
+"""WeightSynchronizer: trainers publish versioned pytree snapshots; samplers receive them.
+
+Trainer:  sync.publish(params, version)      # d2h into the host pool, manifest last
+Sampler:  sync.bind_weights(template)         # leaf names, shapes, dtypes, target shardings
+          sync.wait_for_version(v) / poll()   # loads from the host pool, swaps atomically
+          params = sync.params                # always one whole version
+
+Every sampler on a host loads from the one copy in that host's shared-memory pool (the
+sidecar's /dev/shm pool, reached through the control socket). Versions are swapped by
+replacing one reference under a lock: each version's arrays are built completely before
+the swap, so a reader holding `sync.current()` sees one version, never a mix.
+Slow calls have `_async` forms returning `concurrent.futures.Future`s (wrap them with
+`asyncio.wrap_future` inside an event loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tpusync import _native, errors
+from tpusync.store import KVStore
+from tpusync.weights import manifest as mf
+from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
+
+_GROUP = 16  # blocks reserved or acquired at once
+
+
+class TemplateMismatchError(errors.InvalidArgumentError):
+    """The bound template and a published version disagree; the message names the leaf."""
+
+
+class VersionGoneError(errors.NotFoundError):
+    """A version's blocks left this host's pool while it was being loaded (a newer one is current)."""
+
+
+@dataclass
+class HostShard:
+    index: tuple[tuple[int, int], ...]
+    data: np.ndarray  # C-contiguous host copy (or a zero-copy view of a CPU device buffer)
+
+
+@dataclass
+class HostLeaf:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: str
+    shards: list[HostShard]
+
+
+def _norm_index(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for sl, n in zip(index, shape):
+        start, stop, step = sl.indices(n)
+        if step != 1:
+            raise errors.InvalidArgumentError(f"strided shard index {index} is not supported")
+        out.append((start, stop))
+    return tuple(out)
+
+
+def _leaf_to_host(name: str, leaf: Any) -> HostLeaf:
+    """The shards of one leaf this process holds, on the host (one copy from each device)."""
+    import jax
+
+    if isinstance(leaf, jax.Array):
+        shape = tuple(leaf.shape)
+        shards = []
+        for s in sorted(leaf.addressable_shards, key=lambda s: _norm_index(s.index, shape)):
+            if s.replica_id != 0:
+                continue  # a replica: publish each distinct piece once
+            data = np.asarray(s.data)  # CPU: the device buffer itself; TPU: one D2H transfer
+            shards.append(HostShard(_norm_index(s.index, shape), np.ascontiguousarray(data)))
+        return HostLeaf(name, shape, np.dtype(leaf.dtype), repr(leaf.sharding), shards)
+    arr = np.ascontiguousarray(np.asarray(leaf))
+    return HostLeaf(name, arr.shape, arr.dtype, "host", [HostShard(tuple((0, n) for n in arr.shape), arr)])
+
+
+def _flat_bytes(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+class WeightSynchronizer:
+    """One process's end of weight synchronization for one model, on one host's pool."""
+
+    def __init__(self, store: KVStore | str, model: str, *, blocks_per_chunk: int = 8, verify: bool = False,
+                 workers: int = 1, secret: bytes | None = None):
+        self.store = store if isinstance(store, KVStore) else KVStore.connect(store, secret=secret)
+        self.model = model
+        self.blocks_per_chunk = blocks_per_chunk
+        self.verify = verify
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tpusync-weights")
+        self._lock = threading.Lock()      # guards the current version (the swap)
+        self._load_lock = threading.Lock()  # one load at a time
+        self._version: int | None = None
+        self._params: Any = None
+        self._host: dict[str, np.ndarray] = {}
+        self._template: list[tuple[str, Any]] | None = None
+        self._treedef: Any = None
+        self._metrics = {"versions_published": 0, "bytes_published": 0, "last_publish_seconds": 0.0,
+                         "versions_loaded": 0, "bytes_loaded": 0, "last_load_seconds": 0.0,
+                         "zero_copy_leaves": 0, "load_retries": 0}
+
+    # -- trainer side -----------------------------------------------------------------------
+
+    def d2h(self, params: Any) -> list[HostLeaf]:
+        """Host copies of this process's shards of every leaf (zero-copy on the CPU backend)."""
+        return [_leaf_to_host(name, leaf) for name, leaf in mf.iter_leaf_names(params)]
+
+    def publish(self, params: Any, version: int, *, on_block: Callable[[int, int], None] | None = None) -> Manifest:
+        """Stores a version in this host's pool and commits it; returns its manifest.
+
+        Data blocks first, then the manifest, then the commit record: a trainer that dies
+        before the end leaves the previous version current everywhere. `on_block(done, total)`
+        is called after each block (progress; tests use it to stop at an exact point).
+        """
+        import jax
+
+        if mf.read_block(self.store, mf.commit_key(self.model, version)) is not None:
+            raise errors.PreconditionError(f"version {version} of {self.model!r} is already committed")
+        start = time.perf_counter()
+        leaves = self.d2h(params)
+        treedef = str(jax.tree_util.tree_structure(params))
+        bb = self.store.block_bytes
+        total = sum(-(-s.data.nbytes // bb) or 1 for leaf in leaves for s in leaf.shards)
+        done = 0
+        entries = []
+        for leaf in leaves:
+            shard_entries = []
+            for shard in leaf.shards:
+                flat = _flat_bytes(shard.data)
+                pieces = [flat[i:i + bb] for i in range(0, flat.size, bb)] or [flat[:0]]
+                refs = []
+                for g in range(0, len(pieces), _GROUP):
+                    group = pieces[g:g + _GROUP]
+                    sums = [mf.checksum(p) for p in group]
+                    keys = [mf.weight_key(self.model, version, "data", leaf.name, [list(d) for d in shard.index],
+                                          g + i, c) for i, c in enumerate(sums)]
+                    if any(p.size == 0 for p in group):
+                        raise errors.InvalidArgumentError(f"leaf {leaf.name!r} is empty; blocks hold 1 byte or more")
+                    with self.store.reserve_many(keys) as slots:
+                        for slot, piece in zip(slots, group):
+                            if slot is None:
+                                continue  # stored by an earlier attempt: same key, same content
+                            np.copyto(np.frombuffer(slot.view, np.uint8, count=piece.size), piece)
+                            slot.commit(piece.size)
+                    refs += [BlockRef(k, p.size, c) for k, p, c in zip(keys, group, sums)]
+                    for _ in group:
+                        done += 1
+                        if on_block is not None:
+                            on_block(done, total)
+                shard_entries.append(ShardEntry(shard.index, tuple(refs)))
+            entries.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype.name, leaf.sharding, tuple(shard_entries)))
+        manifest = Manifest(self.model, int(version), bb, self.blocks_per_chunk, mf.CHECKSUM, tuple(entries), treedef)
+        missing = len(manifest.blocks()) - self.store.lookup([b.key for b in manifest.blocks()]).prefix_len
+        if missing:
+            raise errors.CapacityError(f"{missing} blocks of version {version} were evicted before the commit: "
+                                       "the pool must hold two versions")
+        mf.write_manifest(self.store, manifest)
+        mf.commit_on_host(self.store, manifest)
+        with self._lock:
+            self._metrics["versions_published"] += 1
+            self._metrics["bytes_published"] += manifest.nbytes
+            self._metrics["last_publish_seconds"] = time.perf_counter() - start
+        return manifest
+
+    def publish_async(self, params: Any, version: int, **kw: Any) -> Future:
+        return self._pool.submit(self.publish, params, version, **kw)
+
+    def push_weights(self, peers: Sequence[str], version: int | None = None) -> Future:
+        """Pushes a committed version from this host's sidecar to peer sidecars ("host:port").
+
+        Data first, then the manifest, then the commit record, so a peer commits only a whole
+        version; only blocks a peer lacks travel. The future's result is the version pushed.
+        """
+        native = self.store._native
+        if not isinstance(native, _native.SidecarClient):
+            raise errors.PreconditionError("push_weights needs the host's sidecar (KVStore.connect('unix://...'))")
+
+        def run() -> int:
+            v = self.latest_version() if version is None else version
+            if v is None:
+                raise errors.NotFoundError(f"no committed version of {self.model!r} on this host")
+            manifest = mf.read_manifest(self.store, self.model, v)
+            if manifest is None:
+                raise VersionGoneError(f"version {v} of {self.model!r} is not committed on this host")
+            keys = mf.version_keys(manifest)
+            for peer in peers:
+                for part in (keys[:-1], keys[-1:]):  # the commit record only after everything else
+                    stored = native.push_remote(peer.removeprefix("tpusync://"), part)
+                    if not all(stored):
+                        raise errors.UnavailableError(f"{peer} stored {sum(stored)} of {len(stored)} blocks")
+            return v
+
+        return self._pool.submit(run)
+
+    # -- sampler side -----------------------------------------------------------------------
+
+    def bind_weights(self, template: Any) -> None:
+        """The pytree to receive into: leaves are jax.Arrays or jax.ShapeDtypeStructs (their
+        sharding is the target layout) or numpy arrays (received as host arrays)."""
+        import jax
+
+        self._template = list(mf.iter_leaf_names(template))
+        self._treedef = jax.tree_util.tree_structure(template)
+
+    def latest_version(self) -> int | None:
+        """The newest version committed on this host (the host's head)."""
+        return mf.read_head(self.store.pool_path, self.model)
+
+    def poll(self) -> int | None:
+        """Loads the host's current version if it is newer than ours; returns it, else None."""
+        head = self.latest_version()
+        if head is None or (self._version is not None and head <= self._version):
+            return None
+        return self._load_newest(head)
+
+    def wait_for_version(self, version: int, timeout: float | None = None) -> int:
+        """Blocks until a version >= `version` is loaded (the newest one present); returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            if self._version is not None and self._version >= version:
+                return self._version
+            head = self.latest_version()
+            if head is not None and head >= version:
+                return self._load_newest(head)
+            # Pushed by a peer (push_weights): the commit record is here but no head yet.
+            manifest = mf.read_manifest(self.store, self.model, version)
+            if manifest is not None:
+                mf.commit_on_host(self.store, manifest)
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.DeadlineExceededError(
+                    f"version {version} of {self.model!r} did not arrive within {timeout} s (host has {head})")
+            time.sleep(delay)  # waiting on another process's commit: back off up to 20 ms
+            delay = min(delay * 2, 0.02)
+
+    def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future:
+        return self._pool.submit(self.wait_for_version, version, timeout)
+
+    def poll_async(self) -> Future:
+        return self._pool.submit(self.poll)
+
+    def _load_newest(self, head: int) -> int:
+        with self._load_lock:
+            for _ in range(8):
+                if self._version is not None and head <= self._version:
+                    return self._version
+                try:
+                    self.load(head)
+                    return head
+                except VersionGoneError:
+                    self._metrics["load_retries"] += 1
+                    newer = self.latest_version()
+                    if newer is None or newer <= head:
+                        raise
+                    head = newer
+            raise VersionGoneError(f"versions of {self.model!r} keep being replaced faster than they load")
+
+    def load(self, version: int) -> None:
+        """Loads one committed version from this host's pool and swaps it in."""
+        import jax
+
+        if self._template is None:
+            raise errors.PreconditionError("bind_weights(template) first")
+        start = time.perf_counter()
+        manifest = mf.read_manifest(self.store, self.model, version)
+        if manifest is None:
+            raise VersionGoneError(f"version {version} of {self.model!r} is not committed on this host")
+        self.check_template(manifest)
+        host, leaves = {}, []
+        for name, tmpl in self._template:
+            entry = manifest.leaf(name)
+            arr, buf = self._leaf_from_pool(entry, tmpl)
+            host[name] = buf
+            leaves.append(arr)
+        params = jax.tree_util.tree_unflatten(self._treedef, leaves)
+        with self._lock:  # the swap: one reference, so readers see the old or the new version whole
+            self._version, self._params, self._host = version, params, host
+            self._metrics["versions_loaded"] += 1
+            self._metrics["bytes_loaded"] += manifest.nbytes
+            self._metrics["last_load_seconds"] = time.perf_counter() - start
+
+    def check_template(self, manifest: Manifest) -> None:
+        """Raises TemplateMismatchError naming the first leaf that differs."""
+        published = {leaf.name: leaf for leaf in manifest.leaves}
+        bound = {name for name, _ in self._template}
+        for name, tmpl in self._template:
+            entry = published.get(name)
+            where = f"version {manifest.version} of {self.model!r}"
+            if entry is None:
+                raise TemplateMismatchError(f"leaf {name!r} is in the template but not in {where} "
+                                            f"(published leaves: {', '.join(sorted(published)[:8])}...)")
+            shape, dtype = tuple(tmpl.shape), np.dtype(tmpl.dtype)
+            if shape != entry.shape:
+                raise TemplateMismatchError(f"leaf {name!r}: the template has shape {shape}, {where} has {entry.shape}")
+            if dtype != np.dtype(entry.dtype):
+                raise TemplateMismatchError(f"leaf {name!r}: the template has dtype {dtype.name}, {where} has {entry.dtype}")
+        extra = sorted(set(published) - bound)
+        if extra:
+            raise TemplateMismatchError(f"leaf {extra[0]!r} is in version {manifest.version} of {self.model!r} "
+                                        "but not in the template")
+
+    def _leaf_from_pool(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, np.ndarray]:
+        """(the leaf as the template wants it, its host buffer)."""
+        import jax
+        import jax.numpy as jnp
+
+        dtype = np.dtype(entry.dtype)
+        covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in entry.shards)
+        if covered != int(np.prod(entry.shape, dtype=np.int64)):
+            raise errors.PreconditionError(f"leaf {entry.name!r}: the published shards cover {covered} of "
+                                           f"{int(np.prod(entry.shape))} elements (every trainer host must publish)")
+        sharding = getattr(tmpl, "sharding", None)
+        local_cpu = (isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)) and sharding is not None
+                     and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
+                     and jax.devices()[0].platform == "cpu")
+        whole = len(entry.shards) == 1 and entry.shards[0].shape == entry.shape
+        if local_cpu and whole and len(entry.shards[0].blocks) == 1:
+            # The pool slot is the buffer: hold a read lease for as long as the array lives.
+            ref = entry.shards[0].blocks[0]
+            view, release = self._lease(ref.key)
+            if view is None:
+                raise VersionGoneError(f"leaf {entry.name!r}: block missing from this host's pool")
+            if self.verify and mf.checksum(np.frombuffer(view, np.uint8, count=ref.length)) != ref.checksum:
+                release()
+                raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
+            host = np.frombuffer(view, dtype, count=int(np.prod(entry.shape, dtype=np.int64))).reshape(entry.shape)
+            arr = jnp.asarray(host)
+            weakref.finalize(arr, release)
+            self._metrics["zero_copy_leaves"] += 1
+            return arr, host
+        host = np.empty(entry.shape, dtype)
+        for shard in entry.shards:
+            region = tuple(slice(a, b) for a, b in shard.index)
+            target = host if whole else np.empty(shard.shape, dtype)
+            self._copy_blocks(entry.name, shard.blocks, _flat_bytes(target))
+            if not whole:
+                host[region] = target
+        host.flags.writeable = False
+        if not isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)):
+            return host, host
+        if sharding is None:
+            return jnp.array(host), host
+        if local_cpu:
+            return jnp.asarray(host), host  # a fresh buffer per version: aliasing it is safe
+        # Resharding: each device takes its slice of the global host buffer.
+        return jax.make_array_from_callback(entry.shape, sharding, lambda idx: host[idx]), host
+
+    def _copy_blocks(self, leaf: str, blocks: Sequence[BlockRef], out: np.ndarray) -> None:
+        off = 0
+        for g in range(0, len(blocks), _GROUP):
+            group = blocks[g:g + _GROUP]
+            with self.store.acquire_many([b.key for b in group]) as views:
+                for ref, view in zip(group, views):
+                    if view is None or len(view) < ref.length:
+                        raise VersionGoneError(f"leaf {leaf!r}: a block is missing from this host's pool")
+                    src = np.frombuffer(view, np.uint8, count=ref.length)
+                    if self.verify and mf.checksum(src) != ref.checksum:
+                        raise errors.CorruptionError(f"leaf {leaf!r}: block {g} fails its checksum")
+                    out[off:off + ref.length] = src
+                    off += ref.length
+                del src
+        if off != out.size:
+            raise errors.CorruptionError(f"leaf {leaf!r}: blocks hold {off} bytes, the shard needs {out.size}")
+
+    def _lease(self, key: int) -> tuple[memoryview | None, Callable[[], None]]:
+        native = self.store._native
+        if isinstance(native, _native.SidecarClient):
+            view = native.acquire([key])[0]
+            if view is None:
+                return None, lambda: None
+            return view, lambda: _quiet(native.unacquire, [key])
+        try:
+            lease = native.acquire(key)
+        except errors.NotFoundError:
+            return None, lambda: None
+        holder = [lease]
+        return memoryview(lease), holder.clear
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def current(self) -> tuple[int | None, Any]:
+        """(version, params) of one version, read together."""
+        with self._lock:
+            return self._version, self._params
+
+    @property
+    def params(self) -> Any:
+        return self._params
+
+    @property
+    def version(self) -> int | None:
+        return self._version
+
+    def h2d(self, host_buffers: dict[str, np.ndarray] | None = None) -> Any:
+        """Device arrays laid out like the template from host buffers (default: the current ones)."""
+        import jax
+
+        if self._template is None:
+            raise errors.PreconditionError("bind_weights(template) first")
+        host = self.get_host_buffer() if host_buffers is None else host_buffers
+        out = []
+        for name, tmpl in self._template:
+            sharding = getattr(tmpl, "sharding", None)
+            buf = host[name]
+            out.append(buf if sharding is None else jax.make_array_from_callback(buf.shape, sharding,
+                                                                                 lambda idx, b=buf: b[idx]))
+        return jax.tree_util.tree_unflatten(self._treedef, out)
+
+    def get_host_buffer(self) -> dict[str, np.ndarray]:
+        """The current version's host buffers by leaf name (read-only; pool views where zero-copy)."""
+        with self._lock:
+            return dict(self._host)
+
+    def get_metrics(self) -> dict[str, Any]:
+        """This end's counters, plus the host pool's (the sidecar's) occupancy and traffic."""
+        with self._lock:
+            out = dict(self._metrics, model=self.model, version=self._version)
+        try:
+            out["host"] = self.store.stats()
+        except errors.TpuSyncError as e:  # the sidecar is gone: report it, do not fail metrics
+            out["host"] = {"error": str(e)}
+        out["host_version"] = self.latest_version()
+        return out
+
+    def close(self) -> None:
+        """Stops the worker and drops this end's version (zero-copy leaves release their leases
+        once the caller's references to them are gone too)."""
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            self._params, self._host = None, {}
+
+    def __enter__(self) -> WeightSynchronizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _quiet(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - a finalizer at exit: the sidecar may be gone already
+        pass

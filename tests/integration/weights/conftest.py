@@ -1,0 +1,98 @@
+"""Real tpusync-sidecar processes (one per simulated host) and trainer/sampler processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import tpusync
+from tpusync import sidecar as sidecar_mod
+from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
+
+from .model import params
+
+SECRET = b"weights-integration-secret-0123456789"
+BLOCK = 256 << 10
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """hosts(n) starts n sidecars (host 0 is the trainer's); all are killed afterwards."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET + b"\n")
+    started = []
+
+    def _start(n: int, dram_bytes: int = 64 << 20):
+        out = []
+        for _ in range(n):
+            i = len(started)
+            pool = f"/dev/shm/tpusync-wt-{os.getpid()}-{i}-{uuid.uuid4().hex[:6]}"
+            s = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=dram_bytes, block_bytes=BLOCK,
+                                   control_socket=str(tmp_path / f"h{i}.sock"), stderr=subprocess.DEVNULL)
+            s.pool_path = pool
+            started.append(s)
+            out.append(s)
+        return out
+
+    yield _start
+    for s in started:
+        if s.process.poll() is None:
+            s.kill()
+        if os.path.exists(s.pool_path):
+            os.unlink(s.pool_path)
+        shutil.rmtree(s.pool_path + ".weights", ignore_errors=True)
+
+
+@pytest.fixture
+def procs():
+    """proc(role, host, version, seed, *extra) starts a trainer/sampler process; killed afterwards."""
+    started = []
+
+    def _proc(role: str, host, version: int, seed: int = 0, *extra: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": str(ROOT)}
+        p = subprocess.Popen([sys.executable, "-m", "tests.integration.weights.proc", role, host.control_socket,
+                              "m", str(version), str(seed), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT)
+        started.append(p)
+        return p
+
+    yield _proc
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def line(p: subprocess.Popen) -> str:
+    out = p.stdout.readline()
+    assert out, f"process exited with {p.wait()} before answering"
+    return out.strip()
+
+
+def sampler_result(p: subprocess.Popen) -> dict:
+    return json.loads(line(p))
+
+
+def engine(host) -> tpusync.KVStore:
+    return tpusync.KVStore.connect(f"unix://{host.control_socket}")
+
+
+def manager_for(trainer_host, sampler_hosts, **kw) -> WeightSynchronizerManager:
+    mgr = WeightSynchronizerManager(**kw)
+    mgr.register_work_unit("trainer", host=trainer_host.address, control_socket=trainer_host.control_socket,
+                           role="trainer")
+    for i, h in enumerate(sampler_hosts):
+        mgr.register_work_unit(f"sampler-{i}", host=h.address, control_socket=h.control_socket)
+    return mgr
+
+
+def publish(host, seed: int, version: int, **kw):
+    return WeightSynchronizer(engine(host), "m", blocks_per_chunk=4).publish(params(seed), version, **kw)

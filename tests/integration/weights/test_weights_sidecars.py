@@ -1,0 +1,161 @@
+"""Weight synchronization between real sidecar processes (one per simulated host)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.request
+
+import jax.numpy as jnp
+import pytest
+
+from tpusync.weights import WeightSynchronizer
+from tpusync.weights import manifest as mf
+
+from .conftest import engine, line, manager_for, publish, sampler_result
+from .model import digest, params
+
+
+def pulled_out(host) -> float:
+    """Blocks this host's sidecar served to peers (its /metrics)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{host.http_port}/metrics", timeout=5).read().decode()
+    m = re.search(r'^tpusync_transfer_blocks_total\{direction="out",op="pull",tier="dram"\} (\S+)$', text, re.M)
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("samplers", [1, 2, 4])
+def test_byte_exact_receipt_one_copy_per_host(hosts, procs, samplers):
+    n_hosts = min(samplers, 2)
+    trainer, *sampler_hosts = hosts(1 + n_hosts)
+    manifest = publish(trainer, seed=7, version=1)
+    mgr = manager_for(trainer, sampler_hosts)
+    report = mgr.transfer(["trainer"], None, "m")
+    assert report.ok and sorted(report.committed) == sorted(h.address for h in sampler_hosts)
+    want = digest(params(7))
+    runs = [procs("sampler", sampler_hosts[i % n_hosts], 1) for i in range(samplers)]
+    for p in runs:
+        assert sampler_result(p) == {"version": 1, "digest": want}
+    # One copy left the trainer host, whatever the number of hosts and samplers (a chain).
+    assert pulled_out(trainer) == len(mf.version_keys(manifest))
+    metrics = mgr.get_metrics()
+    assert metrics["bytes_moved"] == manifest.nbytes * n_hosts and metrics["transfers"] == 1
+
+
+def test_atomic_swap_across_hosts(hosts):
+    trainer, host = hosts(2)
+    mgr = manager_for(trainer, [host])
+    shapes = {f"l{i}": (70_000 * (i + 1),) for i in range(5)}  # 1 to 6 blocks per leaf
+    sampler = WeightSynchronizer(engine(host), "m")
+    sampler.bind_weights({k: jnp.zeros(s, jnp.float32) for k, s in shapes.items()})
+    trainer_sync = WeightSynchronizer(engine(trainer), "m", blocks_per_chunk=3)
+    torn, seen, stop = [], set(), threading.Event()
+    cond = threading.Condition()
+
+    def reader():
+        while not stop.is_set():
+            v, p = sampler.current()
+            if p is None:
+                continue
+            values = {float(x[0]) for x in p.values()} | {float(x[-1]) for x in p.values()}
+            if values != {float(v)}:
+                torn.append((v, values))
+            with cond:
+                seen.add(v)
+                cond.notify_all()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for v in range(1, 6):
+            trainer_sync.publish({k: jnp.full(s, v, jnp.float32) for k, s in shapes.items()}, v)
+            assert mgr.transfer(["trainer"], None, "m").ok
+            assert sampler.poll() == v
+            with cond:
+                assert cond.wait_for(lambda: v in seen or torn, timeout=30)
+    finally:
+        stop.set()
+        t.join()
+    assert not torn and seen == {1, 2, 3, 4, 5}
+
+
+def test_killed_relay_is_routed_around(hosts):
+    trainer, a, b, c = hosts(4)
+    manifest = publish(trainer, seed=3, version=1)
+    mgr = manager_for(trainer, [a, b, c])  # chain: trainer -> a -> b -> c
+    assert [h for h in mgr.plan(["trainer"], None, chunks=2).path(trainer.address, c.address)] == \
+        [trainer.address, a.address, b.address, c.address]
+
+    def kill_relay(host, done, total, nbytes):
+        if host == a.address and done == 2:
+            a.kill()  # the relay dies with two of its chunks landed, the rest in flight
+
+    report = mgr.transfer(["trainer"], None, "m", on_chunk=kill_relay)
+    assert report.chunks > 4
+    assert set(report.failed) == {a.address}
+    assert sorted(report.committed) == sorted([b.address, c.address])
+    assert any(dead == a.address and new == trainer.address for _, dead, new in report.rerouted)
+    for h in (b, c):
+        s = WeightSynchronizer(engine(h), "m")
+        s.bind_weights(params(0))
+        assert s.poll() == 1 and digest(s.params) == digest(params(3))
+    assert pulled_out(trainer) < 2 * len(mf.version_keys(manifest))  # b took from the trainer only what a lacked
+
+
+def test_late_joiner_and_restarted_sampler_get_the_current_version(hosts, procs):
+    trainer, host = hosts(2)
+    mgr = manager_for(trainer, [host])
+    publish(trainer, seed=1, version=1)
+    assert mgr.transfer(["trainer"], None, "m").ok
+    first = procs("sampler", host, 1)
+    assert sampler_result(first) == {"version": 1, "digest": digest(params(1))}
+    first.kill()  # the sampler dies
+    first.wait()
+    publish(trainer, seed=2, version=2)
+    assert mgr.transfer(["trainer"], None, "m").ok
+    for p in (procs("sampler", host, 0), procs("sampler", host, 0)):  # the restart, and a newcomer
+        assert sampler_result(p) == {"version": 2, "digest": digest(params(2))}
+
+
+def test_trainer_killed_mid_publish_leaves_the_previous_version(hosts, procs):
+    trainer, host = hosts(2)
+    mgr = manager_for(trainer, [host])
+    first = procs("trainer", trainer, 1, 1)
+    assert line(first) == "COMMITTED"
+    dying = procs("trainer", trainer, 2, 2, "9")
+    assert line(dying) == "STOPPED"  # nine blocks of version 2 are in the pool
+    dying.kill()
+    dying.wait()
+    et = engine(trainer)
+    assert mf.read_head(et.pool_path, "m") == 1 and mf.read_commit(et, "m", 2) is None
+    report = mgr.transfer(["trainer"], None, "m")  # the current version: 1
+    assert report.ok and report.version == 1
+    assert sampler_result(procs("sampler", host, 0)) == {"version": 1, "digest": digest(params(1))}
+    assert mf.read_commit(engine(host), "m", 2) is None
+    again = procs("trainer", trainer, 2, 2)  # the restarted trainer publishes version 2 whole
+    assert line(again) == "COMMITTED"
+    assert mgr.transfer(["trainer"], None, "m").version == 2
+    assert sampler_result(procs("sampler", host, 2)) == {"version": 2, "digest": digest(params(2))}
+
+
+def test_push_weights_to_peers(hosts):
+    trainer, p1, p2 = hosts(3)
+    publish(trainer, seed=5, version=4)
+    pusher = WeightSynchronizer(engine(trainer), "m")
+    assert pusher.push_weights([p1.address, f"tpusync://{p2.address}"]).result(timeout=60) == 4
+    for h in (p1, p2):
+        s = WeightSynchronizer(engine(h), "m")
+        s.bind_weights(params(0))
+        assert s.wait_for_version(4, timeout=10) == 4 and digest(s.params) == digest(params(5))
+        assert s.get_metrics()["host_version"] == 4
+
+
+def test_tree_plan_delivers_to_every_host(hosts):
+    trainer, *rest = hosts(5)
+    publish(trainer, seed=9, version=1)
+    mgr = manager_for(trainer, rest, topology="tree", fanout=2)
+    report = mgr.transfer(["trainer"], None, "m")
+    assert report.ok and report.plan.max_fanout() == 2 and report.plan.depth(trainer.address) == 2
+    for h in rest:
+        s = WeightSynchronizer(engine(h), "m")
+        s.bind_weights(params(0))
+        assert s.poll() == 1 and digest(s.params) == digest(params(9))
