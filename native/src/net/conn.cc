@@ -175,9 +175,7 @@ Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes
   TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d));
   TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/1 client", server_nonce, hello.body));
   if (!SameMac(auth.body, want)) {
-    Status st(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
-    (void)c.SendError(st, d);
-    return st;
+    return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/1 server", hello.body, server_nonce));
   return c.Send(Op::kAuthOk, proof, d);

@@ -61,7 +61,8 @@ class FramedConn {
 };
 
 // Mutual challenge-response over HMAC-SHA256 of both nonces. The server reads nothing but
-// the handshake until the client has proven the secret. Both run against one deadline.
+// the handshake until the client has proven the secret. Both run against one deadline. On
+// failure the server side returns the reason; its caller replies with it (SendError).
 Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d);
 // Returns the server's block size.
 Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d);

@@ -19,8 +19,10 @@ void PeerService::Serve(Socket& socket, const WakeFd& stop) {
   FramedConn c(socket, store_.pool().block_bytes());
   Status hs = ServerHandshake(c, secret_, store_.pool().block_bytes(), Deadline::After(options_.handshake_timeout));
   if (!hs.ok()) {
-    if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) ++metrics_.auth_failures;
-    if (hs.code() == StatusCode::kInvalidArgument) (void)c.SendError(hs, Deadline::After(options_.handshake_timeout));
+    if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) {
+      ++metrics_.auth_failures;  // counted before the reply, so a refused peer already sees it in /metrics
+      (void)c.SendError(hs, Deadline::After(options_.handshake_timeout));
+    }
     Log(LogLevel::kWarning, "data", "handshake refused: " + hs.ToString());
   } else {
     for (;;) {

@@ -184,9 +184,8 @@ class WeightSynchronizerManager:
 
         def run_host(host: str) -> None:
             try:
-                store = self._store(by_host[host])
                 for c in range(n):
-                    self._land_chunk(state, report, host, store, c, chunks, parts, manifest, deadline)
+                    self._land_chunk(state, report, by_host[host], c, chunks, parts, manifest, deadline)
                     if on_chunk is not None:
                         on_chunk(host, c + 1, n, sum(b.length for b in chunks[c]) if c < len(chunks) else 0)
                 with state.cond:
@@ -214,11 +213,13 @@ class WeightSynchronizerManager:
             raise errors.UnavailableError(f"source {src.host} failed: {report.failed}")
         return report
 
-    def _land_chunk(self, state: _State, report: TransferReport, host: str, store: KVStore, c: int,
+    def _land_chunk(self, state: _State, report: TransferReport, unit: WorkUnit, c: int,
                     chunks: list[list[mf.BlockRef]], parts: list[tuple[int, bytes]], manifest: mf.Manifest,
                     deadline: float) -> None:
         last = c == len(chunks)
+        host = unit.host
         while True:
+            store = self._store(unit)
             with state.cond:
                 while True:
                     up = state.parent(host)
@@ -239,11 +240,12 @@ class WeightSynchronizerManager:
                         if bad:
                             store.evict([b.key for b in bad])
                             ok = False
-            except errors.UnavailableError:
+            except errors.TpuSyncError:  # refused, reset, cut mid-handshake: the peer or we are gone
                 ok = False
             if ok:
                 break
-            self._check_alive(store, host)
+            self._forget(host)  # a control channel closes after a failed request: reconnect
+            self._check_alive(unit)
             if up == state.source:
                 raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
             with state.cond:
@@ -260,12 +262,12 @@ class WeightSynchronizerManager:
             state.ready[host] = c + 1
             state.cond.notify_all()
 
-    @staticmethod
-    def _check_alive(store: KVStore, host: str) -> None:
+    def _check_alive(self, unit: WorkUnit) -> None:
         try:
-            store.stats()
+            self._store(unit).stats()
         except errors.TpuSyncError as e:
-            raise _HostDead(f"{host}'s own sidecar is gone: {e}") from e
+            self._forget(unit.host)
+            raise _HostDead(f"{unit.host}'s own sidecar is gone: {e}") from e
 
     # -- metrics ----------------------------------------------------------------------------
 

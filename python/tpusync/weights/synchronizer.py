@@ -334,11 +334,11 @@ class WeightSynchronizer:
                 release()
                 raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
             host = np.frombuffer(view, dtype, count=int(np.prod(entry.shape, dtype=np.int64))).reshape(entry.shape)
-            arr = jnp.asarray(host)
+            arr = jax.device_put(host, next(iter(sharding.device_set)), may_alias=True)
             weakref.finalize(arr, release)
             self._metrics["zero_copy_leaves"] += 1
             return arr, host
-        host = np.empty(entry.shape, dtype)
+        host = _aligned_empty(entry.shape, dtype)
         for shard in entry.shards:
             region = tuple(slice(a, b) for a, b in shard.index)
             target = host if whole else np.empty(shard.shape, dtype)
@@ -350,8 +350,8 @@ class WeightSynchronizer:
             return host, host
         if sharding is None:
             return jnp.array(host), host
-        if local_cpu:
-            return jnp.asarray(host), host  # a fresh buffer per version: aliasing it is safe
+        if local_cpu:  # a fresh buffer per version: the array may alias it
+            return jax.device_put(host, next(iter(sharding.device_set)), may_alias=True), host
         # Resharding: each device takes its slice of the global host buffer.
         return jax.make_array_from_callback(entry.shape, sharding, lambda idx: host[idx]), host
 
@@ -444,6 +444,14 @@ class WeightSynchronizer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data is `align`-byte aligned (so a CPU device can alias it)."""
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n].view(dtype).reshape(shape)
 
 
 def _quiet(fn: Callable[..., Any], *args: Any) -> None:

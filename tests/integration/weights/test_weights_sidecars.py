@@ -91,7 +91,7 @@ def test_killed_relay_is_routed_around(hosts):
 
     report = mgr.transfer(["trainer"], None, "m", on_chunk=kill_relay)
     assert report.chunks > 4
-    assert set(report.failed) == {a.address}
+    assert set(report.failed) == {a.address}, report.failed
     assert sorted(report.committed) == sorted([b.address, c.address])
     assert any(dead == a.address and new == trainer.address for _, dead, new in report.rerouted)
     for h in (b, c):

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Weight-sync benchmark: one trainer to 1, 2, 4 samplers, bf16 weights, real sidecars.
+
+Measured in one run, each case beside its baseline:
+- onehost-N-samplers: the trainer host sends one copy to one sampler host, where N sampler
+  processes load it from the shared pool (time: transfer start -> last sampler swapped in);
+  baseline: the same with 1 sampler;
+- chain-N-hops: N simulated hosts (separate sidecars) in a pipelined chain, each pulling
+  chunk c from the previous host as soon as it has it (time: until every host committed);
+  baseline: one hop;
+- naive-N-samplers: the trainer host sends every sampler host its own copy (all at once);
+  baseline: 1 sampler;
+- tcp-raw: one raw TCP stream carrying the same bytes (the loopback ceiling), for scale.
+Prints a table, what the plan predicts for a 235B-parameter bf16 model over 16 hosts at
+50 GB/s per link, and writes bench/results/weight_sync.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).parent))
+from report import report  # noqa: E402
+
+from tpusync import KVStore, sidecar  # noqa: E402
+from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager, plan  # noqa: E402
+
+MIB, GIB = 1 << 20, 1 << 30
+BLOCK = 16 * MIB  # a leaf fits one block: CPU samplers use the pool slot in place (see docs/weights.md)
+LEAF = 16 * MIB
+CHUNK_BLOCKS = 2  # 32 MiB chunks
+
+SAMPLER = textwrap.dedent("""
+    import sys, time
+    import jax.numpy as jnp
+    import tpusync
+    from tpusync.weights import WeightSynchronizer
+    sock, version, leaves, leaf_elems = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    sync = WeightSynchronizer(tpusync.KVStore.connect("unix://" + sock), "bench")
+    sync.bind_weights({f"w{i:03d}": jnp.zeros(leaf_elems, jnp.bfloat16) for i in range(leaves)})
+    print("READY", flush=True)
+    sync.wait_for_version(version, timeout=600)
+    done = time.time()
+    assert float(sync.params["w000"][0]) == float(version)
+    print(done, flush=True)
+    sys.stdin.read()
+""")
+
+
+def weights(total: int, version: int) -> dict:
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    leaf_elems = LEAF // 2
+    out = {}
+    for i in range(total // LEAF):
+        a = np.empty(leaf_elems, ml_dtypes.bfloat16)
+        a[:] = version  # every byte written: pages are real, content is checkable
+        out[f"w{i:03d}"] = jnp.asarray(a)
+    return out
+
+
+class Cluster:
+    """Sidecars started for one case and removed after it (pools live in /dev/shm)."""
+
+    def __init__(self, workdir: str, secret_file: str, total: int):
+        self.workdir, self.secret_file, self.total = workdir, secret_file, total
+        self.cars: list[sidecar.Sidecar] = []
+
+    def host(self) -> sidecar.Sidecar:
+        i = len(self.cars)
+        pool = f"/dev/shm/tpusync-wbench-{os.getpid()}-{i}-{uuid.uuid4().hex[:6]}"
+        car = sidecar.launch(pool_path=pool, secret_file=self.secret_file, dram_bytes=self.total + 64 * MIB,
+                             block_bytes=BLOCK, control_socket=f"{self.workdir}/h{i}.sock", streams=4,
+                             stderr=subprocess.DEVNULL)
+        car.pool_path = pool
+        self.cars.append(car)
+        return car
+
+    def close(self) -> None:
+        for car in self.cars:
+            car.kill()
+            if os.path.exists(car.pool_path):
+                os.unlink(car.pool_path)
+            shutil.rmtree(car.pool_path + ".weights", ignore_errors=True)
+
+
+def engine(car) -> KVStore:
+    return KVStore.connect(f"unix://{car.control_socket}")
+
+
+def publish(car, total: int, version: int) -> float:
+    t0 = time.perf_counter()
+    WeightSynchronizer(engine(car), "bench", blocks_per_chunk=CHUNK_BLOCKS).publish(weights(total, version), version)
+    return time.perf_counter() - t0
+
+
+def manager(trainer, hosts) -> WeightSynchronizerManager:
+    mgr = WeightSynchronizerManager(topology=plan.CHAIN)
+    mgr.register_work_unit("trainer", host=trainer.address, control_socket=trainer.control_socket, role="trainer")
+    for i, h in enumerate(hosts):
+        mgr.register_work_unit(f"s{i}", host=h.address, control_socket=h.control_socket)
+    return mgr
+
+
+def onehost(workdir, secret_file, total: int, samplers: int) -> float:
+    cl = Cluster(workdir, secret_file, total)
+    procs = []
+    try:
+        trainer, host = cl.host(), cl.host()
+        publish(trainer, total, 1)
+        for _ in range(samplers):
+            procs.append(subprocess.Popen([sys.executable, "-c", SAMPLER, host.control_socket, "1",
+                                           str(total // LEAF), str(LEAF // 2)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            assert p.stdout.readline().strip() == "READY"
+        mgr = manager(trainer, [host])
+        start = time.time()
+        report_ = mgr.transfer(["trainer"], None, "bench")
+        assert report_.ok, report_.failed
+        done = [float(p.stdout.readline()) for p in procs]
+        mgr.close()
+        return max(done) - start
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        cl.close()
+
+
+def chain(workdir, secret_file, total: int, hops: int) -> float:
+    cl = Cluster(workdir, secret_file, total)
+    try:
+        trainer = cl.host()
+        hosts = [cl.host() for _ in range(hops)]
+        publish(trainer, total, 1)
+        mgr = manager(trainer, hosts)
+        t0 = time.perf_counter()
+        rep = mgr.transfer(["trainer"], None, "bench")
+        seconds = time.perf_counter() - t0
+        assert rep.ok and len(rep.committed) == hops, rep.failed
+        mgr.close()
+        return seconds
+    finally:
+        cl.close()
+
+
+def naive(workdir, secret_file, total: int, samplers: int) -> float:
+    """Every sampler host pulls its own whole copy from the trainer host, all at once."""
+    from tpusync.weights import manifest as mf
+
+    cl = Cluster(workdir, secret_file, total)
+    try:
+        trainer = cl.host()
+        hosts = [cl.host() for _ in range(samplers)]
+        publish(trainer, total, 1)
+        keys = mf.version_keys(mf.read_manifest(engine(trainer), "bench", 1))
+        stores = [engine(h) for h in hosts]
+        errors: list[BaseException] = []
+
+        def pull(store):
+            try:
+                assert all(store.read_remote(trainer.address, keys))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(s,)) for s in stores]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+        assert not errors, errors
+        return seconds
+    finally:
+        cl.close()
+
+
+RAW_SENDER = textwrap.dedent("""
+    import socket, sys
+    import numpy as np
+    port, total = int(sys.argv[1]), int(sys.argv[2])
+    buf = np.ones(total, np.uint8)
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(memoryview(buf))
+    s.recv(1)
+""")
+
+
+def raw_tcp(total: int) -> float:
+    listener = socket.create_server(("127.0.0.1", 0))
+    proc = subprocess.Popen([sys.executable, "-c", RAW_SENDER, str(listener.getsockname()[1]), str(total)])
+    conn, _ = listener.accept()
+    sink = memoryview(np.ones(total, np.uint8))
+    got = 0
+    t0 = time.perf_counter()
+    while got < total:
+        got += conn.recv_into(sink[got:got + 4 * MIB])
+    seconds = time.perf_counter() - t0
+    conn.sendall(b"k")
+    proc.wait()
+    conn.close()
+    listener.close()
+    return seconds
+
+
+def case(name: str, nbytes: int, seconds: float, baseline: float) -> dict:
+    return {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline,
+            "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, nargs="+", default=[1.0], help="weight sizes in GiB (e.g. 1 2)")
+    ap.add_argument("--samplers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
+    args = ap.parse_args()
+    console = Console()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tpusync-wbench-") as workdir:
+        secret_file = f"{workdir}/secret"
+        Path(secret_file).write_bytes(os.urandom(32).hex().encode())
+        for gib in args.gib:
+            total = int(gib * GIB) // LEAF * LEAF
+            tag = f"{gib:g}g"
+            raw = raw_tcp(total)
+            results.append(case(f"tcp-raw-{tag}", total, raw, raw))
+            one = onehost(workdir, secret_file, total, 1)
+            results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
+            for n in args.samplers:
+                results.append(case(f"onehost-{n}-samplers-{tag}", total, onehost(workdir, secret_file, total, n), one))
+            hop = chain(workdir, secret_file, total, 1)
+            results.append(case(f"chain-1-hops-{tag}", total, hop, hop))
+            for n in args.samplers:
+                results.append(case(f"chain-{n}-hops-{tag}", total, chain(workdir, secret_file, total, n), hop))
+            base = naive(workdir, secret_file, total, 1)
+            results.append(case(f"naive-1-samplers-{tag}", total, base, base))
+            for n in args.samplers:
+                results.append(case(f"naive-{n}-samplers-{tag}", total, naive(workdir, secret_file, total, n), base))
+            console.print(f"done {tag}")
+    columns = [("case", "case", ""), ("seconds", "seconds", ".3f"), ("baseline s", "baseline_seconds", ".3f"),
+               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f")]
+    gb = 10**9
+    model_bytes = 235 * gb * 2
+    lines = ["Plan prediction, 235B params bf16 (470 GB) to 16 hosts at 50 GB/s per host link, 64 MiB chunks:"]
+    for topo, k in ((plan.CHAIN, 1), (plan.TREE, 2), (plan.TREE, 4)):
+        p = plan.predict(model_bytes, 16, link_bytes_per_s=50 * gb, chunk_bytes=64 * MIB, topology=topo, fanout=k)
+        lines.append(f"  {topo}{'' if topo == plan.CHAIN else f' fan-out {k}'}: {p.seconds:.2f} s "
+                     f"(depth {p.depth}); naive (trainer sends each host a copy): {p.naive_seconds:.1f} s")
+    note = "\n".join(lines) + (f"\nLoopback on {os.cpu_count()} cores shared with other work: every hop costs CPU "
+                               "(copy + checksum), so hops compete for the same cores; figures are noisy.")
+    report(console, "tpusync weight sync (one run)", results, columns, args.out, note)
+
+
+if __name__ == "__main__":
+    main()

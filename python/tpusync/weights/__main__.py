@@ -1,0 +1,124 @@
+"""python -m tpusync.weights: predict a plan, or run a local demo with a progress bar.
+
+    python -m tpusync.weights plan --params-b 235 --hosts 16 --link-gbps 50 [--topology tree --fanout 2]
+    python -m tpusync.weights demo --hosts 3 --mib 256 [--topology tree --fanout 2]
+
+`demo` starts one sidecar per simulated host on 127.0.0.1 (host 0 is the trainer's),
+publishes random bf16 weights, sends them to every other host with a rich progress bar per
+host, checks a sampler on the last host received them byte for byte, and prints metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+from tpusync.weights import plan as planmod
+
+MIB = 1 << 20
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    total = int(args.params_b * 1e9 * args.bytes_per_param)
+    p = planmod.predict(total, args.hosts, link_bytes_per_s=args.link_gbps * 1e9, chunk_bytes=args.chunk_mib * MIB,
+                        topology=args.topology, fanout=args.fanout)
+    print(f"{args.params_b:g}B params x {args.bytes_per_param} B = {total / 1e9:.1f} GB to {args.hosts} hosts "
+          f"at {args.link_gbps:g} GB/s per link, {args.topology}"
+          f"{f' fan-out {args.fanout}' if args.topology == planmod.TREE else ''}, {args.chunk_mib} MiB chunks:")
+    print(f"  plan:  {p.seconds:.2f} s (depth {p.depth}, {p.link_copies} copies on the busiest uplink)")
+    print(f"  naive: {p.naive_seconds:.2f} s (the trainer sends every host its own copy)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from tpusync import KVStore, sidecar
+    from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
+
+    console = Console()
+    workdir = tempfile.mkdtemp(prefix="tpusync-weights-demo-")
+    secret = os.path.join(workdir, "secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    total = args.mib * MIB
+    cars = []
+    try:
+        for i in range(args.hosts):
+            pool = f"/dev/shm/tpusync-wdemo-{os.getpid()}-{i}-{uuid.uuid4().hex[:6]}"
+            car = sidecar.launch(pool_path=pool, secret_file=secret, dram_bytes=2 * total + 64 * MIB,
+                                 block_bytes=4 * MIB, control_socket=os.path.join(workdir, f"h{i}.sock"),
+                                 stderr=subprocess.DEVNULL)
+            car.pool_path = pool
+            cars.append(car)
+        rng = np.random.default_rng(0)
+        leaf = 8 * MIB // 2
+        params = {f"layer{i:03d}": jnp.asarray(rng.standard_normal(leaf, np.float32).astype(ml_dtypes.bfloat16))
+                  for i in range(max(1, total // (8 * MIB)))}
+        trainer = WeightSynchronizer(KVStore.connect(f"unix://{cars[0].control_socket}"), "demo", blocks_per_chunk=4)
+        m = trainer.publish(params, 1)
+        console.print(f"published version 1: {m.nbytes / MIB:.0f} MiB, {len(m.blocks())} blocks, "
+                      f"{len(m.chunks())} chunks on host 0 ({cars[0].address})")
+        mgr = WeightSynchronizerManager(topology=args.topology, fanout=args.fanout)
+        mgr.register_work_unit("trainer", host=cars[0].address, control_socket=cars[0].control_socket, role="trainer")
+        for i, car in enumerate(cars[1:], 1):
+            mgr.register_work_unit(f"sampler-{i}", host=car.address, control_socket=car.control_socket)
+        columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn()]
+        with Progress(*columns, console=console) as progress:
+            tasks = {car.address: progress.add_task(f"host {i} {car.address}", total=m.nbytes)
+                     for i, car in enumerate(cars[1:], 1)}
+            report = mgr.transfer(["trainer"], None, "demo",
+                                  on_chunk=lambda host, done, n, nbytes: progress.advance(tasks[host], nbytes))
+        console.print(f"{args.topology}: {len(report.committed)} hosts committed in {report.seconds:.3f} s "
+                      f"({m.nbytes * len(report.committed) / report.seconds / 1e9:.2f} GB/s delivered); "
+                      f"failed: {report.failed or 'none'}")
+        sampler = WeightSynchronizer(KVStore.connect(f"unix://{cars[-1].control_socket}"), "demo")
+        sampler.bind_weights(params)
+        sampler.wait_for_version(1, timeout=60)
+        same = all(np.asarray(params[k]).tobytes() == np.asarray(sampler.params[k]).tobytes() for k in params)
+        console.print(f"sampler on host {len(cars) - 1}: version {sampler.version}, byte-exact: {same}")
+        metrics = sampler.get_metrics()
+        console.print({k: metrics[k] for k in ("version", "bytes_loaded", "last_load_seconds", "zero_copy_leaves")})
+        console.print({k: v for k, v in mgr.get_metrics().items() if k != "hosts"})
+        mgr.close()
+        return 0 if same and report.ok else 1
+    finally:
+        for car in cars:
+            car.kill()
+            if os.path.exists(car.pool_path):
+                os.unlink(car.pool_path)
+            shutil.rmtree(car.pool_path + ".weights", ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tpusync.weights", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="predict a transfer's time from the plan")
+    p.add_argument("--params-b", type=float, default=235.0, help="parameters, in billions")
+    p.add_argument("--bytes-per-param", type=int, default=2)
+    p.add_argument("--hosts", type=int, default=16)
+    p.add_argument("--link-gbps", type=float, default=50.0, help="GB/s per host link")
+    p.add_argument("--chunk-mib", type=int, default=64)
+    d = sub.add_parser("demo", help="run a transfer between local sidecars with a progress bar")
+    d.add_argument("--hosts", type=int, default=3)
+    d.add_argument("--mib", type=int, default=256)
+    for q in (p, d):
+        q.add_argument("--topology", choices=[planmod.CHAIN, planmod.TREE], default=planmod.CHAIN)
+        q.add_argument("--fanout", type=int, default=2)
+    args = ap.parse_args(argv)
+    return cmd_plan(args) if args.cmd == "plan" else cmd_demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
