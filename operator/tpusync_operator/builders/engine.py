@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from ..models import DisaggregatedServingSpec
+from .common import env_from_fields
 from .sidecar import CONTROL_SOCKET
 
 # Pinned defaults (override with spec.engine.image).
@@ -27,13 +28,19 @@ def engine_image(spec: DisaggregatedServingSpec) -> str:
     return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
 
 
-def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int) -> tuple[list[str], list[str]]:
-    """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`."""
+def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int, data_port: int,
+                   kv_events_port: int) -> tuple[list[str], list[str]]:
+    """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
+
+    The engine publishes the KV events (it knows the tokens of each block); `data_port` is the
+    pod's sidecar data port, advertised to decode pods in kv_transfer_params.
+    """
     m = spec.model
     extra = list((spec.prefill if role == "prefill" else spec.decode).args or [])
     if spec.engine.type == "reference":
-        args = ["--role", role, "--port", str(port), "--model", m.uri, "--served-model-name", m.name,
-                "--control-socket", CONTROL_SOCKET,
+        args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", m.uri,
+                "--served-model-name", m.name, "--control-socket", CONTROL_SOCKET,
+                "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
@@ -60,7 +67,7 @@ def engine_probe_path(spec: DisaggregatedServingSpec) -> str:
 
 
 def engine_env(spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]]:
-    env = [
+    env = env_from_fields() + [
         {"name": "TPUSYNC_ROLE", "value": role},
         {"name": "TPUSYNC_CONTROL_SOCKET", "value": CONTROL_SOCKET},
         # Block keys hashed with Python's hash() must agree across replicas.

@@ -78,7 +78,8 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
-    command, args = engine_command(spec, role, port=port, chips=plan.chips)
+    command, args = engine_command(spec, role, port=port, chips=plan.chips, data_port=pool.spec.sidecar.data_port,
+                                   kv_events_port=pool.spec.sidecar.kv_events_port)
     labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
     if serving:
         labels[LLMD_ROLE_LABEL] = role

@@ -23,6 +23,7 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
     """The sidecar container; `native` makes it a native sidecar (init container, restartPolicy Always)."""
     sc = spec.sidecar
     args = [
+        "--bind=0.0.0.0",  # the pod's interfaces; the NetworkPolicy admits only pool members
         f"--data-port={sc.data_port}",
         f"--http-port={sc.http_port}",
         f"--control-socket={CONTROL_SOCKET}",
@@ -31,7 +32,6 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         f"--block-bytes={to_bytes(spec.tiers.block_bytes)}",
         f"--auth-secret-file={AUTH_DIR}/token",
         f"--peers-dns={names.peers_dns(pool, namespace)}",
-        f"--kv-events-endpoint=tcp://*:{sc.kv_events_port}",
     ]
     mounts = [
         {"name": "tpusync-shm", "mountPath": SHM_DIR},

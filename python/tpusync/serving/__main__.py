@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from tpusync.serving.engine import ROLES, Engine
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_events_endpoint:
         from tpusync.kv_events import KVEventPublisher
 
-        topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.served_model_name or args.model}"
+        host = os.environ.get("POD_IP", args.host)  # the address llm-d knows this pod by
+        topic = args.kv_events_topic or f"kv@{host}:{args.port}@{args.served_model_name or args.model}"
         events = KVEventPublisher(args.kv_events_endpoint, topic)
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
