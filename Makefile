@@ -62,7 +62,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest verify
+test: native-test fuzz chart-test pytest verify e2e
 
 demo: install
 	$(PY) -m tpusync.demo
