@@ -514,7 +514,7 @@ class Cluster:
                          *(f"crd/{n}" for n in names), timeout=timeout + 30)
         return names
 
-    # ----- fake GKE TPU nodes -------------------------------------------------------------
+    # ----- fake GKE nodes -----------------------------------------------------------------
     def add_tpu_nodes(self, pool: str, count: int, *, accelerator: str = "tpu-v6e-slice",
                       topology: str = "2x4", chips_per_node: int = 4,
                       machine_type: str = "ct6e-standard-4t", cpu: str = "180",
@@ -522,9 +522,29 @@ class Cluster:
                       wait: bool = True, timeout: float = 60) -> list[str]:
         """Creates `count` kwok-managed nodes looking like one GKE TPU node pool (slice).
         kwok marks them Ready and keeps their leases fresh. Returns the node names."""
+        return self._add_nodes(
+            pool, count, labels={"cloud.google.com/gke-tpu-accelerator": accelerator,
+                                 "cloud.google.com/gke-tpu-topology": topology},
+            resources={"google.com/tpu": str(chips_per_node)}, taints=[dict(TPU_TAINT)],
+            machine_type=machine_type, cpu=cpu, memory=memory, zone=zone, pods=110,
+            wait=wait, timeout=timeout)
+
+    def add_cpu_nodes(self, pool: str, count: int, *, machine_type: str = "n2-standard-32",
+                      cpu: str = "32", memory: str = "128Gi", pods: int = 110,
+                      zone: str = "us-east5-b", wait: bool = True,
+                      timeout: float = 60) -> list[str]:
+        """Creates `count` untainted kwok nodes of a plain GKE CPU node pool (store nodes,
+        endpoint pickers, cpuOnly engines)."""
+        return self._add_nodes(pool, count, labels={}, resources={}, taints=[],
+                               machine_type=machine_type, cpu=cpu, memory=memory, zone=zone,
+                               pods=pods, wait=wait, timeout=timeout)
+
+    def _add_nodes(self, pool: str, count: int, *, labels: dict[str, str],
+                   resources: dict[str, str], taints: list[dict], machine_type: str, cpu: str,
+                   memory: str, zone: str, pods: int, wait: bool, timeout: float) -> list[str]:
         names = [f"gke-{pool}-{i}" for i in range(count)]
-        resources = {"cpu": cpu, "memory": memory, "pods": "110",
-                     "google.com/tpu": str(chips_per_node), "ephemeral-storage": "100Gi"}
+        res = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "100Gi",
+               **resources}
         nodes = [{
             "apiVersion": "v1", "kind": "Node",
             "metadata": {
@@ -539,19 +559,29 @@ class Cluster:
                     "topology.kubernetes.io/zone": zone,
                     "type": "kwok",
                     "cloud.google.com/gke-nodepool": pool,
-                    "cloud.google.com/gke-tpu-accelerator": accelerator,
-                    "cloud.google.com/gke-tpu-topology": topology,
+                    **labels,
                 },
             },
-            "spec": {"taints": [dict(TPU_TAINT)]},
+            "spec": {"taints": list(taints)} if taints else {},
             # Nodes may carry status on create; kwok's node-initialize stage keeps these.
-            "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+            "status": {"capacity": dict(res), "allocatable": dict(res)},
         } for name in names]
         self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(nodes))
         if wait:
             self.kubectl("wait", "--for=condition=Ready", f"--timeout={int(timeout)}s",
                          *(f"node/{n}" for n in names), timeout=timeout + 30)
         return names
+
+    def service_account_kubeconfig(self, name: str, namespace: str, path: Path,
+                                   duration: str = "6h") -> Path:
+        """Writes a kubeconfig authenticating as ServiceAccount namespace/name with a bound
+        token from the TokenRequest API (what a pod of that ServiceAccount would get)."""
+        token = self.kubectl("create", "token", name, "-n", namespace,
+                             f"--duration={duration}").stdout.strip()
+        path.write_text(yaml.safe_dump(self._kubeconfig_dict(
+            f"system:serviceaccount:{namespace}:{name}", token)))
+        path.chmod(0o600)
+        return path
 
 
 def _die_with_parent() -> None:

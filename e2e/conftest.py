@@ -10,10 +10,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Cluster, ControlPlaneError  # noqa: E402
+from operator_proc import REPO, OperatorProcess, helm_install_operator  # noqa: E402
 
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
 # google.com/tpu=present:NoSchedule).
@@ -49,8 +51,11 @@ def cluster(tmp_path_factory):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if report.failed and "cluster" in getattr(item, "funcargs", {}):
-        report.sections.append(("control plane logs (tails)", item.funcargs["cluster"].logs()))
+    funcargs = getattr(item, "funcargs", {})
+    if report.failed and "cluster" in funcargs:
+        report.sections.append(("control plane logs (tails)", funcargs["cluster"].logs()))
+    if report.failed and "operator" in funcargs:
+        report.sections.append(("tpusync operator log (tail)", funcargs["operator"].tail(80)))
     return report
 
 
@@ -60,12 +65,91 @@ def crds(cluster):
     return cluster.install_crds()
 
 
-@pytest.fixture
-def namespace(cluster):
-    """A fresh namespace (with its default ServiceAccount ready), deleted afterwards."""
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
+def _new_namespace(cluster, prefix: str = "e2e") -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("wait", "--for=create", "serviceaccount/default",
                     "-n", name, "--timeout=60s")
+    return name
+
+
+@pytest.fixture
+def namespace(cluster):
+    """A fresh namespace (with its default ServiceAccount ready), deleted afterwards."""
+    name = _new_namespace(cluster)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def module_namespace(cluster):
+    """One namespace for all tests of a module (scenarios that build on each other)."""
+    name = _new_namespace(cluster)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# ----- tpusync: CRDs, the chart, the operator ---------------------------------------------
+
+OPERATOR_NAMESPACE = "tpusync-system"
+OPERATOR_RELEASE = "tpusync-operator"     # fullname = release name: SA "tpusync-operator"
+# Extra kwok node pools for the operator scenarios: single-host v6e (2x2: 4 chips, one
+# host) and v7x (2x2x1) slices the TPUSyncPools select by node pool, plus an untainted CPU
+# pool for store nodes and the endpoint pickers.
+OPERATOR_POOLS = (
+    dict(pool="e2e-v6e-2x2", count=6, accelerator="tpu-v6e-slice", topology="2x2",
+         chips_per_node=4, machine_type="ct6e-standard-4t"),
+    dict(pool="e2e-tpu7x", count=2, accelerator="tpu7x", topology="2x2x1",
+         chips_per_node=4, machine_type="tpu7x-standard-4t"),
+)
+STORE_POOL = "tpusync-store"
+
+
+@pytest.fixture(scope="session")
+def tpusync_crds(cluster):
+    """`kubectl apply -f crds/` (TPUSyncPool, DisaggregatedServing, kopf peerings), Established."""
+    res = cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    names = [line.split()[0].split("/", 1)[1] for line in res.stdout.splitlines() if line.strip()]
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    *(f"crd/{n}" for n in names), timeout=90)
+    return names
+
+
+@pytest.fixture(scope="session")
+def llmd_crds(cluster, crds):
+    """InferenceObjective as llm-d serves it (llm-d.ai/v1alpha2, what the operator writes):
+    the published Gateway API Inference Extension CRD with its group renamed; schema
+    unchanged. See docs/e2e.md."""
+    src = cluster.crd_dir / "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+    path = cluster.workdir / "llm-d.ai_inferenceobjectives.yaml"
+    path.write_text(yaml.safe_dump(llmd_objective_crd(src)))
+    return cluster.install_crds([path])
+
+
+def llmd_objective_crd(published: Path) -> dict:
+    doc = next(d for d in yaml.safe_load_all(published.read_text())
+               if d and d.get("kind") == "CustomResourceDefinition")
+    doc["spec"]["group"] = "llm-d.ai"
+    doc["metadata"] = {"name": f"{doc['spec']['names']['plural']}.llm-d.ai"}
+    return doc
+
+
+@pytest.fixture(scope="session")
+def operator_nodes(cluster):
+    names = [n for spec in OPERATOR_POOLS for n in cluster.add_tpu_nodes(**spec)]
+    return names + cluster.add_cpu_nodes(STORE_POOL, 1)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crds, llmd_crds, tpusync_crds, operator_nodes, tmp_path_factory):
+    """The chart installed (release tpusync-operator in tpusync-system; kwok plays its pods),
+    and the operator running here as a process with the chart's ServiceAccount token,
+    peered through the chart's ClusterKopfPeering, resyncing every 3 s."""
+    helm_install_operator(cluster, OPERATOR_RELEASE, OPERATOR_NAMESPACE)
+    op = OperatorProcess(cluster, service_account=OPERATOR_RELEASE, namespace=OPERATOR_NAMESPACE,
+                         workdir=tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()

@@ -20,7 +20,9 @@ def test_version_is_pinned(cluster):
 
 
 def test_tpu_nodes_are_ready(cluster):
-    nodes = cluster.kubectl_json("get", "nodes", "-l", "cloud.google.com/gke-tpu-accelerator")
+    # The default pools only (other modules add their own).
+    nodes = cluster.kubectl_json("get", "nodes", "-l", "cloud.google.com/gke-tpu-accelerator,"
+                                 "cloud.google.com/gke-nodepool in (v6e-pool,tpu7x-pool)")
     by_accel: dict[str, int] = {}
     for node in nodes["items"]:
         labels = node["metadata"]["labels"]

@@ -399,6 +399,7 @@ Status Store::Release(std::span<const BlockKey> keys) {
 Status Store::Evict(std::span<const BlockKey> keys) {
   std::unique_lock lock(mu_);
   Status result = Status::Ok();
+  bool queued = false;
   for (const BlockKey& key : keys) {
     IndexEntry* e = index_.Find(key);
     while (e != nullptr && (e->demoting || e->promoting)) {
@@ -412,10 +413,8 @@ Status Store::Evict(std::span<const BlockKey> keys) {
     }
     if (e->in_dram()) {
       if (disk_ && !e->on_disk()) {
-        e->demoting = true;
-        e->drop_slot_after_demote = true;
-        Status st = DemoteLocked(lock, key);
-        if (!st.ok() && result.ok()) result = st;
+        StartDemotionLocked(*e);  // the write-behind threads write the batch, several at a time
+        queued = true;
       } else {
         DropDramLocked(*e);
       }
@@ -424,6 +423,11 @@ Status Store::Evict(std::span<const BlockKey> keys) {
       ++c_->disk_evictions;
       index_.Erase(key);
     }
+  }
+  if (queued) {
+    cv_.wait(lock, [&] { return pending_demotions_ == 0; });
+    Status st = std::exchange(flush_error_, Status::Ok());
+    if (result.ok()) result = st;
   }
   return result;
 }

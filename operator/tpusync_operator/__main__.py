@@ -10,6 +10,8 @@
   --liveness URL          kopf probe endpoint (default http://0.0.0.0:8080/healthz); use it
                           for both liveness and readiness: it answers once startup is done
   --metrics-port PORT     Prometheus metrics (default 9090; 0 disables)
+  --metrics-address ADDR  address the metrics server binds (default 0.0.0.0, the pod's
+                          interfaces; 127.0.0.1 when the operator runs outside a pod)
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", "-n", action="append", default=[], help="namespace to watch")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="probe endpoint URL")
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("TPUSYNC_METRICS_PORT", "9090")))
+    parser.add_argument("--metrics-address", default=os.environ.get("TPUSYNC_METRICS_ADDRESS", "0.0.0.0"))
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["TPUSYNC_METRICS_ADDRESS"] = args.metrics_address
     from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 
     kopf.run(

@@ -49,7 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 300
     metrics_port = int(os.environ.get("TPUSYNC_METRICS_PORT", "0") or 0)
     if metrics_port:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, os.environ.get("TPUSYNC_METRICS_ADDRESS", "0.0.0.0"))
 
 
 @kopf.on.cleanup()

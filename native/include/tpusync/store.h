@@ -136,7 +136,8 @@ class Store {
   // kNotFound (pin) or kFailedPrecondition (release of an unpinned key) name the first bad one.
   Status Pin(std::span<const BlockKey> keys);
   Status Release(std::span<const BlockKey> keys);
-  // Pushes blocks one tier down now: DRAM -> disk (dropped without a disk tier), disk -> gone.
+  // Pushes blocks one tier down and returns when done: DRAM -> disk (through the write-behind
+  // threads; dropped without a disk tier), disk -> gone. Reports the first demotion error.
   Status Evict(std::span<const BlockKey> keys);
   // Waits for queued write-behind; returns the first demotion error since the last Flush.
   Status Flush();

@@ -3,8 +3,11 @@ GKE-provisioned pools, and the `python -m tpusync_operator` entry point."""
 
 from __future__ import annotations
 
+import asyncio
+
 import kopf
 import pytest
+from kubernetes_asyncio import config
 
 from tpusync_operator import __main__ as entry
 from tpusync_operator import handlers
@@ -48,6 +51,42 @@ def test_entry_point_flags(monkeypatch, argv, want):
     assert entry.main(argv + ["--metrics-port", "0"]) == 0
     for k, v in want.items():
         assert seen[k] == v, k
+
+
+def test_metrics_address_flag(monkeypatch):
+    """Outside a pod (e2e, dev) the metrics server must be able to bind loopback only."""
+    monkeypatch.setattr(kopf, "run", lambda **kw: None)
+    monkeypatch.delenv("TPUSYNC_METRICS_ADDRESS", raising=False)
+    assert entry.main(["--metrics-port", "0"]) == 0
+    assert entry.os.environ["TPUSYNC_METRICS_ADDRESS"] == "0.0.0.0"
+    assert entry.main(["--metrics-port", "0", "--metrics-address", "127.0.0.1"]) == 0
+    assert entry.os.environ["TPUSYNC_METRICS_ADDRESS"] == "127.0.0.1"
+    served = []
+    monkeypatch.setattr(handlers.metrics, "serve", lambda port, address: served.append((port, address)))
+    monkeypatch.setenv("TPUSYNC_METRICS_PORT", "9999")
+
+    class Settings:   # just the attributes configure() sets
+        class persistence:
+            pass
+
+        class posting:
+            pass
+
+        class watching:
+            pass
+
+    class Memo:
+        pass
+
+    async def fake_load_kube_config():
+        return None
+
+    monkeypatch.setattr(config, "load_incluster_config", lambda: (_ for _ in ()).throw(config.ConfigException()))
+    monkeypatch.setattr(config, "load_kube_config", fake_load_kube_config)
+    memo = Memo()
+    asyncio.run(handlers.configure(settings=Settings, memo=memo))
+    asyncio.run(memo.api.close())
+    assert served == [(9999, "127.0.0.1")]
 
 
 def test_standalone_and_peering_are_exclusive():

@@ -1,0 +1,178 @@
+"""The generated CRDs on a real API server: they install, the samples validate with their
+defaults applied, and invalid objects are rejected by the API server itself (OpenAPI
+schema and CEL rules) with a message that names the offending field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from operator_proc import REPO
+
+API = "tpusync.dev/v1alpha1"
+
+POOL = {
+    "apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": "p"},
+    "spec": {"tpu": {"type": "v6e", "topology": "2x2"},
+             "provisioning": {"mode": "existing", "existing": {"nodePoolName": "np"}}},
+}
+SERVING = {
+    "apiVersion": API, "kind": "DisaggregatedServing", "metadata": {"name": "s"},
+    "spec": {"model": {"name": "m", "uri": "hf://org/m"}, "poolRef": {"name": "p"}},
+}
+
+
+def variant(base: dict, path: str, value) -> dict:
+    """A deep copy of base with the dotted spec path set (value None deletes it)."""
+    obj = copy.deepcopy(base)
+    node = obj
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    if value is None:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
+    return obj
+
+
+def server_dry_run(cluster, namespace: str, obj: dict):
+    return cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json",
+                           "-f", "-", input=json.dumps(obj), check=False)
+
+
+def test_kubectl_apply_crds(cluster, tpusync_crds):
+    assert set(tpusync_crds) == {"tpusyncpools.tpusync.dev", "disaggregatedservings.tpusync.dev",
+                                 "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    # Applying again is a no-op, not an error.
+    out = cluster.kubectl("apply", "-f", str(REPO / "crds")).stdout
+    assert out.count("unchanged") == 4, out
+    crd = cluster.kubectl_json("get", "crd", "tpusyncpools.tpusync.dev")
+    assert crd["spec"]["names"]["shortNames"] == ["tsp", "tpupool"]
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    # The category and the field docs are served.
+    assert cluster.kubectl("get", "tpusync", "-A").returncode == 0
+    explain = cluster.kubectl("explain", "tpusyncpool.spec.tpu").stdout
+    assert "topology" in explain and "TPU generation" in explain
+
+
+@pytest.mark.parametrize("sample", sorted((REPO / "samples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_samples_validate_with_defaults(cluster, tpusync_crds, namespace, sample):
+    for doc in yaml.safe_load_all(sample.read_text()):
+        doc["metadata"]["namespace"] = namespace
+        res = server_dry_run(cluster, namespace, doc)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout)
+        if doc["kind"] == "TPUSyncPool":
+            # Nested defaults applied by the API server from the schema.
+            assert got["spec"]["sidecar"]["dataPort"] == 7600
+            assert got["spec"]["tiers"]["blockBytes"] == doc["spec"]["tiers"].get("blockBytes", "1Mi")
+            assert got["spec"]["auth"] == {}
+        else:
+            assert got["spec"]["routing"]["enabled"] is True
+            assert got["spec"]["port"] == 8000
+            assert got["spec"]["kvTransfer"]["connector"] == "tpusync"
+
+
+POOL_CASES = [
+    # (id, dotted path, value, text that must appear in the API server's message)
+    ("tpu-type-enum", "spec.tpu.type", "v5e", "spec.tpu.type"),
+    ("tpu-required", "spec.tpu", None, "spec.tpu"),
+    ("topology-pattern", "spec.tpu.topology", "two-by-two", "spec.tpu.topology"),
+    ("topology-cel-v7x", "spec.tpu", {"type": "v7x", "topology": "2x4"},
+     "spec.tpu.topology must be AxB for v6e and AxBxC for v7x"),
+    ("hosts-and-autoscaling", "spec.capacity", {"hosts": 2, "autoscaling": {"maxHosts": 2}},
+     "spec.capacity: set either hosts or autoscaling, not both"),
+    ("spot-and-reservation", "spec.capacity", {"spot": True, "reservation": "r"},
+     "spec.capacity: spot and reservation are mutually exclusive"),
+    ("autoscaling-min-max", "spec.capacity.autoscaling", {"minHosts": 3, "maxHosts": 2},
+     "spec.capacity.autoscaling.minHosts must not exceed maxHosts"),
+    ("hosts-minimum", "spec.capacity.hosts", 0, "spec.capacity.hosts"),
+    ("gke-requires-gke", "spec.provisioning", {"mode": "gke"},
+     "spec.provisioning.gke is required when mode is gke"),
+    ("existing-requires-existing", "spec.provisioning", {"mode": "existing"},
+     "spec.provisioning.existing is required when mode is existing"),
+    ("existing-needs-selector", "spec.provisioning.existing", {},
+     "spec.provisioning.existing needs nodePoolName or nodeSelector"),
+    ("mode-enum", "spec.provisioning.mode", "manual", "spec.provisioning.mode"),
+    ("dram-quantity", "spec.tiers.dram", "lots", "spec.tiers.dram"),
+    ("ephemeral-needs-class", "spec.tiers.disk", {"size": "1Ti", "medium": "EphemeralVolume"},
+     "spec.tiers.disk.storageClassName is required when medium is EphemeralVolume"),
+    ("data-port-range", "spec.sidecar.dataPort", 70000, "spec.sidecar.dataPort"),
+    ("store-replicas-daemonset", "spec.storeNodes", {"enabled": True, "kind": "DaemonSet",
+                                                    "replicas": 2},
+     "spec.storeNodes.replicas applies only to kind StatefulSet"),
+    ("auth-secret-name", "spec.auth.secretName", "Not_A_Name", "spec.auth.secretName"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", [c[1:] for c in POOL_CASES],
+                         ids=[c[0] for c in POOL_CASES])
+def test_invalid_pool_rejected(cluster, tpusync_crds, namespace, path, value, message):
+    assert server_dry_run(cluster, namespace, POOL).returncode == 0   # the base is valid
+    res = server_dry_run(cluster, namespace, variant(POOL, path, value))
+    assert res.returncode != 0, f"accepted: {path}={value!r}"
+    assert 'TPUSyncPool.tpusync.dev "p" is invalid' in res.stderr, res.stderr
+    assert message in res.stderr, res.stderr
+
+
+SERVING_CASES = [
+    ("no-replicas", "spec.prefill", {"replicas": 0},
+     None),   # filled below: both roles at zero
+    ("cpu-only-needs-reference", "spec.engine", {"type": "vllm-tpu", "cpuOnly": True},
+     "spec.engine.cpuOnly is only valid with type reference"),
+    ("gateway-needs-routing", "spec.routing", {"enabled": False, "gatewayRef": {"name": "gw"}},
+     "spec.routing.gatewayRef requires spec.routing.enabled"),
+    ("engine-enum", "spec.engine.type", "tgi", "spec.engine.type"),
+    ("model-required", "spec.model", None, "spec.model"),
+    ("model-uri-empty", "spec.model.uri", "", "spec.model.uri"),
+    ("pool-ref-name", "spec.poolRef.name", "Bad_Name", "spec.poolRef.name"),
+    ("port-range", "spec.port", 0, "spec.port"),
+    ("scorer-weight", "spec.routing.scorerWeights.queue", -1, "spec.routing.scorerWeights.queue"),
+    ("role-topology", "spec.decode.topology", "big", "spec.decode.topology"),
+    ("role-replicas", "spec.decode.replicas", -1, "spec.decode.replicas"),
+    ("hosts-per-replica", "spec.prefill.hostsPerReplica", 0, "spec.prefill.hostsPerReplica"),
+    ("connector-enum", "spec.kvTransfer.connector", "nixl", "spec.kvTransfer.connector"),
+    ("prefix-cache-quantity", "spec.prefixCache.hostDram", "1 GB", "spec.prefixCache.hostDram"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", [c[1:] for c in SERVING_CASES],
+                         ids=[c[0] for c in SERVING_CASES])
+def test_invalid_serving_rejected(cluster, tpusync_crds, namespace, path, value, message):
+    assert server_dry_run(cluster, namespace, SERVING).returncode == 0
+    obj = variant(SERVING, path, value)
+    if message is None:   # the cross-field rule over both roles
+        obj["spec"]["decode"] = {"replicas": 0}
+        message = "spec.prefill.replicas + spec.decode.replicas must be at least 1"
+    res = server_dry_run(cluster, namespace, obj)
+    assert res.returncode != 0, f"accepted: {path}={value!r}"
+    assert 'DisaggregatedServing.tpusync.dev "s" is invalid' in res.stderr, res.stderr
+    assert message in res.stderr, res.stderr
+
+
+def test_unknown_field_rejected_by_strict_validation(cluster, tpusync_crds, namespace):
+    res = server_dry_run(cluster, namespace, variant(POOL, "spec.tiers.drams", "1Gi"))
+    assert res.returncode != 0
+    assert "spec.tiers.drams" in res.stderr, res.stderr
+
+
+def test_provisioning_mode_is_immutable(cluster, tpusync_crds, namespace):
+    """A transition rule (oldSelf): checked on update only."""
+    pool = variant(POOL, "metadata.namespace", namespace)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pool))
+    patch = {"spec": {"provisioning": {"mode": "gke", "gke": {
+        "project": "p", "location": "l", "cluster": "c"}}}}
+    res = cluster.kubectl("patch", "tpusyncpool", "p", "-n", namespace, "--type=merge",
+                          "-p", json.dumps(patch), check=False)
+    assert res.returncode != 0
+    assert "spec.provisioning.mode is immutable" in res.stderr, res.stderr
+    # Other fields stay editable.
+    cluster.kubectl("patch", "tpusyncpool", "p", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"tiers": {"dram": "8Gi"}}}))
+    got = cluster.kubectl_json("get", "tpusyncpool", "p", "-n", namespace)
+    assert got["spec"]["tiers"]["dram"] == "8Gi"
+    assert got["spec"]["provisioning"]["mode"] == "existing"
