@@ -53,8 +53,10 @@ def test_kubectl_apply_crds(cluster, tpusync_crds):
     crd = cluster.kubectl_json("get", "crd", "tpusyncpools.tpusync.dev")
     assert crd["spec"]["names"]["shortNames"] == ["tsp", "tpupool"]
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
-    # The category and the field docs are served.
-    assert cluster.kubectl("get", "tpusync", "-A").returncode == 0
+    # The category and the field docs are served (fresh discovery: no stale kubectl cache).
+    assert crd["spec"]["names"]["categories"] == ["tpusync"]
+    cache = f"--cache-dir={cluster.workdir / 'kubectl-cache-crds'}"
+    assert cluster.kubectl(cache, "get", "tpusync", "-A").returncode == 0
     explain = cluster.kubectl("explain", "tpusyncpool.spec.tpu").stdout
     assert "topology" in explain and "TPU generation" in explain
 
@@ -115,7 +117,7 @@ def test_invalid_pool_rejected(cluster, tpusync_crds, namespace, path, value, me
     assert server_dry_run(cluster, namespace, POOL).returncode == 0   # the base is valid
     res = server_dry_run(cluster, namespace, variant(POOL, path, value))
     assert res.returncode != 0, f"accepted: {path}={value!r}"
-    assert 'TPUSyncPool.tpusync.dev "p" is invalid' in res.stderr, res.stderr
+    assert 'The TPUSyncPool "p" is invalid' in res.stderr, res.stderr
     assert message in res.stderr, res.stderr
 
 
@@ -150,7 +152,7 @@ def test_invalid_serving_rejected(cluster, tpusync_crds, namespace, path, value,
         message = "spec.prefill.replicas + spec.decode.replicas must be at least 1"
     res = server_dry_run(cluster, namespace, obj)
     assert res.returncode != 0, f"accepted: {path}={value!r}"
-    assert 'DisaggregatedServing.tpusync.dev "s" is invalid' in res.stderr, res.stderr
+    assert 'The DisaggregatedServing "s" is invalid' in res.stderr, res.stderr
     assert message in res.stderr, res.stderr
 
 
