@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -50,8 +51,9 @@ class KVStore:
     CPU jax arrays through ``np.asarray``); nothing is copied on the way to the engine.
     """
 
-    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4):
+    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4, private_pool: bool = False):
         self._native = native
+        self._private_pool = private_pool  # a pool file of our own, removed (with its side files) on close
         self._secret = secret
         self._streams = streams
         self._peers: dict[str, _native.PeerClient] = {}
@@ -98,7 +100,7 @@ class KVStore:
             unlink_on_close=private,
             io_threads=io_threads,
         )
-        return cls(native, secret=secret, streams=streams)
+        return cls(native, secret=secret, streams=streams, private_pool=private)
 
     @classmethod
     def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
@@ -277,7 +279,10 @@ class KVStore:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""
         self._peers.clear()
         if hasattr(self._native, "close"):
+            pool = self._native.pool_path if self._private_pool else None
             self._native.close()
+            if pool:  # e.g. the weight synchronizer's head files beside the pool
+                shutil.rmtree(pool + ".weights", ignore_errors=True)
 
     def __enter__(self) -> KVStore:
         return self

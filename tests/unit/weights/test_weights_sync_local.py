@@ -226,6 +226,7 @@ def test_resharding_between_meshes_through_host_buffers(tmp_path):
         for s in w.addressable_shards:
             assert np.asarray(s.data).tobytes() == np.ascontiguousarray(x[s.index]).tobytes()
         assert np.asarray(sampler.params["r"]).tobytes() == x[:4].tobytes()
+        store.close()
         print("RESHARD-OK")
     """)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
