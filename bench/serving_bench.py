@@ -24,7 +24,7 @@ import numpy as np
 from rich.console import Console
 
 from report import report
-from tpusync import KVStore, sidecar
+from tpusync import KVStore, Tier, sidecar
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
 
@@ -86,7 +86,10 @@ def main() -> int:
                     ttft(disk, p)
                     stores["disk"].flush()
                     keys = disk.hasher.keys(p)
-                    stores["disk"].evict(keys)  # down to the disk tier
+                    tiers = stores["disk"].lookup(keys).tiers
+                    # DRAM copies down to the disk tier (evicting a disk-only block would drop it)
+                    stores["disk"].evict([k for k, t in zip(keys, tiers) if t in (Tier.DRAM, Tier.DRAM_AND_DISK)])
+                    assert (stores["disk"].lookup(keys).tiers == Tier.DISK).all()
                     rows["prefix-hit-disk"].append(ttft(disk, p)[0])
                     rows["prefix-hit-peer"].append(ttft(peer, p)[0])  # pulled from the DRAM host
                     stores["peer"].evict(keys)  # the next rep pulls again

@@ -97,11 +97,11 @@ class OperatorProcess:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.read().decode()
 
-    def metric(self, name: str, **labels: str) -> float | None:
+    def metric(self, metric: str, /, **labels: str) -> float | None:
         """The value of one sample of the Prometheus text exposition, or None."""
         for line in self.metrics().splitlines():
             m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+)$", line)
-            if not m or m.group(1) != name:
+            if not m or m.group(1) != metric:
                 continue
             got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
             if all(got.get(k) == v for k, v in labels.items()):

@@ -1,0 +1,469 @@
+"""The operator on a real control plane, as the chart's ServiceAccount (RBAC enforced):
+TPUSyncPool with store nodes, DisaggregatedServing with the reference engine and with
+vllm-tpu, update, drift repair, operator restart mid-reconcile, a missing optional CRD,
+delete with garbage collection. kwok plays the kubelets (pods become Ready); the real
+kube-controller-manager runs the Deployments/StatefulSets and the garbage collector.
+
+The scenarios share one namespace and build on each other (pool -> servings -> update ->
+drift -> restart -> missing CRD -> delete), so they run in file order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import yaml
+
+from cluster import wait_for
+from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
+
+API = "tpusync.dev/v1alpha1"
+TPU = "google.com/tpu"
+POOL = "kv"
+POOL7 = "kv7"
+REF = "ref"
+VLLM = "vl"
+
+FINALIZER = "tpusync.dev/gke-node-pool"
+CONVERGE = 90   # seconds: resync is 3 s; kopf timers wait 5 s of quiet on the object first
+
+
+# ----- helpers ----------------------------------------------------------------------------
+
+def get(cluster, kind: str, ns: str, name: str) -> dict | None:
+    res = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    if res.returncode != 0:
+        if "NotFound" in res.stderr or "not found" in res.stderr:
+            return None
+        raise AssertionError(res.stderr)
+    return json.loads(res.stdout)
+
+
+def items(cluster, kind: str, ns: str, selector: str | None = None) -> list[dict]:
+    args = ["get", kind, "-n", ns]
+    if selector:
+        args += ["-l", selector]
+    return cluster.kubectl_json(*args)["items"]
+
+
+def conditions(obj: dict | None) -> dict[str, dict]:
+    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions", [])}
+
+
+def wait_condition(cluster, kind: str, ns: str, name: str, type_: str = "Ready",
+                   status: str = "True", reason: str | None = None,
+                   timeout: float = CONVERGE) -> dict:
+    """Polls until the object's condition has `status` (and `reason`) for its current
+    generation; returns the object."""
+    def check():
+        obj = get(cluster, kind, ns, name)
+        c = conditions(obj).get(type_)
+        if (c and c["status"] == status and (reason is None or c["reason"] == reason)
+                and c.get("observedGeneration") == obj["metadata"]["generation"]):
+            return obj
+        return None
+
+    def detail():
+        obj = get(cluster, kind, ns, name)
+        return "\nstatus: " + json.dumps((obj or {}).get("status"), indent=1)
+    return wait_for(f"{kind} {ns}/{name} {type_}={status} {reason or ''}", check, timeout,
+                    interval=0.5, on_timeout=detail)
+
+
+def apply(cluster, obj: dict) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def owned_by(obj: dict, owner: dict) -> bool:
+    refs = obj["metadata"].get("ownerReferences", [])
+    return any(r["uid"] == owner["metadata"]["uid"] and r.get("controller") for r in refs)
+
+
+def container(pod_spec: dict, name: str, init: bool = False) -> dict:
+    key = "initContainers" if init else "containers"
+    (c,) = [c for c in pod_spec.get(key, []) if c["name"] == name]
+    return c
+
+
+def env_of(c: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+
+
+def pool_obj(ns: str, name: str, *, tpu: dict, node_pool: str, hosts: int,
+             store: dict | None = None) -> dict:
+    spec = {"tpu": tpu, "capacity": {"hosts": hosts},
+            "provisioning": {"mode": "existing", "existing": {"nodePoolName": node_pool}},
+            "tiers": {"dram": "8Gi", "disk": {"size": "16Gi"}, "blockBytes": "2Mi"}}
+    if store:
+        spec["storeNodes"] = store
+    return {"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": name, "namespace": ns},
+            "spec": spec}
+
+
+def serving_obj(ns: str, name: str, *, engine: dict, pool: str, prefill: int = 1,
+                decode: int = 1, routing: dict | None = None) -> dict:
+    return {"apiVersion": API, "kind": "DisaggregatedServing",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"model": {"name": "Qwen/Qwen3-0.6B", "uri": "hf://Qwen/Qwen3-0.6B"},
+                     "engine": engine, "poolRef": {"name": pool},
+                     "prefill": {"replicas": prefill}, "decode": {"replicas": decode},
+                     "prefixCache": {"hostDram": "4Gi"},
+                     "routing": routing or {}}}
+
+
+SERVING_CHILDREN = [  # (kind, name suffix) of a serving with routing and a gateway
+    ("deployment", "-prefill"), ("deployment", "-decode"), ("service", "-prefill"),
+    ("service", "-decode"), ("networkpolicy", "-serving"), ("serviceaccount", "-epp"),
+    ("role", "-epp"), ("rolebinding", "-epp"), ("configmap", "-epp"), ("deployment", "-epp"),
+    ("service", "-epp"), ("inferencepool", ""), ("inferenceobjectives.llm-d.ai", ""),
+]
+
+
+# ----- the operator and its identity -------------------------------------------------------
+
+def test_operator_runs_as_the_chart_service_account(cluster, operator):
+    """The process authenticates with the chart's ServiceAccount token, so RBAC applies:
+    the token is refused what the chart does not grant (listing Secrets), and the operator
+    registered itself in the chart's ClusterKopfPeering (patch permission)."""
+    token = yaml.safe_load((operator.workdir / "operator.kubeconfig").read_text())[
+        "users"][0]["user"]["token"]
+    status, body = cluster.api("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                               token=token, method="POST",
+                               body={"apiVersion": "authentication.k8s.io/v1",
+                                     "kind": "SelfSubjectReview"})
+    assert status == 201, body
+    assert body["status"]["userInfo"]["username"] == \
+        f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_RELEASE}"
+    status, _ = cluster.api("/api/v1/secrets", token=token)
+    assert status == 403
+    status, _ = cluster.api("/apis/apps/v1/deployments", token=token)
+    assert status == 403   # get/create/patch/delete only, no list
+    peering = wait_for("the operator in the ClusterKopfPeering", lambda: (
+        cluster.kubectl_json("get", "clusterkopfpeering", "tpusync-operator")
+        .get("status", {}).get("e2e-operator")), 30)
+    assert peering["priority"] == 100
+    assert operator.alive()
+
+
+# ----- TPUSyncPool ------------------------------------------------------------------------
+
+def test_pool_with_store_nodes_becomes_ready(cluster, operator, module_namespace):
+    ns = module_namespace
+    apply(cluster, pool_obj(ns, POOL, tpu={"type": "v6e", "topology": "2x2"},
+                            node_pool="e2e-v6e-2x2", hosts=6,
+                            store={"enabled": True, "kind": "StatefulSet", "replicas": 2,
+                                   "dram": "32Gi", "disk": {"size": "100Gi"},
+                                   "nodeSelector": {"cloud.google.com/gke-nodepool": STORE_POOL}}))
+    pool = wait_condition(cluster, "tpusyncpool", ns, POOL)
+    st = pool["status"]
+    assert st["hosts"] == 6 and st["readyHosts"] == 6
+    assert st["sidecars"] == 2 and st["readySidecars"] == 2          # the two store nodes
+    assert st["dramBytes"] == 2 * 32 * 2**30 and st["diskBytes"] == 2 * 100 * 2**30
+    assert st["peersService"] == f"{POOL}-peers.{ns}.svc"
+    assert st["nodePool"] == {"name": "e2e-v6e-2x2", "state": "Existing"}
+    # kopf timers (the periodic resync) hold the operator's finalizer on every object.
+    assert pool["metadata"]["finalizers"] == [FINALIZER]
+    conds = conditions(pool)
+    assert conds["Progressing"]["status"] == "False" and conds["Degraded"]["status"] == "False"
+
+    sts = get(cluster, "statefulset", ns, f"{POOL}-store")
+    assert owned_by(sts, pool) and sts["spec"]["replicas"] == 2
+    assert sts["status"]["readyReplicas"] == 2
+    store_pod = sts["spec"]["template"]["spec"]
+    assert store_pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": STORE_POOL}
+    side = container(store_pod, "tpusync-sidecar")
+    assert f"--dram-bytes={32 * 2**30}" in side["args"]
+    assert f"--peers-dns={POOL}-peers.{ns}.svc" in side["args"]
+    svc = get(cluster, "service", ns, f"{POOL}-peers")
+    assert owned_by(svc, pool) and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    netpol = get(cluster, "networkpolicy", ns, f"{POOL}-data")
+    assert owned_by(netpol, pool)
+    assert netpol["spec"]["podSelector"] == {"matchLabels": {"tpusync.dev/pool": POOL}}
+    secret = get(cluster, "secret", ns, f"{POOL}-auth")
+    assert owned_by(secret, pool) and len(base64.b64decode(secret["data"]["token"])) == 32
+    cm = get(cluster, "configmap", ns, f"{POOL}-config")
+    assert owned_by(cm, pool)
+    assert cm["data"]["TPUSYNC_DRAM_BYTES"] == str(8 * 2**30)
+    assert cm["data"]["TPUSYNC_BLOCK_BYTES"] == str(2 * 2**20)
+    assert cm["data"]["TPUSYNC_TPU_TOPOLOGY"] == "2x2"
+    # Every child is server-side applied by the operator's field manager.
+    full = cluster.kubectl_json("get", "statefulset", f"{POOL}-store", "-n", ns,
+                                "--show-managed-fields")
+    managers = {(m["manager"], m["operation"]) for m in full["metadata"]["managedFields"]}
+    assert ("tpusync-operator", "Apply") in managers, managers
+    events = items(cluster, "events", ns)
+    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == POOL}
+    assert {"SecretGenerated", "Ready"} <= reasons, reasons
+
+
+# ----- DisaggregatedServing ----------------------------------------------------------------
+
+def test_serving_reference_engine(cluster, operator, module_namespace):
+    ns = module_namespace
+    apply(cluster, serving_obj(ns, REF, engine={"type": "reference"}, pool=POOL,
+                               routing={"gatewayRef": {"name": "inference-gw"},
+                                        "pdThresholdTokens": 32}))
+    ds = wait_condition(cluster, "disaggregatedservings", ns, REF)
+    st = ds["status"]
+    assert st["prefill"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
+    assert st["decode"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
+    assert st["routingReady"] is True
+    assert st["endpoint"] == f"gateway/{ns}/inference-gw"
+
+    for kind, suffix in SERVING_CHILDREN + [("httproute", "")]:
+        child = get(cluster, kind, ns, REF + suffix)
+        assert child is not None, (kind, REF + suffix)
+        assert owned_by(child, ds), (kind, REF + suffix)
+
+    for role in ("prefill", "decode"):
+        dep = get(cluster, "deployment", ns, f"{REF}-{role}")
+        tpl = dep["spec"]["template"]
+        labels = tpl["metadata"]["labels"]
+        assert labels["llm-d.ai/role"] == role
+        assert labels["llm-d.ai/inference-serving"] == "true"
+        assert labels["tpusync.dev/pool"] == POOL and labels["tpusync.dev/serving"] == REF
+        spec = tpl["spec"]
+        eng = container(spec, "engine")
+        assert eng["command"] == ["python", "-m", "tpusync.serving"]
+        assert eng["args"][eng["args"].index("--role") + 1] == role
+        assert eng["resources"]["limits"][TPU] == "4" and eng["resources"]["requests"][TPU] == "4"
+        env = env_of(eng)
+        assert env["TPUSYNC_ROLE"] == role and env["PYTHONHASHSEED"] == "0"
+        assert env["TPUSYNC_CONTROL_SOCKET"] == "/run/tpusync/control.sock"
+        assert {"configMapRef": {"name": f"{POOL}-config"}} in eng["envFrom"]
+        side = container(spec, "tpusync-sidecar", init=True)
+        assert side["restartPolicy"] == "Always"       # native sidecar
+        assert f"--dram-bytes={4 * 2**30}" in side["args"]
+        assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "e2e-v6e-2x2",
+                                        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                        "cloud.google.com/gke-tpu-topology": "2x2"}
+        assert {"key": TPU, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        proxies = [c for c in spec["initContainers"] if c["name"] == "routing-proxy"]
+        assert len(proxies) == (1 if role == "decode" else 0)
+        # The pods really run on the pool's TPU hosts (kwok made them Ready).
+        pods = items(cluster, "pods", ns, f"tpusync.dev/serving={REF},tpusync.dev/role={role}")
+        assert len(pods) == 1 and pods[0]["spec"]["nodeName"].startswith("gke-e2e-v6e-2x2-")
+        assert conditions(pods[0])["Ready"]["status"] == "True"
+
+    ipool = get(cluster, "inferencepool", ns, REF)
+    assert ipool["spec"]["selector"]["matchLabels"] == {"tpusync.dev/serving": REF,
+                                                         "llm-d.ai/inference-serving": "true"}
+    assert ipool["spec"]["endpointPickerRef"]["name"] == f"{REF}-epp"
+    route = get(cluster, "httproute", ns, REF)
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gw"
+    assert route["spec"]["rules"][0]["backendRefs"][0] == {
+        "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": REF, "weight": 1}
+    cfg = yaml.safe_load(get(cluster, "configmap", ns, f"{REF}-epp")["data"]["config.yaml"])
+    assert cfg["kind"] == "EndpointPickerConfig"
+    decider = [p for p in cfg["plugins"] if p["type"] == "prefix-based-pd-decider"]
+    assert decider[0]["parameters"]["nonCachedTokens"] == 32
+    epp = get(cluster, "deployment", ns, f"{REF}-epp")
+    assert epp["status"]["availableReplicas"] == 1
+    # The pool now also counts the serving pods' sidecars.
+    pool = wait_for("pool capacity with the serving's sidecars", lambda: (
+        lambda p: p if p["status"]["readySidecars"] == 4 else None)(
+            get(cluster, "tpusyncpool", ns, POOL)), CONVERGE)
+    assert pool["status"]["dramBytes"] == 2 * 32 * 2**30 + 2 * 4 * 2**30
+    assert operator.metric("tpusync_operator_object_ready", kind="DisaggregatedServing",
+                           namespace=ns, name=REF) == 1.0
+
+
+def test_serving_vllm_tpu(cluster, operator, module_namespace):
+    ns = module_namespace
+    apply(cluster, pool_obj(ns, POOL7, tpu={"type": "v7x", "topology": "2x2x1"},
+                            node_pool="e2e-tpu7x", hosts=2))
+    apply(cluster, serving_obj(ns, VLLM, engine={"type": "vllm-tpu"}, pool=POOL7,
+                               routing={"precisePrefixCache": False}))
+    ds = wait_condition(cluster, "disaggregatedservings", ns, VLLM)
+    assert ds["status"]["endpoint"] == f"http://{VLLM}-decode.{ns}.svc:8000"
+    assert get(cluster, "httproute", ns, VLLM) is None     # no gatewayRef
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        spec = get(cluster, "deployment", ns, f"{VLLM}-{role}")["spec"]["template"]["spec"]
+        eng = container(spec, "engine")
+        assert eng["command"] == ["vllm", "serve"]
+        args = eng["args"]
+        assert args[0] == "hf://Qwen/Qwen3-0.6B"
+        assert args[args.index("--tensor-parallel-size") + 1] == "4"
+        kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert kv["kv_connector"] == "TPUSyncConnector" and kv["kv_role"] == kv_role
+        assert kv["kv_connector_module_path"] == "tpusync.vllm.connector"
+        assert eng["resources"]["limits"][TPU] == "4"
+        assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
+        assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
+        container(spec, "tpusync-sidecar", init=True)
+    cfg = yaml.safe_load(get(cluster, "configmap", ns, f"{VLLM}-epp")["data"]["config.yaml"])
+    assert "approx-prefix-cache-producer" in {p["type"] for p in cfg["plugins"]}
+    pods = items(cluster, "pods", ns, f"tpusync.dev/serving={VLLM},llm-d.ai/inference-serving=true")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["gke-e2e-tpu7x-0", "gke-e2e-tpu7x-1"]
+
+
+# ----- update and drift ---------------------------------------------------------------------
+
+def test_update_scale_decode_and_scorer_weights(cluster, operator, module_namespace):
+    ns = module_namespace
+    epp_before = get(cluster, "deployment", ns, f"{REF}-epp")
+    hash_before = epp_before["spec"]["template"]["metadata"]["annotations"]["tpusync.dev/epp-config-hash"]
+    cluster.kubectl("patch", "disaggregatedservings", REF, "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"decode": {"replicas": 3},
+                                         "routing": {"scorerWeights": {"prefixCache": 5,
+                                                                       "queue": 0}}}}))
+    ds = wait_condition(cluster, "disaggregatedservings", ns, REF)
+    assert ds["metadata"]["generation"] == 2 and ds["status"]["observedGeneration"] == 2
+    assert ds["status"]["decode"] == {"kind": "Deployment", "replicas": 3, "readyReplicas": 3}
+    assert get(cluster, "deployment", ns, f"{REF}-decode")["spec"]["replicas"] == 3
+    pods = items(cluster, "pods", ns, f"tpusync.dev/serving={REF},tpusync.dev/role=decode")
+    assert len(pods) == 3 and len({p["spec"]["nodeName"] for p in pods}) == 3   # 4 chips each
+    cfg = yaml.safe_load(get(cluster, "configmap", ns, f"{REF}-epp")["data"]["config.yaml"])
+    for profile in cfg["schedulingProfiles"]:
+        weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+        assert weights["prefix-cache-scorer"] == 5
+        assert "queue-scorer" not in weights              # weight 0 drops the scorer
+        assert weights["kv-cache-utilization-scorer"] == 1
+    epp = get(cluster, "deployment", ns, f"{REF}-epp")
+    assert epp["spec"]["template"]["metadata"]["annotations"]["tpusync.dev/epp-config-hash"] != hash_before
+
+
+def test_drift_is_repaired(cluster, operator, module_namespace):
+    ns = module_namespace
+    old_cm = get(cluster, "configmap", ns, f"{REF}-epp")
+    cluster.kubectl("delete", "configmap", f"{REF}-epp", "-n", ns)
+    cluster.kubectl("delete", "networkpolicy", f"{REF}-serving", "-n", ns)
+    # Edit fields the operator manages, as another field manager would.
+    cluster.kubectl("scale", "deployment", f"{REF}-prefill", "-n", ns, "--replicas=2")
+    cluster.kubectl("patch", "service", f"{REF}-decode", "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"selector": {"tpusync.dev/role": "prefill"}}}))
+    cluster.kubectl("patch", "configmap", f"{POOL}-config", "-n", ns, "--type=merge", "-p",
+                    json.dumps({"data": {"TPUSYNC_DRAM_BYTES": "1"}}))
+
+    def repaired():
+        cm = get(cluster, "configmap", ns, f"{REF}-epp")
+        np_ = get(cluster, "networkpolicy", ns, f"{REF}-serving")
+        dep = get(cluster, "deployment", ns, f"{REF}-prefill")
+        svc = get(cluster, "service", ns, f"{REF}-decode")
+        pcm = get(cluster, "configmap", ns, f"{POOL}-config")
+        return (cm is not None and cm["metadata"]["uid"] != old_cm["metadata"]["uid"]
+                and cm["data"] == old_cm["data"] and np_ is not None
+                and dep["spec"]["replicas"] == 1
+                and svc["spec"]["selector"]["tpusync.dev/role"] == "decode"
+                and pcm["data"]["TPUSYNC_DRAM_BYTES"] == str(8 * 2**30))
+    wait_for("drift repaired by the periodic reconcile", repaired, CONVERGE, interval=0.5)
+    wait_condition(cluster, "disaggregatedservings", ns, REF)
+    wait_for("prefill back to one pod", lambda: len(items(
+        cluster, "pods", ns, f"tpusync.dev/serving={REF},tpusync.dev/role=prefill")) == 1, CONVERGE)
+
+
+# ----- restart, missing CRD ----------------------------------------------------------------
+
+def test_operator_restart_mid_reconcile(cluster, operator, module_namespace):
+    """SIGKILL the operator while it is creating a serving's children, start it again: the
+    serving converges with exactly one of each child, the pool's generated Secret is not
+    rotated, and no workload was rolled by the second pass."""
+    ns = module_namespace
+    name = "rst"
+    token_before = get(cluster, "secret", ns, f"{POOL}-auth")["data"]["token"]
+    apply(cluster, serving_obj(ns, name, engine={"type": "reference"}, pool=POOL, decode=1))
+    wait_for("the first child of the new serving", lambda: get(
+        cluster, "deployment", ns, f"{name}-prefill"), 30, interval=0.05)
+    operator.kill()
+    assert not operator.alive()
+    half = {kind + suffix: get(cluster, kind, ns, name + suffix) is not None
+            for kind, suffix in SERVING_CHILDREN}
+    operator.start()
+    ds = wait_condition(cluster, "disaggregatedservings", ns, name)
+    for kind, suffix in SERVING_CHILDREN:
+        assert get(cluster, kind, ns, name + suffix) is not None, (kind, suffix, half)
+    deps = items(cluster, "deployments", ns, f"tpusync.dev/serving={name}")
+    assert sorted(d["metadata"]["name"] for d in deps) == [f"{name}-decode", f"{name}-epp",
+                                                           f"{name}-prefill"]
+    for d in deps:
+        rs = [r for r in items(cluster, "replicasets", ns)
+              if any(o["uid"] == d["metadata"]["uid"] for o in r["metadata"].get("ownerReferences", []))]
+        assert len(rs) == 1, (d["metadata"]["name"], [r["metadata"]["name"] for r in rs])
+        assert d["metadata"]["generation"] == 1, d["metadata"]["name"]   # not re-rolled
+    pods = items(cluster, "pods", ns, f"tpusync.dev/serving={name},llm-d.ai/inference-serving=true")
+    assert len(pods) == 2
+    assert get(cluster, "secret", ns, f"{POOL}-auth")["data"]["token"] == token_before
+    assert ds["status"]["prefill"]["readyReplicas"] == 1
+    # The earlier objects were resumed by the new process and are still Ready.
+    wait_condition(cluster, "disaggregatedservings", ns, REF)
+    wait_condition(cluster, "tpusyncpool", ns, POOL)
+
+
+def test_missing_optional_crd_degrades_then_recovers(cluster, operator, module_namespace):
+    ns = module_namespace
+    crd_file = cluster.crd_dir / "inference.networking.k8s.io_inferencepools.yaml"
+    cluster.kubectl("delete", "crd", "inferencepools.inference.networking.k8s.io", "--wait=true",
+                    timeout=120)
+    try:
+        ds = wait_condition(cluster, "disaggregatedservings", ns, VLLM, "Degraded", "True",
+                            reason="MissingCRD")
+        msg = conditions(ds)["Degraded"]["message"]
+        assert "InferencePool (inferencepools.inference.networking.k8s.io)" in msg, msg
+        assert conditions(ds)["Ready"]["status"] == "False"
+        assert ds["status"]["routingReady"] is False
+        # Everything else is still reconciled: a deleted child comes back meanwhile.
+        cluster.kubectl("delete", "service", f"{VLLM}-epp", "-n", ns)
+        wait_for("the EPP Service re-created while degraded",
+                 lambda: get(cluster, "service", ns, f"{VLLM}-epp"), CONVERGE)
+        assert operator.alive()
+        events = items(cluster, "events", ns)
+        assert any(e["reason"] == "MissingCRD" and e["involvedObject"]["name"] == VLLM
+                   for e in events)
+    finally:
+        cluster.install_crds([crd_file])
+    ds = wait_condition(cluster, "disaggregatedservings", ns, VLLM)
+    assert ds["status"]["routingReady"] is True
+    assert conditions(ds)["Degraded"]["status"] == "False"
+    ipool = get(cluster, "inferencepool", ns, VLLM)
+    assert ipool is not None and owned_by(ipool, ds)
+    assert operator.starts == 2      # recovered without a restart (the one above was the test's)
+
+
+# ----- delete -------------------------------------------------------------------------------
+
+def test_delete_garbage_collects_children(cluster, operator, module_namespace):
+    ns = module_namespace
+    for name in (REF, VLLM, "rst"):
+        ds = get(cluster, "disaggregatedservings", ns, name)
+        assert ds["metadata"]["finalizers"] == [FINALIZER]
+    # kubectl delete waits until the objects are gone: the operator released its finalizer.
+    cluster.kubectl("delete", "disaggregatedservings", REF, VLLM, "rst", "-n", ns,
+                    "--timeout=60s", timeout=90)
+    assert items(cluster, "disaggregatedservings", ns) == []
+
+    def serving_children_left():
+        left = []
+        for kind in ("deployments", "replicasets", "pods", "services", "configmaps",
+                     "networkpolicies", "roles", "rolebindings", "inferencepools",
+                     "inferenceobjectives.llm-d.ai", "httproutes"):
+            left += [f"{kind}/{o['metadata']['name']}" for o in items(cluster, kind, ns)
+                     if o["metadata"]["name"].startswith((REF, VLLM, "rst"))]
+        left += [f"serviceaccounts/{o['metadata']['name']}" for o in items(
+            cluster, "serviceaccounts", ns) if o["metadata"]["name"].endswith("-epp")]
+        return left
+    wait_for("garbage collection of the servings' children", lambda: not serving_children_left(),
+             CONVERGE, interval=1, on_timeout=lambda: f"\nleft: {serving_children_left()}")
+
+    cluster.kubectl("delete", "tpusyncpools", POOL, POOL7, "-n", ns, "--timeout=60s", timeout=90)
+    assert items(cluster, "tpusyncpools", ns) == []
+
+    def pool_children_left():
+        return [f"{kind}/{o['metadata']['name']}"
+                for kind in ("statefulsets", "pods", "services", "configmaps", "secrets",
+                             "networkpolicies")
+                for o in items(cluster, kind, ns) if o["metadata"]["name"].startswith(POOL)]
+    wait_for("garbage collection of the pools' children", lambda: not pool_children_left(),
+             CONVERGE, interval=1, on_timeout=lambda: f"\nleft: {pool_children_left()}")
+    assert operator.alive()
+    assert "Forbidden" not in operator.log_text(), [
+        line for line in operator.log_text().splitlines() if "Forbidden" in line][:5]
+
+
+def test_no_unexpected_errors_in_operator_log(operator):
+    """No handler raised an unexpected exception in the whole module: retries are expected
+    (the missing CRD), tracebacks are not."""
+    log = operator.log_text()
+    assert "Traceback" not in log, log[max(0, log.index("Traceback") - 2000):][:4000]
