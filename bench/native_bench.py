@@ -3,8 +3,9 @@
 
 Every case is measured beside its physical baseline in the same run, so results are ratios:
 DRAM put/get against a single-thread memcpy of the same bytes, the disk tier against
-O_DIRECT pwrite/pread of the same bytes in the same block size (one request in flight, like
-the tier's one write-behind thread). Prints a table and writes bench/results/native.json.
+sequential O_DIRECT pwrite/pread of the same bytes in the same block size, one request in flight
+(the tier runs its default two write-behind threads: while one writes, the other checksums the
+next block; reads are one at a time). Prints a table and writes bench/results/native.json.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ PYBIND11_MODULE(_native, m) {
       .def(pb::init(&OpenStore), pb::arg("pool_path"), pb::kw_only(), pb::arg("block_bytes") = 0,
            pb::arg("num_slots") = 0, pb::arg("disk_dir") = pb::none(), pb::arg("disk_bytes") = 0,
            pb::arg("hugepages") = false, pb::arg("mlock") = false, pb::arg("populate") = true,
-           pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 1, pb::arg("writeback_watermark") = 0.05)
+           pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 2, pb::arg("writeback_watermark") = 0.05)
       .def(
           "put",
           [](PyStore& s, const pb::handle& keys, const pb::handle& buffers) {

@@ -69,7 +69,7 @@ class KVStore:
         pool_path: str | os.PathLike[str] | None = None,
         hugepages: bool = False,
         mlock: bool = False,
-        io_threads: int = 1,
+        io_threads: int = 2,
         secret: bytes | None = None,
         streams: int = 4,
     ) -> KVStore:

@@ -29,7 +29,7 @@ struct StoreOptions {
   BlockPoolOptions pool;
   bool disk_enabled = false;
   DiskTierOptions disk;  // block_bytes is taken from the pool
-  uint32_t io_threads = 1;
+  uint32_t io_threads = 2;  // two: one checksums a block while the other's write is in flight
   // Write-behind starts when fewer than this fraction of DRAM slots are free.
   double writeback_watermark = 0.05;
 };

@@ -88,7 +88,7 @@ const std::vector<FlagDef>& Defs() {
       {"disk-bytes", Bytes(&SidecarFlags::disk_bytes), "disk tier size"},
       {"auth-secret-file", Str(&SidecarFlags::auth_secret_file), "file holding the pool's shared secret"},
       {"streams", Int(&SidecarFlags::streams, 1, 64), "parallel TCP streams per peer (default 4)"},
-      {"io-threads", Int(&SidecarFlags::io_threads, 1, 64), "disk write-behind threads (default 1)"},
+      {"io-threads", Int(&SidecarFlags::io_threads, 1, 64), "disk write-behind threads (default 2)"},
       {"max-connections", Int(&SidecarFlags::max_connections, 1, 65536), "data connections at most (default 256)"},
       {"handshake-timeout-ms", Int(&SidecarFlags::handshake_timeout_ms, 1, 600000), "(default 5000)"},
       {"op-timeout-ms", Int(&SidecarFlags::op_timeout_ms, 1, 3600000), "deadline of one request (default 120000)"},

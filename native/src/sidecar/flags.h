@@ -21,7 +21,7 @@ struct SidecarFlags {
   uint64_t disk_bytes = 0;
   std::string auth_secret_file;  // or env TPUSYNC_AUTH_SECRET
   int streams = 4;
-  int io_threads = 1;
+  int io_threads = 2;
   int max_connections = 256;
   int handshake_timeout_ms = 5000;
   int op_timeout_ms = 120000;

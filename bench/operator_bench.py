@@ -1,0 +1,177 @@
+"""Operator scale check on the e2e control plane (a benchmark, not a test).
+
+Starts its own control plane (e2e/cluster.py: etcd, kube-apiserver, controller-manager,
+scheduler, kwok), installs the CRDs and the Helm chart, runs the operator as a process with
+the chart's ServiceAccount token (as the e2e suite does), creates one TPUSyncPool and N
+DisaggregatedServing objects (reference engine, cpuOnly, routing on: 14 children and 3
+kwok pods each) and reports:
+
+- time until all N are Ready (from the moment they were created);
+- reconcile latency: create -> first status write (observedGeneration) per object, p50/p99,
+  and the operator's own per-pass histogram (tpusync_operator_reconcile_seconds) p50/p99;
+- operator CPU seconds (user+system over the run) and peak RSS (VmHWM).
+
+    .venv/bin/python bench/operator_bench.py [--count 200] [--resync 10]
+
+Needs `make controlplane` (TPUSYNC_CONTROLPLANE_DIR or the pinned cache directory).
+Writes bench/results/operator.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "e2e"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from cluster import Cluster, wait_for  # noqa: E402
+from conftest import llmd_objective_crd  # noqa: E402
+from operator_proc import OperatorProcess, helm_install_operator  # noqa: E402
+from report import report  # noqa: E402
+
+API = "tpusync.dev/v1alpha1"
+NS = "bench"
+NODE_POOL = "bench-cpu"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
+
+
+def histogram_quantile(metrics: str, name: str, kind: str, q: float) -> tuple[float, int]:
+    """Prometheus-style quantile from cumulative buckets (linear within a bucket)."""
+    buckets: list[tuple[float, float]] = []
+    for line in metrics.splitlines():
+        if line.startswith(f"{name}_bucket{{") and f'kind="{kind}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return 0.0, 0
+    rank, prev_le, prev_n = q * total, 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le, int(total)
+            return prev_le + (le - prev_le) * (rank - prev_n) / max(n - prev_n, 1e-9), int(total)
+        prev_le, prev_n = le, n
+    return prev_le, int(total)
+
+
+def serving(i: int) -> dict:
+    return {"apiVersion": API, "kind": "DisaggregatedServing",
+            "metadata": {"name": f"s{i:04d}", "namespace": NS},
+            "spec": {"model": {"name": "m", "uri": "hf://org/m"},
+                     "engine": {"type": "reference", "cpuOnly": True},
+                     "poolRef": {"name": "pool"}, "prefill": {"replicas": 1},
+                     "decode": {"replicas": 1}, "prefixCache": {"hostDram": "1Gi"}}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--resync", type=float, default=10, help="TPUSYNC_RESYNC_SECONDS of the operator")
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "operator.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the cluster work directory")
+    args = ap.parse_args(argv)
+    console = Console()
+
+    cl = Cluster.create()
+    try:
+        with cl:
+            pods_needed = 3 * args.count + 10
+            nodes = max(1, -(-pods_needed // 250))
+            cl.add_cpu_nodes(NODE_POOL, nodes, pods=250)
+            cl.install_crds()
+            llmd = cl.workdir / "llm-d.ai_inferenceobjectives.yaml"
+            llmd.write_text(yaml.safe_dump(llmd_objective_crd(
+                cl.crd_dir / "inference.networking.x-k8s.io_inferenceobjectives.yaml")))
+            cl.install_crds([llmd])
+            cl.kubectl("apply", "-f", str(REPO / "crds"))
+            cl.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                       "crd/tpusyncpools.tpusync.dev", "crd/disaggregatedservings.tpusync.dev")
+            helm_install_operator(cl, "tpusync-operator", "tpusync-system")
+            op = OperatorProcess(cl, service_account="tpusync-operator", namespace="tpusync-system",
+                                 workdir=cl.workdir, resync_seconds=args.resync)
+            op.start()
+            cl.kubectl("create", "namespace", NS)
+            cl.apply({"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": "pool", "namespace": NS},
+                      "spec": {"tpu": {"type": "v6e", "topology": "2x2"}, "capacity": {"hosts": nodes},
+                               "provisioning": {"mode": "existing",
+                                                "existing": {"nodePoolName": NODE_POOL}}}})
+            wait_for("the pool Ready", lambda: any(
+                c["type"] == "Ready" and c["status"] == "True" for c in cl.kubectl_json(
+                    "get", "tpusyncpool", "pool", "-n", NS).get("status", {}).get("conditions", [])), 120)
+
+            cpu0 = op.cpu_seconds()
+            docs = [serving(i) for i in range(args.count)]
+            t0 = time.monotonic()
+            cl.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs), timeout=600)
+            t_created = time.monotonic() - t0
+            first_status: dict[str, float] = {}
+            ready_at: dict[str, float] = {}
+            deadline = t0 + args.timeout
+            while len(ready_at) < args.count and time.monotonic() < deadline:
+                now = time.monotonic() - t0
+                for obj in cl.kubectl_json("get", "disaggregatedservings", "-n", NS)["items"]:
+                    name, st = obj["metadata"]["name"], obj.get("status") or {}
+                    if st.get("observedGeneration") and name not in first_status:
+                        first_status[name] = now
+                    if name not in ready_at and any(c["type"] == "Ready" and c["status"] == "True"
+                                                    for c in st.get("conditions", [])):
+                        ready_at[name] = now
+                time.sleep(1)   # sampling period of the measurement, not synchronisation
+            all_ready = max(ready_at.values()) if len(ready_at) == args.count else None
+            cpu = op.cpu_seconds() - cpu0
+            rss = op.peak_rss_bytes()
+            metrics = op.metrics()
+            p50_pass, passes = histogram_quantile(metrics, "tpusync_operator_reconcile_seconds",
+                                                  "DisaggregatedServing", 0.50)
+            p99_pass, _ = histogram_quantile(metrics, "tpusync_operator_reconcile_seconds",
+                                             "DisaggregatedServing", 0.99)
+            lat = list(first_status.values())
+            op.stop()
+            result = {
+                "case": f"{args.count} DisaggregatedServing",
+                "count": args.count, "ready": len(ready_at),
+                "create_seconds": round(t_created, 2),
+                "all_ready_seconds": round(all_ready, 1) if all_ready is not None else None,
+                "first_status_p50_s": round(percentile(lat, 50), 2) if lat else None,
+                "first_status_p99_s": round(percentile(lat, 99), 2) if lat else None,
+                "ready_p50_s": round(statistics.median(ready_at.values()), 1) if ready_at else None,
+                "pass_p50_s": round(p50_pass, 3), "pass_p99_s": round(p99_pass, 3),
+                "passes": passes, "cpu_seconds": round(cpu, 1),
+                "peak_rss_mib": round(rss / 2**20, 1), "resync_seconds": args.resync,
+                "nodes": nodes, "machine": "2 cores shared (another engineer's tests ran too)",
+            }
+    finally:
+        if not args.keep:
+            shutil.rmtree(cl.workdir, ignore_errors=True)
+    report(console, "tpusync operator at scale (e2e control plane, kwok)", [result], [
+        ("case", "case", ""), ("Ready", "ready", "d"), ("all Ready s", "all_ready_seconds", ".1f"),
+        ("1st status p50 s", "first_status_p50_s", ".2f"), ("1st status p99 s", "first_status_p99_s", ".2f"),
+        ("pass p50 s", "pass_p50_s", ".3f"), ("pass p99 s", "pass_p99_s", ".3f"), ("passes", "passes", "d"),
+        ("CPU s", "cpu_seconds", ".1f"), ("peak RSS MiB", "peak_rss_mib", ".1f")],
+        args.out,
+        "1st status: create -> first status write of each object (queueing included); pass: one "
+        "reconcile pass (operator histogram, bucket-interpolated); Ready waits for kwok pods and the "
+        f"next resync ({args.resync:g} s).")
+    return 0 if len(ready_at) == args.count else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
