@@ -51,7 +51,8 @@ class KVStore:
     CPU jax arrays through ``np.asarray``); nothing is copied on the way to the engine.
     """
 
-    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4, private_pool: bool = False):
+    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4,
+                 private_pool: str | None = None):
         self._native = native
         self._private_pool = private_pool  # a pool file of our own, removed (with its side files) on close
         self._secret = secret
@@ -100,7 +101,7 @@ class KVStore:
             unlink_on_close=private,
             io_threads=io_threads,
         )
-        return cls(native, secret=secret, streams=streams, private_pool=private)
+        return cls(native, secret=secret, streams=streams, private_pool=path if private else None)
 
     @classmethod
     def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
@@ -279,10 +280,9 @@ class KVStore:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""
         self._peers.clear()
         if hasattr(self._native, "close"):
-            pool = self._native.pool_path if self._private_pool else None
             self._native.close()
-            if pool:  # e.g. the weight synchronizer's head files beside the pool
-                shutil.rmtree(pool + ".weights", ignore_errors=True)
+            if self._private_pool:  # e.g. the weight synchronizer's head files beside the pool
+                shutil.rmtree(self._private_pool + ".weights", ignore_errors=True)
 
     def __enter__(self) -> KVStore:
         return self
