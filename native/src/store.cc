@@ -32,6 +32,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& o) {
   const uint32_t slots = s->pool_->num_slots();
   s->writeback_low_ = std::max<uint32_t>(1, static_cast<uint32_t>(slots * o.writeback_watermark));
   s->max_pending_ = std::max<uint32_t>(2, 2 * o.io_threads);
+  s->read_ahead_ = s->disk_ ? std::min<size_t>(o.io_threads, slots / 8) : 0;
 
   // Rebuild the index, oldest first so the newest ends up most recent.
   for (const RecoveredSlot& r : s->pool_->recovered()) {
@@ -81,7 +82,7 @@ void Store::DropDramLocked(IndexEntry& e) {
   cv_.notify_all();
 }
 
-Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock) {
+Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, bool wait) {
   for (;;) {
     if (auto slot = pool_->Allocate()) return *slot;
     IndexEntry* victim = index_.DramVictim();
@@ -90,6 +91,7 @@ Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock) {
       DropDramLocked(*victim);
       continue;
     }
+    if (!wait) return ResourceExhausted("no DRAM slot free without waiting");
     if (victim != nullptr && pending_demotions_ < max_pending_) {
       StartDemotionLocked(*victim);
       continue;
@@ -177,8 +179,15 @@ Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& k
 void Store::IoLoop(std::stop_token stop) {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, stop, [&] { return !demote_queue_.empty(); });
+    cv_.wait(lock, stop, [&] { return !demote_queue_.empty() || !promote_queue_.empty(); });
     if (stop.stop_requested()) return;
+    if (demote_queue_.empty()) {  // read-ahead for a batched get, only into slots free right now
+      BlockKey key = promote_queue_.front();
+      promote_queue_.pop_front();
+      IndexEntry* e = index_.Find(key);
+      if (e != nullptr && !e->in_dram() && e->on_disk() && !e->promoting) (void)PromoteLocked(lock, *e, nullptr, false);
+      continue;
+    }
     BlockKey key = demote_queue_.front();
     demote_queue_.pop_front();
     Status st = DemoteLocked(lock, key);
@@ -263,11 +272,12 @@ Status Store::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, c
 // Reads a disk block into a fresh DRAM slot, then copies it to `out` if given. When DRAM is
 // full of pinned blocks the read goes through a staging buffer instead, without promotion.
 // On a failed verification the disk copy is dropped and the error returned (a miss).
-Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out) {
+Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out,
+                            bool wait) {
   const BlockKey key = entry.key;
   entry.promoting = true;
   ++entry.disk_readers;
-  Result<uint32_t> slot = AcquireSlotLocked(lock);
+  Result<uint32_t> slot = AcquireSlotLocked(lock, wait);
   IndexEntry* e = index_.Find(key);  // promoting blocks are not evicted
   const uint32_t extent = e->extent;
   const uint64_t length = e->length;
@@ -315,8 +325,17 @@ Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer>
   }
   Status result = Status::Ok();
   std::unique_lock lock(mu_);
+  size_t prefetched = 0;  // keys before this one have been offered to the read-ahead
   for (size_t i = 0; i < keys.size(); ++i) {
     found[i] = 0;
+    // Disk blocks a little ahead of this one are read by the io threads meanwhile.
+    for (; prefetched < std::min(keys.size(), i + 1 + read_ahead_); ++prefetched) {
+      IndexEntry* p = index_.Find(keys[prefetched]);
+      if (prefetched > i && p != nullptr && !p->in_dram() && p->on_disk() && !p->promoting) {
+        promote_queue_.push_back(keys[prefetched]);
+        cv_.notify_all();
+      }
+    }
     IndexEntry* e = index_.Find(keys[i]);
     while (e != nullptr && e->promoting) {  // another reader is bringing it up: share its work
       cv_.wait(lock);

@@ -176,6 +176,23 @@ TEST_F(StoreTest, OverflowIsWrittenBehindToDiskAndPromotedOnRead) {
   EXPECT_EQ(s->Lookup(Keys(39, 1), false).tiers[0], Tier::kDramAndDisk);
 }
 
+TEST_F(StoreTest, BatchedGetReadsAheadFromDiskAndReturnsEveryByte) {
+  auto s = Open(32, 256);  // 4 blocks of read-ahead with the default 2 io threads
+  PutRange(*s, 0, 200);
+  ASSERT_TRUE(s->Flush().ok());
+  std::vector<BlockKey> keys = Keys(0, 200);
+  std::vector<std::vector<std::byte>> out(200, std::vector<std::byte>(kBlock));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  std::vector<uint8_t> found(200);
+  ASSERT_TRUE(s->Get(keys, bufs, found).ok());
+  for (uint64_t i = 0; i < 200; ++i) {
+    ASSERT_TRUE(found[i]) << i;
+    EXPECT_EQ(out[i], Pattern(Key(i), kBlock)) << i;
+  }
+  EXPECT_GE(s->Stats().promotions, 160u);
+}
+
 TEST_F(StoreTest, DiskTierEvictsItsOwnLeastRecentlyUsed) {
   auto s = Open(4, 8);
   PutRange(*s, 0, 20);

@@ -157,14 +157,15 @@ class Store {
   Store() = default;
 
   // All *Locked helpers run with mu_ held; the ones taking the lock may drop it while waiting.
-  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock);
+  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, bool wait = true);
   std::optional<uint32_t> AcquireExtentLocked();
   void DropDramLocked(IndexEntry& e);
   void MaybeStartWritebackLocked();
   void StartDemotionLocked(IndexEntry& e);
   Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
   Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
-  Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out);
+  Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out,
+                       bool wait = true);
   void RecordErrorLocked(const Status& st);
   void IoLoop(std::stop_token stop);
   void CommitLease(WriteLease& lease, uint64_t length, Status* result);
@@ -180,6 +181,8 @@ class Store {
   std::condition_variable_any cv_;     // slot freed, demotion or promotion done, work queued
   BlockIndex index_;                   // guarded by mu_
   std::deque<BlockKey> demote_queue_;  // guarded by mu_
+  std::deque<BlockKey> promote_queue_;  // guarded by mu_: read-ahead of batched gets
+  size_t read_ahead_ = 0;               // disk blocks a get asks the io threads to read ahead
   uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
   uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
   uint64_t tick_ = 0;                  // guarded by mu_
