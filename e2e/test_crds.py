@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 
+from cluster import wait_for
 from operator_proc import REPO
 
 API = "tpusync.dev/v1alpha1"
@@ -57,7 +58,9 @@ def test_kubectl_apply_crds(cluster, tpusync_crds):
     assert crd["spec"]["names"]["categories"] == ["tpusync"]
     cache = f"--cache-dir={cluster.workdir / 'kubectl-cache-crds'}"
     assert cluster.kubectl(cache, "get", "tpusync", "-A").returncode == 0
-    explain = cluster.kubectl("explain", "tpusyncpool.spec.tpu").stdout
+    # The OpenAPI document kubectl explain reads is republished a moment after the CRD is Established.
+    explain = wait_for("the CRD's OpenAPI schema to be published",
+                       lambda: cluster.kubectl("explain", "tpusyncpool.spec.tpu", check=False).stdout, 60)
     assert "topology" in explain and "TPU generation" in explain
 
 
