@@ -241,30 +241,26 @@ class KVStore:
     def acquire_many(self, keys: Sequence[int | bytes]) -> Iterator[list[memoryview | None]]:
         """Read-only views of present blocks, held in DRAM until the block exits; None if absent."""
         keys = list(keys)
-        if isinstance(self._native, _native.SidecarClient):
+        sidecar = isinstance(self._native, _native.SidecarClient)
+        leases: list[Any] = []
+        if sidecar:
             views = self._native.acquire(keys)
-            try:
-                yield views
-            finally:
-                for view in views:
-                    if view is not None:
-                        view.release()
-                self._native.unacquire([k for k, v in zip(keys, views) if v is not None])
-            return
-        leases = []
-        for key in keys:
-            try:
-                leases.append(self._native.acquire(key))
-            except errors.NotFoundError:
-                leases.append(None)
-        views = [None if lease is None else memoryview(lease) for lease in leases]
+        else:
+            for key in keys:
+                try:
+                    leases.append(self._native.acquire(key))
+                except errors.NotFoundError:
+                    leases.append(None)
+            views = [None if lease is None else memoryview(lease) for lease in leases]
         try:
             yield views
         finally:
             for view in views:
                 if view is not None:
                     view.release()
-            del leases
+            if sidecar:
+                self._native.unacquire([k for k, v in zip(keys, views) if v is not None])
+            leases.clear()  # local leases give their blocks back
 
     # -- lifecycle ------------------------------------------------------------------------
 
