@@ -16,9 +16,10 @@ all: test
 
 include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk
 
-# Debian packages the native build needs: xxHash (header-only), OpenSSL (HMAC for peer
-# authentication), clang with its runtimes (libFuzzer). Installed when missing.
-SYSTEM_PACKAGES := libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev
+# Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
+# OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer). Installed
+# when missing.
+SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -71,6 +72,7 @@ bench: install
 	$(PY) bench/native_bench.py
 	$(PY) bench/transfer_bench.py
 	$(PY) bench/serving_bench.py
+	$(PY) bench/weight_sync_bench.py
 
 clean:
 	rm -rf build $(VENV)

@@ -26,7 +26,7 @@ POOL7 = "kv7"
 REF = "ref"
 VLLM = "vl"
 
-FINALIZER = "tpusync.dev/gke-node-pool"
+FINALIZER = "tpusync.dev/operator"
 CONVERGE = 90   # seconds: resync is 3 s; kopf timers wait 5 s of quiet on the object first
 
 
@@ -117,7 +117,8 @@ SERVING_CHILDREN = [  # (kind, name suffix) of a serving with routing and a gate
     ("deployment", "-prefill"), ("deployment", "-decode"), ("service", "-prefill"),
     ("service", "-decode"), ("networkpolicy", "-serving"), ("serviceaccount", "-epp"),
     ("role", "-epp"), ("rolebinding", "-epp"), ("configmap", "-epp"), ("deployment", "-epp"),
-    ("service", "-epp"), ("inferencepool", ""), ("inferenceobjectives.llm-d.ai", ""),
+    ("service", "-epp"), ("networkpolicy", "-epp"), ("inferencepool", ""),
+    ("inferenceobjectives.llm-d.ai", ""),
 ]
 
 

@@ -157,6 +157,8 @@ void BindNet(pb::module_& m) {
              ThrowIfError(st);
            })
       .def("stats", [](SidecarClient& c) { return StatsText(Take(c.Stats())); })
+      .def("close", &SidecarClient::Close, pb::call_guard<pb::gil_scoped_release>(),
+           "Ends the session: the sidecar drops this client's pins and leases.")
       .def(
           "read_remote",
           [](SidecarClient& c, const std::string& peer, const pb::handle& keys) {

@@ -138,6 +138,19 @@ TEST(Handshake, DataBeforeAuthenticationIsRefused) {
   EXPECT_NE(st.message().find("expected HELLO"), std::string::npos);
 }
 
+TEST(Handshake, OversizedHelloIsRefusedOnItsHeader) {
+  Pair p;
+  FramedConn server(p.a, 4096);
+  FrameHeader h;
+  h.op = Op::kHello;
+  h.body_len = 32 << 20;  // announced, never sent: the server must not wait for it
+  auto hdr = Encode(h);
+  ASSERT_TRUE(p.b.WriteFull(hdr.data(), hdr.size(), Deadline::After(std::chrono::seconds(1))).ok());
+  Status st = ServerHandshake(server, Secret("0123456789abcdef"), 8192, Deadline::After(std::chrono::seconds(5)));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("HELLO body of 33554432 bytes"), std::string::npos) << st.ToString();
+}
+
 TEST(Handshake, SilentPeerCostsOnlyTheDeadline) {
   Pair p;
   FramedConn server(p.a, 4096);

@@ -1,9 +1,14 @@
-"""kopf registration: one reconcile for create/update/resume/timer per kind, a finalizer
-only for GKE-provisioned pools, probes, and operator settings (peering, storage)."""
+"""kopf registration: one reconcile for create/update/resume/timer per kind, a delete
+handler only for GKE-provisioned pools, probes, and operator settings (peering, storage).
+
+kopf holds its finalizer on every object that has a timer (the periodic resync), so each
+TPUSyncPool and DisaggregatedServing carries FINALIZER while the operator runs; only pools
+in mode gke run a handler when it is released."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -17,7 +22,7 @@ from .kube import ApiKube
 from .reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
-FINALIZER = "tpusync.dev/gke-node-pool"
+FINALIZER = "tpusync.dev/operator"
 
 
 @kopf.on.startup()
@@ -45,8 +50,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tpusync.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.tpusync.dev", key="last-handled-configuration")
-    settings.posting.level = 20  # INFO and above become events
+    # kopf's own log lines become events only from WARNING up (failed or retried handlers);
+    # at INFO every timer pass would post one. Our transitions are posted by the reconcilers.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # Deleting an object stops its timer; if a pass is running at that moment, kopf re-checks
+    # whether the timer has exited after this many seconds (default 60) before it releases the
+    # finalizer. A pass takes seconds, so poll often rather than hold deletions for a minute.
+    settings.background.cancellation_polling = 1
     metrics_port = int(os.environ.get("TPUSYNC_METRICS_PORT", "0") or 0)
     if metrics_port:
         metrics.serve(metrics_port, os.environ.get("TPUSYNC_METRICS_ADDRESS", "0.0.0.0"))
@@ -106,7 +117,7 @@ def _is_gke(spec: kopf.Spec, **_: Any) -> bool:
     return (spec.get("provisioning") or {}).get("mode") == "gke"
 
 
-# A finalizer is added only to pools that own a cloud resource (the `when` filter).
+# Only pools that own a cloud resource run a delete handler (the `when` filter).
 @kopf.on.delete(GROUP, VERSION, "tpusyncpools", when=_is_gke)
 async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await delete_pool(dict(body), memo.deps)

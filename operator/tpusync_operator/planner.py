@@ -76,13 +76,18 @@ def check_pool(spec: TPUSyncPoolSpec) -> Slice:
     return tpu
 
 
-def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
-    tpu = check_pool(spec)
+def pool_hosts(spec: TPUSyncPoolSpec, tpu: Slice) -> tuple[int, int]:
+    """(desired hosts, fewest ready hosts that count as Ready) of a pool."""
     cap = spec.capacity
     if cap.autoscaling is not None:
-        desired, minimum = cap.autoscaling.max_hosts, cap.autoscaling.min_hosts
-    else:
-        desired = minimum = cap.hosts if cap.hosts is not None else tpu.hosts
+        return cap.autoscaling.max_hosts, cap.autoscaling.min_hosts
+    hosts = cap.hosts if cap.hosts is not None else tpu.hosts
+    return hosts, hosts
+
+
+def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
+    tpu = check_pool(spec)
+    desired, minimum = pool_hosts(spec, tpu)
     apply = [
         pool_builders.build_config_map(owner, spec, tpu),
         pool_builders.build_peers_service(owner, spec),
@@ -192,6 +197,21 @@ def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]
     return plans
 
 
+def capacity_shortfall(roles: list[RolePlan], pool: PoolInfo) -> str | None:
+    """Why the pool cannot hold every TPU replica of the serving at once, or None. Each
+    replica takes whole hosts (a multi-host replica a whole slice)."""
+    need = {r.role: r.replicas * r.hosts_per_replica for r in roles if r.chips_per_host}
+    have, _ = pool_hosts(pool.spec, pool.tpu)
+    if sum(need.values()) <= have:
+        return None
+    parts = " + ".join(f"{r.role} {r.replicas} x {r.hosts_per_replica}" for r in roles if r.chips_per_host)
+    hint = (" (a GKE multi-host node pool is one slice: give each multi-host replica its own slice, e.g. a "
+            "pool in mode existing over several node pools)" if pool.tpu.multi_host
+            and pool.spec.provisioning.mode == "gke" else "")
+    return (f"spec.prefill/spec.decode need {sum(need.values())} TPU hosts ({parts}) but TPUSyncPool "
+            f"{pool.name} has {have}{hint}; the replicas that do not fit stay Pending")
+
+
 def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                  available_kinds: set[str]) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
@@ -218,11 +238,13 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     epp = names.epp(owner.name)
     epp_children = [Ref("apps/v1", "Deployment", epp), Ref("v1", "Service", epp), Ref("v1", "ConfigMap", epp),
                     Ref("rbac.authorization.k8s.io/v1", "RoleBinding", epp),
-                    Ref("rbac.authorization.k8s.io/v1", "Role", epp), Ref("v1", "ServiceAccount", epp)]
+                    Ref("rbac.authorization.k8s.io/v1", "Role", epp), Ref("v1", "ServiceAccount", epp),
+                    Ref("networking.k8s.io/v1", "NetworkPolicy", epp)]
     if spec.routing.enabled:
         apply += [llmd.build_epp_service_account(owner), llmd.build_epp_role(owner),
                   llmd.build_epp_role_binding(owner), llmd.build_epp_config_map(owner, spec),
-                  llmd.build_epp_deployment(owner, spec), llmd.build_epp_service(owner)]
+                  llmd.build_epp_deployment(owner, spec), llmd.build_epp_service(owner),
+                  llmd.build_epp_network_policy(owner)]
         if "InferencePool" not in missing:
             apply.append(llmd.build_inference_pool(owner, spec))
         if "InferenceObjective" not in missing:

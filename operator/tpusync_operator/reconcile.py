@@ -20,8 +20,8 @@ from .builders.serving import PoolInfo
 from .gke import ClusterRef, GKEAuthError, GKEClient, GKEConflict, GKEError, GKETransientError
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
-from .planner import (OPTIONAL_KINDS, PlanError, check_pool, missing_crd_message, node_pool_step, plan_pool,
-                      plan_serving)
+from .planner import (OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message,
+                      node_pool_step, plan_pool, plan_serving)
 from .status import (Capacity, Clock, Cond, PoolObservation, RoleObservation, ServingObservation,
                      merge_conditions, pool_capacity, pool_conditions, serving_conditions, transitions,
                      workload_ready_replicas, node_ready, utc_now)
@@ -303,6 +303,9 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     except PlanError as e:
         await _invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, str(e))
         raise AssertionError("unreachable")
+    shortfall = capacity_shortfall(plan.roles, pool)
+    if shortfall:
+        p.issue("InsufficientCapacity", shortfall)
     roles: list[RoleObservation] = []
     epp_ready = False
     try:

@@ -14,6 +14,7 @@ Nothing here blocks the caller: every transfer runs on a worker thread and retur
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +26,8 @@ import numpy as np
 from tpusync import errors
 from tpusync.pages import load_pages, save_pages
 from tpusync.store import KVStore
+
+log = logging.getLogger(__name__)
 
 
 class TransferStatus(enum.Enum):
@@ -167,9 +170,10 @@ class KVCacheManager:
         block_ids, hashes = list(block_ids), list(hashes)
 
         def run():
+            # Under the lock: a concurrent h2d donates the arrays, and on the CPU backend the
+            # save reads their buffers in place.
             with self._cache_lock:
-                k, v = self.k, self.v
-            written = save_pages(self.store, hashes, k, v, block_ids)
+                written = save_pages(self.store, hashes, self.k, self.v, block_ids)
             if request_id is not None:
                 with self._stats_lock:
                     self._stats.done_sending.add(request_id)
@@ -216,6 +220,9 @@ class KVCacheManager:
                 loaded = self._h2d(read.block_ids[:n], read.hashes[:n], None)
                 ok = n == len(read.hashes) and loaded == n
             except errors.TpuSyncError:
+                ok = False
+            except Exception:  # reported as a failed read, never a request that vanishes
+                log.exception("read for request %s failed", request_id)
                 ok = False
             with self._stats_lock:
                 (self._stats.done_recving if ok else self._stats.failed_recving).add(request_id)

@@ -37,12 +37,32 @@ def _check_fits(store: KVStore, page_bytes: int) -> None:
                                           f"{store.block_bytes}")
 
 
-def _local_shards(arr: jax.Array) -> list[tuple[int, jax.Array]]:
-    """(global shard number, shard data) for the shards on this host's devices, in a fixed order."""
-    shards = sorted(arr.addressable_shards, key=lambda s: tuple((i.start or 0) for i in s.index))
-    if len(shards) == 1 and not arr.is_fully_addressable:
-        raise ValueError("a sharded cache needs at least one addressable shard")
-    return [(n, s.data) for n, s in enumerate(shards)]
+def shard_number(index: tuple[slice, ...], shape: Sequence[int], shard_shape: Sequence[int]) -> int:
+    """A shard's global number, from its position in the array: the same on every host
+    (replicas of one shard share it)."""
+    n = 0
+    for idx, dim, size in zip(index, shape, shard_shape):
+        n = n * (dim // size) + (idx.start or 0) // size
+    return n
+
+
+def _is_sharded(arr: jax.Array) -> bool:
+    """Spread over several devices, here or on other hosts (loads go shard by shard)."""
+    return len(arr.addressable_shards) > 1 or not arr.is_fully_addressable
+
+
+def _local_shards(arr: jax.Array) -> tuple[int, dict[int, jax.Array]]:
+    """(shards in the global array, {global shard number: data} for this host's distinct shards)."""
+    shard_shape = arr.sharding.shard_shape(arr.shape)
+    if shard_shape[1] != arr.shape[1]:
+        raise errors.InvalidArgumentError(
+            f"the cache's pages axis (axis 1) is sharded ({arr.shape[1]} pages, {shard_shape[1]} per shard): "
+            "page ids are global, so shard layers, page slots or kv_heads instead")
+    total = int(np.prod([dim // size for dim, size in zip(arr.shape, shard_shape)]))
+    shards: dict[int, jax.Array] = {}
+    for s in arr.addressable_shards:
+        shards.setdefault(shard_number(s.index, arr.shape, shard_shape), s.data)
+    return total, dict(sorted(shards.items()))
 
 
 def _host_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
@@ -59,11 +79,13 @@ def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, 
     if len(keys) != len(page_ids):
         raise ValueError(f"{len(keys)} keys for {len(page_ids)} pages")
     written = 0
-    k_shards, v_shards = _local_shards(k), _local_shards(v)
-    for (n, ks), (_, vs) in zip(k_shards, v_shards):
+    total, k_shards = _local_shards(k)
+    _, v_shards = _local_shards(v)
+    for n, ks in k_shards.items():
+        vs = v_shards[n]
         kh, idx = _host_pages(ks, page_ids)
         vh, _ = _host_pages(vs, page_ids)
-        shard_keys = [shard_key(key, n, len(k_shards)) for key in keys]
+        shard_keys = [shard_key(key, n, total) for key in keys]
         block_shape = (2,) + kh.shape[:1] + kh.shape[2:]
         nbytes = int(np.prod(block_shape)) * kh.dtype.itemsize
         _check_fits(store, nbytes)
@@ -95,7 +117,7 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
                page_ids: Sequence[int]) -> tuple[jax.Array, jax.Array, int]:
     """Loads stored blocks into the given pages. Returns the updated (k, v) and the number of
     leading pages loaded; loading stops at the first block the store lacks."""
-    if len(k.addressable_shards) > 1:
+    if _is_sharded(k):
         return _load_pages_sharded(store, keys, k, v, page_ids)
     loaded = 0
     shape = (2,) + k.shape[:1] + k.shape[2:]
@@ -121,24 +143,32 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
 
 
 def _load_pages_sharded(store, keys, k, v, page_ids):
-    """Each host loads its own shards: builds per-shard page arrays and reassembles the global array."""
-    k_shards, v_shards = _local_shards(k), _local_shards(v)
-    n_shards = len(k_shards)
-    tiers = [store.lookup([shard_key(key, n, n_shards) for key in keys]).prefix_len for n in range(n_shards)]
-    loaded = min(tiers)
+    """Each host loads its own shards: builds per-shard page arrays and reassembles the global
+    array. Loads the prefix every local shard has (a block evicted meanwhile shortens it)."""
+    total, k_shards = _local_shards(k)
+    _, v_shards = _local_shards(v)
+    loaded = min(store.lookup([shard_key(key, n, total) for key in keys]).prefix_len for n in k_shards)
     if loaded == 0:
         return k, v, 0
-    new_k, new_v = [], []
-    for (n, ks), (_, vs) in zip(k_shards, v_shards):
-        kh, vh = np.array(ks), np.array(vs)
-        shard_keys = [shard_key(key, n, n_shards) for key in keys[:loaded]]
+    host: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for n, ks in k_shards.items():
+        kh, vh = np.array(ks), np.array(v_shards[n])
         shape = (2,) + kh.shape[:1] + kh.shape[2:]
-        with store.acquire_many(shard_keys) as views:
-            for view, pid in zip(views, page_ids[:loaded]):
+        with store.acquire_many([shard_key(key, n, total) for key in keys[:loaded]]) as views:
+            for i, (view, pid) in enumerate(zip(views, page_ids[:loaded])):
+                if view is None:
+                    loaded = i
+                    break
                 block = np.frombuffer(view, dtype=kh.dtype, count=int(np.prod(shape))).reshape(shape)
                 kh[:, pid], vh[:, pid] = block[0], block[1]
-        new_k.append(jax.device_put(kh, ks.devices().pop()))
-        new_v.append(jax.device_put(vh, vs.devices().pop()))
+        host[n] = kh, vh
+    if loaded == 0:
+        return k, v, 0
+    shard_shape = k.sharding.shard_shape(k.shape)
+    numbers = [shard_number(s.index, k.shape, shard_shape) for s in k.addressable_shards]
+    devices = [s.device for s in k.addressable_shards]
+    new_k = [jax.device_put(host[n][0], d) for n, d in zip(numbers, devices)]
+    new_v = [jax.device_put(host[n][1], d) for n, d in zip(numbers, devices)]
     k = jax.make_array_from_single_device_arrays(k.shape, k.sharding, new_k)
     v = jax.make_array_from_single_device_arrays(v.shape, v.sharding, new_v)
     return k, v, loaded
@@ -146,7 +176,7 @@ def _load_pages_sharded(store, keys, k, v, page_ids):
 
 def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Compiles the page-load update for this cache (rewrites page 0 with its own content)."""
-    if len(k.addressable_shards) > 1:
+    if _is_sharded(k):
         return k, v
     block = np.asarray(jnp.stack([k[:, 0], v[:, 0]]))
     return _set_pages(k, v, np.stack([block] * _GROUP), np.zeros(_GROUP, np.int32))

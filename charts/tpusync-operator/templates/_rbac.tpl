@@ -56,7 +56,7 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [get, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create, patch]
+  verbs: [create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch, delete]

@@ -72,7 +72,7 @@ Status FramedConn::Send(Op op, std::span<const std::byte> body, Deadline d, uint
 }
 
 Status FramedConn::SendError(const Status& st, Deadline d) {
-  std::string msg = st.message().substr(0, 4096);
+  std::string msg = st.message().substr(0, kMaxErrorBytes);
   return Send(Op::kError, std::as_bytes(std::span(msg)), d, 0, static_cast<uint16_t>(st.code()));
 }
 
@@ -82,9 +82,7 @@ Result<FrameHeader> FramedConn::RecvHeader(Deadline d) {
   return DecodeHeader(hdr, max_block_);
 }
 
-Result<Frame> FramedConn::Recv(Deadline d) {
-  TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
-  if (h.op == Op::kBlock) return BadFrame("unexpected BLOCK");
+Result<Frame> FramedConn::RecvBody(const FrameHeader& h, Deadline d) {
   Frame f{h, std::vector<std::byte>(h.body_len)};
   TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(f.body.data(), f.body.size(), d));
   if (Checksum(f.body.data(), f.body.size()) != h.body_sum) return BadFrame("body checksum mismatch");
@@ -96,13 +94,28 @@ Result<Frame> FramedConn::Recv(Deadline d) {
   return f;
 }
 
-Result<Frame> FramedConn::Expect(Op op, Deadline d) {
-  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Recv(d));
-  if (f.header.op != op) {
-    return BadFrame("expected " + std::string(OpName(op)) + ", got op " +
-                    std::to_string(static_cast<uint16_t>(f.header.op)));
+Result<Frame> FramedConn::Recv(Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
+  if (h.op == Op::kBlock) return BadFrame("unexpected BLOCK");
+  return RecvBody(h, d);
+}
+
+Result<Frame> FramedConn::Expect(Op op, Deadline d, uint64_t max_body) {
+  TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
+  // Op and size are checked on the header, so an unexpected or oversized body is never read.
+  if (h.op == Op::kError) {
+    if (h.body_len > kMaxErrorBytes) return BadFrame("ERROR body too large");
+    return RecvBody(h, d).status();
   }
-  return f;
+  if (h.op != op) {
+    return BadFrame("expected " + std::string(OpName(op)) + ", got op " +
+                    std::to_string(static_cast<uint16_t>(h.op)));
+  }
+  if (h.body_len > max_body) {
+    return BadFrame(std::string(OpName(op)) + " body of " + std::to_string(h.body_len) +
+                    " bytes, at most " + std::to_string(max_body) + " expected");
+  }
+  return RecvBody(h, d);
 }
 
 Status FramedConn::SendBlock(uint32_t index, const std::byte* data, uint64_t len, Deadline d) {
@@ -135,15 +148,8 @@ Result<FrameHeader> FramedConn::RecvBlockHeader(Deadline d) {
     return h;
   }
   if (h.op != Op::kEnd && h.op != Op::kError) return BadFrame("expected BLOCK or END");
-  // Read the small body of END/ERROR through the common path.
-  Frame f{h, std::vector<std::byte>(h.body_len)};
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(f.body.data(), f.body.size(), d));
-  if (Checksum(f.body.data(), f.body.size()) != h.body_sum) return BadFrame("body checksum mismatch");
-  if (h.op == Op::kError) {
-    auto code = static_cast<StatusCode>(std::min<uint16_t>(h.status, static_cast<uint16_t>(StatusCode::kInternal)));
-    return Status(code == StatusCode::kOk ? StatusCode::kInternal : code,
-                  "peer: " + std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
-  }
+  if (h.body_len > kMaxErrorBytes) return BadFrame("END/ERROR body too large");
+  TPUSYNC_RETURN_IF_ERROR(RecvBody(h, d).status());
   return h;
 }
 
@@ -165,14 +171,14 @@ Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d) {
 }
 
 Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d) {
-  TPUSYNC_ASSIGN_OR_RETURN(Frame hello, c.Expect(Op::kHello, d));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame hello, c.Expect(Op::kHello, d, kNonceBytes));
   if (hello.body.size() != kNonceBytes) return BadFrame("HELLO nonce size");
   std::vector<std::byte> server_nonce = Nonce();
   BodyWriter w;
   w.Bytes(server_nonce);
   w.U64(block_bytes);
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kChallenge, w.bytes(), d));
-  TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d, kMacBytes));
   TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/1 client", server_nonce, hello.body));
   if (!SameMac(auth.body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
@@ -184,14 +190,14 @@ Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes
 Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d) {
   std::vector<std::byte> client_nonce = Nonce();
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kHello, client_nonce, d));
-  TPUSYNC_ASSIGN_OR_RETURN(Frame ch, c.Expect(Op::kChallenge, d));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame ch, c.Expect(Op::kChallenge, d, kNonceBytes + 8));
   BodyReader r(ch.body);
   std::span<const std::byte> server_nonce;
   uint64_t block_bytes = 0;
   if (!r.Bytes(kNonceBytes, &server_nonce) || !r.U64(&block_bytes) || !r.done()) return BadFrame("CHALLENGE body");
   TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/1 client", server_nonce, client_nonce));
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kAuth, proof, d));
-  auto ok = c.Expect(Op::kAuthOk, d);
+  auto ok = c.Expect(Op::kAuthOk, d, kMacBytes);
   if (!ok.ok()) {
     if (ok.status().code() == StatusCode::kUnavailable) {
       return Status(StatusCode::kUnauthenticated, "authentication failed: the peer closed the connection");

@@ -38,8 +38,9 @@ class FramedConn {
   // Receives a non-block frame and verifies its body checksum. An kError frame from the peer
   // comes back as the Status it carries.
   Result<Frame> Recv(Deadline d);
-  // Recv, then kInvalidArgument unless the frame is `op`.
-  Result<Frame> Expect(Op op, Deadline d);
+  // Recv, but the frame must be `op` (or kError) with a body of at most `max_body` bytes,
+  // checked before the body is read.
+  Result<Frame> Expect(Op op, Deadline d, uint64_t max_body = kMaxBodyBytes);
 
   // A block travels as a kBlock header, the payload, and an 8-byte XXH3 trailer computed
   // while the payload is sent, so it is checked end to end without a second pass.
@@ -56,6 +57,7 @@ class FramedConn {
 
  private:
   Result<FrameHeader> RecvHeader(Deadline d);
+  Result<Frame> RecvBody(const FrameHeader& h, Deadline d);
   Socket& socket_;
   uint64_t max_block_;
 };

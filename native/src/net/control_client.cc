@@ -35,9 +35,14 @@ Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string&
   return c;
 }
 
+void SidecarClient::Close() {
+  std::lock_guard lock(mu_);
+  socket_.Close();
+}
+
 Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status) {
   if (!socket_.valid()) {
-    return Status(StatusCode::kUnavailable, "the control channel was closed after an earlier failure; reconnect");
+    return Status(StatusCode::kUnavailable, "the control channel is closed (by close(), or after an earlier failure)");
   }
   Deadline d = Deadline::After(timeout_);
   Status st = conn_->Send(op, body, d, count, status);

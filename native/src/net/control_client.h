@@ -48,6 +48,10 @@ class SidecarClient {
   Result<std::vector<SlotView>> Acquire(std::span<const BlockKey> keys);
   Status Unacquire(std::span<const BlockKey> keys);
 
+  // Ends the session: the sidecar drops this client's pins and leases. The pool stays mapped
+  // until the client is destroyed, so views handed out earlier remain valid memory.
+  void Close();
+
   uint64_t block_bytes() const { return block_bytes_; }
   const std::string& pool_path() const { return pool_path_; }
 

@@ -27,17 +27,45 @@ std::string StatsText(const StoreStats& s) {
 
 }  // namespace
 
-// Leases taken by one engine connection; destroyed (released) when it disconnects.
+bool KeyLess(const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }
+
+// Leases and pins taken by one engine connection; released when it disconnects, so an
+// engine that crashes cannot keep blocks in DRAM forever.
 struct ControlService::Session {
-  std::map<BlockKey, WriteLease, bool (*)(const BlockKey&, const BlockKey&)> reserved{
-      [](const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }};
-  std::multimap<BlockKey, ReadLease, bool (*)(const BlockKey&, const BlockKey&)> acquired{
-      [](const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }};
+  explicit Session(Store& store) : store(store) {}
+  ~Session() {
+    std::vector<BlockKey> keys;
+    for (const auto& [k, n] : pins) keys.insert(keys.end(), n, k);
+    if (!keys.empty()) (void)store.Release(keys);
+  }
+  void Pinned(std::span<const BlockKey> keys) {
+    for (const BlockKey& k : keys) ++pins[k];
+  }
+  // Only pins this connection holds can be released through it; all or none.
+  Status Unpin(std::span<const BlockKey> keys) {
+    std::map<BlockKey, uint32_t, decltype(&KeyLess)> want(&KeyLess);
+    for (const BlockKey& k : keys) {
+      auto it = pins.find(k);
+      if (it == pins.end() || ++want[k] > it->second) {
+        return FailedPrecondition("release: block " + k.ToHex() + " is not pinned by this connection");
+      }
+    }
+    TPUSYNC_RETURN_IF_ERROR(store.Release(keys));
+    for (const auto& [k, n] : want) {
+      if ((pins[k] -= n) == 0) pins.erase(k);
+    }
+    return Status::Ok();
+  }
+
+  Store& store;
+  std::map<BlockKey, WriteLease, decltype(&KeyLess)> reserved{&KeyLess};
+  std::multimap<BlockKey, ReadLease, decltype(&KeyLess)> acquired{&KeyLess};
+  std::map<BlockKey, uint32_t, decltype(&KeyLess)> pins{&KeyLess};
 };
 
 void ControlService::Serve(Socket& socket, const WakeFd& stop) {
   FramedConn c(socket, store_.pool().block_bytes());
-  Session session;
+  Session session(store_);
   for (;;) {
     Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::Never());
     if (!readable.ok() || !*readable) break;
@@ -75,16 +103,25 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     }
     case Op::kLookup: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      LookupResult r = store_.Lookup(keys, f.header.status != 0);
+      bool pin = f.header.status != 0;
+      LookupResult r = store_.Lookup(keys, pin);
+      if (pin) session.Pinned(std::span(keys).first(r.prefix_len));
       return c.Send(Op::kTiers, std::as_bytes(std::span(r.tiers)), d, static_cast<uint32_t>(keys.size()));
     }
-    case Op::kPin:
-    case Op::kRelease:
+    case Op::kPin: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
+      session.Pinned(keys);
+      return SendOk(c, d);
+    }
+    case Op::kRelease: {
+      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+      TPUSYNC_RETURN_IF_ERROR(session.Unpin(keys));
+      return SendOk(c, d);
+    }
     case Op::kEvict: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      Status st = f.header.op == Op::kPin ? store_.Pin(keys) : f.header.op == Op::kRelease ? store_.Release(keys)
-                                                                                           : store_.Evict(keys);
-      TPUSYNC_RETURN_IF_ERROR(st);
+      TPUSYNC_RETURN_IF_ERROR(store_.Evict(keys));
       return SendOk(c, d);
     }
     case Op::kFlush:
@@ -111,6 +148,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
     }
     case Op::kCommit: {
+      if (f.body.size() != uint64_t{f.header.count} * 24) return InvalidArgument("bad frame: COMMIT body");
       BodyReader r(f.body);
       std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
       for (auto& [k, len] : items) {

@@ -194,6 +194,17 @@ def build_epp_service(owner: Owner) -> dict[str, Any]:
                                {"name": "http-metrics", "port": EPP_METRICS_PORT, "protocol": "TCP"}]}}
 
 
+def build_epp_network_policy(owner: Owner) -> dict[str, Any]:
+    """The gateway reaches the EPP's ext-proc port and Prometheus its metrics, from wherever
+    they run; health is probed by the kubelet, which policies do not filter."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
+            "spec": {"podSelector": {"matchLabels": _epp_selector(owner)},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"ports": [{"protocol": "TCP", "port": EPP_GRPC_PORT},
+                                            {"protocol": "TCP", "port": EPP_METRICS_PORT}]}]}}
+
+
 def build_inference_pool(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
     return {"apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
             "metadata": metadata(owner, owner.name, base_labels(owner, "inference-pool")),

@@ -186,10 +186,14 @@ def build_role_service(owner: Owner, spec: DisaggregatedServingSpec, role: str) 
 
 
 def build_serving_network_policy(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
-    """Open the serving port of this serving's pods (gateway, EPP, peers). The pool's own
-    policy keeps the data port closed to everyone else."""
+    """Open the serving port of this serving's pods to clients (gateway, proxy), and every port
+    between the serving's own pods (LWS leader and workers, decode proxy to prefill, the EPP
+    scraping engines). The pool's policy keeps the data port closed to everyone else."""
+    def own_pods() -> dict[str, Any]:
+        return {"matchLabels": {SERVING_LABEL: owner.name}}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(owner, names.serving_netpol(owner.name), base_labels(owner, "network-policy")),
-            "spec": {"podSelector": {"matchLabels": {SERVING_LABEL: owner.name}},
+            "spec": {"podSelector": own_pods(),
                      "policyTypes": ["Ingress"],
-                     "ingress": [{"ports": [{"protocol": "TCP", "port": spec.port}]}]}}
+                     "ingress": [{"ports": [{"protocol": "TCP", "port": spec.port}]},
+                                 {"from": [{"podSelector": own_pods()}]}]}}

@@ -156,8 +156,14 @@ class Engine:
                 if local == len(keys):
                     break
                 t0 = time.perf_counter()
-                held = self.store.read_remote(peer, keys)
-                st.transfer_seconds += time.perf_counter() - t0
+                try:
+                    held = self.store.read_remote(peer, keys)
+                except errors.TpuSyncError as e:  # a dead peer: try the next, keep what is local
+                    st.store_error = str(e)
+                    log.warning("peer %s unavailable: %s", peer, e)
+                    continue
+                finally:
+                    st.transfer_seconds += time.perf_counter() - t0
                 now = next((i for i, h in enumerate(held) if not h), len(held))
                 st.pulled_blocks += max(0, now - local)
                 local = max(local, now)

@@ -7,6 +7,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -19,7 +20,7 @@ from tpusync import Tier
 from .conftest import BLOCK, SECRET
 from .netfault import Relay
 from .wire import BLOCK as BLOCK_OP
-from .wire import ERROR, EXISTS, PULL, PUSH, TIERS, WireClient, frame, keys_body
+from .wire import ERROR, EXISTS, HELLO, PULL, PUSH, TIERS, WireClient, frame, keys_body
 
 
 def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
@@ -140,12 +141,15 @@ def test_wrong_secret_is_refused_and_counted(launch):
     with pytest.raises(tpusync.errors.AuthError, match="does not hold this pool's secret"):
         tpusync.KVStore.connect(f"tpusync://{a.address}", secret=b"not-the-secret-at-all")
     assert metric(a, "tpusync_auth_failures_total") == 1
-    # Data before authentication is refused before any of it is read.
-    w = WireClient(a.data_port)
-    w.send(frame(PULL, keys_body([1]), count=1))
-    op, status, _, body = w.recv_frame()
-    assert op == ERROR and b"expected HELLO" in body
-    assert w.closed_by_peer()
+    # Data before authentication is refused on its header: the body is never awaited, so
+    # these headers, sent without the bodies they announce, get their answer at once.
+    for header, reason in ((frame(PULL, count=1, body_len=16), b"expected HELLO"),
+                           (frame(HELLO, body_len=32 << 20), b"HELLO body of 33554432 bytes")):
+        w = WireClient(a.data_port)
+        w.send(header)
+        op, status, _, body = w.recv_frame()
+        assert op == ERROR and reason in body, body
+        assert w.closed_by_peer()
     # The sidecar still serves authenticated peers.
     remote = tpusync.KVStore.connect(f"tpusync://{a.address}", secret=SECRET)
     remote.put([5], [blocks(5, 1)[5]])
@@ -232,6 +236,30 @@ def test_many_concurrent_clients(launch):
         t.join(120)
     assert not errors, errors
     assert engine(a).stats()["blocks"] == 16 * 8
+
+
+def test_pins_belong_to_the_connection_that_took_them(launch):
+    """An engine that dies with pins held must not keep its blocks in DRAM forever, and one
+    engine cannot drop another's pins."""
+    a = launch("a")
+    data = blocks(0, 4)
+    e1, e2 = engine(a), engine(a)
+    e1.put(list(data), list(data.values()))
+    assert e1.lookup(list(data), pin=True).prefix_len == 4
+    e1.pin([0])
+    assert e2.stats()["pinned"] == 4
+    with pytest.raises(tpusync.errors.PreconditionError, match="not pinned by this connection"):
+        e2.release([0, 1])
+    e1.release([0])                       # one of block 0's two pins
+    with pytest.raises(tpusync.errors.PreconditionError, match="not pinned by this connection"):
+        e1.release([1, 1])                # more than it holds: nothing is released
+    assert e2.stats()["pinned"] == 4
+    e1.close()                            # the engine goes away: the sidecar drops its pins
+    deadline = time.monotonic() + 30
+    while e2.stats()["pinned"] != 0:      # the sidecar notices the closed socket on its own thread
+        assert time.monotonic() < deadline, e2.stats()
+        time.sleep(0.01)
+    assert e2.lookup(list(data)).prefix_len == 4   # the blocks themselves stay
 
 
 def test_sigterm_drains_an_in_flight_transfer(launch):

@@ -34,7 +34,7 @@ NAMESPACED = [
     rule([""], ["secrets"], ["get", "create"]),
     rule([""], ["pods"], ["get", "list", "watch"]),
     rule(["apps"], ["deployments", "statefulsets", "daemonsets"], ["get", "create", "patch", "delete"]),
-    rule(["networking.k8s.io"], ["networkpolicies"], ["create", "patch"]),
+    rule(["networking.k8s.io"], ["networkpolicies"], ["create", "patch", "delete"]),
     rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["create", "patch", "delete"]),
     rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "create", "patch", "delete"]),
     rule(["inference.networking.k8s.io"], ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"]),

@@ -1,4 +1,4 @@
-"""kopf wiring: one reconcile for create/update/resume (+ timers), a finalizer only for
+"""kopf wiring: one reconcile for create/update/resume (+ timers), a delete handler only for
 GKE-provisioned pools, and the `python -m tpusync_operator` entry point."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_same_reconcile_for_create_update_resume():
     assert {"pool_timer", "serving_timer"} <= timers
 
 
-def test_finalizer_only_for_gke_pools():
+def test_delete_handler_only_for_gke_pools():
     deletes = [h for h in changing_handlers() if h.reason == "delete"]
     assert [h.fn.__name__ for h in deletes] == ["pool_deleted"]
     (d,) = deletes
@@ -73,6 +73,9 @@ def test_metrics_address_flag(monkeypatch):
             pass
 
         class watching:
+            pass
+
+        class background:
             pass
 
     class Memo:

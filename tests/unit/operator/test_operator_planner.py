@@ -9,8 +9,8 @@ from op_helpers import PoolBody, ServingBody
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import (PlanError, Ref, check_pool, missing_crd_message, node_pool_step, plan_pool,
-                                      plan_serving)
+from tpusync_operator.planner import (PlanError, Ref, capacity_shortfall, check_pool, missing_crd_message,
+                                      node_pool_step, plan_pool, plan_roles, plan_serving)
 from tpusync_operator.tpu import TopologyError, slice_for
 
 
@@ -144,8 +144,56 @@ def test_routing_disabled_prunes_llmd_objects():
     assert {r.kind for r in p.delete} >= {"InferencePool", "InferenceObjective", "HTTPRoute", "Deployment", "Role"}
     assert not {o["kind"] for o in p.apply} & {"InferencePool", "Role"}
     assert p.missing_kinds == []
+    # The EPP's policy goes with it; the serving pods keep theirs.
+    assert ("NetworkPolicy", "llm-epp") in {(r.kind, r.name) for r in p.delete}
+    assert [o["metadata"]["name"] for o in p.apply if o["kind"] == "NetworkPolicy"] == ["llm-serving"]
+
+
+def test_network_policies_admit_the_gateway_and_the_serving_itself():
+    """Under an enforcing CNI: clients reach the serving port, the serving's own pods reach
+    each other on any port (LWS leader and workers, proxy to prefill), the gateway reaches
+    the EPP's ext-proc port."""
+    p = serving_plan(ServingBody().spec(routing={"gatewayRef": {"name": "gw"}}))
+    policies = {o["metadata"]["name"]: o["spec"] for o in p.apply if o["kind"] == "NetworkPolicy"}
+    serving, epp = policies["llm-serving"], policies["llm-epp"]
+    assert serving["podSelector"] == {"matchLabels": {"tpusync.dev/serving": "llm"}}
+    assert {"ports": [{"protocol": "TCP", "port": 8000}]} in serving["ingress"]
+    assert {"from": [{"podSelector": {"matchLabels": {"tpusync.dev/serving": "llm"}}}]} in serving["ingress"]
+    epp_pods = next(o for o in p.apply if o["kind"] == "Deployment" and o["metadata"]["name"] == "llm-epp")
+    assert epp["podSelector"]["matchLabels"].items() <= epp_pods["spec"]["template"]["metadata"]["labels"].items()
+    assert epp["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9002}, {"protocol": "TCP", "port": 9090}]}]
 
 
 def test_cpu_only_needs_no_tpu_match():
     p = serving_plan(ServingBody().spec(engine={"cpuOnly": True}, prefill={"topology": "1x1"}))
     assert all(r.chips_per_host == 0 and r.kind == "Deployment" for r in p.roles)
+
+
+def pool_info(pool: PoolBody) -> PoolInfo:
+    ps = pool_spec(pool)
+    return PoolInfo("pool", ps, check_pool(ps))
+
+
+@pytest.mark.parametrize("pool,serving,want", [
+    # one 2-host v7x slice: P and D multi-host replicas need a slice each
+    (PoolBody().v7x("2x2x2").gke(workloadPolicy="p"), ServingBody(),
+     ["need 4 TPU hosts (prefill 1 x 2 + decode 1 x 2)", "has 2", "a GKE multi-host node pool is one slice"]),
+    # the same two slices through an existing pool fit
+    (PoolBody().v7x("2x2x2").spec(capacity={"hosts": 4}), ServingBody(), None),
+    # single-host replicas: one host each
+    (PoolBody().spec(capacity={"hosts": 2}), ServingBody(), None),
+    (PoolBody().spec(capacity={"hosts": 2}), ServingBody().spec(decode={"replicas": 3}),
+     ["need 4 TPU hosts (prefill 1 x 1 + decode 3 x 1)", "has 2"]),
+    (PoolBody().spec(capacity={"autoscaling": {"minHosts": 0, "maxHosts": 8}}).gke(),
+     ServingBody().spec(decode={"replicas": 7}), None),
+    # CPU-only engines take no TPU host
+    (PoolBody(), ServingBody().spec(engine={"type": "reference", "cpuOnly": True}, decode={"replicas": 5}), None),
+])
+def test_capacity_shortfall(pool, serving, want):
+    info = pool_info(pool)
+    roles = plan_roles(DisaggregatedServingSpec.model_validate(serving.build()["spec"]), info)
+    got = capacity_shortfall(roles, info)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and all(w in got for w in want), got

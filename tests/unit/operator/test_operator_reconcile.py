@@ -223,7 +223,7 @@ def test_delete_of_existing_pool_touches_no_cloud(kube, clock):
 # ---------------------------------------------------------------- serving
 
 def test_serving_full(kube, clock):
-    kube.put(PoolBody().ready().build())
+    kube.put(PoolBody().spec(capacity={"hosts": 2}).ready().build())
     body = ServingBody().spec(routing={"gatewayRef": {"name": "gw"}}).build()
     status = run(reconcile_serving, body, deps(kube, clock))
     kinds = {k for k, _ in kube.kinds()}
@@ -244,7 +244,7 @@ def test_serving_full(kube, clock):
 
 def test_serving_missing_crds_degrades_not_crashes(clock):
     kube = FakeKube(served=set())
-    kube.put(PoolBody().v7x("2x2x2").gke(workloadPolicy="wp").ready().build())
+    kube.put(PoolBody().v7x("2x2x2").spec(capacity={"hosts": 4}).ready().build())   # two slices
     body = ServingBody().spec(engine={"type": "vllm-tpu"}).build()
     d = deps(kube, clock)
     with pytest.raises(kopf.TemporaryError, match="LeaderWorkerSet"):
@@ -293,6 +293,17 @@ def test_routing_disabled_removes_llmd_objects(kube, clock):
     assert kube.find("Deployment", "llm-decode") is not None
 
 
+def test_serving_larger_than_its_pool_is_degraded_and_still_applied(kube, clock):
+    kube.put(PoolBody().v7x("2x2x2").gke(workloadPolicy="wp").ready().build())   # one slice
+    d = deps(kube, clock)
+    status = run(reconcile_serving, ServingBody().spec(engine={"type": "vllm-tpu"}).build(), d)
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Degraded"]["status"] == "True" and cond["Degraded"]["reason"] == "InsufficientCapacity"
+    assert "need 4 TPU hosts" in cond["Degraded"]["message"] and cond["Ready"]["status"] == "False"
+    assert ("Warning", "InsufficientCapacity") in [e[:2] for e in d.emit.events]
+    assert kube.find("LeaderWorkerSet", "llm-prefill") is not None   # what fits still runs
+
+
 def test_transient_api_error_retries(kube, clock):
     kube.put(PoolBody().ready().build())
     kube.fail_next.append(KubeError(503, "etcd timeout"))
@@ -301,16 +312,23 @@ def test_transient_api_error_retries(kube, clock):
     assert [e for e in kube.log if e[0] == "status"]   # status still written once
 
 
-def test_samples_reconcile(clock):
+@pytest.mark.parametrize("sample", ["v6e-single-host-reference.yaml", "v7x-multi-host-vllm.yaml"])
+def test_samples_reconcile(clock, sample):
     from op_helpers import load_samples
-    for sample in ("v6e-single-host-reference.yaml", "v7x-multi-host-vllm.yaml"):
-        kube = FakeKube()
-        pool, serving = load_samples(sample)
-        for doc in (pool, serving):
-            doc["metadata"].update(uid="uid-" + doc["metadata"]["name"], generation=1)
-        gke = FakeGKE()
+    kube = FakeKube()
+    pool, serving = load_samples(sample)
+    for doc in (pool, serving):
+        doc["metadata"].update(uid="uid-" + doc["metadata"]["name"], generation=1)
+    gke = FakeGKE()
+    if pool["spec"]["provisioning"]["mode"] == "gke":
         with pytest.raises(kopf.TemporaryError):   # the node pool is being created
             run(reconcile_pool, pool, deps(kube, clock, gke))
         assert gke.calls[-1][0] == "create"
-        run(reconcile_serving, serving, deps(kube, clock))
-        assert kube.find("InferencePool", serving["metadata"]["name"]) is not None
+    else:
+        run(reconcile_pool, pool, deps(kube, clock, gke))
+        assert gke.calls == []
+    status = run(reconcile_serving, serving, deps(kube, clock))
+    assert kube.find("InferencePool", serving["metadata"]["name"]) is not None
+    # Every replica fits the sample's pool: nothing degraded, only waiting for pods.
+    degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
+    assert degraded["status"] == "False", degraded

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync.pages import load_pages, save_pages
+from tpusync.pages import load_pages, save_pages, shard_number
 
 SHAPE = (3, 6, 4, 2, 8)  # layers, pages, page_size, kv_heads, head_dim
 
@@ -57,26 +57,43 @@ def test_a_block_too_small_for_the_page_is_refused():
 SHARDED = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import tpusync
     from tpusync.pages import load_pages, save_pages, shard_key
-    mesh = Mesh(np.array(jax.devices()), ("x",))
-    sharding = NamedSharding(mesh, P(None, None, None, "x", None))  # kv_heads split across 2 devices
     shape = (2, 4, 4, 2, 8)
-    k = jax.device_put(jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape), sharding)
-    v = jax.device_put(-k, sharding)
-    assert len(k.addressable_shards) == 2
+
+    def round_trip(mesh, spec, shards, blocks_per_key):
+        sharding = NamedSharding(mesh, spec)
+        k = jax.device_put(jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape), sharding)
+        v = jax.device_put(-k, sharding)
+        with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+            save_pages(store, [7, 8], k, v, [0, 3])
+            # one block per distinct shard (replicas share it), keyed by the shard's place
+            assert store.stats()["blocks"] == 2 * blocks_per_key, store.stats()
+            assert store.lookup([shard_key(7, n, shards) for n in range(shards)]).prefix_len == shards
+            zeros = jax.device_put(jnp.zeros(shape), sharding)
+            k2, v2, n = load_pages(store, [7, 8], zeros, jax.device_put(jnp.zeros(shape), sharding), [1, 2])
+        assert n == 2 and k2.sharding == sharding
+        assert np.array_equal(np.asarray(k2[:, 1]), np.asarray(k[:, 0]))
+        assert np.array_equal(np.asarray(v2[:, 2]), np.asarray(v[:, 3]))
+        assert not np.asarray(k2[:, 0]).any()
+
+    devs = np.array(jax.devices())
+    round_trip(Mesh(devs[:2], ("x",)), P(None, None, None, "x", None), 2, 2)         # kv_heads split
+    round_trip(Mesh(devs[::-1][:2], ("x",)), P(None, None, None, "x", None), 2, 2)   # other device order
+    round_trip(Mesh(devs.reshape(2, 2), ("r", "x")), P(None, None, None, "x", None), 2, 2)  # replicated x2
+    round_trip(Mesh(devs.reshape(2, 2), ("l", "x")), P("l", None, None, "x", None), 4, 4)   # layers and heads
+    round_trip(Mesh(devs[:2], ("r",)), P(), 1, 1)                                    # fully replicated
+    bad = jax.device_put(jnp.zeros(shape), NamedSharding(Mesh(devs[:2], ("p",)), P(None, "p")))
     with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
-        save_pages(store, [7, 8], k, v, [0, 3])
-        # each device's shard is its own block
-        assert store.lookup([shard_key(7, 0, 2), shard_key(7, 1, 2)]).prefix_len == 2
-        zeros = jax.device_put(jnp.zeros(shape), sharding)
-        k2, v2, n = load_pages(store, [7, 8], zeros, jax.device_put(jnp.zeros(shape), sharding), [1, 2])
-    assert n == 2 and k2.sharding == sharding
-    assert np.array_equal(np.asarray(k2[:, 1]), np.asarray(k[:, 0]))
-    assert np.array_equal(np.asarray(v2[:, 2]), np.asarray(v[:, 3]))
+        try:
+            save_pages(store, [7], bad, bad, [0])
+        except tpusync.InvalidArgumentError as e:
+            assert "pages axis (axis 1) is sharded" in str(e)
+        else:
+            raise AssertionError("a cache sharded over pages was accepted")
     print("ok")
     """
 )
@@ -86,3 +103,14 @@ def test_sharded_cache_moves_shard_by_shard():
     out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_shard_numbers_come_from_the_shard_position_not_the_local_order():
+    """A host holding only shards 2 and 3 of 4 must key them 2 and 3, as the host that saved them did."""
+    shape, shard_shape = (4, 8, 4, 8, 16), (2, 8, 4, 4, 16)   # layers split in 2, kv_heads in 2
+    full = slice(None)
+    index = lambda layer, head: (slice(2 * layer, 2 * layer + 2), full, full, slice(4 * head, 4 * head + 4), full)
+    numbers = [shard_number(index(layer, head), shape, shard_shape) for layer in (0, 1) for head in (0, 1)]
+    assert numbers == [0, 1, 2, 3]
+    assert shard_number(index(1, 0), shape, shard_shape) == 2
+    assert shard_number((full,) * 5, shape, shape) == 0

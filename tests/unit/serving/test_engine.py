@@ -61,6 +61,17 @@ def test_a_dead_store_means_recompute_not_wrong_tokens(mono):
     assert r.stats.cached_tokens == 0 and "closed" in r.stats.store_error
 
 
+def test_a_dead_peer_keeps_the_local_prefix_hit(mono):
+    """The peer tier failing must not throw away what this host's own tiers hold."""
+    base = prompt(1, 300)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        e = Engine(CFG, role="both", store=store, peers=["127.0.0.1:1"])  # nothing listens there
+        e.generate(base + prompt(2, 50), 4)
+        r = e.generate(base + prompt(3, 90), 4)
+    assert r.stats.cached_tokens == 256 and r.stats.store_error
+    assert r.tokens == mono.generate(base + prompt(3, 90), 4).tokens
+
+
 def test_prefill_role_returns_one_token_and_transfer_params():
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG)) as store:
         e = Engine(CFG, role="prefill", store=store, data_address="127.0.0.1:9")

@@ -21,6 +21,7 @@ constexpr uint64_t kMaxBodyBytes = 64ull << 20;  // metadata bodies; block paylo
 constexpr uint32_t kMaxKeys = 1u << 20;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
+constexpr size_t kMaxErrorBytes = 4096;  // ERROR and END bodies: a message
 
 enum class Op : uint16_t {
   // handshake
