@@ -15,25 +15,28 @@
 namespace tpusync::py {
 namespace {
 
-// Owns the Store so close() can free it while Python references remain.
+// Owns the Store so close() can free it while Python references remain. Each call holds a
+// reference for its duration (the GIL is released inside), so close() from another thread
+// frees the Store only after calls already running have returned.
 class PyStore {
  public:
   explicit PyStore(std::unique_ptr<Store> s) : store_(std::move(s)) {}
-  Store& get() {
+  std::shared_ptr<Store> get() {  // with the GIL held, like close()'s hand-off below
     if (!store_) Raise(FailedPrecondition("the store is closed"));
-    return *store_;
+    return store_;
   }
   void close() {
     if (leases_ > 0) {
       Raise(FailedPrecondition("cannot close the store: " + std::to_string(leases_) + " leases are still held"));
     }
-    pb::gil_scoped_release nogil;  // joins the write-behind threads
-    store_.reset();
+    std::shared_ptr<Store> doomed = std::move(store_);
+    pb::gil_scoped_release nogil;  // joins the write-behind threads (if no call still holds it)
+    doomed.reset();
   }
   int leases_ = 0;
 
  private:
-  std::unique_ptr<Store> store_;
+  std::shared_ptr<Store> store_;
 };
 
 // A lease keeps its store object alive (pybind11 keep_alive) and counted.
@@ -150,7 +153,8 @@ PYBIND11_MODULE(_native, m) {
             Buffers b(buffers, false);
             std::vector<ConstBuffer> views = b.as_const();
             Status st;
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             {
               pb::gil_scoped_release nogil;  // copies into the pool
               st = store.Put(k, views);
@@ -165,7 +169,8 @@ PYBIND11_MODULE(_native, m) {
             Buffers b(buffers, true);
             std::vector<MutableBuffer> views = b.as_mutable();
             std::vector<uint8_t> found(k.size());
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             Status st;
             {
               pb::gil_scoped_release nogil;  // copies out of the pool, reads from disk
@@ -182,7 +187,8 @@ PYBIND11_MODULE(_native, m) {
           [](PyStore& s, const pb::handle& keys, bool pin) {
             std::vector<BlockKey> k = ParseKeys(keys);
             LookupResult r;
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             {
               pb::gil_scoped_release nogil;
               r = store.Lookup(k, pin);
@@ -194,16 +200,17 @@ PYBIND11_MODULE(_native, m) {
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false,
           "Returns (prefix_len, tiers as uint8 codes); pins the present prefix when pin=True.")
       .def(
-          "pin", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get().Pin(ParseKeys(keys))); },
+          "pin", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get()->Pin(ParseKeys(keys))); },
           pb::arg("keys"))
       .def(
-          "release", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get().Release(ParseKeys(keys))); },
+          "release", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get()->Release(ParseKeys(keys))); },
           pb::arg("keys"))
       .def(
           "evict",
           [](PyStore& s, const pb::handle& keys) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             Status st;
             {
               pb::gil_scoped_release nogil;  // writes to disk
@@ -215,7 +222,8 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "flush",
           [](PyStore& s) {
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             Status st;
             {
               pb::gil_scoped_release nogil;  // waits for write-behind
@@ -224,12 +232,13 @@ PYBIND11_MODULE(_native, m) {
             ThrowIfError(st);
           },
           "Waits for queued write-behind; raises the first demotion error since the last flush.")
-      .def("stats", [](PyStore& s) { return StatsDict(s.get().Stats()); })
+      .def("stats", [](PyStore& s) { return StatsDict(s.get()->Stats()); })
       .def(
           "reserve",
           [](PyStore& s, const pb::handle& key) {
             BlockKey k = ParseKey(key);
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             std::optional<Result<WriteLease>> r;
             {
               pb::gil_scoped_release nogil;  // may wait for a slot
@@ -243,7 +252,8 @@ PYBIND11_MODULE(_native, m) {
           "acquire",
           [](PyStore& s, const pb::handle& key) {
             BlockKey k = ParseKey(key);
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             std::optional<Result<ReadLease>> r;
             {
               pb::gil_scoped_release nogil;  // may promote from disk
@@ -254,14 +264,15 @@ PYBIND11_MODULE(_native, m) {
           },
           pb::arg("key"), pb::keep_alive<0, 1>(), "Holds a block in DRAM for reading in place.")
       .def("close", &PyStore::close, "Frees the pool mapping and stops the write-behind threads.")
-      .def_property_readonly("pool_path", [](PyStore& s) { return s.get().pool().path(); })
-      .def_property_readonly("block_bytes", [](PyStore& s) { return s.get().pool().block_bytes(); })
-      .def_property_readonly("num_slots", [](PyStore& s) { return s.get().pool().num_slots(); })
+      .def_property_readonly("pool_path", [](PyStore& s) { return s.get()->pool().path(); })
+      .def_property_readonly("block_bytes", [](PyStore& s) { return s.get()->pool().block_bytes(); })
+      .def_property_readonly("num_slots", [](PyStore& s) { return s.get()->pool().num_slots(); })
       .def(
           "pull_from",
           [](PyStore& s, net::PeerClient& peer, const pb::handle& keys, int timeout_ms) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            Store& store = s.get();
+            std::shared_ptr<Store> in_use = s.get();
+            Store& store = *in_use;
             std::vector<uint8_t> held;
             Status st;
             {

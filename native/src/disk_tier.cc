@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <unordered_map>
 
 #include "checksum.h"
@@ -69,6 +70,21 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   if (t->lock_fd_ < 0) return ErrnoStatus(errno, "open " + lock_path);
   if (::flock(t->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return FailedPrecondition("disk tier " + o.dir + " is owned by another process");
+  }
+
+  // The geometry is recorded beside the extents: reopening with another block size would
+  // misread every extent and then overwrite them, so it is refused instead.
+  const std::string meta_path = o.dir + "/tier.meta";
+  const std::string meta = "tpusync disk tier 1, block_bytes " + std::to_string(o.block_bytes) + "\n";
+  if (std::ifstream in(meta_path); in) {
+    std::string got;
+    std::getline(in, got);
+    if (got + "\n" != meta) {
+      return FailedPrecondition("disk tier " + o.dir + " was written as \"" + got + "\", opened with block_bytes " +
+                                std::to_string(o.block_bytes) + ": use the same block size or another directory");
+    }
+  } else if (!(std::ofstream(meta_path) << meta)) {
+    return Status(StatusCode::kIoError, "write " + meta_path);
   }
 
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;

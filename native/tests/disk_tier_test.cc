@@ -146,6 +146,22 @@ TEST(DiskTier, FullDeviceWriteIsAnError) {
   EXPECT_NE(st.message().find("No space left"), std::string::npos);
 }
 
+TEST(DiskTier, ReopeningWithAnotherBlockSizeIsRefusedAndLosesNothing) {
+  TempDir d;
+  {
+    auto t = DiskTier::Open(Opts(d));
+    ASSERT_TRUE(t.ok());
+    WriteBlock(**t, 7, kBlock);
+  }
+  auto other = DiskTier::Open({.dir = d.path(), .capacity_bytes = 4 * 2 * kBlock, .block_bytes = 2 * kBlock});
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("block_bytes 8192"), std::string::npos) << other.status().ToString();
+  auto t = DiskTier::Open(Opts(d));
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ((*t)->recovered().size(), 1u);
+  EXPECT_EQ((*t)->recovered()[0].key, Key(7));
+}
+
 TEST(DiskTier, OneOwnerAndSaneGeometry) {
   TempDir d;
   auto t = DiskTier::Open(Opts(d));

@@ -241,9 +241,10 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                     Ref("rbac.authorization.k8s.io/v1", "Role", epp), Ref("v1", "ServiceAccount", epp),
                     Ref("networking.k8s.io/v1", "NetworkPolicy", epp)]
     if spec.routing.enabled:
+        events_port = pool.spec.sidecar.kv_events_port
         apply += [llmd.build_epp_service_account(owner), llmd.build_epp_role(owner),
-                  llmd.build_epp_role_binding(owner), llmd.build_epp_config_map(owner, spec),
-                  llmd.build_epp_deployment(owner, spec), llmd.build_epp_service(owner),
+                  llmd.build_epp_role_binding(owner), llmd.build_epp_config_map(owner, spec, events_port),
+                  llmd.build_epp_deployment(owner, spec, events_port), llmd.build_epp_service(owner),
                   llmd.build_epp_network_policy(owner)]
         if "InferencePool" not in missing:
             apply.append(llmd.build_inference_pool(owner, spec))

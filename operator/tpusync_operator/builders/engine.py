@@ -51,9 +51,14 @@ def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chip
             "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
                                           "layerwise": spec.kv_transfer.layerwise},
         }
+        # KV events for llm-d's precise prefix-cache scoring, in the topic form its pod
+        # discovery expects (kv@<pod ip>:<port>@<model>).
+        events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
+                  "topic": f"kv@$(POD_IP):{port}@{m.name}"}
         args = [m.uri, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
                 "--tensor-parallel-size", str(chips),
-                "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True)]
+                "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),
+                "--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
         return ["vllm", "serve"], args + extra
     # sglang-jax
     args = ["--model-path", m.uri, "--port", str(port), "--served-model-name", m.name,

@@ -33,10 +33,11 @@ def serving_pod_labels(owner: Owner) -> dict[str, str]:
     return {SERVING_LABEL: owner.name, LLMD_SERVING_LABEL: "true"}
 
 
-def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> dict[str, Any]:
     """The EndpointPickerConfig: P/D profiles chosen by disagg-profile-handler with a
-    prefix-based-pd-decider; prefix-cache scoring either precise (KV events from the
-    tpusync sidecars, port 5557) or approximate."""
+    prefix-based-pd-decider; prefix-cache scoring either precise (KV events the engines
+    publish on the pool's kvEventsPort, tokens from their /v1/completions/render) or
+    approximate."""
     r = spec.routing
     w = r.scorer_weights
     plugins: list[dict[str, Any]] = []
@@ -57,7 +58,7 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, 
                      "topicFilter": "kv@",
                      "discoverPods": True,
                      "podDiscoveryConfig": {"podLabelSelector": selector, "podNamespace": owner.namespace,
-                                            "socketPort": 5557},
+                                            "socketPort": kv_events_port},
                  },
                  "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}},
              }},
@@ -102,14 +103,14 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, 
     return config
 
 
-def epp_config_text(owner: Owner, spec: DisaggregatedServingSpec) -> str:
-    return yaml.safe_dump(build_epp_config(owner, spec), sort_keys=False)
+def epp_config_text(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> str:
+    return yaml.safe_dump(build_epp_config(owner, spec, kv_events_port), sort_keys=False)
 
 
-def build_epp_config_map(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+def build_epp_config_map(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
-            "data": {EPP_CONFIG_KEY: epp_config_text(owner, spec)}}
+            "data": {EPP_CONFIG_KEY: epp_config_text(owner, spec, kv_events_port)}}
 
 
 def build_epp_service_account(owner: Owner) -> dict[str, Any]:
@@ -144,11 +145,11 @@ def _epp_selector(owner: Owner) -> dict[str, str]:
     return {SERVING_LABEL: owner.name, "app.kubernetes.io/component": "endpoint-picker"}
 
 
-def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> dict[str, Any]:
     """The endpoint picker. Its pod template carries a hash of the config so a config change
     rolls it (the EPP reads the file once at start)."""
     name = names.epp(owner.name)
-    config_hash = hashlib.sha256(epp_config_text(owner, spec).encode()).hexdigest()[:16]
+    config_hash = hashlib.sha256(epp_config_text(owner, spec, kv_events_port).encode()).hexdigest()[:16]
     labels = {**base_labels(owner, "endpoint-picker"), **_epp_selector(owner)}
 
     def grpc_probe(**extra: Any) -> dict[str, Any]:

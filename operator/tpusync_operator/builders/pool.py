@@ -89,6 +89,9 @@ def build_network_policy(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
                      ]}}
 
 
+STORE_MEMORY_HEADROOM = to_bytes("512Mi")  # the sidecar process itself, beside its DRAM tier
+
+
 def build_store_nodes(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
     """Store nodes: standalone sidecars lending DRAM and disk as a lower tier."""
     store = spec.store_nodes
@@ -97,8 +100,12 @@ def build_store_nodes(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
     labels = pool_labels(owner, "store")
     selector = {POOL_LABEL: owner.name, "app.kubernetes.io/component": "store"}
     container = build_sidecar_container(owner.name, owner.namespace, spec, dram_bytes=dram, disk=disk, native=False)
-    if resources(store.resources):
-        container["resources"] = resources(store.resources)
+    res = resources(store.resources)
+    # The DRAM tier lives in a memory-backed /dev/shm, charged to this pod: unless told
+    # otherwise, request it so the scheduler does not overcommit the node.
+    if "memory" not in res.get("requests", {}):
+        res.setdefault("requests", {})["memory"] = str(dram + STORE_MEMORY_HEADROOM)
+    container["resources"] = res
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

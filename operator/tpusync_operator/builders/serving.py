@@ -97,7 +97,9 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "args": args,
         "env": env,
         "envFrom": [{"configMapRef": {"name": names.pool_config(pool.name)}}],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # The engine publishes the KV events (it knows each block's tokens).
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
+                  {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"}],
         "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                          "periodSeconds": 10, "failureThreshold": 360},
         "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},

@@ -60,7 +60,6 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         "ports": [
             {"name": "tpusync-data", "containerPort": sc.data_port, "protocol": "TCP"},
             {"name": "sidecar-http", "containerPort": sc.http_port, "protocol": "TCP"},
-            {"name": "kv-events", "containerPort": sc.kv_events_port, "protocol": "TCP"},
         ],
         "startupProbe": probe("/healthz", failureThreshold=60),
         "livenessProbe": probe("/healthz", failureThreshold=3),

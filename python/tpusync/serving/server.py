@@ -1,4 +1,5 @@
-"""HTTP front end of the reference engine: OpenAI-style /v1/completions, /health, /metrics."""
+"""HTTP front end of the reference engine: OpenAI-style /v1/completions, vLLM's
+/v1/completions/render, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -46,15 +47,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}")
 
     def do_POST(self) -> None:
+        if self.path == "/v1/completions/render":
+            self._render()
+            return
         if self.path != "/v1/completions":
             self._error(404, f"no route {self.path}")
             return
         try:
             req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            prompt = req.get("prompt")
-            tokens = codec.encode(prompt) if isinstance(prompt, str) else prompt
-            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                raise errors.InvalidArgumentError("prompt must be a string or a list of token ids")
+            tokens = prompt_tokens(req.get("prompt"))
             max_tokens = int(req.get("max_tokens", 16))
             if max_tokens < 1:
                 raise errors.InvalidArgumentError("max_tokens must be at least 1")
@@ -79,6 +80,19 @@ class _Handler(BaseHTTPRequestHandler):
         body["kv_transfer_params"] = result.kv_transfer_params
         body["tpusync"] = result.stats.as_dict()
         self._send(200, json.dumps(body).encode())
+
+    def _render(self) -> None:
+        """vLLM's render API, which llm-d's token-producer calls to learn a prompt's tokens
+        (for precise prefix-cache scoring): one {"token_ids"} per prompt."""
+        try:
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            prompt = req.get("prompt")
+            many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+            rendered = [{"token_ids": prompt_tokens(p)} for p in (prompt if many else [prompt])]
+        except (ValueError, TypeError, errors.TpuSyncError) as e:
+            self._error(400, str(e))
+            return
+        self._send(200, json.dumps(rendered).encode())
 
     def _stream(self, req: dict, tokens: list[int], max_tokens: int) -> None:
         self.send_response(200)
@@ -105,6 +119,14 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("request failed")
             self.wfile.write(f"data: {json.dumps({'error': {'message': f'{type(e).__name__}: {e}'}})}\n\n".encode())
         self.close_connection = True
+
+
+def prompt_tokens(prompt: object) -> list[int]:
+    """A completions prompt (text, or token ids) as token ids."""
+    tokens = codec.encode(prompt) if isinstance(prompt, str) else prompt
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise errors.InvalidArgumentError("prompt must be a string or a list of token ids")
+    return tokens
 
 
 class CompletionServer(ThreadingHTTPServer):

@@ -18,6 +18,7 @@ import pytest
 
 from tpusync import sidecar
 from tpusync.launch import start_server
+from tpusync.serving import codec
 from tpusync.serving.model import ModelConfig
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
@@ -25,8 +26,8 @@ CFG = ModelConfig(**MODEL)
 BLOCK = -(-CFG.page_bytes // 4096) * 4096
 
 
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+def post(url: str, body: dict, path: str = "/v1/completions") -> dict:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.load(resp)
@@ -112,6 +113,19 @@ def test_text_prompts_round_trip(cluster):
     r = post(cluster["mono"].url, {"prompt": "The quick brown fox", "max_tokens": 5})
     assert r["usage"] == {"prompt_tokens": 19, "completion_tokens": 5, "total_tokens": 24}
     assert len(r["choices"][0]["text"]) == 5
+
+
+def test_render_gives_the_tokens_the_engine_hashes(cluster):
+    """llm-d's token-producer tokenizes through /v1/completions/render; the ids must be the
+    ones the engine computes block keys (and KV events) from."""
+    def render(body):
+        return post(cluster["decode"].url, body, "/v1/completions/render")
+    assert render({"prompt": "The quick brown fox"}) == [{"token_ids": codec.encode("The quick brown fox")}]
+    assert render({"prompt": ["ab", [7, 8, 9]]}) == [{"token_ids": [97, 98]}, {"token_ids": [7, 8, 9]}]
+    assert render({"prompt": [5, 6]}) == [{"token_ids": [5, 6]}]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        render({"prompt": {"a": 1}})
+    assert e.value.code == 400
 
 
 def test_dead_prefill_sidecar_means_recompute_not_wrong_tokens(cluster):

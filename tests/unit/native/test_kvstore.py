@@ -256,6 +256,33 @@ def test_gil_is_released_during_long_copies():
     assert out[-1][0] == n - 1
 
 
+def test_close_during_a_running_get_waits_for_it():
+    """close() from another thread while a long get copies with the GIL released: the get
+    finishes with whole blocks, later calls say the store is closed, nothing crashes."""
+    block, n = 16 * MIB, 32
+    s = tpusync.KVStore.local(dram_bytes=n * block, block_bytes=block)
+    s.put(list(range(n)), [np.full(block, i, np.uint8) for i in range(n)])
+    out = [np.zeros(block, np.uint8) for _ in range(n)]
+    started, result = threading.Event(), []
+
+    def reader():
+        started.set()
+        try:
+            result.append(s.get(list(range(n)), out))
+        except tpusync.PreconditionError:   # close() came first
+            result.append(None)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    started.wait()
+    s.close()          # may land before, during or after the copy
+    t.join()
+    if result[0] is not None:   # the get started before close: it completed whole
+        assert all(result[0]) and all(o[0] == i and o[-1] == i for i, o in enumerate(out))
+    with pytest.raises(tpusync.PreconditionError, match="closed"):
+        s.get([0], out[:1])
+
+
 # ---- disk tier -------------------------------------------------------------------------
 
 

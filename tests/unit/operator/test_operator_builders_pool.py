@@ -115,6 +115,15 @@ def test_store_nodes_are_hardened():
     assert "--disk-bytes=1099511627776" in c["args"]
 
 
+def test_store_nodes_request_the_memory_their_dram_tier_takes():
+    owner, spec, _ = setup(CASES["pool-store-statefulset"].build())   # 4 GiB of DRAM, no resources
+    c = b.build_store_nodes(owner, spec)["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"] == {"requests": {"memory": str(4 * 2**30 + 512 * 2**20)}}
+    owner, spec, _ = setup(CASES["pool-store-statefulset"].store(resources={"requests": {"memory": "5Gi"}}).build())
+    c = b.build_store_nodes(owner, spec)["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["requests"]["memory"] == "5Gi"     # the user's figure stands
+
+
 @pytest.mark.parametrize("spec,selector", [
     (PoolBody().build()["spec"], {"cloud.google.com/gke-nodepool": "tpu-np"}),
     (PoolBody().gke(nodePoolName="np2").build()["spec"], {"cloud.google.com/gke-nodepool": "np2"}),

@@ -124,6 +124,12 @@ def test_vllm_kv_transfer_config():
     dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
     assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert dargs[dargs.index("--port") + 1] == "8200"
+    # KV events for precise prefix-cache routing, on the pool's port, topic naming the pod
+    events = json.loads(dargs[dargs.index("--kv-events-config") + 1])
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+                      "topic": "kv@$(POD_IP):8200@m"}
+    env = {e["name"] for e in pods["llm-decode/leader"]["spec"]["containers"][0]["env"]}
+    assert "POD_IP" in env   # what $(POD_IP) expands from
 
 
 def test_engine_port_behind_proxy():
@@ -148,13 +154,17 @@ def _owner_spec(serving):
 
 def test_epp_config_pd_and_precise_prefix_cache():
     owner, spec = _owner_spec(ServingBody().spec(routing={"pdThresholdTokens": 77}))
-    cfg = llmd.build_epp_config(owner, spec)
+    cfg = llmd.build_epp_config(owner, spec, 5557)
     assert cfg["apiVersion"] == "llm-d.ai/v1alpha1" and cfg["kind"] == "EndpointPickerConfig"
     by_type = {p["type"]: p for p in cfg["plugins"]}
     assert by_type["prefix-based-pd-decider"]["parameters"] == {"nonCachedTokens": 77}
     assert by_type["disagg-profile-handler"]["parameters"] == {"deciders": {"prefill": "prefix-based-pd-decider"}}
     kv = by_type["precise-prefix-cache-producer"]["parameters"]["kvEventsConfig"]
     assert kv["podDiscoveryConfig"]["socketPort"] == 5557
+    # the port the engines publish on is the pool's, whatever it is
+    other = llmd.build_epp_config(owner, spec, 6000)["plugins"]
+    assert next(p for p in other if p["type"] == "precise-prefix-cache-producer")[
+        "parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 6000
     assert kv["podDiscoveryConfig"]["podLabelSelector"] == "tpusync.dev/serving=llm,llm-d.ai/inference-serving=true"
     assert by_type["prefix-cache-scorer"]["parameters"] == {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}
     profiles = {p["name"]: [r["pluginRef"] for r in p["plugins"]] for p in cfg["schedulingProfiles"]}
@@ -171,7 +181,7 @@ def test_epp_config_pd_and_precise_prefix_cache():
 def test_epp_config_approx_and_zero_weight():
     owner, spec = _owner_spec(ServingBody().spec(routing={"precisePrefixCache": False,
                                                           "scorerWeights": {"queue": 0}}))
-    cfg = llmd.build_epp_config(owner, spec)
+    cfg = llmd.build_epp_config(owner, spec, 5557)
     types = [p["type"] for p in cfg["plugins"]]
     assert "approx-prefix-cache-producer" in types and "precise-prefix-cache-producer" not in types
     assert "dataLayer" not in cfg
@@ -182,11 +192,11 @@ def test_epp_config_approx_and_zero_weight():
 def test_epp_deployment_rolls_on_config_change():
     owner, a = _owner_spec(ServingBody())
     _, b = _owner_spec(ServingBody().spec(routing={"pdThresholdTokens": 5}))
-    ha = llmd.build_epp_deployment(owner, a)["spec"]["template"]["metadata"]["annotations"]
-    hb = llmd.build_epp_deployment(owner, b)["spec"]["template"]["metadata"]["annotations"]
+    ha = llmd.build_epp_deployment(owner, a, 5557)["spec"]["template"]["metadata"]["annotations"]
+    hb = llmd.build_epp_deployment(owner, b, 5557)["spec"]["template"]["metadata"]["annotations"]
     assert ha != hb
-    cm = llmd.build_epp_config_map(owner, a)
-    assert yaml.safe_load(cm["data"]["config.yaml"]) == llmd.build_epp_config(owner, a)
+    cm = llmd.build_epp_config_map(owner, a, 5557)
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == llmd.build_epp_config(owner, a, 5557)
 
 
 def test_inference_pool_and_route():
