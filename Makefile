@@ -63,7 +63,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest verify e2e
+test: native-test fuzz chart-test pytest verify image-steps e2e
 
 demo: install
 	$(PY) -m tpusync.demo

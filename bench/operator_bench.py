@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "all Ready: from the start of `kubectl apply` of all N; 1st status / Ready: per object, "
         "creationTimestamp -> first status write / Ready (server timestamps, 1 s resolution, "
         "queueing behind the other objects included); pass: wall time of one reconcile pass "
-        "(operator histogram, bucket-interpolated, top bucket 30 s; passes run concurrently); "
+        "(operator histogram, bucket-interpolated, top bucket 300 s; passes run concurrently); "
         f"Ready also waits for kwok pods and the next resync ({args.resync:g} s).")
     return 0 if len(ready_at) == args.count else 1
 

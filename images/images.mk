@@ -25,16 +25,10 @@ image-steps-operator: | system-deps
 # Dockerfile: cmake -G Ninja (Release, no Python, no tests) && build tpusync-sidecar &&
 # collect-rootfs.sh && tpusync-sidecar --help. Here the binary then runs from the collected
 # rootfs's own loader and libraries, which proves the distroless-style rootfs is complete.
-# While native/ has no tpusync-sidecar target, this builds tpusync_core instead and says so.
 image-steps-sidecar: | system-deps
 	cmake -S . -B $(IMAGE_SIDECAR) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DTPUSYNC_BUILD_PYTHON=OFF -DTPUSYNC_BUILD_TESTS=OFF >/dev/null
-	@if ! grep -q 'add_executable(tpusync-sidecar' native/CMakeLists.txt; then \
-	  echo "image-steps-sidecar: native/ has no tpusync-sidecar target yet: building tpusync_core only"; \
-	  nice -n 10 cmake --build $(IMAGE_SIDECAR) --target tpusync_core --parallel $(IMAGE_JOBS); \
-	  exit $$?; \
-	fi; \
-	set -e; \
+	@set -e; \
 	nice -n 10 cmake --build $(IMAGE_SIDECAR) --target tpusync-sidecar --parallel $(IMAGE_JOBS); \
 	bin=$$(find $(IMAGE_SIDECAR) -type f -name tpusync-sidecar -perm -u+x -not -path '*/rootfs/*'); \
 	images/sidecar/collect-rootfs.sh "$$bin" $(IMAGE_SIDECAR)/rootfs; \

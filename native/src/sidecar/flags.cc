@@ -95,8 +95,8 @@ const std::vector<FlagDef>& Defs() {
       {"drain-timeout-ms", Int(&SidecarFlags::drain_timeout_ms, 0, 3600000), "SIGTERM drain period (default 30000)"},
       {"hugepages", Bool(&SidecarFlags::hugepages), "ask for transparent huge pages"},
       {"mlock", Bool(&SidecarFlags::mlock), "lock the pool in RAM"},
-      {"peers-dns", Str(&SidecarFlags::peers_dns), "headless Service of the pool (peer discovery)"},
-      {"kv-events-endpoint", Str(&SidecarFlags::kv_events_endpoint), "ZMQ endpoint for KV events"},
+      {"peers-dns", Str(&SidecarFlags::peers_dns), "headless Service of the pool, reported on /readyz"},
+      {"kv-events-endpoint", Str(&SidecarFlags::kv_events_endpoint), "accepted for compatibility; this build publishes no KV events (the engines do)"},
       {"help", Bool(&SidecarFlags::help), "print this help"},
   };
   return defs;

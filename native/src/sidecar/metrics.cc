@@ -90,6 +90,8 @@ std::string Metrics::Render(const StoreStats& s) const {
           static_cast<double>(deadline_exceeded.load()));
   counter("tpusync_connections_total", "Connections accepted.", static_cast<double>(connections_total.load()));
   gauge("tpusync_connections_active", "Connections being served.", static_cast<double>(connections_active.load()));
+  counter("tpusync_connections_refused_total", "Data connections closed unserved at --max-connections.",
+          static_cast<double>(connections_refused.load()));
   gauge("tpusync_pool_block_bytes", "Block size.", static_cast<double>(s.block_bytes));
   gauge("tpusync_pool_dram_slots", "DRAM slots.", static_cast<double>(s.dram_slots));
   gauge("tpusync_pool_dram_used_slots", "DRAM slots holding blocks.", static_cast<double>(s.dram_used));

@@ -76,9 +76,12 @@ HttpResponse Sidecar::Route(const std::string& path) {
   if (path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
   if (path == "/readyz") {
     if (!ready_) return {503, "text/plain; charset=utf-8", "draining\n"};
-    return {200, "text/plain; charset=utf-8", "ready\n"};
+    std::string body = "ready\n";
+    if (!flags_.peers_dns.empty()) body += "peers " + flags_.peers_dns + "\n";
+    return {200, "text/plain; charset=utf-8", body};
   }
   if (path == "/metrics") {
+    metrics_.connections_refused = data_->refused();
     return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_.Render(store_->Stats())};
   }
   return {404, "text/plain; charset=utf-8", "not found\n"};

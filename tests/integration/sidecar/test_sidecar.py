@@ -238,6 +238,20 @@ def test_many_concurrent_clients(launch):
     assert engine(a).stats()["blocks"] == 16 * 8
 
 
+def test_connections_over_the_limit_are_refused_and_counted(launch):
+    a = launch("a", extra=["--max-connections=2"])
+    held = [WireClient(a.data_port) for _ in range(2)]
+    for w in held:
+        w.handshake(SECRET)
+    extra = WireClient(a.data_port)       # accepted by the kernel, closed unserved
+    assert extra.closed_by_peer()
+    assert metric(a, "tpusync_connections_refused_total") == 1
+    for w in held:                        # the connections within the limit are still served
+        w.send(frame(EXISTS, keys_body([1]), count=1))
+        op, _, count, body = w.recv_frame()
+        assert (op, count, body) == (TIERS, 1, b"\x00")
+
+
 def test_pins_belong_to_the_connection_that_took_them(launch):
     """An engine that dies with pins held must not keep its blocks in DRAM forever, and one
     engine cannot drop another's pins."""
@@ -289,6 +303,8 @@ def test_http_endpoints(launch):
     base = f"http://127.0.0.1:{a.http_port}"
     assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
     assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
+    b = launch("b", extra=["--peers-dns=pool-peers.ns.svc"])
+    assert urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/readyz").read() == b"ready\npeers pool-peers.ns.svc\n"
     text = urllib.request.urlopen(base + "/metrics").read().decode()
     for name in ("tpusync_request_duration_seconds_bucket", "tpusync_pool_dram_slots", "tpusync_evictions_total",
                  "tpusync_corruptions_total", "tpusync_transfer_bytes_total"):
