@@ -102,6 +102,11 @@ class Pair:
         self.eb = tpusync.KVStore.connect(f"unix://{self.b.control_socket}")
 
     def close(self) -> None:
+        # Drop the engines' mappings too, or the unlinked pools stay in memory until the
+        # Pair is collected, while the next Pair allocates its own (4 GiB cases need both gone).
+        self.ea.close()
+        self.eb.close()
+        del self.ea, self.eb
         for s in (self.a, self.b):
             s.stop()
         for p in self.pools:

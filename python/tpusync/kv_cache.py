@@ -64,24 +64,23 @@ class KVCacheStore:
         """Stores host buffers under their hashes now (blocking; see save for the async form)."""
         self.store.put(hashes, blocks)
 
-    def save(self, hashes: Sequence[int], src: Sequence[object], dst: str | None = None) -> Future:
-        """Stores host buffers (dst=None) or pushes stored blocks to a peer sidecar (dst="host:port")."""
+    def save(self, hashes: Sequence[int], src: Sequence[object] | None, dst: str | None = None) -> Future:
+        """Stores host buffers under their hashes (src), then, with dst="host:port", pushes the
+        blocks to that peer sidecar (src=None pushes blocks stored earlier)."""
         hashes = list(hashes)
-        if dst is None:
-            return self._pool.submit(self._save_local, hashes, src)
-        return self._pool.submit(self._push, hashes, dst)
+        return self._pool.submit(self._save, hashes, src, dst)
 
-    def _save_local(self, hashes, src):
-        self.store.put(hashes, src)
-        self._consume(hashes)
-
-    def _push(self, hashes, dst):
-        native = self.store._native
-        if not hasattr(native, "push_remote"):
-            raise errors.PreconditionError("pushing to a peer needs the pod's sidecar (KVStore.connect('unix://...'))")
-        stored = native.push_remote(dst, hashes)
-        if not all(stored):
-            raise errors.UnavailableError(f"{dst} stored {sum(stored)} of {len(stored)} blocks")
+    def _save(self, hashes, src, dst):
+        if src is not None:
+            self.store.put(hashes, src)
+        if dst is not None:
+            native = self.store._native
+            if not hasattr(native, "push_remote"):
+                raise errors.PreconditionError("pushing to a peer needs the pod's sidecar "
+                                               "(KVStore.connect('unix://...'))")
+            stored = native.push_remote(dst.removeprefix("tpusync://"), hashes)
+            if not all(stored):
+                raise errors.UnavailableError(f"{dst} stored {sum(stored)} of {len(stored)} blocks")
         self._consume(hashes)
 
     def load(self, hashes: Sequence[int], dst: Sequence[object]) -> Future:
@@ -207,8 +206,9 @@ class KVCacheManager:
             raise errors.InvalidArgumentError(f"{len(hashes)} hashes for {len(block_ids)} blocks")
         self._reads[request_id] = _Read(peer, list(hashes), list(block_ids))
 
-    def start_read(self, request_id: str) -> None:
-        """Starts a registered read: pull what the host lacks, then load it into the device pages."""
+    def start_read(self, request_id: str) -> Future:
+        """Starts a registered read: pull what the host lacks, then load it into the device pages.
+        The request shows up in poll_stats() when done; the handle completes then too."""
         read = self._reads.get(request_id)
         if read is None:
             raise errors.NotFoundError(f"no read registered for request {request_id!r}")
@@ -229,6 +229,7 @@ class KVCacheManager:
             self._reads.pop(request_id, None)
 
         read.future = self._pool.submit(run)
+        return read.future
 
     def poll_stats(self) -> tuple[set[str], set[str], set[str]]:
         """(done_sending, done_recving, failed_recving) since the last poll."""
