@@ -199,12 +199,13 @@ PYBIND11_MODULE(_native, m) {
           },
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false,
           "Returns (prefix_len, tiers as uint8 codes); pins the present prefix when pin=True.")
+      // An in-process store has no connections: every pin is the host's (for_host is moot).
       .def(
-          "pin", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get()->Pin(ParseKeys(keys))); },
-          pb::arg("keys"))
+          "pin", [](PyStore& s, const pb::handle& keys, bool) { ThrowIfError(s.get()->Pin(ParseKeys(keys))); },
+          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
       .def(
-          "release", [](PyStore& s, const pb::handle& keys) { ThrowIfError(s.get()->Release(ParseKeys(keys))); },
-          pb::arg("keys"))
+          "release", [](PyStore& s, const pb::handle& keys, bool) { ThrowIfError(s.get()->Release(ParseKeys(keys))); },
+          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
       .def(
           "evict",
           [](PyStore& s, const pb::handle& keys) {

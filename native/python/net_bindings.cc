@@ -137,8 +137,13 @@ void BindNet(pb::module_& m) {
             return pb::make_tuple(r->prefix_len, TierArray(r->tiers));
           },
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false)
-      .def("pin", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Pin(ParseKeys(keys))); })
-      .def("release", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Release(ParseKeys(keys))); })
+      .def(
+          "pin", [](SidecarClient& c, const pb::handle& keys, bool for_host) { ThrowIfError(c.Pin(ParseKeys(keys), for_host)); },
+          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
+      .def(
+          "release",
+          [](SidecarClient& c, const pb::handle& keys, bool for_host) { ThrowIfError(c.Release(ParseKeys(keys), for_host)); },
+          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
       .def("evict",
            [](SidecarClient& c, const pb::handle& keys) {
              auto k = ParseKeys(keys);

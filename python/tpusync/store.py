@@ -145,13 +145,19 @@ class KVStore:
         prefix_len, tiers = self._native.lookup(keys, pin=pin)
         return LookupResult(prefix_len, tiers)
 
-    def pin(self, keys: Keys) -> None:
-        """Keeps blocks from eviction until released. NotFoundError if any key is absent."""
-        self._native.pin(keys)
+    def pin(self, keys: Keys, *, for_host: bool = False) -> None:
+        """Keeps blocks from eviction until released. NotFoundError if any key is absent.
 
-    def release(self, keys: Keys) -> None:
-        """Drops one pin per key. PreconditionError if any key is not pinned."""
-        self._native.release(keys)
+        Through a sidecar, pins belong to this connection and go when it closes (an engine
+        that crashes holds nothing); for_host=True pins for the host instead, until some
+        client releases them for_host. An in-process store's pins are always the host's.
+        """
+        self._native.pin(keys, for_host=for_host)
+
+    def release(self, keys: Keys, *, for_host: bool = False) -> None:
+        """Drops one pin per key. PreconditionError if any key is not pinned (through a sidecar:
+        by this connection, or with for_host, for the host)."""
+        self._native.release(keys, for_host=for_host)
 
     def evict(self, keys: Keys) -> None:
         """Moves blocks one tier down now: DRAM to disk (or out without a disk tier), disk out."""
@@ -330,7 +336,7 @@ class _RemoteBackend:
         missing = np.flatnonzero(tiers == Tier.NONE)
         return (int(missing[0]) if missing.size else len(tiers)), tiers
 
-    def _local_only(self, *_: Any) -> None:
+    def _local_only(self, *_: Any, **__: Any) -> None:
         raise errors.PreconditionError("this operation needs the pod's control socket (unix://), not the data port")
 
     pin = release = evict = _local_only

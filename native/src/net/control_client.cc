@@ -154,14 +154,14 @@ Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool 
   return r;
 }
 
-Status SidecarClient::Pin(std::span<const BlockKey> keys) {
+Status SidecarClient::Pin(std::span<const BlockKey> keys, bool for_host) {
   std::lock_guard lock(mu_);
-  return CallKeys(Op::kPin, keys).status();
+  return CallKeys(Op::kPin, keys, for_host ? kPinForHost : 0).status();
 }
 
-Status SidecarClient::Release(std::span<const BlockKey> keys) {
+Status SidecarClient::Release(std::span<const BlockKey> keys, bool for_host) {
   std::lock_guard lock(mu_);
-  return CallKeys(Op::kRelease, keys).status();
+  return CallKeys(Op::kRelease, keys, for_host ? kPinForHost : 0).status();
 }
 
 Status SidecarClient::Evict(std::span<const BlockKey> keys) {

@@ -22,8 +22,10 @@ class SidecarClient {
   Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
   Result<LookupResult> Lookup(std::span<const BlockKey> keys, bool pin_prefix);
-  Status Pin(std::span<const BlockKey> keys);
-  Status Release(std::span<const BlockKey> keys);
+  // Pins belong to this client's connection (dropped when it closes) unless `for_host`:
+  // those stay until some client releases them for_host (e.g. the weights' current version).
+  Status Pin(std::span<const BlockKey> keys, bool for_host = false);
+  Status Release(std::span<const BlockKey> keys, bool for_host = false);
   Status Evict(std::span<const BlockKey> keys);
   Status Flush();
   Result<std::string> Stats();

@@ -111,12 +111,12 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     case Op::kPin: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
       TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
-      session.Pinned(keys);
+      if (!(f.header.status & kPinForHost)) session.Pinned(keys);
       return SendOk(c, d);
     }
     case Op::kRelease: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      TPUSYNC_RETURN_IF_ERROR(session.Unpin(keys));
+      TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? store_.Release(keys) : session.Unpin(keys));
       return SendOk(c, d);
     }
     case Op::kEvict: {

@@ -1,6 +1,7 @@
 // ControlService: the UNIX-socket control channel for engines in the same pod. Engines map
 // the pool file and move bytes themselves; this channel hands out slots and pins, and asks
-// the sidecar to pull from or push to peers. Leases die with the connection that took them.
+// the sidecar to pull from or push to peers. Leases and pins die with the connection that took
+// them, except pins taken for the host (kPinForHost).
 #pragma once
 
 #include <chrono>
@@ -15,6 +16,8 @@ namespace tpusync::net {
 
 // Reserve/acquire result codes in a kSlots reply.
 enum SlotResult : uint8_t { kSlotOk = 0, kSlotAlreadyStored = 1, kSlotNoRoom = 2, kSlotMissing = 3 };
+// PIN / RELEASE header status flag: a pin held for the host, not the connection.
+constexpr uint16_t kPinForHost = 1;
 
 class ControlService {
  public:

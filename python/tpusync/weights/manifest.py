@@ -307,12 +307,13 @@ def commit_on_host(store: Any, manifest: Manifest) -> None:
     leases on its blocks, and one that finds them evicted moves on to the new head.
     """
     keys = version_keys(manifest)
-    present = store.lookup(keys, pin=True).prefix_len
-    if present != len(keys):
-        if present:
-            store.release(keys[:present])
-        raise errors.NotFoundError(f"version {manifest.version} of {manifest.model!r}: {len(keys) - present} blocks "
-                                   "missing at commit (pool too small for two versions?)")
+    try:
+        # Pinned for the host, not this process: the version stays when its committer exits.
+        store.pin(keys, for_host=True)
+    except errors.NotFoundError:
+        missing = len(keys) - store.lookup(keys).prefix_len
+        raise errors.NotFoundError(f"version {manifest.version} of {manifest.model!r}: {missing} blocks "
+                                   "missing at commit (pool too small for two versions?)") from None
     previous = advance_head(store.pool_path, manifest.model, manifest.version)
     if previous is not None and previous >= manifest.version:
         _release_quietly(store, keys)  # already current here (pinned once), or an older version arrived late
@@ -324,11 +325,11 @@ def commit_on_host(store: Any, manifest: Manifest) -> None:
 
 def _release_quietly(store: Any, keys: list[int]) -> None:
     try:
-        store.release(keys)
+        store.release(keys, for_host=True)
     except errors.TpuSyncError:
         for k in keys:  # some were never pinned here (e.g. a version a sampler found alone)
             try:
-                store.release([k])
+                store.release([k], for_host=True)
             except errors.TpuSyncError:
                 pass
 

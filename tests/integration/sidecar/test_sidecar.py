@@ -274,6 +274,16 @@ def test_pins_belong_to_the_connection_that_took_them(launch):
         assert time.monotonic() < deadline, e2.stats()
         time.sleep(0.01)
     assert e2.lookup(list(data)).prefix_len == 4   # the blocks themselves stay
+    # Pins for the host outlive the connection that took them; any client releases them.
+    e3 = engine(a)
+    e3.pin([2, 3], for_host=True)
+    e3.close()
+    e4 = engine(a)
+    assert e4.stats()["pinned"] == 2
+    with pytest.raises(tpusync.errors.PreconditionError, match="not pinned by this connection"):
+        e4.release([2])                   # not a connection pin of e4's
+    e4.release([2, 3], for_host=True)
+    assert e4.stats()["pinned"] == 0
 
 
 def test_sigterm_drains_an_in_flight_transfer(launch):

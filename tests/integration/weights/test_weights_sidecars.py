@@ -127,6 +127,8 @@ def test_trainer_killed_mid_publish_leaves_the_previous_version(hosts, procs):
     dying.wait()
     et = engine(trainer)
     assert mf.read_head(et.pool_path, "m") == 1 and mf.read_commit(et, "m", 2) is None
+    # The current version stays pinned on the host though the processes that wrote it are gone.
+    assert et.stats()["pinned"] == len(mf.version_keys(mf.read_manifest(et, "m", 1)))
     report = mgr.transfer(["trainer"], None, "m")  # the current version: 1
     assert report.ok and report.version == 1
     assert sampler_result(procs("sampler", host, 0)) == {"version": 1, "digest": digest(params(1))}
