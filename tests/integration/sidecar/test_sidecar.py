@@ -121,6 +121,28 @@ def test_killed_peer_mid_transfer(launch):
     assert got == held
 
 
+def test_blocks_are_readable_as_they_arrive(launch):
+    """Layer-wise streaming: a receiver can read the first blocks of a pull (say, the first
+    layers' KV, requested first) while the rest are still on the wire."""
+    a, b = launch("a"), launch("b")
+    data = blocks(0, 64)
+    engine(a).put(list(data), list(data.values()))
+    relay = Relay(a.data_port)
+    relay.hold(after_bytes=10 * BLOCK)   # freeze the stream after about ten blocks
+    result: list[list[bool]] = []
+    t = threading.Thread(target=lambda: result.append(engine(b).read_remote(relay.address, list(data))))
+    t.start()
+    assert relay.reached.wait(30)
+    reader = engine(b)                   # another engine in b's pod, while the pull is in flight
+    present = [k for k, tier in zip(data, reader.lookup(list(data)).tiers) if tier != Tier.NONE]
+    assert 0 < len(present) < 64, present
+    assert_holds(reader, {k: data[k] for k in present})   # whole and byte-exact already
+    relay.release()
+    t.join(60)
+    assert result == [[True] * 64]
+    assert_holds(reader, data)
+
+
 def test_restart_reattaches_pool_and_disk(launch, tmp_path):
     disk = str(tmp_path / "disk")
     a = launch("a", dram_bytes=8 * BLOCK, disk_dir=disk, disk_bytes=64 * BLOCK)
