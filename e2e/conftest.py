@@ -65,9 +65,11 @@ def crds(cluster):
     return cluster.install_crds()
 
 
-def _new_namespace(cluster, prefix: str = "e2e") -> str:
+def _new_namespace(cluster, prefix: str = "e2e", *, restricted: bool = False) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
+    if restricted:  # the API server's PodSecurity admission rejects pods that do not comply
+        cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
     cluster.kubectl("wait", "--for=create", "serviceaccount/default",
                     "-n", name, "--timeout=60s")
     return name
@@ -83,8 +85,9 @@ def namespace(cluster):
 
 @pytest.fixture(scope="module")
 def module_namespace(cluster):
-    """One namespace for all tests of a module (scenarios that build on each other)."""
-    name = _new_namespace(cluster)
+    """One namespace for all tests of a module (scenarios that build on each other), under
+    the restricted Pod Security Standard: every pod the operator makes must comply."""
+    name = _new_namespace(cluster, restricted=True)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -150,6 +150,15 @@ def test_operator_runs_as_the_chart_service_account(cluster, operator):
 
 # ----- TPUSyncPool ------------------------------------------------------------------------
 
+def test_namespace_enforces_the_restricted_pod_security_standard(cluster, module_namespace):
+    """Every pod below runs in a namespace where the API server rejects non-compliant pods,
+    so their becoming Ready shows the operator's workloads fit the restricted standard."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "root", "namespace": module_namespace},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    res = cluster.kubectl("apply", "-f", "-", input=json.dumps(pod), check=False)
+    assert res.returncode != 0 and 'violates PodSecurity "restricted' in res.stderr, res.stderr
+
+
 def test_pool_with_store_nodes_becomes_ready(cluster, operator, module_namespace):
     ns = module_namespace
     apply(cluster, pool_obj(ns, POOL, tpu={"type": "v6e", "topology": "2x2"},
