@@ -51,17 +51,23 @@ def _is_sharded(arr: jax.Array) -> bool:
     return len(arr.addressable_shards) > 1 or not arr.is_fully_addressable
 
 
-def _local_shards(arr: jax.Array) -> tuple[int, dict[int, jax.Array]]:
-    """(shards in the global array, {global shard number: data} for this host's distinct shards)."""
+def _numbered_shards(arr: jax.Array) -> tuple[int, list[tuple[int, jax.Shard]]]:
+    """(shards in the global array, [(global shard number, shard)] for this host's devices)."""
     shard_shape = arr.sharding.shard_shape(arr.shape)
     if shard_shape[1] != arr.shape[1]:
         raise errors.InvalidArgumentError(
             f"the cache's pages axis (axis 1) is sharded ({arr.shape[1]} pages, {shard_shape[1]} per shard): "
             "page ids are global, so shard layers, page slots or kv_heads instead")
     total = int(np.prod([dim // size for dim, size in zip(arr.shape, shard_shape)]))
+    return total, [(shard_number(s.index, arr.shape, shard_shape), s) for s in arr.addressable_shards]
+
+
+def _local_shards(arr: jax.Array) -> tuple[int, dict[int, jax.Array]]:
+    """(shards in the global array, {global shard number: data} for this host's distinct shards)."""
+    total, numbered = _numbered_shards(arr)
     shards: dict[int, jax.Array] = {}
-    for s in arr.addressable_shards:
-        shards.setdefault(shard_number(s.index, arr.shape, shard_shape), s.data)
+    for n, s in numbered:
+        shards.setdefault(n, s.data)
     return total, dict(sorted(shards.items()))
 
 
@@ -164,11 +170,9 @@ def _load_pages_sharded(store, keys, k, v, page_ids):
         host[n] = kh, vh
     if loaded == 0:
         return k, v, 0
-    shard_shape = k.sharding.shard_shape(k.shape)
-    numbers = [shard_number(s.index, k.shape, shard_shape) for s in k.addressable_shards]
-    devices = [s.device for s in k.addressable_shards]
-    new_k = [jax.device_put(host[n][0], d) for n, d in zip(numbers, devices)]
-    new_v = [jax.device_put(host[n][1], d) for n, d in zip(numbers, devices)]
+    _, numbered = _numbered_shards(k)
+    new_k = [jax.device_put(host[n][0], s.device) for n, s in numbered]
+    new_v = [jax.device_put(host[n][1], s.device) for n, s in numbered]
     k = jax.make_array_from_single_device_arrays(k.shape, k.sharding, new_k)
     v = jax.make_array_from_single_device_arrays(v.shape, v.sharding, new_v)
     return k, v, loaded

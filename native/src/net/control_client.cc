@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -37,6 +38,14 @@ Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string&
 
 void SidecarClient::Close() {
   std::lock_guard lock(mu_);
+  if (!socket_.valid()) return;
+  // Half-close, then wait for the sidecar to close its end: it does so only after it has
+  // dropped this session's pins and leases, so they are gone when Close() returns.
+  ::shutdown(socket_.fd(), SHUT_WR);
+  Deadline d = Deadline::After(timeout_);
+  std::byte b;
+  while (socket_.ReadFull(&b, 1, d).ok()) {
+  }
   socket_.Close();
 }
 

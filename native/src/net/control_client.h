@@ -50,8 +50,8 @@ class SidecarClient {
   Result<std::vector<SlotView>> Acquire(std::span<const BlockKey> keys);
   Status Unacquire(std::span<const BlockKey> keys);
 
-  // Ends the session: the sidecar drops this client's pins and leases. The pool stays mapped
-  // until the client is destroyed, so views handed out earlier remain valid memory.
+  // Ends the session and returns once the sidecar has dropped this client's pins and leases.
+  // The pool stays mapped until the client is destroyed, so earlier views remain valid memory.
   void Close();
 
   uint64_t block_bytes() const { return block_bytes_; }
