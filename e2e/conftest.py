@@ -147,7 +147,7 @@ def operator_nodes(cluster):
 def operator(cluster, crds, llmd_crds, tpusync_crds, operator_nodes, tmp_path_factory):
     """The chart installed (release tpusync-operator in tpusync-system; kwok plays its pods),
     and the operator running here as a process with the chart's ServiceAccount token,
-    peered through the chart's ClusterKopfPeering, resyncing every 3 s."""
+    peered through the chart's ClusterKopfPeering, polling GKE-mode pools every 3 s."""
     helm_install_operator(cluster, OPERATOR_RELEASE, OPERATOR_NAMESPACE)
     op = OperatorProcess(cluster, service_account=OPERATOR_RELEASE, namespace=OPERATOR_NAMESPACE,
                          workdir=tmp_path_factory.mktemp("operator"))

@@ -34,6 +34,15 @@ def _priority(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
 
 
+class _QuietWatchHandlers(logging.Filter):
+    """kopf logs every successful event handler at INFO; ours (`*_seen`, one per watch event
+    of children, pods and nodes) only request a pass, which logs what it does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Handler '") and "_seen" in msg and msg.endswith("' succeeded."))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -50,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
     os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
     os.environ["TPUSYNC_METRICS_ADDRESS"] = args.metrics_address
     from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)

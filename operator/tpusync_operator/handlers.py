@@ -1,9 +1,13 @@
-"""kopf registration: one reconcile for create/update/resume/timer per kind, a delete
-handler only for GKE-provisioned pools, probes, and operator settings (peering, storage).
+"""kopf registration: one reconcile per kind, run on the object's create/update/resume and
+on watch events of what its status and children depend on; probes; operator settings.
 
-kopf holds its finalizer on every object that has a timer (the periodic resync), so each
-TPUSyncPool and DisaggregatedServing carries FINALIZER while the operator runs; only pools
-in mode gke run a handler when it is released."""
+What triggers a pass of an object, besides its own spec changes:
+- an event of one of its children (drift: a child edited or deleted, a workload's readiness);
+- for a pool: its pods (sidecar readiness) and the nodes its node selector picks;
+- for a serving: its pool (spec or status) and the optional CRDs it uses (installed later).
+Only pools in mode gke carry the finalizer FINALIZER: they own a cloud node pool, deleted by
+`pool_deleted`, and GKE's state is polled by a timer (kopf timers require a finalizer).
+Other objects have no finalizer, so deleting them never waits for the operator."""
 
 from __future__ import annotations
 
@@ -18,7 +22,12 @@ import kopf
 from . import GROUP, VERSION
 from . import metrics
 from .gke import GKEClient, MetadataServerToken
-from .kube import ApiKube
+from .builders.common import MANAGED_BY, POOL_LABEL
+from .builders.pool import pool_node_selector
+from .kube import ApiKube, KubeError
+from .models import TPUSyncPoolSpec
+from .passes import PassQueue, owner_key
+from .planner import OPTIONAL_KINDS
 from .reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
@@ -45,6 +54,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.deps = Deps(kube=ApiKube(api), gke=gke)
     memo.api = api
     memo.locks = {}
+    memo.objects = {}      # (kind, namespace, name) -> latest body, from the watch streams
+    memo.selectors = {}    # pool key -> its node selector
+    memo.passes = PassQueue(lambda key: _triggered(key, memo))
     settings.persistence.finalizer = FINALIZER
     # Keep kopf's bookkeeping out of .status (ours is written by the reconcilers).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tpusync.dev")
@@ -65,6 +77,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "passes", None) is not None:
+        memo.passes.close()
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()
@@ -99,6 +113,30 @@ async def _run(kind: str, fn: Any, body: kopf.Body, memo: kopf.Memo) -> None:
         metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
 
 
+
+RECONCILERS = {"TPUSyncPool": reconcile_pool, "DisaggregatedServing": reconcile_serving}
+
+
+async def _triggered(key: tuple[str, str, str], memo: kopf.Memo) -> None:
+    body = memo.objects.get(key)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        await _run(key[0], RECONCILERS[key[0]], body, memo)
+    except KubeError as e:
+        if e.status != 404:     # the status write found the object deleted during the pass
+            raise
+
+
+def _remember(kind: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo) -> tuple[str, str, str]:
+    key = (kind, body["metadata"]["namespace"], body["metadata"]["name"])
+    if event["type"] == "DELETED":
+        memo.objects.pop(key, None)
+    else:
+        memo.objects[key] = dict(body)
+    return key
+
+
 # --------------------------------------------------------------- TPUSyncPool
 
 @kopf.on.resume(GROUP, VERSION, "tpusyncpools")
@@ -108,19 +146,49 @@ async def pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _run("TPUSyncPool", reconcile_pool, body, memo)
 
 
-@kopf.timer(GROUP, VERSION, "tpusyncpools", interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL, idle=5)
-async def pool_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _run("TPUSyncPool", reconcile_pool, body, memo)
-
-
 def _is_gke(spec: kopf.Spec, **_: Any) -> bool:
     return (spec.get("provisioning") or {}).get("mode") == "gke"
+
+
+@kopf.timer(GROUP, VERSION, "tpusyncpools", interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL, idle=5,
+            when=_is_gke)
+async def pool_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await _run("TPUSyncPool", reconcile_pool, body, memo)
 
 
 # Only pools that own a cloud resource run a delete handler (the `when` filter).
 @kopf.on.delete(GROUP, VERSION, "tpusyncpools", when=_is_gke)
 async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await delete_pool(dict(body), memo.deps)
+
+
+@kopf.on.event(GROUP, VERSION, "tpusyncpools")
+async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Remember the pool and its node selector; its servings depend on its spec and status."""
+    key = _remember("TPUSyncPool", event, body, memo)
+    try:
+        memo.selectors[key] = pool_node_selector(key[2], TPUSyncPoolSpec.model_validate(body.get("spec") or {}))
+    except Exception:       # an invalid spec: its own pass reports it
+        memo.selectors.pop(key, None)
+    if event["type"] == "DELETED":
+        memo.selectors.pop(key, None)
+    for kind, ns, name in list(memo.objects):
+        if kind == "DisaggregatedServing" and ns == key[1] and \
+                (memo.objects[(kind, ns, name)].get("spec") or {}).get("poolRef", {}).get("name") == key[2]:
+            memo.passes.request((kind, ns, name))
+
+
+@kopf.on.event("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})
+async def pool_pod_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.passes.request(("TPUSyncPool", body["metadata"]["namespace"], body["metadata"]["labels"][POOL_LABEL]))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    labels = body["metadata"].get("labels") or {}
+    for key, selector in list(memo.selectors.items()):
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            memo.passes.request(key)
 
 
 # ------------------------------------------------------- DisaggregatedServing
@@ -132,6 +200,42 @@ async def serving_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await _run("DisaggregatedServing", reconcile_serving, body, memo)
 
 
-@kopf.timer(GROUP, VERSION, "disaggregatedservings", interval=TIMER_INTERVAL, initial_delay=TIMER_INTERVAL, idle=5)
-async def serving_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _run("DisaggregatedServing", reconcile_serving, body, memo)
+@kopf.on.event(GROUP, VERSION, "disaggregatedservings")
+async def serving_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _remember("DisaggregatedServing", event, body, memo)
+
+
+OPTIONAL_CRDS = {f"{plural}.{api.split('/')[0]}" for api, plural in OPTIONAL_KINDS.values()}
+
+
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+               when=lambda name, **_: name in OPTIONAL_CRDS)
+async def optional_crd_seen(memo: kopf.Memo, **_: Any) -> None:
+    """A serving degraded by a missing CRD recovers when it is installed (and notices removal)."""
+    for key in list(memo.objects):
+        if key[0] == "DisaggregatedServing":
+            memo.passes.request(key)
+
+
+# ------------------------------------------------------- children (both kinds)
+
+# Every kind the builders create, except the pool's auth Secret: it is created once and never
+# re-applied, and watching Secrets would need the right to read every Secret in the cluster.
+CHILD_RESOURCES = [
+    ("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "serviceaccounts"),
+    ("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+    ("rbac.authorization.k8s.io", "v1", "roles"), ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    *((api.split("/")[0], api.split("/")[1], plural) for api, plural in OPTIONAL_KINDS.values()),
+]
+
+
+async def child_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    key = owner_key(body["metadata"], GROUP, tuple(RECONCILERS))
+    if key is not None:
+        memo.passes.request(key)
+
+
+for _group, _version, _plural in CHILD_RESOURCES:
+    kopf.on.event(_group, _version, _plural, id=f"child_seen/{_plural}",
+                  labels={"app.kubernetes.io/managed-by": MANAGED_BY})(child_seen)

@@ -4,14 +4,16 @@ operator needs"; tests/unit/chart/test_chart_rbac.py holds the same list). Serve
 needs create (when it creates) and patch; prune needs delete.
 */}}
 
-{{/* Cluster-scoped reads: kopf's CRD observation and API discovery, the pool's ready nodes. */}}
+{{/* Cluster-scoped reads: kopf's CRD observation and API discovery, the pool's ready nodes
+(watched: a node joining or leaving triggers a pass of its pool). Children are watched
+(list, watch) so that drift and readiness changes trigger a pass of their owner. */}}
 {{- define "tpusync-operator.clusterScopedRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [list]
+  verbs: [list, watch]
 - nonResourceURLs: [/api, /api/*, /apis, /apis/*]
   verbs: [get]
 {{- if .Values.watchNamespaces }}
@@ -44,7 +46,7 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [create]
 - apiGroups: [""]
   resources: [configmaps, services, serviceaccounts]
-  verbs: [create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
@@ -53,16 +55,16 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [get, list, watch]
 - apiGroups: [apps]
   resources: [deployments, statefulsets, daemonsets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, list, watch, create, patch, delete]
@@ -75,5 +77,5 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [get, list, watch]
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 {{- end }}

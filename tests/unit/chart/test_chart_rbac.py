@@ -16,10 +16,10 @@ def rule(groups, resources, verbs):
 
 
 # Cluster-scoped: kopf watches CRDs and discovers APIs (/api, /apis, /apis/<group>/<version>,
-# also the operator's optional-CRD discovery); the pool's ready nodes are listed.
+# also the operator's optional-CRD discovery); the pool's ready nodes are listed and watched.
 CLUSTER_SCOPED = [
     rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
-    rule([""], ["nodes"], ["list"]),
+    rule([""], ["nodes"], ["list", "watch"]),
     {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*"], "verbs": ["get"]},
 ]
 CLUSTER_PEERING = rule(["kopf.dev"], ["clusterkopfpeerings"], ["list", "watch", "patch"])
@@ -30,18 +30,18 @@ NAMESPACED = [
     rule(["tpusync.dev"], ["tpusyncpools", "disaggregatedservings"], ["get", "list", "watch", "patch"]),
     rule(["tpusync.dev"], ["tpusyncpools/status", "disaggregatedservings/status"], ["patch"]),
     rule([""], ["events"], ["create"]),
-    rule([""], ["configmaps", "services", "serviceaccounts"], ["create", "patch", "delete"]),
+    rule([""], ["configmaps", "services", "serviceaccounts"], ["list", "watch", "create", "patch", "delete"]),
     rule([""], ["secrets"], ["get", "create"]),
     rule([""], ["pods"], ["get", "list", "watch"]),
-    rule(["apps"], ["deployments", "statefulsets", "daemonsets"], ["get", "create", "patch", "delete"]),
-    rule(["networking.k8s.io"], ["networkpolicies"], ["create", "patch", "delete"]),
-    rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["create", "patch", "delete"]),
-    rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "create", "patch", "delete"]),
+    rule(["apps"], ["deployments", "statefulsets", "daemonsets"], ["get", "list", "watch", "create", "patch", "delete"]),
+    rule(["networking.k8s.io"], ["networkpolicies"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["inference.networking.k8s.io"], ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai"], ["inferenceobjectives"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai", "inference.networking.x-k8s.io"], ["inferenceobjectives", "inferencemodelrewrites"],
          ["get", "list", "watch"]),
-    rule(["gateway.networking.k8s.io"], ["httproutes"], ["create", "patch", "delete"]),
+    rule(["gateway.networking.k8s.io"], ["httproutes"], ["list", "watch", "create", "patch", "delete"]),
 ]
 
 

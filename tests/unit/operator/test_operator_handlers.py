@@ -1,5 +1,6 @@
-"""kopf wiring: one reconcile for create/update/resume (+ timers), a delete handler only for
-GKE-provisioned pools, and the `python -m tpusync_operator` entry point."""
+"""kopf wiring: one reconcile for create/update/resume and for watch events of what an object
+depends on, a timer and a delete handler (so a finalizer) only for GKE-provisioned pools, and
+the `python -m tpusync_operator` entry point."""
 
 from __future__ import annotations
 
@@ -23,8 +24,77 @@ def test_same_reconcile_for_create_update_resume():
         by_fn.setdefault(h.fn.__name__, set()).add(h.reason if h.reason else ("resume" if h.initial else None))
     assert by_fn["pool_changed"] == {"create", "update", "resume"}
     assert by_fn["serving_changed"] == {"create", "update", "resume"}
-    timers = {h.fn.__name__ for h in kopf.get_default_registry()._spawning.get_all_handlers()}
-    assert {"pool_timer", "serving_timer"} <= timers
+
+
+def test_only_gke_pools_have_a_timer():
+    """kopf puts its finalizer on every object a timer matches: only GKE pools need one."""
+    (timer,) = kopf.get_default_registry()._spawning.get_all_handlers()
+    assert timer.fn.__name__ == "pool_timer" and timer.when is handlers._is_gke
+
+
+def watched():
+    return {(h.selector.group, h.selector.any_name): h for h in kopf.get_default_registry()._watching.get_all_handlers()}
+
+
+def test_every_child_kind_is_watched():
+    """Drift of any child the builders create triggers a pass of its owner (the auth Secret,
+    created once and never re-applied, is the documented exception)."""
+    from tpusync_operator.planner import OPTIONAL_KINDS
+    kinds = {"configmaps", "services", "serviceaccounts", "deployments", "statefulsets", "daemonsets",
+             "networkpolicies", "roles", "rolebindings", *(plural for _, plural in OPTIONAL_KINDS.values())}
+    w = watched()
+    for plural in kinds:
+        (h,) = [h for (g, p), h in w.items() if p == plural]
+        assert h.fn is handlers.child_seen and h.labels == {"app.kubernetes.io/managed-by": "tpusync-operator"}
+    assert {"pods", "nodes", "tpusyncpools", "disaggregatedservings", "customresourcedefinitions"} <= \
+        {p for _, p in w}
+
+
+class FakeQueue:
+    def __init__(self):
+        self.requested = []
+
+    def request(self, key):
+        self.requested.append(key)
+
+
+def owned(kind, name, ns="ns"):
+    return {"metadata": {"namespace": ns, "name": f"{name}-x", "ownerReferences": [
+        {"apiVersion": "tpusync.dev/v1alpha1", "kind": kind, "name": name, "controller": True}]}}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_events_request_passes_of_the_objects_that_depend_on_them():
+    memo = type("Memo", (), {})()
+    memo.objects, memo.selectors, memo.passes = {}, {}, FakeQueue()
+    pool = {"metadata": {"namespace": "ns", "name": "p"},
+            "spec": {"tpu": {"type": "v6e", "topology": "2x2"},
+                     "provisioning": {"mode": "existing", "existing": {"nodePoolName": "np"}}}}
+    serving = {"metadata": {"namespace": "ns", "name": "s"}, "spec": {"poolRef": {"name": "p"}}}
+    other = {"metadata": {"namespace": "ns", "name": "o"}, "spec": {"poolRef": {"name": "q"}}}
+    for body in (serving, other):
+        run(handlers.serving_seen(event={"type": "ADDED"}, body=body, memo=memo))
+    run(handlers.pool_seen(event={"type": "ADDED"}, body=pool, memo=memo))
+    assert memo.passes.requested == [("DisaggregatedServing", "ns", "s")]      # not o (another pool)
+    assert memo.selectors[("TPUSyncPool", "ns", "p")] == {"cloud.google.com/gke-nodepool": "np"}
+
+    memo.passes.requested.clear()
+    run(handlers.child_seen(body=owned("DisaggregatedServing", "s"), memo=memo))
+    run(handlers.child_seen(body=owned("TPUSyncPool", "p"), memo=memo))
+    run(handlers.child_seen(body=owned("Deployment", "d"), memo=memo))                # not ours
+    run(handlers.pool_pod_seen(body={"metadata": {"namespace": "ns", "labels": {"tpusync.dev/pool": "p"}}}, memo=memo))
+    run(handlers.node_seen(body={"metadata": {"labels": {"cloud.google.com/gke-nodepool": "np"}}}, memo=memo))
+    run(handlers.node_seen(body={"metadata": {"labels": {"cloud.google.com/gke-nodepool": "other"}}}, memo=memo))
+    run(handlers.optional_crd_seen(memo=memo))
+    assert memo.passes.requested == [("DisaggregatedServing", "ns", "s"), ("TPUSyncPool", "ns", "p"),
+                                     ("TPUSyncPool", "ns", "p"), ("TPUSyncPool", "ns", "p"),
+                                     ("DisaggregatedServing", "ns", "s"), ("DisaggregatedServing", "ns", "o")]
+
+    run(handlers.pool_seen(event={"type": "DELETED"}, body=pool, memo=memo))
+    assert ("TPUSyncPool", "ns", "p") not in memo.objects and not memo.selectors
 
 
 def test_delete_handler_only_for_gke_pools():

@@ -1,0 +1,72 @@
+"""Reconcile passes triggered by watch events of other objects (children, pool pods, nodes,
+the referenced pool, optional CRDs), coalesced per object.
+
+A burst of events for one object yields at most one running pass plus one queued behind
+it, which sees every change of the burst. Every pass starts from a watch event, so a
+replica that kopf's peering has paused (no events) starts none. A triggered pass that
+fails is not retried here: kopf retries the object's own create/update/resume handler,
+and the next event triggers a new pass."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Hashable
+
+import kopf
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Slot:
+    task: asyncio.Task[None]
+    again: bool = False
+
+
+@dataclass
+class PassQueue:
+    """`run(key)` performs one pass for the object `key` (a no-op when it is gone)."""
+    run: Callable[[Hashable], Awaitable[None]]
+    _slots: dict[Hashable, _Slot] = field(default_factory=dict)
+
+    def request(self, key: Hashable) -> None:
+        slot = self._slots.get(key)
+        if slot is not None:
+            slot.again = True
+        else:
+            self._slots[key] = _Slot(asyncio.create_task(self._loop(key), name=f"reconcile {key}"))
+
+    async def _loop(self, key: Hashable) -> None:
+        try:
+            while True:
+                self._slots[key].again = False
+                try:
+                    await self.run(key)
+                except (kopf.TemporaryError, kopf.PermanentError) as e:
+                    log.debug("triggered pass of %s: %s", key, e)     # already in its status
+                except Exception:
+                    log.exception("triggered pass of %s failed", key)
+                if not self._slots[key].again:
+                    return
+        finally:
+            del self._slots[key]
+
+    async def drain(self) -> None:
+        """Wait until no pass is running or queued (tests, shutdown)."""
+        while tasks := [s.task for s in self._slots.values()]:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        for slot in self._slots.values():
+            slot.task.cancel()
+
+
+def owner_key(meta: dict[str, Any], group: str, kinds: tuple[str, ...]) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of the controlling owner of a child, if it is one of ours."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") in kinds and \
+                str(ref.get("apiVersion", "")).startswith(group + "/"):
+            return ref["kind"], meta.get("namespace", ""), ref["name"]
+    return None
