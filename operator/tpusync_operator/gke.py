@@ -4,8 +4,12 @@ Endpoints used (documented REST contract):
   POST   /v1/projects/{p}/locations/{l}/clusters/{c}/nodePools          -> Operation
   GET    /v1/projects/{p}/locations/{l}/clusters/{c}/nodePools/{name}   -> NodePool
   DELETE /v1/projects/{p}/locations/{l}/clusters/{c}/nodePools/{name}   -> Operation
+  POST   .../nodePools/{name}:setSize        {"nodeCount": N}                  -> Operation
+  POST   .../nodePools/{name}:setAutoscaling {"autoscaling": NodePoolAutoscaling} -> Operation
   GET    /v1/projects/{p}/locations/{l}/operations/{op}                 -> Operation
-Errors are Google JSON errors: {"error": {"code", "message", "status"}}.
+Errors are Google JSON errors: {"error": {"code", "message", "status"}}. GKE runs one
+operation at a time on a cluster and refuses another meanwhile with 400 FAILED_PRECONDITION
+("Cluster is running incompatible operation ..."); that, like 409, is a GKEConflict.
 
 Credentials: a bearer token from the GCE metadata server (Workload Identity on GKE), cached
 until shortly before it expires; a 401 refreshes the token once.
@@ -42,7 +46,8 @@ class GKETransientError(GKEError):
 
 
 class GKEConflict(GKEError):
-    """409: the node pool exists already or another operation is running on the cluster."""
+    """409, or 400 FAILED_PRECONDITION: the node pool exists already, or another operation is
+    running on the cluster. Retry later."""
 
 
 class TokenProvider(Protocol):
@@ -156,6 +161,18 @@ class GKEClient:
                 return None
             raise
 
+    async def set_node_pool_size(self, cluster: ClusterRef, name: str, node_count: int) -> dict[str, Any]:
+        """Start resizing a node pool to node_count nodes; returns the Operation. GKEConflict
+        while another operation runs on the cluster."""
+        return await self._call("POST", f"{cluster.parent}/nodePools/{name}:setSize", {"nodeCount": node_count})
+
+    async def set_node_pool_autoscaling(self, cluster: ClusterRef, name: str,
+                                        autoscaling: dict[str, Any]) -> dict[str, Any]:
+        """Start changing a node pool's autoscaling (a NodePoolAutoscaling; {"enabled": false}
+        turns it off); returns the Operation. GKEConflict while another operation runs."""
+        return await self._call("POST", f"{cluster.parent}/nodePools/{name}:setAutoscaling",
+                                {"autoscaling": autoscaling})
+
     async def get_operation(self, cluster: ClusterRef, name: str) -> dict[str, Any]:
         return await self._call("GET", cluster.operation(name))
 
@@ -182,7 +199,7 @@ def _error(r: httpx.Response) -> GKEError:
     cls: type[GKEError] = GKEError
     if r.status_code in (401, 403):
         cls = GKEAuthError
-    elif r.status_code == 409:
+    elif r.status_code == 409 or (r.status_code == 400 and reason == "FAILED_PRECONDITION"):
         cls = GKEConflict
     elif r.status_code == 429 or r.status_code >= 500:
         cls = GKETransientError

@@ -93,6 +93,9 @@ class GKEProvisioning(Model):
     project: Annotated[str, Field(min_length=1)]
     location: Annotated[str, Field(min_length=1)] = Field(description="Region or zone of the cluster.")
     cluster: Annotated[str, Field(min_length=1)]
+    node_locations: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="Zones of the node pool (the TPU zone). Required in a regional cluster: there GKE "
+                          "would otherwise create the hosts, and count autoscaling limits, in every zone.")
     node_pool_name: DNSName | None = Field(None, description="Defaults to the TPUSyncPool name.")
     workload_policy: str | None = Field(
         None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
@@ -204,6 +207,9 @@ class NodePoolStatus(Model):
     name: str | None = None
     state: str | None = Field(None, description="GKE node pool status, or Existing.")
     operation: str | None = Field(None, description="Pending GKE operation name.")
+    node_count: int | None = Field(
+        None, description="Node count the operator last set on a fixed-size node pool (GKE reports "
+                          "none); empty while GKE's autoscaler sizes the pool or when not known.")
 
 
 class TPUSyncPoolStatus(Model):

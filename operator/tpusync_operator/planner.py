@@ -115,11 +115,14 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
 @dataclass(frozen=True)
 class NodePoolStep:
     """What to do next about the GKE node pool, and how to report it."""
-    action: str          # "create" | "wait" | "none"
+    action: str          # "create" | "set_size" | "set_autoscaling" | "wait" | "none"
     state: str           # shown in status.nodePool.state
     ready: bool
     degraded_reason: str | None = None
     message: str = ""
+    body: dict[str, Any] | None = None   # set_size / set_autoscaling: the request body
+    node_count: int | None = None        # status.nodePool.nodeCount once this step is taken
+    updating: bool = False               # an edit of a serving node pool is in flight (Progressing)
 
 
 _TRANSIENT_STATES = {"PROVISIONING", "RECONCILING", "STOPPING", "STATUS_UNSPECIFIED"}
@@ -140,30 +143,116 @@ def node_pool_drift(request: dict[str, Any], observed: dict[str, Any]) -> list[s
     return drift
 
 
+@dataclass(frozen=True)
+class SizeChange:
+    """How the node pool's size or autoscaling must change to match the spec."""
+    action: str                          # "none" | "set_size" | "set_autoscaling" | "immutable"
+    body: dict[str, Any] | None = None   # the request body of the call
+    node_count: int | None = None        # status.nodePool.nodeCount once the change is made
+    message: str = ""
+
+
+def _autoscaling_range(autoscaling: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(minNodeCount, maxNodeCount) of an enabled NodePoolAutoscaling; None when it is off.
+    GKE's JSON leaves out zero and false fields, so a missing field reads as 0 / off."""
+    a = autoscaling or {}
+    if not a.get("enabled"):
+        return None
+    return int(a.get("minNodeCount", 0) or 0), int(a.get("maxNodeCount", 0) or 0)
+
+
+def node_pool_size_change(request: dict[str, Any], observed: dict[str, Any], node_count: int | None,
+                          multi_host: bool) -> SizeChange:
+    """Compare the sizing the spec asks for (the create request: initialNodeCount, or an
+    autoscaling range) with the node pool GKE reports.
+
+    GKE's NodePool reports `autoscaling` as it is now, but no current node count:
+    `initialNodeCount` stays what the pool was created with. node_count is therefore the size
+    the operator last set (status.nodePool.nodeCount); None when not known (autoscaled before,
+    a failed resize, a status from an older operator), which sends one setSize. A multi-host
+    TPU slice is created and scaled atomically by GKE and cannot be resized by hand: an edit
+    that needs a resize is reported ("immutable"), never sent."""
+    want = request["nodePool"]
+    name = want["name"]
+    want_range = _autoscaling_range(want.get("autoscaling"))
+    got_range = _autoscaling_range(observed.get("autoscaling"))
+    want_count = None if want_range else int(want.get("initialNodeCount", 0))
+    if multi_host:
+        # The slice's nodes: the autoscaler's maximum, or the count it was created with.
+        have = got_range[1] if got_range else int(observed.get("initialNodeCount", 0) or 0)
+        need = want_range[1] if want_range else want_count
+        if need != have:
+            return SizeChange("immutable", node_count=node_count, message=(
+                f"spec.tpu.topology needs {need} hosts but GKE node pool {name} is a multi-host TPU slice "
+                f"of {have}; GKE creates and scales a multi-host slice atomically and cannot resize it: "
+                f"restore the topology, or delete the node pool so that the operator recreates it"))
+        if want_range is None and got_range is not None:
+            return SizeChange("immutable", node_count=node_count, message=(
+                f"spec.capacity.autoscaling was removed but GKE node pool {name} is a multi-host TPU slice "
+                f"that only GKE's autoscaler can size (0 or {have} nodes): keep the slice up with "
+                f"spec.capacity.autoscaling {{minHosts: {have}, maxHosts: {have}}}, or delete the node pool "
+                f"so that the operator recreates it"))
+    if want_range != got_range:
+        if want_range is None:
+            return SizeChange("set_autoscaling", {"autoscaling": {"enabled": False}}, None,
+                              f"turning autoscaling of GKE node pool {name} off")
+        return SizeChange("set_autoscaling", {"autoscaling": dict(want["autoscaling"])}, None,
+                          f"autoscaling GKE node pool {name} between {want_range[0]} and {want_range[1]} nodes")
+    if want_count is not None and not multi_host and node_count != want_count:
+        return SizeChange("set_size", {"nodeCount": want_count}, want_count,
+                          f"resizing GKE node pool {name} to {want_count} nodes")
+    return SizeChange("none", node_count=want_count)
+
+
 def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
-                   observed: dict[str, Any] | None) -> NodePoolStep:
-    """Decide from the pending operation (if any) and the observed node pool (None: absent)."""
+                   observed: dict[str, Any] | None, *, node_count: int | None = None,
+                   multi_host: bool = False) -> NodePoolStep:
+    """Decide from the pending operation (if any), the observed node pool (None: absent) and
+    the size the operator last set (node_count, see node_pool_size_change). At most one
+    operation at a time: nothing is sent while the recorded one runs."""
     if operation is not None and operation.get("status") != "DONE":
+        kind = operation.get("operationType", "CREATE_NODE_POOL")
+        running = f"GKE operation {operation.get('name')} ({kind}) is {operation.get('status')}"
+        if observed is not None and observed.get("status") != "PROVISIONING" and kind != "CREATE_NODE_POOL":
+            # An edit of a node pool that keeps serving: Progressing, still ready.
+            return NodePoolStep("wait", observed.get("status", "RUNNING"), True, message=running,
+                                node_count=node_count, updating=True)
         return NodePoolStep("wait", observed.get("status", "PROVISIONING") if observed else "PROVISIONING",
-                            False, message=f"GKE operation {operation.get('name')} is {operation.get('status')}")
+                            False, message=running, node_count=node_count)
     op_error = (operation or {}).get("error")
     if observed is None:
+        want = request["nodePool"]
+        created = None if want.get("autoscaling") else want.get("initialNodeCount")
         if op_error:
             return NodePoolStep("create", "ERROR", False, "NodePoolOperationFailed",
-                                f"GKE operation {operation.get('name')} failed: {op_error.get('message', op_error)}; retrying")
-        return NodePoolStep("create", "CREATING", False, message="creating the GKE node pool")
+                                f"GKE operation {operation.get('name')} failed: "
+                                f"{op_error.get('message', op_error)}; retrying", node_count=created)
+        return NodePoolStep("create", "CREATING", False, message="creating the GKE node pool", node_count=created)
     state = observed.get("status", "STATUS_UNSPECIFIED")
     if state in _TRANSIENT_STATES:
-        return NodePoolStep("wait", state, False, message=f"node pool is {state}")
+        return NodePoolStep("wait", state, False, message=f"node pool is {state}", node_count=node_count)
     if state in ("ERROR", "RUNNING_WITH_ERROR"):
         return NodePoolStep("none", state, state == "RUNNING_WITH_ERROR", "NodePoolError",
-                            observed.get("statusMessage") or f"node pool is {state}")
+                            observed.get("statusMessage") or f"node pool is {state}", node_count=node_count)
     drift = node_pool_drift(request, observed)
     if drift:
         return NodePoolStep("none", state, True, "NodePoolDrift",
                             "node pool differs in " + ", ".join(drift)
-                            + "; GKE cannot change these in place: delete the node pool to recreate it")
-    return NodePoolStep("none", state, True)
+                            + "; GKE cannot change these in place: delete the node pool to recreate it",
+                            node_count=node_count)
+    if op_error:
+        # A resize or autoscaling change failed: report it; the next pass sends it again
+        # (the size is not known any more).
+        return NodePoolStep("none", state, True, "NodePoolUpdateFailed",
+                            f"GKE operation {operation.get('name')} failed: {op_error.get('message', op_error)}; "
+                            f"retrying", node_count=None)
+    change = node_pool_size_change(request, observed, node_count, multi_host)
+    if change.action == "immutable":
+        return NodePoolStep("none", state, True, "NodePoolImmutable", change.message, node_count=change.node_count)
+    if change.action != "none":
+        return NodePoolStep(change.action, state, True, message=change.message, body=change.body,
+                            node_count=change.node_count, updating=True)
+    return NodePoolStep("none", state, True, node_count=change.node_count)
 
 
 # ---------------------------------------------------------------- serving

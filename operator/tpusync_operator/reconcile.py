@@ -147,9 +147,10 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     kube = deps.kube
 
     node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
-    node_pool_ready, node_pool_message = True, ""
+    node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
     if spec.provisioning.mode == "gke":
-        node_pool, node_pool_ready, node_pool_message = await _gke_node_pool(deps, p, owner, spec, plan, old)
+        node_pool, node_pool_ready, node_pool_message, node_pool_updating = await _gke_node_pool(
+            deps, p, owner, spec, plan, old)
     else:
         existing = spec.provisioning.existing
         node_pool["name"] = existing.node_pool_name if existing else None
@@ -176,10 +177,9 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                           min_ready_hosts=plan.min_ready_hosts, ready_hosts=ready_hosts, capacity=cap,
                           store_desired=store_desired, store_ready=store_ready,
                           node_pool_state=node_pool["state"], node_pool_ready=node_pool_ready,
-                          node_pool_message=node_pool_message, issues=p.issues)
+                          node_pool_message=node_pool_message, node_pool_updating=node_pool_updating,
+                          issues=p.issues)
     conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
-    if spec.provisioning.mode == "gke" and not node_pool_ready:
-        p.again(15, node_pool_message or "waiting for the GKE node pool")
     return await _finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
         "observedGeneration": gen, "conditions": conds, "nodePool": node_pool,
         "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
@@ -199,37 +199,63 @@ async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired:
 
 
 async def _gke_node_pool(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: Any,
-                         old: dict[str, Any]) -> tuple[dict[str, Any], bool, str]:
+                         old: dict[str, Any]) -> tuple[dict[str, Any], bool, str, str]:
+    """The GKE step: at most one call that changes the node pool (create, setSize or
+    setAutoscaling) per pass, none while the operation recorded in status runs. Returns
+    (status.nodePool, ready, message, updating: what is in flight on a serving node pool)."""
     gke = spec.provisioning.gke
     assert gke is not None and deps.gke is not None and plan.node_pool_request is not None
     cluster = ClusterRef(gke.project, gke.location, gke.cluster)
     name = names.gke_node_pool(owner.name, spec)
-    op_name = (old.get("nodePool") or {}).get("operation")
+    recorded = old.get("nodePool") or {}
+    op_name, node_count = recorded.get("operation"), recorded.get("nodeCount")
     client = deps.gke(gke.api_endpoint)
+
+    def unknown(message: str) -> tuple[dict[str, Any], bool, str, str]:
+        return {"name": name, "state": "Unknown", "operation": op_name, "nodeCount": node_count}, False, message, ""
+
     try:
         op = await client.get_operation(cluster, op_name) if op_name else None
         observed = await client.get_node_pool(cluster, name)
-        step = node_pool_step(plan.node_pool_request, op, observed)
+        step = node_pool_step(plan.node_pool_request, op, observed, node_count=node_count,
+                              multi_host=plan.tpu.multi_host)
         pending = op_name if op is not None and op.get("status") != "DONE" else None
-        if step.action == "create":
-            try:
-                created = await client.create_node_pool(cluster, plan.node_pool_request)
-                pending = created.get("name")
-                p.event("Normal", "NodePoolCreating", f"creating GKE node pool {name} (operation {pending})")
-            except GKEConflict as e:
-                p.again(15, f"node pool {name}: {e.message}")
+        updating = step.message if step.updating else ""
+        try:
+            if step.action == "create":
+                started = await client.create_node_pool(cluster, plan.node_pool_request)
+                p.event("Normal", "NodePoolCreating", f"creating GKE node pool {name} (operation {started.get('name')})")
+            elif step.action == "set_size":
+                started = await client.set_node_pool_size(cluster, name, step.body["nodeCount"])
+                p.event("Normal", "NodePoolResizing", f"{step.message} (operation {started.get('name')})")
+            elif step.action == "set_autoscaling":
+                started = await client.set_node_pool_autoscaling(cluster, name, step.body["autoscaling"])
+                p.event("Normal", "NodePoolAutoscalingChanged", f"{step.message} (operation {started.get('name')})")
+            else:
+                started = None
+            if started is not None:
+                pending = started.get("name")
+            node_count = step.node_count
+        except GKEConflict as e:
+            # Exists already, or another operation runs on the cluster: observe again soon.
+            p.again(15, f"node pool {name}: {e.message}")
+            if step.updating:
+                updating = f"{step.message}: GKE is busy ({e.message}); retrying"
         if step.degraded_reason:
             p.issue(step.degraded_reason, step.message)
-        return {"name": name, "state": step.state, "operation": pending}, step.ready, step.message
+        if not step.ready or updating:   # GKE sends no events: poll the node pool
+            p.again(15, updating or step.message or "waiting for the GKE node pool")
+        return ({"name": name, "state": step.state, "operation": pending, "nodeCount": node_count},
+                step.ready, step.message, updating)
     except GKEAuthError as e:
         p.issue("GKEAuthFailed", f"GKE API refused the operator's identity ({e.status}): {e.message}", retry=120)
-        return {"name": name, "state": "Unknown", "operation": op_name}, False, str(e)
+        return unknown(str(e))
     except GKETransientError as e:
         p.again(30, str(e))
-        return {"name": name, "state": "Unknown", "operation": op_name}, False, f"GKE API unavailable: {e}"
+        return unknown(f"GKE API unavailable: {e}")
     except GKEError as e:
         p.issue("GKEError", str(e), retry=60)
-        return {"name": name, "state": "Unknown", "operation": op_name}, False, str(e)
+        return unknown(str(e))
 
 
 async def delete_pool(body: dict[str, Any], deps: Deps) -> None:

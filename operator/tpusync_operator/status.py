@@ -105,6 +105,7 @@ class PoolObservation:
     node_pool_state: str | None = None
     node_pool_ready: bool = True
     node_pool_message: str = ""
+    node_pool_updating: str = ""     # a resize / autoscaling change in flight: Progressing, still Ready
     issues: list[Cond] = field(default_factory=list)   # Degraded causes, first one wins the reason
 
 
@@ -121,15 +122,19 @@ def pool_conditions(o: PoolObservation) -> list[Cond]:
         degraded = Cond("Degraded", True, blocking[0].reason, "; ".join(i.message for i in blocking))
     else:
         degraded = Cond("Degraded", False, "AsExpected")
+    updating = [o.node_pool_updating] if o.node_pool_updating else []
+    stable = f"{o.ready_hosts} hosts, {o.capacity.ready_sidecars} sidecars ready"
     if progressing:
         reason = "NodePoolProvisioning" if o.mode == "gke" and not o.node_pool_ready else "HostsNotReady" \
             if o.ready_hosts < o.min_ready_hosts else "StoreNodesNotReady"
-        prog = Cond("Progressing", True, reason, "; ".join(progressing))
+        prog = Cond("Progressing", True, reason, "; ".join(updating + progressing))
+    elif updating:
+        prog = Cond("Progressing", True, "NodePoolUpdating", updating[0])
     else:
-        prog = Cond("Progressing", False, "Stable", f"{o.ready_hosts} hosts, {o.capacity.ready_sidecars} sidecars ready")
+        prog = Cond("Progressing", False, "Stable", stable)
     ready_ok = not progressing and not any(i.reason in _BLOCKS_READY for i in blocking)
     ready = Cond("Ready", ready_ok, "PoolReady" if ready_ok else (prog.reason if progressing else degraded.reason),
-                 prog.message if ready_ok else (prog.message if progressing else degraded.message))
+                 stable if ready_ok else (prog.message if progressing else degraded.message))
     return three(ready, prog, degraded)
 
 

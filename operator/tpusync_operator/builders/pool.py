@@ -145,6 +145,8 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> 
                                          "key": "compute.googleapis.com/reservation-name",
                                          "values": [cap.reservation]}
     node_pool: dict[str, Any] = {"name": names.gke_node_pool(owner.name, spec), "config": config}
+    if gke.node_locations:
+        node_pool["locations"] = list(gke.node_locations)
     hosts = cap.hosts if cap.hosts is not None else tpu.hosts
     if cap.autoscaling is not None:
         node_pool["initialNodeCount"] = cap.autoscaling.min_hosts

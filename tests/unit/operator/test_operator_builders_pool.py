@@ -84,6 +84,13 @@ def test_reservation_affinity_and_autoscaling():
         "enabled": True, "minNodeCount": 0, "maxNodeCount": 4}
 
 
+def test_node_locations_pin_a_regional_cluster_pool_to_the_tpu_zone():
+    owner, spec, tpu = setup(PoolBody().gke().build())
+    assert "locations" not in b.build_node_pool_request(owner, spec, tpu)["nodePool"]
+    owner, spec, tpu = setup(PoolBody().gke(nodeLocations=["us-central1-b"]).build())
+    assert b.build_node_pool_request(owner, spec, tpu)["nodePool"]["locations"] == ["us-central1-b"]
+
+
 def test_auth_secret_carries_the_token():
     owner, spec, _ = setup(PoolBody().build())
     secret = b.build_auth_secret(owner, spec, b"\x00\x01secret")

@@ -3,7 +3,8 @@
 This is a contract test against the *documented* GKE REST API (container.googleapis.com
 v1: projects.locations.clusters.nodePools create/get/delete, projects.locations.operations
 get, Google JSON error bodies), served by a small local HTTP server on 127.0.0.1 written
-from that documentation. It is not GKE: it checks that our client speaks the documented
+from that documentation (gke_api_server.py; setSize / setAutoscaling are exercised by
+test_operator_gke_resize.py). It is not GKE: it checks that our client speaks the documented
 contract (paths, bearer auth, long-running operations, 409/429/5xx/401/403 handling),
 not how GKE itself behaves.
 """
@@ -11,13 +12,11 @@ not how GKE itself behaves.
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from gke_api_server import OPS
 from op_helpers import PoolBody
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.pool import build_node_pool_request
@@ -26,116 +25,7 @@ from tpusync_operator.gke import (ClusterRef, GKEAuthError, GKEClient, GKEConfli
 from tpusync_operator.models import TPUSyncPoolSpec
 from tpusync_operator.tpu import slice_for
 
-PARENT = "/v1/projects/proj/locations/us-central1/clusters/c1"
-OPS = "/v1/projects/proj/locations/us-central1/operations/"
 CLUSTER = ClusterRef("proj", "us-central1", "c1")
-
-
-class FakeGKEState:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.pools: dict[str, dict] = {}
-        self.ops: dict[str, dict] = {}
-        self.polls_until_done = 2
-        self.faults: list[tuple[int, str, dict]] = []   # (status, google status, headers) served first
-        self.tokens = {"good"}
-        self.requests: list[tuple[str, str, str]] = []
-        self.bodies: list[dict] = []
-        self.seq = 0
-
-
-def make_handler(state: FakeGKEState):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):   # keep pytest output clean
-            pass
-
-        def _send(self, code: int, body: dict, headers: dict | None = None):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, code: int, status: str, message: str, headers: dict | None = None):
-            self._send(code, {"error": {"code": code, "message": message, "status": status}}, headers)
-
-        def _op(self, op_type: str, target: str) -> dict:
-            state.seq += 1
-            op = {"name": f"operation-{state.seq}", "operationType": op_type, "status": "RUNNING",
-                  "targetLink": target, "selfLink": OPS + f"operation-{state.seq}", "polls": 0}
-            state.ops[op["name"]] = op
-            return {k: v for k, v in op.items() if k != "polls"}
-
-        def _handle(self, method: str):
-            with state.lock:
-                auth = self.headers.get("Authorization", "")
-                state.requests.append((method, self.path, auth))
-                if state.faults:
-                    code, status, headers = state.faults.pop(0)
-                    return self._error(code, status, f"injected {code}", headers)
-                if not auth.startswith("Bearer ") or auth[7:] not in state.tokens:
-                    return self._error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
-                path = self.path
-                if path.startswith(OPS) and method == "GET":
-                    op = state.ops.get(path[len(OPS):])
-                    if op is None:
-                        return self._error(404, "NOT_FOUND", "operation not found")
-                    op["polls"] += 1
-                    if op["polls"] >= state.polls_until_done and op["status"] != "DONE":
-                        op["status"] = "DONE"
-                        name = op["targetLink"].rsplit("/", 1)[-1]
-                        if op["operationType"] == "CREATE_NODE_POOL":
-                            state.pools[name]["status"] = "RUNNING"
-                        else:
-                            state.pools.pop(name, None)
-                    return self._send(200, {k: v for k, v in op.items() if k != "polls"})
-                if path == PARENT + "/nodePools" and method == "POST":
-                    length = int(self.headers.get("Content-Length", "0"))
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                    state.bodies.append(body)
-                    np = body.get("nodePool") or {}
-                    if not np.get("name") or "machineType" not in np.get("config", {}):
-                        return self._error(400, "INVALID_ARGUMENT", "nodePool.name and config.machineType required")
-                    if np["name"] in state.pools:
-                        return self._error(409, "ALREADY_EXISTS", f"Already exists: {np['name']}")
-                    state.pools[np["name"]] = {**np, "status": "PROVISIONING"}
-                    return self._send(200, self._op("CREATE_NODE_POOL", f"{PARENT}/nodePools/{np['name']}"))
-                if path.startswith(PARENT + "/nodePools/"):
-                    name = path.rsplit("/", 1)[-1]
-                    if name not in state.pools:
-                        return self._error(404, "NOT_FOUND", f"Not found: {name}")
-                    if method == "GET":
-                        return self._send(200, state.pools[name])
-                    if method == "DELETE":
-                        state.pools[name]["status"] = "STOPPING"
-                        return self._send(200, self._op("DELETE_NODE_POOL", f"{PARENT}/nodePools/{name}"))
-                return self._error(404, "NOT_FOUND", f"no route for {method} {path}")
-
-        def do_GET(self):
-            self._handle("GET")
-
-        def do_POST(self):
-            self._handle("POST")
-
-        def do_DELETE(self):
-            self._handle("DELETE")
-
-    return Handler
-
-
-@pytest.fixture
-def server():
-    state = FakeGKEState()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
 
 
 class Sleeps:
@@ -158,8 +48,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_create_poll_get_delete(server):
-    state, url = server
+def test_create_poll_get_delete(gke_server):
+    state, url = gke_server
 
     async def scenario():
         client = GKEClient(StaticToken("good"), url, sleep=Sleeps())
@@ -189,8 +79,8 @@ def test_create_poll_get_delete(server):
 
 
 @pytest.mark.parametrize("code,status", [(429, "RESOURCE_EXHAUSTED"), (503, "UNAVAILABLE"), (500, "INTERNAL")])
-def test_transient_errors_are_retried(server, code, status):
-    state, url = server
+def test_transient_errors_are_retried(gke_server, code, status):
+    state, url = gke_server
     state.faults = [(code, status, {"Retry-After": "7"}), (code, status, {})]
     sleeps = Sleeps()
 
@@ -206,8 +96,8 @@ def test_transient_errors_are_retried(server, code, status):
     assert len(state.requests) == 3
 
 
-def test_transient_errors_give_up(server):
-    state, url = server
+def test_transient_errors_give_up(gke_server):
+    state, url = gke_server
     state.faults = [(503, "UNAVAILABLE", {})] * 3
 
     async def scenario():
@@ -222,8 +112,8 @@ def test_transient_errors_give_up(server):
     assert e.value.status == 503 and state.pools == {}
 
 
-def test_forbidden_is_an_auth_error_without_retry(server):
-    state, url = server
+def test_forbidden_is_an_auth_error_without_retry(gke_server):
+    state, url = gke_server
     state.faults = [(403, "PERMISSION_DENIED", {})]
     sleeps = Sleeps()
 
@@ -251,8 +141,8 @@ class RotatingToken:
         return "good" if self.refreshes else "stale"
 
 
-def test_401_refreshes_the_token_once(server):
-    state, url = server
+def test_401_refreshes_the_token_once(gke_server):
+    state, url = gke_server
     tokens = RotatingToken()
 
     async def scenario():
@@ -267,8 +157,8 @@ def test_401_refreshes_the_token_once(server):
     assert [a for _, _, a in state.requests] == ["Bearer stale", "Bearer good"]
 
 
-def test_401_twice_is_an_auth_error(server):
-    state, url = server
+def test_401_twice_is_an_auth_error(gke_server):
+    state, url = gke_server
     state.tokens = set()
 
     async def scenario():
@@ -283,8 +173,8 @@ def test_401_twice_is_an_auth_error(server):
     assert e.value.status == 401 and len(state.requests) == 2
 
 
-def test_bad_request_is_not_retried(server):
-    state, url = server
+def test_bad_request_is_not_retried(gke_server):
+    state, url = gke_server
 
     async def scenario():
         client = GKEClient(StaticToken("good"), url, sleep=Sleeps())

@@ -10,7 +10,8 @@ from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import (PlanError, Ref, capacity_shortfall, check_pool, missing_crd_message,
-                                      node_pool_step, plan_pool, plan_roles, plan_serving)
+                                      node_pool_size_change, node_pool_step, plan_pool, plan_roles,
+                                      plan_serving)
 from tpusync_operator.tpu import TopologyError, slice_for
 
 
@@ -69,8 +70,8 @@ def test_plan_pool_children_and_pruning():
 
 
 REQ = {"nodePool": {"name": "np", "config": {"machineType": "tpu7x-standard-4t", "spot": False},
-                    "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}}
-GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-standard-4t"},
+                    "initialNodeCount": 2, "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}}
+GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-standard-4t"}, "initialNodeCount": 2,
         "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}
 
 
@@ -90,8 +91,99 @@ GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-stan
      "NodePoolDrift"),
 ])
 def test_node_pool_step(op, observed, action, state, ready, reason):
-    step = node_pool_step(REQ, op, observed)
+    step = node_pool_step(REQ, op, observed, node_count=2, multi_host=True)
     assert (step.action, step.state, step.ready, step.degraded_reason) == (action, state, ready, reason)
+
+
+# Sizing edits: a single-host pool (v6e 2x4, 1 host per node) and a multi-host slice of 4 nodes.
+def single(count=None, autoscaling=None):
+    np = {"name": "np", "config": {"machineType": "ct6e-standard-8t"}, "initialNodeCount": count or 0}
+    if autoscaling:
+        np["autoscaling"] = {"enabled": True, "minNodeCount": autoscaling[0], "maxNodeCount": autoscaling[1]}
+    return {"nodePool": np}
+
+
+def seen(initial, autoscaling=None, **extra):
+    """A node pool as GET returns it: zero and false fields left out, GKE's defaults added."""
+    np = {"name": "np", "status": "RUNNING", "config": {"machineType": "ct6e-standard-8t"},
+          "initialNodeCount": initial, **extra}
+    if autoscaling:
+        np["autoscaling"] = {k: v for k, v in {"enabled": True, "minNodeCount": autoscaling[0],
+                                               "maxNodeCount": autoscaling[1]}.items() if v}
+        np["autoscaling"]["locationPolicy"] = "BALANCED"
+    return np
+
+
+@pytest.mark.parametrize("want,observed,recorded,multi,action,body,count", [
+    # nothing differs: no call
+    (single(3), seen(3), 3, False, "none", None, 3),
+    (single(autoscaling=(0, 4)), seen(0, (0, 4)), None, False, "none", None, None),
+    (single(autoscaling=(1, 4)), seen(1, (1, 4)), None, False, "none", None, None),
+    # resize: compared with the size last set, not initialNodeCount (GKE never updates it)
+    (single(5), seen(3), 3, False, "set_size", {"nodeCount": 5}, 5),
+    (single(1), seen(3), 3, False, "set_size", {"nodeCount": 1}, 1),
+    (single(3), seen(1), 3, False, "none", None, 3),
+    (single(3), seen(3), None, False, "set_size", {"nodeCount": 3}, 3),        # size not known
+    # autoscaling enabled, changed, disabled (then resized on a later pass: count unknown)
+    (single(autoscaling=(0, 4)), seen(3), 3, False, "set_autoscaling",
+     {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}}, None),
+    (single(autoscaling=(1, 6)), seen(0, (0, 4)), None, False, "set_autoscaling",
+     {"autoscaling": {"enabled": True, "minNodeCount": 1, "maxNodeCount": 6}}, None),
+    (single(2), seen(0, (0, 4)), None, False, "set_autoscaling", {"autoscaling": {"enabled": False}}, None),
+    (single(2), seen(0, {}), None, False, "set_size", {"nodeCount": 2}, 2),
+    # multi-host slices: never resized; autoscaling of the whole slice may change
+    (single(4), seen(4), 4, True, "none", None, 4),
+    (single(4), seen(4), None, True, "none", None, 4),
+    (single(autoscaling=(0, 4)), seen(4), 4, True, "set_autoscaling",
+     {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}}, None),
+    (single(autoscaling=(4, 4)), seen(0, (0, 4)), None, True, "set_autoscaling",
+     {"autoscaling": {"enabled": True, "minNodeCount": 4, "maxNodeCount": 4}}, None),
+    (single(8), seen(4), 4, True, "immutable", None, 4),
+    (single(autoscaling=(0, 8)), seen(0, (0, 4)), None, True, "immutable", None, None),
+    (single(4), seen(0, (0, 4)), None, True, "immutable", None, None),
+])
+def test_node_pool_size_change(want, observed, recorded, multi, action, body, count):
+    change = node_pool_size_change(want, observed, recorded, multi)
+    assert (change.action, change.body, change.node_count) == (action, body, count)
+
+
+@pytest.mark.parametrize("want,observed,field,advice", [
+    (single(8), seen(4), "spec.tpu.topology needs 8 hosts", "delete the node pool"),
+    (single(4), seen(0, (0, 4)), "spec.capacity.autoscaling was removed", "{minHosts: 4, maxHosts: 4}"),
+])
+def test_immutable_multi_host_edits_name_the_field(want, observed, field, advice):
+    step = node_pool_step(want, None, observed, node_count=4, multi_host=True)
+    assert (step.action, step.degraded_reason, step.ready) == ("none", "NodePoolImmutable", True)
+    assert field in step.message and advice in step.message and "multi-host" in step.message
+
+
+def test_edits_wait_for_the_running_operation():
+    resizing = {"name": "op2", "status": "RUNNING", "operationType": "SET_NODE_POOL_SIZE"}
+    step = node_pool_step(single(5), resizing, seen(3), node_count=4)
+    assert (step.action, step.ready, step.updating, step.node_count) == ("wait", True, True, 4)
+    assert "SET_NODE_POOL_SIZE" in step.message
+    creating = {"name": "op1", "status": "RUNNING", "operationType": "CREATE_NODE_POOL"}
+    step = node_pool_step(single(5), creating, {**seen(3), "status": "PROVISIONING"}, node_count=3)
+    assert (step.action, step.ready, step.updating) == ("wait", False, False)
+
+
+def test_edit_steps_carry_the_request():
+    step = node_pool_step(single(5), {"name": "op1", "status": "DONE"}, seen(3), node_count=3)
+    assert (step.action, step.body, step.node_count, step.ready, step.updating) == (
+        "set_size", {"nodeCount": 5}, 5, True, True)
+    assert step.degraded_reason is None and "to 5 nodes" in step.message
+    assert node_pool_step(single(3), None, None).node_count == 3                  # created with its size
+    assert node_pool_step(single(autoscaling=(0, 4)), None, None).node_count is None
+
+
+def test_failed_edit_is_reported_then_sent_again():
+    failed = {"name": "op2", "status": "DONE", "operationType": "SET_NODE_POOL_SIZE",
+              "error": {"message": "quota exceeded"}}
+    step = node_pool_step(single(5), failed, seen(3), node_count=5)
+    assert (step.action, step.degraded_reason, step.node_count) == ("none", "NodePoolUpdateFailed", None)
+    assert "quota exceeded" in step.message
+    again = node_pool_step(single(5), None, seen(3), node_count=step.node_count)
+    assert (again.action, again.body) == ("set_size", {"nodeCount": 5})
 
 
 def test_drift_message_names_fields():

@@ -173,7 +173,7 @@ def test_pool_gke_lifecycle(kube, clock):
         run(reconcile_pool, body, d)
     assert gke.calls == [("get", "pool"), ("create", "pool")]
     status = kube.find("TPUSyncPool", "pool")["status"]
-    assert status["nodePool"] == {"name": "pool", "state": "CREATING", "operation": "op-1"}
+    assert status["nodePool"] == {"name": "pool", "state": "CREATING", "operation": "op-1", "nodeCount": 1}
     assert ("Normal", "NodePoolCreating") in [e[:2] for e in d.emit.events]
     # operation still running: no second create
     with pytest.raises(kopf.TemporaryError):
@@ -184,7 +184,7 @@ def test_pool_gke_lifecycle(kube, clock):
     gke.pools["pool"]["status"] = "RUNNING"
     kube.put(node("n1", "pool"))
     status = run(reconcile_pool, stored(kube, body), deps(kube, clock, gke))
-    assert status["nodePool"] == {"name": "pool", "state": "RUNNING", "operation": None}
+    assert status["nodePool"] == {"name": "pool", "state": "RUNNING", "operation": None, "nodeCount": 1}
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
 
 

@@ -60,11 +60,23 @@ def by_type(conds):
     (obs(issues=[Cond("Degraded", True, "AuthSecretMissing", "spec.auth.secretName: missing")]), False, False, True,
      "AuthSecretMissing"),
     (obs(issues=[Cond("Degraded", True, "NodePoolDrift", "drift")]), True, False, True, "PoolReady"),
+    (obs(issues=[Cond("Degraded", True, "NodePoolImmutable", "spec.tpu.topology")]), True, False, True, "PoolReady"),
+    (obs(mode="gke", node_pool_updating="resizing"), True, True, False, "PoolReady"),
+    (obs(mode="gke", node_pool_updating="resizing", ready_hosts=1), False, True, False, "HostsNotReady"),
 ])
 def test_pool_conditions(o, ready, progressing, degraded, reason):
     c = by_type(pool_conditions(o))
     assert (c["Ready"].status, c["Progressing"].status, c["Degraded"].status) == (ready, progressing, degraded)
     assert c["Ready"].reason == reason
+
+
+def test_node_pool_edit_is_progress_of_a_ready_pool():
+    c = by_type(pool_conditions(obs(mode="gke", node_pool_updating="resizing GKE node pool np to 3 nodes")))
+    assert (c["Progressing"].reason, c["Progressing"].message) == ("NodePoolUpdating",
+                                                                   "resizing GKE node pool np to 3 nodes")
+    assert c["Ready"].message == "2 hosts, 2 sidecars ready"
+    c = by_type(pool_conditions(obs(mode="gke", node_pool_updating="resizing", ready_hosts=1, min_ready_hosts=3)))
+    assert c["Progressing"].message == "resizing; 1/3 hosts ready"
 
 
 def sobs(**kw):
