@@ -5,8 +5,13 @@ A work unit is a trainer or sampler process, placed on a host (one sidecar, one 
 many samplers it runs), computes the plan (`plan.build_plan`: a chain or a fan-out tree) and
 runs it: each destination host pulls chunk c from its parent as soon as the parent holds it,
 so every hop streams. Each chunk is checked against the manifest's checksums when it lands;
-the manifest chunk comes last and the host commits (pins the version, advances its head)
-only when everything is there, so samplers on that host never see a partial version.
+when all are there the executor writes the manifest and commit record on that host, which
+commits (pins the version, advances its head): samplers there never see a partial version.
+
+A trainer spread over several hosts holds one part of each version per host: the sources
+are then all of its hosts, each part streams over its own chain or tree (rotated, so the
+parts' first hops land on different hosts), and each destination commits the merged
+manifest (`manifest.merge_parts`, which refuses a version that misses a part).
 
 A host that dies mid-transfer is routed around: hosts below it pull from its nearest live
 ancestor (`plan.reroute`), which already holds or is receiving the same chunks in order.
@@ -144,50 +149,90 @@ class WeightSynchronizerManager:
 
     def start_transfer(self, src_units: Sequence[str | WorkUnit] | None, dst_units: Sequence[str | WorkUnit] | None,
                        model: str, version: int | None = None, *, on_chunk: ChunkCallback | None = None) -> Future:
-        """Sends a committed version (default: the source host's current one) to every
-        destination host. The future's result is a TransferReport; hosts that died are in
-        `report.failed`, the others committed. It raises if the source cannot be read."""
+        """Sends a committed version (default: the sources' current one) to every destination
+        host. The sources are one trainer host holding whole versions, or every host of a
+        multi-process trainer, each holding its part: then each part streams over its own
+        chain or tree and every destination commits the merged version. The future's result
+        is a TransferReport; hosts that died are in `report.failed`, the others committed.
+        It raises if a source cannot be read or the parts do not make a whole version."""
         src = self._resolve(src_units, TRAINER)
         dst = self._resolve(dst_units, SAMPLER)
         if not src:
             raise errors.InvalidArgumentError("start_transfer needs at least one source unit")
-        if len({u.host for u in src}) != 1:
-            raise errors.InvalidArgumentError("one source host per transfer (each trainer host is its own transfer)")
-        return self._runner.submit(self._run, src[0], dst, model, version, on_chunk)
+        src = list({u.host: u for u in src}.values())   # one copy per host: one unit per source host
+        return self._runner.submit(self._run, src, dst, model, version, on_chunk)
 
     def transfer(self, *args: Any, **kw: Any) -> TransferReport:
         """start_transfer(...).result()."""
         return self.start_transfer(*args, **kw).result()
 
-    def _run(self, src: WorkUnit, dst: list[WorkUnit], model: str, version: int | None,
+    def _source_manifests(self, src: list[WorkUnit], model: str,
+                          version: int | None) -> tuple[int, dict[str, mf.Manifest], mf.Manifest]:
+        """The version to send, what each source host holds of it, and the whole manifest."""
+        stores = {u.host: self._store(u) for u in src}
+        parts = {u.host: mf.read_part_head(stores[u.host].pool_path, model) for u in src}
+        if len(src) == 1 and (parts[src[0].host] is None
+                              or mf.read_head(stores[src[0].host].pool_path, model) is not None):
+            host = src[0].host
+            if version is None:
+                version = mf.read_head(stores[host].pool_path, model)
+                if version is None:
+                    raise errors.NotFoundError(f"no committed version of {model!r} on {host}")
+            manifest = mf.read_manifest(stores[host], model, version)
+            if manifest is None:
+                raise errors.NotFoundError(f"version {version} of {model!r} is not committed on {host}")
+            return version, {host: manifest}, manifest
+        missing = [h for h, p in parts.items() if p is None]
+        if missing:
+            raise errors.NotFoundError(f"no published part of {model!r} on {', '.join(missing)}")
+        if version is None:
+            version = min(v for v, _ in parts.values())    # the newest version every part host has
+        count = {p[1] for _, p in parts.values()}
+        indexes = sorted(p[0] for _, p in parts.values())
+        if len(count) != 1 or indexes != list(range(count.pop())):
+            got = ", ".join(f"{h}: part {p[0]} of {p[1]}" for h, (_, p) in parts.items())
+            raise errors.InvalidArgumentError(f"the sources must be every trainer host of one layout, "
+                                              f"each holding one part of {model!r}; got {got}")
+        held = {}
+        for u in src:
+            part = parts[u.host][1]
+            m = mf.read_manifest(stores[u.host], model, version, part)
+            if m is None:
+                raise errors.NotFoundError(f"part {part[0]} of {part[1]} of version {version} of {model!r} "
+                                           f"is not committed on {u.host}")
+            held[u.host] = m
+        return version, held, mf.merge_parts(list(held.values()))
+
+    def _run(self, src: list[WorkUnit], dst: list[WorkUnit], model: str, version: int | None,
              on_chunk: ChunkCallback | None) -> TransferReport:
         start = time.perf_counter()
-        src_store = self._store(src)
-        if version is None:
-            version = mf.read_head(src_store.pool_path, model)
-            if version is None:
-                raise errors.NotFoundError(f"no committed version of {model!r} on {src.host}")
-        manifest = mf.read_manifest(src_store, model, version)
-        if manifest is None:
-            raise errors.NotFoundError(f"version {version} of {model!r} is not committed on {src.host}")
-        data = manifest.blocks()
-        per = self.chunk_blocks or manifest.blocks_per_chunk
-        chunks = [data[i:i + per] for i in range(0, len(data), per)]
-        _, parts = mf.manifest_blocks(manifest)
-        n = len(chunks) + 1  # the last chunk: manifest parts, then the commit record
-        plan = planmod.build_plan([src.host], [u.host for u in dst], chunks=n, topology=self.topology,
-                                  fanout=self.fanout)
-        report = TransferReport(model, version, manifest.nbytes, n, plan)
+        version, held, whole = self._source_manifests(src, model, version)
+        per = self.chunk_blocks or whole.blocks_per_chunk
+        chunks: dict[str, list[list[mf.BlockRef]]] = {}
+        seen: set[int] = set()
+        for host, m in held.items():   # a block two parts both hold travels from the first
+            mine = [b for b in m.blocks() if b.key not in seen]
+            seen.update(b.key for b in mine)
+            chunks[host] = [mine[i:i + per] for i in range(0, len(mine), per)] or [[]]
+        plan = planmod.build_plan(list(held), [u.host for u in dst], chunks={h: len(c) for h, c in chunks.items()},
+                                  topology=self.topology, fanout=self.fanout)
+        # Each host takes the sources' chunks in turns, so the parts' streams run side by side.
+        order = [(h, c) for c in range(max(len(c) for c in chunks.values())) for h in chunks if c < len(chunks[h])]
+        report = TransferReport(model, version, whole.nbytes, len(order), plan)
         by_host = {u.host: u for u in dst}
-        state = _State(plan, src.host, n)
+        state = _State(plan, whole.checksum)
         deadline = time.monotonic() + self.timeout
 
         def run_host(host: str) -> None:
             try:
-                for c in range(n):
-                    self._land_chunk(state, report, by_host[host], c, chunks, parts, manifest, deadline)
+                for done, (source, c) in enumerate(order, 1):
+                    self._land_chunk(state, report, by_host[host], source, c, chunks[source][c], deadline)
                     if on_chunk is not None:
-                        on_chunk(host, c + 1, n, sum(b.length for b in chunks[c]) if c < len(chunks) else 0)
+                        on_chunk(host, done, len(order), sum(b.length for b in chunks[source][c]))
+                # Everything is here: the whole version's manifest, then its commit record.
+                store = self._store(by_host[host])
+                mf.write_manifest(store, whole)
+                mf.commit_on_host(store, whole)
                 with state.cond:
                     report.committed.append(host)
             except Exception as e:  # noqa: BLE001 - the host is out of this transfer; others go on
@@ -209,57 +254,49 @@ class WeightSynchronizerManager:
             self._metrics["reroutes"] += len(report.rerouted)
             self._metrics["last_transfer_seconds"] = report.seconds
             self._metrics["last_version"] = version
-        if hosts and not report.committed and src.host in state.dead:
-            raise errors.UnavailableError(f"source {src.host} failed: {report.failed}")
+        failed_sources = [h for h in plan.sources if h in state.dead]
+        if hosts and not report.committed and failed_sources:
+            raise errors.UnavailableError(f"source {', '.join(failed_sources)} failed: {report.failed}")
         return report
 
-    def _land_chunk(self, state: _State, report: TransferReport, unit: WorkUnit, c: int,
-                    chunks: list[list[mf.BlockRef]], parts: list[tuple[int, bytes]], manifest: mf.Manifest,
-                    deadline: float) -> None:
-        last = c == len(chunks)
+    def _land_chunk(self, state: _State, report: TransferReport, unit: WorkUnit, source: str, c: int,
+                    blocks: list[mf.BlockRef], deadline: float) -> None:
+        """Pulls chunk c of `source` from this host's live parent in that source's tree."""
         host = unit.host
         while True:
             store = self._store(unit)
             with state.cond:
                 while True:
-                    up = state.parent(host)
-                    if state.ready[up] > c:
+                    up = state.parent(source, host)
+                    if state.ready[source][up] > c:
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise errors.DeadlineExceededError(f"chunk {c} did not reach {up} in time")
+                        raise errors.DeadlineExceededError(f"chunk {c} of {source} did not reach {up} in time")
                     state.cond.wait(left)
             try:
-                if last:
-                    ok = all(store.read_remote(up, [k for k, _ in parts]))
-                    ok = ok and all(store.read_remote(up, [mf.commit_key(manifest.model, manifest.version)]))
-                else:
-                    ok = all(store.read_remote(up, [b.key for b in chunks[c]]))
-                    if ok and self.verify:
-                        bad = mf.verify_blocks(store, chunks[c], manifest.checksum)
-                        if bad:
-                            store.evict([b.key for b in bad])
-                            ok = False
+                ok = all(store.read_remote(up, [b.key for b in blocks]))
+                if ok and self.verify:
+                    bad = mf.verify_blocks(store, blocks, state.checksum)
+                    if bad:
+                        store.evict([b.key for b in bad])
+                        ok = False
             except errors.TpuSyncError:  # refused, reset, cut mid-handshake: the peer or we are gone
                 ok = False
             if ok:
                 break
             self._forget(host)  # a control channel closes after a failed request: reconnect
             self._check_alive(unit)
-            if up == state.source:
-                raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
             with state.cond:
                 state.dead.add(up)  # the relay failed us: route around it
-                report.failed.setdefault(up, f"unreachable from {host} at chunk {c}")
-                report.rerouted.append((host, up, state.parent(host)))
+                if up == source:
+                    state.cond.notify_all()
+                    raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
+                report.failed.setdefault(up, f"unreachable from {host} at chunk {c} of {source}")
+                report.rerouted.append((host, up, state.parent(source, host)))
                 state.cond.notify_all()
-        if last:
-            landed = mf.read_manifest(store, manifest.model, manifest.version)
-            if landed is None:
-                raise VersionGoneError(f"version {manifest.version} left {host}'s pool before its commit")
-            mf.commit_on_host(store, landed)
         with state.cond:
-            state.ready[host] = c + 1
+            state.ready[source][host] = c + 1
             state.cond.notify_all()
 
     def _check_alive(self, unit: WorkUnit) -> None:
@@ -300,18 +337,17 @@ class WeightSynchronizerManager:
 
 
 class _State:
-    """Who holds how many chunks, and who is dead; guarded by `cond`."""
+    """Who holds how many chunks of each source, and who is dead; guarded by `cond`."""
 
-    def __init__(self, plan: planmod.Plan, source: str, n: int):
+    def __init__(self, plan: planmod.Plan, checksum: str = mf.CHECKSUM):
         self.plan = plan
-        self.source = source
+        self.checksum = checksum
         self.cond = threading.Condition()
-        self.ready = {h: 0 for h in plan.destinations}
-        self.ready[source] = n
+        self.ready = {s: {**{h: 0 for h in plan.destinations}, s: plan.chunks[s]} for s in plan.sources}
         self.dead: set[str] = set()
 
-    def parent(self, host: str) -> str:
-        p = self.plan.parent(self.source, host)
-        while p in self.dead and p != self.source:
-            p = self.plan.parent(self.source, p)
+    def parent(self, source: str, host: str) -> str:
+        p = self.plan.parent(source, host)
+        while p in self.dead and p != source:
+            p = self.plan.parent(source, p)
         return p

@@ -17,6 +17,12 @@ Blocks are content-addressed and never rewritten, so "which version is current o
 host" cannot be a block: it is the head file `<pool path>.weights/<model>.head` beside the
 pool in /dev/shm (as durable as the pool itself), advanced only forward, atomically
 (write + rename under a lock), and only after the commit record is stored.
+
+A trainer spread over several hosts (JAX processes) publishes one *part* per process: its
+shards, with a part manifest and a part commit record keyed by (index, count), and its own
+part head. A destination that has landed every part merges the part manifests
+(`merge_parts`, which checks that the shards cover every leaf) into the version's manifest,
+and only then writes the commit record: samplers see whole versions only.
 """
 
 from __future__ import annotations
@@ -77,8 +83,14 @@ def weight_key(model: str, version: int, *parts: Any) -> int:
     return int.from_bytes(digest[:16], "big")
 
 
-def commit_key(model: str, version: int) -> int:
-    return weight_key(model, version, "commit")
+Part = tuple[int, int]   # (index, count): one trainer process's share of a version
+
+
+def commit_key(model: str, version: int, part: Part | None = None) -> int:
+    """The commit record of a version, or of one part of it."""
+    if part is None:
+        return weight_key(model, version, "commit")
+    return weight_key(model, version, "part-commit", part[0], part[1])
 
 
 @dataclass(frozen=True)
@@ -205,8 +217,8 @@ def manifest_blocks(manifest: Manifest) -> tuple[CommitRecord, list[tuple[int, b
 # -- reading and writing through a KVStore ------------------------------------------------------
 
 
-def write_manifest(store: Any, manifest: Manifest) -> CommitRecord:
-    """Stores the manifest parts, then the commit record (the version's commit point)."""
+def write_manifest(store: Any, manifest: Manifest, part: Part | None = None) -> CommitRecord:
+    """Stores the manifest parts, then the commit record (the version's or the part's commit point)."""
     record, parts = manifest_blocks(manifest)
     empty = [k for k, p in parts if not p]
     if empty:
@@ -215,7 +227,7 @@ def write_manifest(store: Any, manifest: Manifest) -> CommitRecord:
     present = store.lookup([k for k, _ in parts]).prefix_len
     if present != len(parts):
         raise errors.CapacityError(f"stored {present} of {len(parts)} manifest parts")
-    store.put([commit_key(manifest.model, manifest.version)], [record.encode()])
+    store.put([commit_key(manifest.model, manifest.version, part)], [record.encode()])
     return record
 
 
@@ -225,14 +237,15 @@ def read_block(store: Any, key: int) -> bytes | None:
         return None if views[0] is None else bytes(views[0])
 
 
-def read_commit(store: Any, model: str, version: int) -> CommitRecord | None:
-    data = read_block(store, commit_key(model, version))
+def read_commit(store: Any, model: str, version: int, part: Part | None = None) -> CommitRecord | None:
+    data = read_block(store, commit_key(model, version, part))
     return None if data is None else CommitRecord.decode(data)
 
 
-def read_manifest(store: Any, model: str, version: int) -> Manifest | None:
-    """The committed manifest of a version in this store, or None if it is not committed here."""
-    record = read_commit(store, model, version)
+def read_manifest(store: Any, model: str, version: int, part: Part | None = None) -> Manifest | None:
+    """The committed manifest of a version (or of one part) in this store, or None if it is
+    not committed here."""
+    record = read_commit(store, model, version, part)
     if record is None:
         return None
     pieces = []
@@ -263,50 +276,97 @@ def verify_blocks(store: Any, blocks: Sequence[BlockRef], algo: str) -> list[Blo
 # -- the host's head --------------------------------------------------------------------------
 
 
-def head_path(pool_path: str, model: str) -> str:
+def head_path(pool_path: str, model: str, *, part: bool = False) -> str:
+    """The host's head file for a model's whole versions, or (part=True) for its trainer part."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)[:64]
     tag = hashlib.sha256(model.encode()).hexdigest()[:8]
-    return f"{pool_path}.weights/{safe}-{tag}.head"
+    return f"{pool_path}.weights/{safe}-{tag}.{'parthead' if part else 'head'}"
 
 
-def read_head(pool_path: str, model: str) -> int | None:
-    """The newest version committed on this host, or None."""
+def _read_head_file(path: str) -> dict[str, Any] | None:
     try:
-        with open(head_path(pool_path, model)) as f:
-            return int(json.load(f)["version"])
+        with open(path) as f:
+            return json.load(f)
     except FileNotFoundError:
         return None
 
 
-def advance_head(pool_path: str, model: str, version: int) -> int | None:
-    """Makes `version` the host's current version if it is newer; returns the previous head."""
-    path = head_path(pool_path, model)
+def read_head(pool_path: str, model: str) -> int | None:
+    """The newest version committed on this host, or None."""
+    head = _read_head_file(head_path(pool_path, model))
+    return None if head is None else int(head["version"])
+
+
+def read_part_head(pool_path: str, model: str) -> tuple[int, Part] | None:
+    """The newest version this host published a part of, and which part, or None."""
+    head = _read_head_file(head_path(pool_path, model, part=True))
+    return None if head is None else (int(head["version"]), (int(head["part"][0]), int(head["part"][1])))
+
+
+def advance_head(pool_path: str, model: str, version: int, part: Part | None = None) -> int | None:
+    """Makes `version` the host's current version (or part) if it is newer; returns the previous head."""
+    path = head_path(pool_path, model, part=part is not None)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        previous = read_head(pool_path, model)
+        head = _read_head_file(path)
+        previous = None if head is None else int(head["version"])
         if previous is not None and previous >= version:
             return previous
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump({"model": model, "version": int(version)}, f)
+            json.dump({"model": model, "version": int(version), **({"part": list(part)} if part else {})}, f)
         os.replace(tmp, path)
         return previous
 
 
-def version_keys(manifest: Manifest) -> list[int]:
-    """Every block key of a version: data, manifest parts, commit record (commit last)."""
+def version_keys(manifest: Manifest, part: Part | None = None) -> list[int]:
+    """Every block key of a version (or part): data, manifest parts, commit record (commit last)."""
     _, parts = manifest_blocks(manifest)
-    return [b.key for b in manifest.blocks()] + [k for k, _ in parts] + [commit_key(manifest.model, manifest.version)]
+    return [b.key for b in manifest.blocks()] + [k for k, _ in parts] + \
+        [commit_key(manifest.model, manifest.version, part)]
 
 
-def commit_on_host(store: Any, manifest: Manifest) -> None:
+def merge_parts(parts: Sequence[Manifest]) -> Manifest:
+    """The manifest of a whole version from its trainer parts (one per process, any order).
+
+    Shards are united by their index (a shard two parts both hold must be the same blocks);
+    every leaf must then be covered exactly, or the version is incomplete and refused."""
+    first = parts[0]
+    for m in parts[1:]:
+        if (m.model, m.version, m.block_bytes, m.checksum, m.treedef) != \
+                (first.model, first.version, first.block_bytes, first.checksum, first.treedef):
+            raise errors.CorruptionError(f"parts of {first.model!r} version {first.version} disagree on "
+                                         "model, block size, checksum or pytree structure")
+    leaves = []
+    for leaf in first.leaves:
+        shards: dict[tuple[tuple[int, int], ...], ShardEntry] = {}
+        for m in parts:
+            other = m.leaf(leaf.name)
+            if (other.shape, other.dtype) != (leaf.shape, leaf.dtype):
+                raise errors.CorruptionError(f"leaf {leaf.name!r} has shape/dtype {other.shape}/{other.dtype} in "
+                                             f"one part and {leaf.shape}/{leaf.dtype} in another")
+            for shard in other.shards:
+                if shards.setdefault(shard.index, shard).blocks != shard.blocks:
+                    raise errors.CorruptionError(f"two parts hold different data for shard {shard.index} "
+                                                 f"of leaf {leaf.name!r}")
+        covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in shards.values())
+        if covered != int(np.prod(leaf.shape, dtype=np.int64)):
+            raise errors.PreconditionError(f"the parts cover {covered} of {int(np.prod(leaf.shape))} elements of "
+                                           f"leaf {leaf.name!r}: a trainer process's part is missing")
+        leaves.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype, leaf.sharding,
+                                tuple(shards[i] for i in sorted(shards))))
+    return Manifest(first.model, first.version, first.block_bytes, first.blocks_per_chunk, first.checksum,
+                    tuple(leaves), first.treedef)
+
+
+def commit_on_host(store: Any, manifest: Manifest, part: Part | None = None) -> None:
     """After the commit record is stored here: pin this version, advance the head, unpin the old one.
 
     One version per host stays pinned; a sampler still loading an older one holds read
     leases on its blocks, and one that finds them evicted moves on to the new head.
     """
-    keys = version_keys(manifest)
+    keys = version_keys(manifest, part)
     try:
         # Pinned for the host, not this process: the version stays when its committer exits.
         store.pin(keys, for_host=True)
@@ -314,13 +374,16 @@ def commit_on_host(store: Any, manifest: Manifest) -> None:
         missing = len(keys) - store.lookup(keys).prefix_len
         raise errors.NotFoundError(f"version {manifest.version} of {manifest.model!r}: {missing} blocks "
                                    "missing at commit (pool too small for two versions?)") from None
-    previous = advance_head(store.pool_path, manifest.model, manifest.version)
+    # A host's previous part may be another (index, count): the trainer's layout can change.
+    before = read_part_head(store.pool_path, manifest.model) if part is not None else None
+    previous = advance_head(store.pool_path, manifest.model, manifest.version, part)
     if previous is not None and previous >= manifest.version:
         _release_quietly(store, keys)  # already current here (pinned once), or an older version arrived late
     elif previous is not None and previous < manifest.version:
-        old = read_manifest(store, manifest.model, previous)
+        old_part = before[1] if before is not None else None
+        old = read_manifest(store, manifest.model, previous, old_part)
         if old is not None:
-            _release_quietly(store, version_keys(old))
+            _release_quietly(store, version_keys(old, old_part))
 
 
 def _release_quietly(store: Any, keys: list[int]) -> None:

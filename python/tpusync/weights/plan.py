@@ -24,8 +24,8 @@ TREE = "tree"
 class Plan:
     """parents[source][host] = the host it pulls that source's chunks from.
 
-    `chunks[source]` is how many chunks that source contributes (the last one carries the
-    manifest and is pulled after all data chunks). Hosts are opaque strings (data addresses).
+    `chunks[source]` is how many chunks that source contributes. Hosts are opaque strings
+    (data addresses).
     """
 
     sources: tuple[str, ...]
@@ -85,7 +85,7 @@ def build_plan(sources: Sequence[str], destinations: Sequence[str], *, chunks: i
     else:
         chunk_counts = {s: chunks[s] for s in sources}
     if any(n < 1 for n in chunk_counts.values()):
-        raise ValueError("every source needs at least one chunk (the manifest)")
+        raise ValueError("every source needs at least one chunk")
     k = 1 if topology == CHAIN else fanout
     parents: dict[str, dict[str, str]] = {}
     for i, source in enumerate(sources):

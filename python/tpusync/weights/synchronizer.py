@@ -120,10 +120,15 @@ class WeightSynchronizer:
         Data blocks first, then the manifest, then the commit record: a trainer that dies
         before the end leaves the previous version current everywhere. `on_block(done, total)`
         is called after each block (progress; tests use it to stop at an exact point).
+
+        In a multi-process JAX job every process calls publish with its arrays and stores the
+        shards it holds as part (process_index, process_count) of the version; the manager's
+        start_transfer over all trainer hosts assembles and commits the whole version.
         """
         import jax
 
-        if mf.read_block(self.store, mf.commit_key(self.model, version)) is not None:
+        part = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+        if mf.read_block(self.store, mf.commit_key(self.model, version, part)) is not None:
             raise errors.PreconditionError(f"version {version} of {self.model!r} is already committed")
         start = time.perf_counter()
         leaves = self.d2h(params)
@@ -163,8 +168,8 @@ class WeightSynchronizer:
         if missing:
             raise errors.CapacityError(f"{missing} blocks of version {version} were evicted before the commit: "
                                        "the pool must hold two versions")
-        mf.write_manifest(self.store, manifest)
-        mf.commit_on_host(self.store, manifest)
+        mf.write_manifest(self.store, manifest, part)
+        mf.commit_on_host(self.store, manifest, part)
         with self._lock:
             self._metrics["versions_published"] += 1
             self._metrics["bytes_published"] += manifest.nbytes
