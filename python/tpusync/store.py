@@ -187,13 +187,29 @@ class KVStore:
             raise errors.PreconditionError("read_remote needs a local store or the pod's sidecar, not a data-port client")
         if self._secret is None:
             raise errors.PreconditionError("read_remote needs the pool's secret: KVStore.local(secret=...)")
+        try:
+            return self._native.pull_from(self._peer(peer), keys)
+        except errors.UnavailableError:
+            self._peers.pop(peer, None)  # reconnect next time
+            raise
+
+    def _peer(self, peer: str) -> Any:
         client = self._peers.get(peer)
         if client is None:
             client = self._peers[peer] = _native.PeerClient(peer, secret=self._secret, streams=self._streams)
+        return client
+
+    def exists_remote(self, peer: str, keys: Keys) -> list[bool]:
+        """Whether a peer sidecar holds each block (any tier); nothing moves."""
+        peer = peer.removeprefix("tpusync://")
+        if isinstance(self._native, _native.SidecarClient):
+            return [bool(t) for t in self._native.exists_remote(peer, keys)]
+        if isinstance(self._native, _RemoteBackend) or self._secret is None:
+            raise errors.PreconditionError("exists_remote needs the pod's sidecar or KVStore.local(secret=...)")
         try:
-            return self._native.pull_from(client, keys)
+            return [bool(t) for t in self._peer(peer).exists(keys)]
         except errors.UnavailableError:
-            self._peers.pop(peer, None)  # reconnect next time
+            self._peers.pop(peer, None)
             raise
 
     # -- zero-copy ------------------------------------------------------------------------

@@ -5,10 +5,12 @@ See docs/weights.md. `plan` is pure (no I/O, no JAX); `manifest` holds the stora
 
 from tpusync.weights.manager import TransferReport, WeightSynchronizerManager, WorkUnit
 from tpusync.weights.plan import Plan, build_plan, predict, reroute
+from tpusync.weights.receive import ReceiveReport, receive_version
 from tpusync.weights.synchronizer import TemplateMismatchError, VersionGoneError, WeightSynchronizer
 
 __all__ = [
     "Plan",
+    "ReceiveReport",
     "TemplateMismatchError",
     "TransferReport",
     "VersionGoneError",
@@ -17,5 +19,6 @@ __all__ = [
     "WorkUnit",
     "build_plan",
     "predict",
+    "receive_version",
     "reroute",
 ]

@@ -2,6 +2,8 @@
 
     python -m tpusync.weights plan --params-b 235 --hosts 16 --link-gbps 50 [--topology tree --fanout 2]
     python -m tpusync.weights demo --hosts 3 --mib 256 [--topology tree --fanout 2]
+    python -m tpusync.weights receive --control-socket SOCK --host ADDR --model M --version V \
+        --source ADDR [--source ADDR ...] --destination ADDR [--destination ADDR ...] [--topology ...]
 
 `demo` starts one sidecar per simulated host on 127.0.0.1 (host 0 is the trainer's),
 publishes random bf16 weights, sends them to every other host with a rich progress bar per
@@ -100,6 +102,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def cmd_receive(args: argparse.Namespace) -> int:
+    """One host's end of a transfer: every destination host runs this with the same arguments
+    (but its own --host and --control-socket); see tpusync/weights/receive.py."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from tpusync import KVStore
+    from tpusync.weights.receive import receive_version
+
+    console = Console(stderr=True)
+    with KVStore.connect(f"unix://{args.control_socket}") as store, \
+            Progress(TextColumn(f"v{args.version} -> {args.host} chunks"), BarColumn(), MofNCompleteColumn(),
+                     console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("", total=None)
+
+        def landed(done: int, n: int, nbytes: int) -> None:
+            progress.update(task, total=n, completed=done)
+            print(f"chunk {done}/{n}", flush=True)   # one line per chunk on stdout, for scripts
+
+        report = receive_version(
+            store, args.model, args.version, host=args.host, sources=args.source, destinations=args.destination,
+            topology=args.topology, fanout=args.fanout, timeout=args.timeout, stall_seconds=args.stall_seconds,
+            on_chunk=landed)
+    print(f"committed version {report.version} of {report.model!r}: {report.bytes} bytes in "
+          f"{report.seconds:.3f} s; rerouted: {report.rerouted or 'none'}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tpusync.weights", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,11 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="run a transfer between local sidecars with a progress bar")
     d.add_argument("--hosts", type=int, default=3)
     d.add_argument("--mib", type=int, default=256)
-    for q in (p, d):
+    r = sub.add_parser("receive", help="land a version on this host along the plan and commit it")
+    r.add_argument("--control-socket", required=True, help="this host's sidecar control socket")
+    r.add_argument("--host", required=True, help="this host's data address, as in --destination")
+    r.add_argument("--model", required=True)
+    r.add_argument("--version", type=int, required=True)
+    r.add_argument("--source", action="append", required=True,
+                   help="a trainer host's data address (several: every host of the trainer, in process order)")
+    r.add_argument("--destination", action="append", required=True, help="every destination host, in plan order")
+    r.add_argument("--timeout", type=float, default=300.0)
+    r.add_argument("--stall-seconds", type=float, default=30.0)
+    for q in (p, d, r):
         q.add_argument("--topology", choices=[planmod.CHAIN, planmod.TREE], default=planmod.CHAIN)
         q.add_argument("--fanout", type=int, default=2)
     args = ap.parse_args(argv)
-    return cmd_plan(args) if args.cmd == "plan" else cmd_demo(args)
+    return {"plan": cmd_plan, "demo": cmd_demo, "receive": cmd_receive}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -207,17 +207,11 @@ class WeightSynchronizerManager:
              on_chunk: ChunkCallback | None) -> TransferReport:
         start = time.perf_counter()
         version, held, whole = self._source_manifests(src, model, version)
-        per = self.chunk_blocks or whole.blocks_per_chunk
-        chunks: dict[str, list[list[mf.BlockRef]]] = {}
-        seen: set[int] = set()
-        for host, m in held.items():   # a block two parts both hold travels from the first
-            mine = [b for b in m.blocks() if b.key not in seen]
-            seen.update(b.key for b in mine)
-            chunks[host] = [mine[i:i + per] for i in range(0, len(mine), per)] or [[]]
-        plan = planmod.build_plan(list(held), [u.host for u in dst], chunks={h: len(c) for h, c in chunks.items()},
-                                  topology=self.topology, fanout=self.fanout)
-        # Each host takes the sources' chunks in turns, so the parts' streams run side by side.
-        order = [(h, c) for c in range(max(len(c) for c in chunks.values())) for h in chunks if c < len(chunks[h])]
+        chunks = mf.source_chunks(held, self.chunk_blocks or whole.blocks_per_chunk)
+        counts = {h: len(c) for h, c in chunks.items()}
+        plan = planmod.build_plan(list(held), [u.host for u in dst], chunks=counts, topology=self.topology,
+                                  fanout=self.fanout)
+        order = planmod.chunk_order(counts)
         report = TransferReport(model, version, whole.nbytes, len(order), plan)
         by_host = {u.host: u for u in dst}
         state = _State(plan, whole.checksum)
@@ -347,7 +341,4 @@ class _State:
         self.dead: set[str] = set()
 
     def parent(self, source: str, host: str) -> str:
-        p = self.plan.parent(source, host)
-        while p in self.dead and p != source:
-            p = self.plan.parent(source, p)
-        return p
+        return planmod.live_parent(self.plan, source, host, self.dead)

@@ -86,6 +86,12 @@ def weight_key(model: str, version: int, *parts: Any) -> int:
 Part = tuple[int, int]   # (index, count): one trainer process's share of a version
 
 
+def ref_key(model: str, version: int, part: Part | None = None) -> int:
+    """A copy of the commit record that commits nothing: a receiver pulls it to learn the
+    manifest's keys before the data (a commit record's presence on a host means complete)."""
+    return weight_key(model, version, "manifest-ref", *(part or ()))
+
+
 def commit_key(model: str, version: int, part: Part | None = None) -> int:
     """The commit record of a version, or of one part of it."""
     if part is None:
@@ -227,6 +233,7 @@ def write_manifest(store: Any, manifest: Manifest, part: Part | None = None) -> 
     present = store.lookup([k for k, _ in parts]).prefix_len
     if present != len(parts):
         raise errors.CapacityError(f"stored {present} of {len(parts)} manifest parts")
+    store.put([ref_key(manifest.model, manifest.version, part)], [record.encode()])
     store.put([commit_key(manifest.model, manifest.version, part)], [record.encode()])
     return record
 
@@ -237,15 +244,17 @@ def read_block(store: Any, key: int) -> bytes | None:
         return None if views[0] is None else bytes(views[0])
 
 
-def read_commit(store: Any, model: str, version: int, part: Part | None = None) -> CommitRecord | None:
-    data = read_block(store, commit_key(model, version, part))
+def read_commit(store: Any, model: str, version: int, part: Part | None = None, *,
+                key: int | None = None) -> CommitRecord | None:
+    data = read_block(store, commit_key(model, version, part) if key is None else key)
     return None if data is None else CommitRecord.decode(data)
 
 
-def read_manifest(store: Any, model: str, version: int, part: Part | None = None) -> Manifest | None:
+def read_manifest(store: Any, model: str, version: int, part: Part | None = None, *,
+                  record: CommitRecord | None = None) -> Manifest | None:
     """The committed manifest of a version (or of one part) in this store, or None if it is
-    not committed here."""
-    record = read_commit(store, model, version, part)
+    not committed here; with `record`, the manifest that record names."""
+    record = record or read_commit(store, model, version, part)
     if record is None:
         return None
     pieces = []
@@ -324,7 +333,7 @@ def version_keys(manifest: Manifest, part: Part | None = None) -> list[int]:
     """Every block key of a version (or part): data, manifest parts, commit record (commit last)."""
     _, parts = manifest_blocks(manifest)
     return [b.key for b in manifest.blocks()] + [k for k, _ in parts] + \
-        [commit_key(manifest.model, manifest.version, part)]
+        [ref_key(manifest.model, manifest.version, part), commit_key(manifest.model, manifest.version, part)]
 
 
 def merge_parts(parts: Sequence[Manifest]) -> Manifest:
@@ -358,6 +367,18 @@ def merge_parts(parts: Sequence[Manifest]) -> Manifest:
                                 tuple(shards[i] for i in sorted(shards))))
     return Manifest(first.model, first.version, first.block_bytes, first.blocks_per_chunk, first.checksum,
                     tuple(leaves), first.treedef)
+
+
+def source_chunks(held: dict[str, Manifest], per: int) -> dict[str, list[list[BlockRef]]]:
+    """Each source host's transfer chunks (runs of `per` blocks) of what it holds; a block two
+    sources both hold travels from the first one listed. At least one (maybe empty) chunk each."""
+    out: dict[str, list[list[BlockRef]]] = {}
+    seen: set[int] = set()
+    for host, m in held.items():
+        mine = [b for b in m.blocks() if b.key not in seen]
+        seen.update(b.key for b in mine)
+        out[host] = [mine[i:i + per] for i in range(0, len(mine), per)] or [[]]
+    return out
 
 
 def commit_on_host(store: Any, manifest: Manifest, part: Part | None = None) -> None:

@@ -96,6 +96,21 @@ def build_plan(sources: Sequence[str], destinations: Sequence[str], *, chunks: i
     return Plan(sources, dests, parents, chunk_counts, topology, k)
 
 
+def live_parent(plan: Plan, source: str, host: str, dead: Iterable[str]) -> str:
+    """Where `host` pulls `source`'s chunks from once `dead` hosts are out: its nearest live
+    ancestor in that source's tree (the source itself at worst)."""
+    p = plan.parent(source, host)
+    while p in dead and p != source:
+        p = plan.parent(source, p)
+    return p
+
+
+def chunk_order(chunks: dict[str, int]) -> list[tuple[str, int]]:
+    """The order a destination takes (source, chunk) in: the sources in turns, so several
+    sources' streams run side by side."""
+    return [(s, c) for c in range(max(chunks.values(), default=0)) for s in chunks if c < chunks[s]]
+
+
 def _kary(root: str, order: Sequence[str], k: int) -> dict[str, str]:
     """A complete k-ary tree in breadth-first order; k=1 is a chain."""
     nodes = [root, *order]

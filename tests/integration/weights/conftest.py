@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import uuid
@@ -65,6 +66,32 @@ def procs():
         return p
 
     yield _proc
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def trainer():
+    """trainer(hosts, version, seed, stop_at=None) starts both processes of the JAX job."""
+    started = []
+
+    def _start(trainer_hosts, version: int, seed: int, stop_at: dict[int, int] | None = None):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for pid, host in enumerate(trainer_hosts):
+            extra = [str(stop_at[pid])] if stop_at and pid in stop_at else []
+            p = subprocess.Popen([sys.executable, "-m", "tests.integration.weights.trainer_mp", host.control_socket,
+                                  f"127.0.0.1:{port}", str(pid), str(version), str(seed), *extra],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            started.append(p)
+            procs.append(p)
+        return procs
+
+    yield _start
     for p in started:
         if p.poll() is None:
             p.kill()

@@ -96,3 +96,14 @@ def test_cli_plan_prints_the_prediction(capsys):
     assert main(["plan", "--params-b", "235", "--hosts", "16", "--link-gbps", "50"]) == 0
     out = capsys.readouterr().out
     assert "470.0 GB to 16 hosts" in out and "plan:  9.42 s" in out and "naive: 150.40 s" in out
+
+
+def test_chunk_order_takes_the_sources_in_turns():
+    assert p.chunk_order({"a": 3, "b": 1}) == [("a", 0), ("b", 0), ("a", 1), ("a", 2)]
+
+
+def test_live_parent_skips_dead_relays_up_to_the_source():
+    plan = p.build_plan(["t"], ["h1", "h2", "h3"], chunks=1)
+    assert p.live_parent(plan, "t", "h3", set()) == "h2"
+    assert p.live_parent(plan, "t", "h3", {"h2"}) == "h1"
+    assert p.live_parent(plan, "t", "h3", {"h1", "h2"}) == "t"

@@ -1,0 +1,124 @@
+"""Receiving a version on one host, without a central executor.
+
+Each destination host runs `receive_version` (or `python -m tpusync.weights receive`) against
+its own sidecar, given the same model, version, sources, destinations and topology. The plan
+is a pure function of those, so every host computes the same one and knows its parent in
+each source's chain or tree. For each chunk, in the order every host uses, it waits until
+its parent holds the chunk (asking the parent's sidecar), pulls it, checks it, and once all
+are there it commits. Only the sidecars' authenticated data ports cross machines, so the
+hosts can be anywhere; `WeightSynchronizerManager` is the one-machine variant that drives
+every host's sidecar itself.
+
+Sources are one host holding whole versions, or the hosts of a multi-process trainer in
+process order (host i holds part i of n). The manifests come from the sources: a receiver
+pulls the manifest reference (`manifest.ref_key`) and then the manifest it names.
+
+A parent that cannot be reached, or that gains no chunk for `stall_seconds` (its own receiver
+died, or never started), is routed around: the host pulls from that parent's parent, up to
+the source. Start every host's receiver within `stall_seconds` of the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tpusync import errors
+from tpusync.store import KVStore
+from tpusync.weights import manifest as mf
+from tpusync.weights import plan as planmod
+
+ChunkCallback = Callable[[int, int, int], None]  # (chunks done, chunks total, bytes landed)
+
+
+@dataclass
+class ReceiveReport:
+    model: str
+    version: int
+    host: str
+    bytes: int
+    chunks: int
+    seconds: float = 0.0
+    rerouted: list[tuple[str, str, str]] = field(default_factory=list)  # (source, dead parent, new parent)
+
+
+def receive_version(store: KVStore, model: str, version: int, *, host: str, sources: Sequence[str],
+                    destinations: Sequence[str], topology: str = planmod.CHAIN, fanout: int = 2,
+                    chunk_blocks: int | None = None, verify: bool = True, timeout: float = 300.0,
+                    stall_seconds: float = 30.0, on_chunk: ChunkCallback | None = None) -> ReceiveReport:
+    """Lands `version` of `model` in this host's pool along the plan and commits it here.
+
+    `host` is this host's data address as it appears in `destinations`. Raises
+    DeadlineExceededError after `timeout`, UnavailableError when a source fails."""
+    start = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    sources = [s.removeprefix("tpusync://") for s in sources]
+    n = len(sources)
+    held = {s: _fetch_manifest(store, model, version, s, (i, n) if n > 1 else None, deadline)
+            for i, s in enumerate(sources)}
+    whole = mf.merge_parts(list(held.values())) if n > 1 else held[sources[0]]
+    chunks = mf.source_chunks(held, chunk_blocks or whole.blocks_per_chunk)
+    counts = {s: len(c) for s, c in chunks.items()}
+    plan = planmod.build_plan(sources, [d.removeprefix("tpusync://") for d in destinations], chunks=counts,
+                              topology=topology, fanout=fanout)
+    if host not in plan.destinations:
+        raise errors.InvalidArgumentError(f"{host} is not one of the destinations {list(plan.destinations)}")
+    report = ReceiveReport(model, version, host, whole.nbytes, sum(counts.values()))
+    dead: set[str] = set()
+    order = planmod.chunk_order(counts)
+    for done, (source, c) in enumerate(order, 1):
+        keys = [b.key for b in chunks[source][c]]
+        while True:
+            up = planmod.live_parent(plan, source, host, dead)
+            stall = deadline if up == source else min(deadline, time.monotonic() + stall_seconds)
+            try:
+                ok = _wait_held(store, up, keys, stall) and all(store.read_remote(up, keys))
+                if ok and verify:
+                    bad = mf.verify_blocks(store, chunks[source][c], whole.checksum)
+                    if bad:
+                        store.evict([b.key for b in bad])
+                        ok = False
+            except errors.UnavailableError:
+                ok = False
+            if ok:
+                break
+            if up == source:
+                if time.monotonic() >= deadline:
+                    raise errors.DeadlineExceededError(f"chunk {c} of {source} did not arrive in {timeout} s")
+                raise errors.UnavailableError(f"the source {source} failed to deliver chunk {c}")
+            dead.add(up)
+            report.rerouted.append((source, up, planmod.live_parent(plan, source, host, dead)))
+        if on_chunk is not None:
+            on_chunk(done, len(order), sum(b.length for b in chunks[source][c]))
+    mf.write_manifest(store, whole)
+    mf.commit_on_host(store, whole)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _fetch_manifest(store: KVStore, model: str, version: int, source: str, part: mf.Part | None,
+                    deadline: float) -> mf.Manifest:
+    """The manifest (or part manifest) `source` publishes for `version`, waiting for it."""
+    ref = mf.ref_key(model, version, part)
+    if not (_wait_held(store, source, [ref], deadline) and all(store.read_remote(source, [ref]))):
+        what = f"part {part[0]} of {part[1]} of version" if part else "version"
+        raise errors.DeadlineExceededError(f"{what} {version} of {model!r} was not published on {source} in time")
+    record = mf.read_commit(store, model, version, part, key=ref)
+    if record is None or not all(store.read_remote(source, list(record.parts))):
+        raise errors.UnavailableError(f"the manifest of version {version} of {model!r} left {source}")
+    manifest = mf.read_manifest(store, model, version, part, record=record)
+    if manifest is None:
+        raise errors.UnavailableError(f"the manifest of version {version} of {model!r} left this host's pool")
+    return manifest
+
+
+def _wait_held(store: KVStore, peer: str, keys: list[int], until: float) -> bool:
+    """Polls the peer's sidecar until it holds every key (True), or `until` passes (False)."""
+    delay = 0.0005
+    while not all(store.exists_remote(peer, keys)):
+        if time.monotonic() >= until:
+            return False
+        time.sleep(delay)  # another host's pull in progress: back off up to 20 ms
+        delay = min(delay * 2, 0.02)
+    return True
