@@ -27,7 +27,7 @@ from .builders.pool import pool_node_selector
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
 from .passes import PassQueue, owner_key
-from .planner import OPTIONAL_KINDS
+from .planner import OPTIONAL_KINDS, check_pool
 from .reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
@@ -167,7 +167,8 @@ async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
     """Remember the pool and its node selector; its servings depend on its spec and status."""
     key = _remember("TPUSyncPool", event, body, memo)
     try:
-        memo.selectors[key] = pool_node_selector(key[2], TPUSyncPoolSpec.model_validate(body.get("spec") or {}))
+        spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
+        memo.selectors[key] = pool_node_selector(key[2], key[1], spec, check_pool(spec))
     except Exception:       # an invalid spec: its own pass reports it
         memo.selectors.pop(key, None)
     if event["type"] == "DELETED":

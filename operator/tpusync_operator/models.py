@@ -82,7 +82,8 @@ class Capacity(Model):
          "spec.capacity: spot and reservation are mutually exclusive"),
     ))
     hosts: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology.")
+        None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology. In mode "
+                          "gke with a multi-host topology, a multiple of the slice's hosts: one node pool per slice.")
     autoscaling: Autoscaling | None = Field(None, description="Autoscaling range in hosts (mode gke).")
     spot: bool = Field(False, description="Use Spot VMs.")
     reservation: str | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
@@ -215,7 +216,9 @@ class NodePoolStatus(Model):
 class TPUSyncPoolStatus(Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_LIST)
-    node_pool: NodePoolStatus | None = None
+    node_pool: NodePoolStatus | None = Field(None, description="The node pool (mode gke: of the first slice).")
+    node_pools: list[NodePoolStatus] | None = Field(
+        None, description="Mode gke: every node pool, one per multi-host slice (and any being deleted).")
     hosts: int | None = Field(None, description="Desired hosts.")
     ready_hosts: int | None = None
     sidecars: int | None = Field(None, description="Sidecar pods in the pool.")

@@ -51,7 +51,7 @@ class PoolPlan:
     apply: list[dict[str, Any]]
     delete: list[Ref]
     node_selector: dict[str, str]
-    node_pool_request: dict[str, Any] | None     # mode gke only
+    node_pool_requests: list[dict[str, Any]]     # mode gke: one per node pool (slice)
     store_replicas: int                           # desired store pods; -1 for a DaemonSet
 
 
@@ -66,9 +66,9 @@ def check_pool(spec: TPUSyncPoolSpec) -> Slice:
         if tpu.tpu_type == "v7x" and not spec.provisioning.gke.workload_policy:
             raise PlanError(f"spec.provisioning.gke.workloadPolicy is required for the v7x multi-host "
                             f"topology {tpu.topology} ({tpu.hosts} hosts)")
-        if cap.hosts is not None and cap.hosts != tpu.hosts:
-            raise PlanError(f"spec.capacity.hosts must be {tpu.hosts} for topology {tpu.topology}: a GKE "
-                            f"multi-host node pool is exactly one slice")
+        if cap.hosts is not None and cap.hosts % tpu.hosts:
+            raise PlanError(f"spec.capacity.hosts must be a multiple of {tpu.hosts} for topology {tpu.topology}: "
+                            f"each slice is its own GKE node pool of {tpu.hosts} hosts")
         if cap.autoscaling is not None and (cap.autoscaling.min_hosts not in (0, tpu.hosts)
                                             or cap.autoscaling.max_hosts != tpu.hosts):
             raise PlanError(f"spec.capacity.autoscaling must scale a multi-host slice atomically: "
@@ -104,10 +104,11 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
     else:
         delete += [Ref("apps/v1", "StatefulSet", store_name), Ref("apps/v1", "DaemonSet", store_name)]
         replicas = 0
-    request = pool_builders.build_node_pool_request(owner, spec, tpu) if spec.provisioning.mode == "gke" else None
+    requests = [pool_builders.build_node_pool_request(owner, spec, tpu, i)
+                for i in range(pool_builders.gke_slices(spec, tpu))] if spec.provisioning.mode == "gke" else []
     return PoolPlan(tpu=tpu, desired_hosts=desired, min_ready_hosts=minimum, apply=apply, delete=delete,
-                    node_selector=pool_builders.pool_node_selector(owner.name, spec),
-                    node_pool_request=request, store_replicas=replicas)
+                    node_selector=pool_builders.pool_node_selector(owner.name, owner.namespace, spec, tpu),
+                    node_pool_requests=requests, store_replicas=replicas)
 
 
 # ------------------------------------------------------------- node pool
@@ -294,9 +295,8 @@ def capacity_shortfall(roles: list[RolePlan], pool: PoolInfo) -> str | None:
     if sum(need.values()) <= have:
         return None
     parts = " + ".join(f"{r.role} {r.replicas} x {r.hosts_per_replica}" for r in roles if r.chips_per_host)
-    hint = (" (a GKE multi-host node pool is one slice: give each multi-host replica its own slice, e.g. a "
-            "pool in mode existing over several node pools)" if pool.tpu.multi_host
-            and pool.spec.provisioning.mode == "gke" else "")
+    hint = (f" (each multi-host replica takes a whole slice of {pool.tpu.hosts} hosts: raise the pool's "
+            f"spec.capacity.hosts by {pool.tpu.hosts} per slice)" if pool.tpu.multi_host else "")
     return (f"spec.prefill/spec.decode need {sum(need.values())} TPU hosts ({parts}) but TPUSyncPool "
             f"{pool.name} has {have}{hint}; the replicas that do not fit stay Pending")
 

@@ -147,10 +147,12 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     kube = deps.kube
 
     node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
+    node_pools: list[dict[str, Any]] | None = None
     node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
     if spec.provisioning.mode == "gke":
-        node_pool, node_pool_ready, node_pool_message, node_pool_updating = await _gke_node_pool(
+        node_pools, node_pool_ready, node_pool_message, node_pool_updating = await _gke_node_pools(
             deps, p, owner, spec, plan, old)
+        node_pool = node_pools[0]
     else:
         existing = spec.provisioning.existing
         node_pool["name"] = existing.node_pool_name if existing else None
@@ -181,7 +183,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                           issues=p.issues)
     conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
     return await _finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
-        "observedGeneration": gen, "conditions": conds, "nodePool": node_pool,
+        "observedGeneration": gen, "conditions": conds, "nodePool": node_pool, "nodePools": node_pools,
         "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
         "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,
         "peersService": names.peers_dns(owner.name, owner.namespace),
@@ -198,18 +200,58 @@ async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired:
     return int(st.get("readyReplicas", 0) or 0), desired
 
 
-async def _gke_node_pool(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: Any,
-                         old: dict[str, Any]) -> tuple[dict[str, Any], bool, str, str]:
-    """The GKE step: at most one call that changes the node pool (create, setSize or
-    setAutoscaling) per pass, none while the operation recorded in status runs. Returns
-    (status.nodePool, ready, message, updating: what is in flight on a serving node pool)."""
+def _recorded_node_pools(old: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """status.nodePools by name (status.nodePool alone in a status from an older operator)."""
+    entries = old.get("nodePools") or ([old["nodePool"]] if old.get("nodePool") else [])
+    return {e["name"]: e for e in entries if e.get("name")}
+
+
+async def _gke_node_pools(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: Any,
+                          old: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, str, str]:
+    """The GKE step for every slice's node pool, then the deletion of node pools of slices
+    the spec no longer has. Returns (status.nodePools, all ready, message, updating)."""
     gke = spec.provisioning.gke
-    assert gke is not None and deps.gke is not None and plan.node_pool_request is not None
+    assert gke is not None and deps.gke is not None and plan.node_pool_requests
     cluster = ClusterRef(gke.project, gke.location, gke.cluster)
-    name = names.gke_node_pool(owner.name, spec)
-    recorded = old.get("nodePool") or {}
-    op_name, node_count = recorded.get("operation"), recorded.get("nodeCount")
     client = deps.gke(gke.api_endpoint)
+    recorded = _recorded_node_pools(old)
+    entries, ready, message, updating = [], True, "", ""
+    for request in plan.node_pool_requests:
+        name = request["nodePool"]["name"]
+        # GKE runs one operation per cluster: start none while another is in flight.
+        idle = not any(e.get("operation") for e in entries) and \
+            not any(e.get("operation") for n, e in recorded.items() if n != name)
+        entry, ok, msg, upd = await _gke_node_pool(p, client, cluster, name, request, recorded.get(name, {}),
+                                                   plan.tpu.multi_host, may_start=idle)
+        entries.append(entry)
+        ready, message, updating = ready and ok, message or ("" if ok else msg), updating or upd
+    for name in sorted(set(recorded) - {e["name"] for e in entries}):   # slices the spec dropped
+        gone, op_name = False, recorded[name].get("operation")
+        try:
+            op = await client.get_operation(cluster, op_name) if op_name else None
+            busy = any(e.get("operation") for e in entries)
+            if (op is None and not busy) or (op is not None and op.get("status") == "DONE"):
+                if (op or {}).get("error"):
+                    p.issue("NodePoolOperationFailed", f"deleting node pool {name}: {op['error']}; retrying")
+                gone, op_name = await _delete_node_pool(client, cluster, name, p.event)
+        except GKEConflict as e:
+            p.again(15, f"node pool {name}: {e.message}")
+        except GKEError as e:
+            p.issue("GKEError", f"deleting node pool {name}: {e}", retry=60)
+        if not gone:
+            entries.append({"name": name, "state": "STOPPING", "operation": op_name, "nodeCount": None})
+            p.again(15, f"waiting for GKE node pool {name} to be deleted")
+    return entries, ready, message, updating
+
+
+async def _gke_node_pool(p: _Pass, client: GKEClient, cluster: ClusterRef, name: str, request: dict[str, Any],
+                         recorded: dict[str, Any], multi_host: bool,
+                         may_start: bool = True) -> tuple[dict[str, Any], bool, str, str]:
+    """One node pool: at most one call that changes it (create, setSize or setAutoscaling)
+    per pass, none while the operation recorded in status runs (or, without `may_start`,
+    one on another node pool). Returns (its status entry, ready, message, updating: what is
+    in flight on a serving node pool)."""
+    op_name, node_count = recorded.get("operation"), recorded.get("nodeCount")
 
     def unknown(message: str) -> tuple[dict[str, Any], bool, str, str]:
         return {"name": name, "state": "Unknown", "operation": op_name, "nodeCount": node_count}, False, message, ""
@@ -217,13 +259,17 @@ async def _gke_node_pool(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSp
     try:
         op = await client.get_operation(cluster, op_name) if op_name else None
         observed = await client.get_node_pool(cluster, name)
-        step = node_pool_step(plan.node_pool_request, op, observed, node_count=node_count,
-                              multi_host=plan.tpu.multi_host)
+        step = node_pool_step(request, op, observed, node_count=node_count, multi_host=multi_host)
         pending = op_name if op is not None and op.get("status") != "DONE" else None
         updating = step.message if step.updating else ""
         try:
+            if step.action in ("create", "set_size", "set_autoscaling") and not may_start:
+                p.again(15, f"node pool {name}: waiting for another node pool's operation")
+                node_count = recorded.get("nodeCount")
+                return ({"name": name, "state": step.state, "operation": None, "nodeCount": node_count},
+                        step.ready, step.message, updating)
             if step.action == "create":
-                started = await client.create_node_pool(cluster, plan.node_pool_request)
+                started = await client.create_node_pool(cluster, request)
                 p.event("Normal", "NodePoolCreating", f"creating GKE node pool {name} (operation {started.get('name')})")
             elif step.action == "set_size":
                 started = await client.set_node_pool_size(cluster, name, step.body["nodeCount"])
@@ -258,33 +304,50 @@ async def _gke_node_pool(deps: Deps, p: _Pass, owner: Owner, spec: TPUSyncPoolSp
         return unknown(str(e))
 
 
+async def _delete_node_pool(client: GKEClient, cluster: ClusterRef, name: str,
+                            emit: Callable[[str, str, str], None]) -> tuple[bool, str | None]:
+    """Asks GKE to delete one node pool: (True, None) once GKE reports it gone, else (False,
+    the delete operation started now, if any). GKE errors propagate."""
+    observed = await client.get_node_pool(cluster, name)
+    if observed is None:
+        emit("Normal", "NodePoolDeleted", f"GKE node pool {name} is gone")
+        return True, None
+    if observed.get("status") != "STOPPING":
+        op = await client.delete_node_pool(cluster, name)
+        if op is None:
+            return True, None
+        emit("Normal", "NodePoolDeleting", f"deleting GKE node pool {name} (operation {op.get('name')})")
+        return False, op.get("name")
+    return False, None
+
+
 async def delete_pool(body: dict[str, Any], deps: Deps) -> None:
-    """Finalizer for mode gke: delete the node pool and wait until GKE reports it gone."""
+    """Finalizer for mode gke: delete every slice's node pool and wait until GKE reports them gone."""
     spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
     gke = spec.provisioning.gke
     if spec.provisioning.mode != "gke" or gke is None or deps.gke is None:
         return
     owner = Owner.from_body(body)
     cluster = ClusterRef(gke.project, gke.location, gke.cluster)
-    name = names.gke_node_pool(owner.name, spec)
-    client = deps.gke(gke.api_endpoint)
     try:
-        observed = await client.get_node_pool(cluster, name)
-        if observed is None:
-            deps.emit(body, "Normal", "NodePoolDeleted", f"GKE node pool {name} is gone")
-            return
-        if observed.get("status") != "STOPPING":
-            op = await client.delete_node_pool(cluster, name)
-            if op is None:
-                return
-            deps.emit(body, "Normal", "NodePoolDeleting", f"deleting GKE node pool {name} (operation {op.get('name')})")
-    except GKEConflict as e:
-        raise kopf.TemporaryError(f"node pool {name} busy: {e.message}", delay=30)
-    except GKEAuthError as e:
-        raise kopf.TemporaryError(f"GKE API refused deleting node pool {name}: {e.message}", delay=120)
-    except GKEError as e:
-        raise kopf.TemporaryError(str(e), delay=30)
-    raise kopf.TemporaryError(f"waiting for GKE node pool {name} to be deleted", delay=15)
+        wanted = [r["nodePool"]["name"] for r in plan_pool(owner, spec).node_pool_requests]
+    except PlanError:
+        wanted = [names.gke_node_pool(owner.name, spec)]
+    client = deps.gke(gke.api_endpoint)
+    waiting = []
+    for name in sorted(set(wanted) | set(_recorded_node_pools(body.get("status") or {}))):
+        try:
+            gone, _ = await _delete_node_pool(client, cluster, name, lambda *a: deps.emit(body, *a))
+            if not gone:
+                waiting.append(name)
+        except GKEConflict as e:
+            raise kopf.TemporaryError(f"node pool {name} busy: {e.message}", delay=30)
+        except GKEAuthError as e:
+            raise kopf.TemporaryError(f"GKE API refused deleting node pool {name}: {e.message}", delay=120)
+        except GKEError as e:
+            raise kopf.TemporaryError(str(e), delay=30)
+    if waiting:
+        raise kopf.TemporaryError(f"waiting for GKE node pool {', '.join(waiting)} to be deleted", delay=15)
 
 
 # ---------------------------------------------------------------- serving

@@ -29,9 +29,11 @@ def peers_dns(pool: str, namespace: str) -> str:
     return f"{pool_peers(pool)}.{namespace}.svc"
 
 
-def gke_node_pool(pool: str, spec: TPUSyncPoolSpec) -> str:
+def gke_node_pool(pool: str, spec: TPUSyncPoolSpec, slice_index: int = 0) -> str:
+    """The GKE node pool of one slice: the base name for slice 0, `<base>-<i>` for the others."""
     gke = spec.provisioning.gke
-    return (gke.node_pool_name if gke and gke.node_pool_name else pool)
+    base = gke.node_pool_name if gke and gke.node_pool_name else pool
+    return base if slice_index == 0 else f"{base}-{slice_index}"
 
 
 def role(serving: str, role_name: str) -> str:

@@ -19,10 +19,24 @@ def pool_labels(owner: Owner, component: str) -> dict[str, str]:
     return {**base_labels(owner, component), POOL_LABEL: owner.name}
 
 
-def pool_node_selector(pool: str, spec: TPUSyncPoolSpec) -> dict[str, str]:
-    """Labels that select the pool's hosts."""
+NAMESPACE_LABEL = "tpusync.dev/namespace"   # on the nodes of a GKE node pool the operator creates
+
+
+def gke_slices(spec: TPUSyncPoolSpec, tpu: Slice) -> int:
+    """How many GKE node pools a pool has: one per multi-host slice (GKE creates each
+    atomically), else one."""
+    if spec.provisioning.mode != "gke" or not tpu.multi_host or spec.capacity.hosts is None:
+        return 1
+    return max(1, spec.capacity.hosts // tpu.hosts)
+
+
+def pool_node_selector(pool: str, namespace: str, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, str]:
+    """Labels that select the pool's hosts: in mode gke its node pool, or, with several slices
+    (a node pool each), the labels the operator puts on every node it creates."""
     if spec.provisioning.mode == "gke":
-        return {NODEPOOL_LABEL: names.gke_node_pool(pool, spec)}
+        if gke_slices(spec, tpu) == 1:
+            return {NODEPOOL_LABEL: names.gke_node_pool(pool, spec)}
+        return {POOL_LABEL: pool, NAMESPACE_LABEL: namespace}
     existing = spec.provisioning.existing
     selector: dict[str, str] = dict(existing.node_selector or {}) if existing else {}
     if existing and existing.node_pool_name:
@@ -127,15 +141,16 @@ def build_store_nodes(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
             "metadata": metadata(owner, names.pool_store(owner.name), labels), "spec": body}
 
 
-def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, Any]:
-    """Body of POST .../clusters/C/nodePools (GKE API v1). Multi-host slices are created
-    atomically with a COMPACT placement: tpuTopology for v6e, a workload policy for v7x."""
+def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice, slice_index: int = 0) -> dict[str, Any]:
+    """Body of POST .../clusters/C/nodePools (GKE API v1) for one slice. Multi-host slices are
+    created atomically with a COMPACT placement: tpuTopology for v6e, a workload policy for
+    v7x; a pool of several multi-host slices has one node pool per slice."""
     gke = spec.provisioning.gke
     assert gke is not None
     cap = spec.capacity
     config: dict[str, Any] = {
         "machineType": tpu.machine_type,
-        "labels": {POOL_LABEL: owner.name, "tpusync.dev/namespace": owner.namespace},
+        "labels": {POOL_LABEL: owner.name, NAMESPACE_LABEL: owner.namespace},
         "spot": cap.spot,
     }
     if gke.service_account:
@@ -144,7 +159,7 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> 
         config["reservationAffinity"] = {"consumeReservationType": "SPECIFIC_RESERVATION",
                                          "key": "compute.googleapis.com/reservation-name",
                                          "values": [cap.reservation]}
-    node_pool: dict[str, Any] = {"name": names.gke_node_pool(owner.name, spec), "config": config}
+    node_pool: dict[str, Any] = {"name": names.gke_node_pool(owner.name, spec, slice_index), "config": config}
     if gke.node_locations:
         node_pool["locations"] = list(gke.node_locations)
     hosts = cap.hosts if cap.hosts is not None else tpu.hosts
@@ -153,7 +168,7 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> 
         node_pool["autoscaling"] = {"enabled": True, "minNodeCount": cap.autoscaling.min_hosts,
                                     "maxNodeCount": cap.autoscaling.max_hosts}
     else:
-        node_pool["initialNodeCount"] = hosts
+        node_pool["initialNodeCount"] = tpu.hosts if tpu.multi_host else hosts
     if tpu.multi_host:
         placement: dict[str, Any] = {"type": "COMPACT"}
         if tpu.tpu_type == "v7x":

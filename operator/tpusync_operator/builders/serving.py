@@ -130,7 +130,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
             "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
             "securityContext": container_security_context(read_only_root=True),
         })
-    node_selector = pool_node_selector(pool.name, pool.spec)
+    node_selector = pool_node_selector(pool.name, owner.namespace, pool.spec, pool.tpu)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

@@ -138,4 +138,5 @@ def test_store_nodes_request_the_memory_their_dram_tier_takes():
      {"a": "b"}),
 ])
 def test_pool_node_selector(spec, selector):
-    assert b.pool_node_selector("pool", TPUSyncPoolSpec.model_validate(spec)) == selector
+    spec = TPUSyncPoolSpec.model_validate(spec)
+    assert b.pool_node_selector("pool", "ns", spec, slice_for(spec.tpu.type, spec.tpu.topology)) == selector

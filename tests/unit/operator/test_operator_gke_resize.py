@@ -282,3 +282,37 @@ def test_client_set_size_and_autoscaling(gke_server):
     asyncio.run(scenario())
     assert state.sizes["np"] == 3
     assert ("POST", f"{PARENT}/nodePools/np:setSize", "Bearer good") in state.requests
+
+
+def test_slices_are_node_pools_added_and_removed(gke_server, kube, clock):
+    """A v6e 4x4 pool (4-host slices) grown to 3 slices gets 3 node pools, created one at a time
+    (GKE runs one operation per cluster); shrunk to 1, the two extra node pools are deleted."""
+    async def passes(op: Operator, n: int = 20) -> None:
+        for _ in range(n):
+            changed = await op.reconcile()
+            if not changed and not any(e.get("operation") for e in op.status["nodePools"]) \
+                    and {e["state"] for e in op.status["nodePools"]} == {"RUNNING"}:
+                return
+        raise AssertionError(f"not settled: {op.status}")
+
+    async def scenario(op: Operator, state):
+        await passes(op)
+        assert sorted(state.pools) == ["pool", "pool-1", "pool-2"]
+        assert [e["name"] for e in op.status["nodePools"]] == ["pool", "pool-1", "pool-2"]
+        assert op.status["nodePool"]["name"] == "pool"
+        # One create each, never refused: the operator starts none while another runs.
+        assert state.mutations().count(CREATE) == 3
+        assert all(p["placementPolicy"]["tpuTopology"] == "4x4" and p["initialNodeCount"] == 4
+                   for p in state.pools.values())
+        op.edit(capacity={"hosts": 4})
+        for _ in range(20):
+            await op.reconcile()
+            if sorted(state.pools) == ["pool"] and [e["name"] for e in op.status["nodePools"]] == ["pool"]:
+                break
+        else:
+            raise AssertionError(f"extra slices not deleted: {sorted(state.pools)} {op.status['nodePools']}")
+        assert ("DELETE", f"{PARENT}/nodePools/pool-1") in state.mutations()
+        assert ("Normal", "NodePoolDeleted") in [e[:2] for e in op.events]
+
+    operate(gke_server, kube, clock, PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(
+        capacity={"hosts": 12}).build(), scenario)

@@ -44,7 +44,7 @@ def pool_spec(body):
 
 @pytest.mark.parametrize("body,field", [
     (PoolBody().v7x("2x2x2").gke(), "spec.provisioning.gke.workloadPolicy"),
-    (PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"hosts": 8}), "spec.capacity.hosts"),
+    (PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"hosts": 6}), "spec.capacity.hosts"),
     (PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"autoscaling": {"minHosts": 1, "maxHosts": 4}}),
      "spec.capacity.autoscaling"),
     (PoolBody().spec(tpu={"topology": "3x3"}), "spec.tpu.topology"),
@@ -63,7 +63,7 @@ def test_plan_pool_children_and_pruning():
     p = plan_pool(Owner.from_body(body), pool_spec(PoolBody()))
     assert [o["kind"] for o in p.apply] == ["ConfigMap", "Service", "NetworkPolicy"]
     assert set(p.delete) == {Ref("apps/v1", "StatefulSet", "pool-store"), Ref("apps/v1", "DaemonSet", "pool-store")}
-    assert p.node_pool_request is None and p.desired_hosts == 1
+    assert p.node_pool_requests == [] and p.desired_hosts == 1
     p = plan_pool(Owner.from_body(body), pool_spec(PoolBody().store(kind="DaemonSet")))
     assert p.apply[-1]["kind"] == "DaemonSet" and p.delete == [Ref("apps/v1", "StatefulSet", "pool-store")]
     assert p.store_replicas == -1
@@ -269,9 +269,10 @@ def pool_info(pool: PoolBody) -> PoolInfo:
 @pytest.mark.parametrize("pool,serving,want", [
     # one 2-host v7x slice: P and D multi-host replicas need a slice each
     (PoolBody().v7x("2x2x2").gke(workloadPolicy="p"), ServingBody(),
-     ["need 4 TPU hosts (prefill 1 x 2 + decode 1 x 2)", "has 2", "a GKE multi-host node pool is one slice"]),
-    # the same two slices through an existing pool fit
+     ["need 4 TPU hosts (prefill 1 x 2 + decode 1 x 2)", "has 2", "raise the pool's spec.capacity.hosts by 2"]),
+    # two slices fit, through an existing pool or as two GKE node pools
     (PoolBody().v7x("2x2x2").spec(capacity={"hosts": 4}), ServingBody(), None),
+    (PoolBody().v7x("2x2x2").gke(workloadPolicy="p").spec(capacity={"hosts": 4}), ServingBody(), None),
     # single-host replicas: one host each
     (PoolBody().spec(capacity={"hosts": 2}), ServingBody(), None),
     (PoolBody().spec(capacity={"hosts": 2}), ServingBody().spec(decode={"replicas": 3}),
@@ -289,3 +290,18 @@ def test_capacity_shortfall(pool, serving, want):
         assert got is None
     else:
         assert got is not None and all(w in got for w in want), got
+
+
+def test_a_gke_pool_of_several_multi_host_slices_is_a_node_pool_per_slice():
+    owner = Owner("tpusync.dev/v1alpha1", "TPUSyncPool", "pool", "ns", "uid")
+    one = plan_pool(owner, pool_spec(PoolBody().spec(tpu={"topology": "4x4"}).gke()))
+    assert [r["nodePool"]["name"] for r in one.node_pool_requests] == ["pool"]
+    assert one.node_selector == {"cloud.google.com/gke-nodepool": "pool"}
+    three = plan_pool(owner, pool_spec(PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"hosts": 12})))
+    assert [r["nodePool"]["name"] for r in three.node_pool_requests] == ["pool", "pool-1", "pool-2"]
+    assert {r["nodePool"]["initialNodeCount"] for r in three.node_pool_requests} == {4}
+    assert {r["nodePool"]["placementPolicy"]["tpuTopology"] for r in three.node_pool_requests} == {"4x4"}
+    # The slices' nodes carry the pool's labels (the node pools' config labels).
+    assert three.node_selector == {"tpusync.dev/pool": "pool", "tpusync.dev/namespace": "ns"}
+    assert three.node_selector.items() <= three.node_pool_requests[2]["nodePool"]["config"]["labels"].items()
+    assert three.desired_hosts == 12
