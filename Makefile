@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 20
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
 # OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer). Installed
@@ -63,7 +63,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest verify image-steps e2e
+test: native-test fuzz chart-test pytest vllm-test verify image-steps e2e
 
 demo: install
 	$(PY) -m tpusync.demo

@@ -159,6 +159,14 @@ def test_invalid_serving_rejected(cluster, tpusync_crds, namespace, path, value,
     assert message in res.stderr, res.stderr
 
 
+def test_tpu_inference_connector_needs_vllm_tpu(cluster, tpusync_crds, namespace):
+    obj = variant(SERVING, "spec.kvTransfer", {"connector": "tpu-inference"})
+    assert server_dry_run(cluster, namespace, obj).returncode == 0          # vllm-tpu, the default engine
+    res = server_dry_run(cluster, namespace, variant(obj, "spec.engine", {"type": "reference"}))
+    assert res.returncode != 0
+    assert "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu" in res.stderr, res.stderr
+
+
 def test_unknown_field_rejected_by_strict_validation(cluster, tpusync_crds, namespace):
     res = server_dry_run(cluster, namespace, variant(POOL, "spec.tiers.drams", "1Gi"))
     assert res.returncode != 0

@@ -261,7 +261,10 @@ class RoleSpec(Model):
 
 
 class KVTransfer(Model):
-    connector: Literal["tpusync"] = "tpusync"
+    connector: Literal["tpusync", "tpu-inference"] = Field(
+        "tpusync", description="tpusync: tpusync's connector (the reference engine's; vLLM's TPUSyncConnector, "
+                               "which runs on CPU/GPU vLLM and turns itself off on TPU). tpu-inference: the "
+                               "TPUConnector of tpu_inference (vllm-tpu only), for P/D transfer on TPU today.")
     layerwise: bool = Field(True, description="Send KV layer by layer while prefill runs.")
 
 
@@ -309,6 +312,8 @@ class DisaggregatedServingSpec(Model):
     model_config = ConfigDict(json_schema_extra=cel(
         ("self.prefill.replicas + self.decode.replicas > 0",
          "spec.prefill.replicas + spec.decode.replicas must be at least 1"),
+        ("self.kvTransfer.connector != 'tpu-inference' || self.engine.type == 'vllm-tpu'",
+         "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu"),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")

@@ -22,6 +22,10 @@ DEFAULT_IMAGES = {
 # tpusync's vLLM KV connector (python/tpusync); the name vLLM loads through kv_transfer_config.
 VLLM_CONNECTOR = "TPUSyncConnector"
 VLLM_CONNECTOR_MODULE = "tpusync.vllm.connector"
+# tpu_inference's own connector (vLLM on TPU), with its KV transfer and side-channel ports.
+TPU_INFERENCE_CONNECTOR = "TPUConnector"
+TPU_INFERENCE_CONNECTOR_MODULE = "tpu_inference.distributed.tpu_connector"
+TPU_INFERENCE_PORTS = {"tpu-kv": 9100, "tpu-kv-side": 9600}
 
 
 def engine_image(spec: DisaggregatedServingSpec) -> str:
@@ -44,13 +48,21 @@ def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chip
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
-        kv = {
-            "kv_connector": VLLM_CONNECTOR,
-            "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
-            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-            "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
-                                          "layerwise": spec.kv_transfer.layerwise},
-        }
+        kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+        if spec.kv_transfer.connector == "tpu-inference":
+            kv: dict[str, Any] = {"kv_connector": TPU_INFERENCE_CONNECTOR,
+                                  "kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE, "kv_role": kv_role}
+        else:
+            kv = {
+                "kv_connector": VLLM_CONNECTOR,
+                "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
+                "kv_role": kv_role,
+                "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
+                                              "data_address": f"$(POD_IP):{data_port}",
+                                              "layerwise": spec.kv_transfer.layerwise},
+                # A block that cannot be loaded after all is recomputed, not a failed request.
+                "kv_load_failure_policy": "recompute",
+            }
         # KV events for llm-d's precise prefix-cache scoring, in the topic form its pod
         # discovery expects (kv@<pod ip>:<port>@<model>).
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",

@@ -13,7 +13,7 @@ from . import names
 from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, LLMD_ROLE_LABEL, LLMD_SERVING_LABEL, POOL_LABEL,
                      ROLE_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context, metadata,
                      pod_security_context, resources)
-from .engine import engine_command, engine_env, engine_image, engine_probe_path
+from .engine import TPU_INFERENCE_PORTS, engine_command, engine_env, engine_image, engine_probe_path
 from .pool import pool_node_selector, tpu_node_labels
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
@@ -99,7 +99,9 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "envFrom": [{"configMapRef": {"name": names.pool_config(pool.name)}}],
         # The engine publishes the KV events (it knows each block's tokens).
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
-                  {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"}],
+                  {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},
+                  *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in TPU_INFERENCE_PORTS.items()
+                    if spec.kv_transfer.connector == "tpu-inference")],
         "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                          "periodSeconds": 10, "failureThreshold": 360},
         "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -119,6 +120,9 @@ def test_vllm_kv_transfer_config():
     args = pods["llm-prefill/leader"]["spec"]["containers"][0]["args"]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["layerwise"] is True
+    # The prefill engine advertises its sidecar's data port to decode engines.
+    assert kv["kv_connector_extra_config"]["data_address"] == "$(POD_IP):7600"
+    assert kv["kv_load_failure_policy"] == "recompute"
     assert args[args.index("--tensor-parallel-size") + 1] == "8"
     assert args[-1] == "--x"
     dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
@@ -224,3 +228,14 @@ def test_lws_shape():
     assert lws["spec"]["replicas"] == 2 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
         "cloud.google.com/gke-nodepool"
+
+
+def test_vllm_tpu_inference_connector():
+    """On TPU, tpu_inference's own TPUConnector does the P/D transfer; its ports are declared."""
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-inference"})
+    c = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpu_inference.distributed.tpu_connector",
+                  "kv_role": "kv_consumer"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"tpu-kv": 9100, "tpu-kv-side": 9600}.items()

@@ -1,0 +1,206 @@
+"""What the two halves of TPUSyncConnector share: the messages between them, the connection
+to the block store (dropped on failure, reopened later) and the process's counters."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.logger import init_logger
+
+from tpusync import errors
+from tpusync.store import KVStore
+from tpusync.vllm.config import ConnectorConfig
+
+log = init_logger("vllm.tpusync")  # under vLLM's logging configuration, beside the engine's own lines
+
+
+# -- counters ---------------------------------------------------------------------------------
+
+class Counters:
+    """Totals of what the connectors of this process did (for tests and debugging; the
+    worker's share also reaches vLLM's metrics log through get_kv_connector_stats)."""
+
+    FIELDS = ("lookups", "matched_requests", "matched_tokens", "pulled_blocks", "peer_errors",
+              "store_errors", "loaded_blocks", "load_error_blocks", "saved_blocks", "save_errors")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self._values[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+COUNTERS = Counters()
+
+
+def stats() -> dict[str, int]:
+    """This process's connector totals (see Counters.FIELDS)."""
+    return COUNTERS.snapshot()
+
+
+@dataclass
+class TPUSyncStats(KVConnectorStats):
+    """Per-interval worker counters for vLLM's KV transfer metrics log."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, n in other.data.items():
+            self.data[name] = self.data.get(name, 0) + n
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+# -- messages between the halves ----------------------------------------------------------------
+
+@dataclass
+class Transfer:
+    """Blocks of one request: store keys and the vLLM block ids they go to or come from."""
+
+    req_id: str
+    keys: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class TPUSyncConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, once per step."""
+
+    loads: list[Transfer] = field(default_factory=list)
+    saves: list[Transfer] = field(default_factory=list)
+
+
+@dataclass
+class TPUSyncWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, once per step: requests whose load ran (their pins can go), and
+    per request the keys of blocks that could not be loaded (absent, or of another size)."""
+
+    loaded: set[str] = field(default_factory=set)
+    failed: dict[str, list[int]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, TPUSyncWorkerMetadata):
+            self.loaded |= other.loaded
+            for req_id, keys in other.failed.items():
+                self.failed.setdefault(req_id, []).extend(keys)
+        return self
+
+
+# -- the store -----------------------------------------------------------------------------
+
+_LOCAL_STORES: dict[str | None, KVStore] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def _local_store(cfg: ConnectorConfig, block_bytes: int) -> KVStore:
+    """The in-process store of `pool_path`, shared by the scheduler and worker of this process."""
+    with _LOCAL_LOCK:
+        store = _LOCAL_STORES.get(cfg.pool_path)
+        if store is None:
+            store = KVStore.local(dram_bytes=cfg.dram_bytes, block_bytes=-(-block_bytes // 4096) * 4096,
+                                  pool_path=cfg.pool_path)
+            _LOCAL_STORES[cfg.pool_path] = store
+        return store
+
+
+class StoreLink:
+    """One connection to the block store, dropped on failure and reopened after retry_s.
+
+    Thread-safe. Pins belong to a connection: `current()` tells whether pins taken through an
+    earlier store object are still held.
+    """
+
+    def __init__(self, cfg: ConnectorConfig, block_bytes: int, purpose: str):
+        self._cfg, self._block_bytes, self._purpose = cfg, block_bytes, purpose
+        self._store: KVStore | None = None
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    def get(self) -> KVStore | None:
+        with self._lock:
+            if self._store is not None or time.monotonic() < self._down_until:
+                return self._store
+            try:
+                store = self._open()
+            except (errors.TpuSyncError, OSError) as e:
+                COUNTERS.add(store_errors=1)
+                log.warning("tpusync store unavailable for %s (%s); retrying in %g s", self._purpose, e,
+                            self._cfg.retry_s)
+                self._down_until = time.monotonic() + self._cfg.retry_s
+                return None
+            if store.block_bytes < self._block_bytes:
+                log.error("tpusync store blocks hold %d bytes, a vLLM block needs %d: the connector stays off "
+                          "(start the sidecar with a larger --block-bytes)", store.block_bytes, self._block_bytes)
+                self._close(store)
+                self._down_until = math.inf
+                return None
+            self._store = store
+            return store
+
+    def current(self) -> KVStore | None:
+        return self._store
+
+    def failed(self, exc: BaseException) -> None:
+        """A call on the current store failed: run without it for retry_s."""
+        COUNTERS.add(store_errors=1)
+        log.warning("tpusync store call for %s failed (%s); running without it for %g s", self._purpose, exc,
+                    self._cfg.retry_s)
+        with self._lock:
+            store, self._store = self._store, None
+            self._down_until = time.monotonic() + self._cfg.retry_s
+        if store is not None:
+            self._close(store)
+
+    def close(self) -> None:
+        with self._lock:
+            store, self._store = self._store, None
+        if store is not None:
+            self._close(store)
+
+    def _open(self) -> KVStore:
+        if self._cfg.store == "local":
+            return _local_store(self._cfg, self._block_bytes)
+        return KVStore.connect(f"unix://{self._cfg.control_socket}", timeout=self._cfg.timeout_s)
+
+    def _close(self, store: KVStore) -> None:
+        if self._cfg.store == "local":
+            return  # shared by the process's connectors
+        with contextlib.suppress(Exception):
+            store.close()
+
+
+@dataclass
+class Pins:
+    store: KVStore | None = None
+    keys: list[int] = field(default_factory=list)
+
+
+def release_pins(link: StoreLink, pins: Pins) -> None:
+    """Drops pins, unless the connection that took them is gone (and its pins with it)."""
+    if not pins.keys or pins.store is None or pins.store is not link.current():
+        return
+    try:
+        pins.store.release(pins.keys)
+    except errors.PreconditionError:
+        pass
+    except errors.TpuSyncError as e:
+        link.failed(e)

@@ -1,0 +1,284 @@
+"""The scheduler half of TPUSyncConnector: lookups and pins, peer pulls, the step's load and
+save plans, and the kv_transfer_params of a finished prefill. Nothing here waits on a transfer:
+a pull runs on a thread of its own and the scheduler is told to ask again."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from tpusync import errors
+from tpusync.hashing import BlockHasher
+from tpusync.vllm.common import (
+    COUNTERS,
+    TPUSyncConnectorMetadata,
+    TPUSyncWorkerMetadata,
+    Transfer,
+    Pins,
+    release_pins,
+    StoreLink,
+    log,
+)
+from tpusync.vllm.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+
+@dataclass
+class _Request:
+    keys: list[int]                 # the prompt's full blocks
+    usable: int                     # leading blocks that may be loaded: the last prompt token is computed
+    remote: RemotePrefill | None
+    pull: Future | None = None      # the peer pull, once per request
+    pulled: int = 0                 # blocks that pull brought
+    pins: Pins = field(default_factory=Pins)
+    load: tuple[int, int] | None = None  # (first block, blocks) offered by the last lookup
+    saved: int = 0                  # leading prompt blocks in the store or being saved
+
+
+class SchedulerSide:
+    """Called by TPUSyncConnector's scheduler-side methods, on vLLM's scheduler thread."""
+
+    def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int, engine_id: str,
+                 save: bool, pull: bool):
+        self.cfg, self.block_size, self.engine_id = cfg, block_size, engine_id
+        self.save, self.pull = save, pull
+        self.hasher = BlockHasher(block_size, cfg.hash_seed)
+        self.link = StoreLink(cfg, block_bytes, "lookups")
+        # A pull holds its connection for the whole transfer: give it its own.
+        self.pull_link = StoreLink(cfg, block_bytes, "peer pulls")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tpusync-pull")
+        self.reqs: dict[str, _Request] = {}
+        self.loads: list[Transfer] = []
+        self.saves: list[Transfer] = []
+        self.awaiting_load: dict[str, Pins] = {}
+        self.kv_cache_manager: Any = None
+        self._warned_no_address = False
+
+    def _track(self, request: Request) -> _Request | None:
+        st = self.reqs.get(request.request_id)
+        if st is not None:
+            return st
+        tokens = request.prompt_token_ids
+        if tokens is None or request.mm_features:
+            return None  # prompt embeddings or multimodal inputs: the KV does not follow from token ids
+        extra = []
+        if request.lora_request is not None:
+            extra.append(f"lora:{request.lora_request.lora_name}")
+        if request.cache_salt:
+            extra.append(f"salt:{request.cache_salt}")
+        st = _Request(keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
+                      remote=remote_peer(request.kv_transfer_params) if self.pull else None)
+        self.reqs[request.request_id] = st
+        return st
+
+    def matched(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        st = self._track(request)
+        if st is None:
+            return 0, False
+        start = num_computed_tokens // self.block_size
+        if start >= st.usable:
+            self._unpin(st)
+            return 0, False
+        if st.pull is None:
+            sources, limit = self._sources(st)
+            if sources and limit > start:
+                st.pull = self.pool.submit(self._pull, st.keys[start:limit], sources)
+            else:
+                st.pull = _done(0)
+        if not st.pull.done():
+            return None, False  # the scheduler asks again next step
+        st.pulled = st.pull.result()
+        store = self.link.get()
+        if store is None:
+            return 0, False
+        try:
+            found = store.lookup(st.keys[start:st.usable], pin=True).prefix_len
+        except errors.TpuSyncError as e:
+            self.link.failed(e)
+            return 0, False
+        COUNTERS.add(lookups=1)
+        old, st.pins = st.pins, Pins(store, st.keys[start:start + found])
+        release_pins(self.link, old)
+        st.load = (start, found) if found else None
+        return found * self.block_size, False
+
+    def _sources(self, st: _Request) -> tuple[list[str], int]:
+        """Peers to pull from, and how many leading blocks they may have."""
+        sources: list[str] = []
+        limit = 0
+        remote, bs = st.remote, self.block_size
+        if remote is not None and remote.peer:
+            stored = None if remote.num_tokens is None else remote.num_tokens // bs
+            if remote.block_size not in (None, bs):
+                log.warning("the prefill engine at %s used blocks of %d tokens, this engine %d: recomputing",
+                            remote.peer, remote.block_size, bs)
+            elif remote.last_key is not None and stored and (stored > len(st.keys)
+                                                             or st.keys[stored - 1] != remote.last_key):
+                log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or "
+                            "prompt?): recomputing", remote.peer)
+            else:
+                sources.append(remote.peer)
+                limit = st.usable if stored is None else min(st.usable, stored)
+        for peer in self.cfg.peers:
+            if peer not in sources:
+                sources.append(peer)
+                limit = st.usable
+        return sources, limit
+
+    def _pull(self, keys: list[int], sources: list[str]) -> int:
+        """Has the sidecar fetch the blocks of `keys` it lacks from the first peers that have
+        them. Returns how many arrived; never raises."""
+        try:
+            store = self.pull_link.get()
+            if store is None:
+                return 0
+            try:
+                local = store.lookup(keys).prefix_len
+            except errors.TpuSyncError as e:
+                self.pull_link.failed(e)
+                return 0
+            arrived = 0
+            for peer in sources:
+                if local == len(keys):
+                    break
+                try:
+                    held = store.read_remote(peer, keys)
+                except errors.TpuSyncError as e:  # a dead or unreachable peer: try the next, keep what came
+                    COUNTERS.add(peer_errors=1)
+                    log.warning("pulling %d blocks from %s failed (%s); recomputing what is missing",
+                                len(keys) - local, peer, e)
+                    continue
+                now = next((i for i, h in enumerate(held) if not h), len(held))
+                arrived += max(0, now - local)
+                local = max(local, now)
+            COUNTERS.add(pulled_blocks=arrived)
+            return arrived
+        except Exception:  # never let a pull take the scheduler down
+            log.exception("tpusync pull failed")
+            return 0
+
+    def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            return
+        n = num_external_tokens // self.block_size
+        if not n or st.load is None:
+            self._unpin(st)
+            return
+        start, found = st.load
+        n = min(n, found)
+        block_ids = blocks.get_block_ids()[0]
+        self.loads.append(Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n]))
+        pins, st.pins, st.load = st.pins, Pins(), None
+        release_pins(self.link, Pins(pins.store, pins.keys[n:]))
+        release_pins(self.link, self.awaiting_load.pop(request.request_id, Pins()))  # a load before a preemption
+        self.awaiting_load[request.request_id] = Pins(pins.store, pins.keys[:n])
+        if self.save and start > st.saved:  # vLLM's own prefix hit: make sure the store has it too
+            self.saves.append(Transfer(request.request_id, st.keys[st.saved:start], block_ids[st.saved:start]))
+        st.saved = max(st.saved, start + n)
+        COUNTERS.add(matched_requests=1, matched_tokens=n * self.block_size)
+
+    def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        st = self.reqs.get(request.request_id)
+        if not num_external_tokens:
+            return {}
+        p2p = min(num_external_tokens, (st.pulled if st else 0) * self.block_size)
+        out = {CacheHitSource.P2P: p2p, CacheHitSource.HOST: num_external_tokens - p2p}
+        return {k: v for k, v in out.items() if v}
+
+    def build_meta(self, so: SchedulerOutput) -> TPUSyncConnectorMetadata:
+        meta = TPUSyncConnectorMetadata(loads=self.loads, saves=self.saves)
+        self.loads, self.saves = [], []
+        if self.save:
+            for new in so.scheduled_new_reqs:
+                self._plan_save(meta, new.req_id, new.num_computed_tokens, so.num_scheduled_tokens.get(new.req_id, 0))
+            cached = so.scheduled_cached_reqs
+            for i, req_id in enumerate(cached.req_ids):
+                self._plan_save(meta, req_id, cached.num_computed_tokens[i], so.num_scheduled_tokens.get(req_id, 0))
+        return meta
+
+    def _plan_save(self, meta: TPUSyncConnectorMetadata, req_id: str, computed: int, scheduled: int) -> None:
+        """Saves the prompt blocks this step completes."""
+        st = self.reqs.get(req_id)
+        if st is None:
+            return
+        done = min(len(st.keys), (computed + scheduled) // self.block_size)
+        if done <= st.saved:
+            return
+        if self.kv_cache_manager is None:
+            return  # vLLM did not bind its KV cache manager: no block ids to save from
+        block_ids = self.kv_cache_manager.get_block_ids(req_id)[0]
+        meta.saves.append(Transfer(req_id, st.keys[st.saved:done], list(block_ids[st.saved:done])))
+        st.saved = done
+
+    def connector_output(self, output: KVConnectorOutput) -> None:
+        meta = output.kv_connector_worker_meta
+        if not isinstance(meta, TPUSyncWorkerMetadata):
+            return
+        for req_id in meta.loaded:
+            release_pins(self.link, self.awaiting_load.pop(req_id, Pins()))
+        for req_id, keys in meta.failed.items():
+            # vLLM recomputes these blocks: store them again, in place of what could not be loaded.
+            st = self.reqs.get(req_id)
+            if st is not None and keys and keys[0] in st.keys:
+                st.saved = min(st.saved, st.keys.index(keys[0]))
+            self._drop(keys)
+
+    def _drop(self, keys: list[int]) -> None:
+        """Evicts blocks from every tier of the store (a block of the wrong size, say)."""
+        store = self.link.get()
+        if store is None or not keys:
+            return
+        try:
+            for _ in range(2):  # DRAM, then disk
+                present = [k for k, tier in zip(keys, store.lookup(keys).tiers) if tier]
+                if not present:
+                    break
+                store.evict(present)
+        except errors.TpuSyncError as e:
+            log.warning("could not evict %d unloadable blocks: %s", len(keys), e)
+
+    def finished(self, request: Request) -> dict[str, Any] | None:
+        from vllm.v1.request import RequestStatus
+
+        st = self.reqs.pop(request.request_id, None)
+        release_pins(self.link, self.awaiting_load.pop(request.request_id, Pins()))
+        if st is None:
+            return None
+        self._unpin(st)
+        params = request.kv_transfer_params
+        if not (self.save and params and params.get("do_remote_decode")):
+            return None
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return None
+        if not self.cfg.data_address and not self._warned_no_address:
+            log.warning("no data_address configured (kv_connector_extra_config or $TPUSYNC_DATA_ADDRESS): decode "
+                        "engines find this engine's blocks only in a store they share")
+            self._warned_no_address = True
+        n = st.saved
+        return producer_params(data_address=self.cfg.data_address, engine_id=self.engine_id,
+                               request_id=request.request_id, num_tokens=n * self.block_size,
+                               block_size=self.block_size, last_key=st.keys[n - 1] if n else None)
+
+    def _unpin(self, st: _Request) -> None:
+        pins, st.pins, st.load = st.pins, Pins(), None
+        release_pins(self.link, pins)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.link.close()
+        self.pull_link.close()
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f

@@ -1,0 +1,117 @@
+"""The vLLM tier: real vLLM engines on the CPU with TPUSyncConnector, real tpusync sidecars.
+
+Runs in the vLLM virtual environment (`make vllm-test`, tests/vllm/vllm.mk); the main .venv has
+no vLLM, so there this folder collects nothing. Every engine process of the session starts at
+once, in the background (they take most of the tier's time), and is shared by the tests:
+
+    plain     vLLM without a connector: the reference output
+    a, b      kv_both on sidecar `s`: a computes and saves, b (a fresh engine, not layerwise) loads
+    local     kv_both on an in-process store (no sidecar)
+    prefill   kv_producer on sidecar `p` (advertises p's data port)
+    decode    kv_consumer on sidecar `d`, pulls from the prefill engine's sidecar
+    fragile   kv_both on sidecar `f`, which a test kills
+    api       the OpenAI-compatible API server, kv_both on sidecar `q` (engine core in its own process)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+_vllm = importlib.util.find_spec("vllm")
+if _vllm is None or _vllm.origin is None:  # no vLLM (tests/vllm itself can pass for a namespace package)
+    collect_ignore_glob = ["*"]  # the main .venv: this tier runs in its own environment, tests/vllm/vllm.mk
+
+SECRET = b"vllm-tier-secret-0123456789abcdef"
+
+
+@dataclass
+class Cluster:
+    work: Path
+    secret: Path
+    engines: dict = field(default_factory=dict)
+    sidecars: dict = field(default_factory=dict)
+    pools: dict = field(default_factory=dict)
+    _reference: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        if name in ("engines", "sidecars"):
+            raise AttributeError(name)
+        if name in self.engines:
+            return self.engines[name]
+        if name in self.sidecars:
+            return self.sidecars[name]
+        raise AttributeError(name)
+
+    def launch(self, name: str):
+        """Starts sidecar `name` (again: on the same pool file and control socket)."""
+        from tinymodel import BLOCK_BYTES
+
+        from tpusync import sidecar as sidecar_mod
+
+        pool = self.pools.setdefault(name, f"/dev/shm/tpusync-vllm-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
+        self.sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(self.secret), dram_bytes=32 << 20,
+                                                 block_bytes=BLOCK_BYTES,
+                                                 control_socket=str(self.work / f"{name}.sock"),
+                                                 stderr=subprocess.DEVNULL)
+        return self.sidecars[name]
+
+    def store(self, name: str):
+        """A client of sidecar `name`'s block store, as an engine in its pod would have."""
+        from tpusync import KVStore
+
+        return KVStore.connect(f"unix://{self.sidecars[name].control_socket}")
+
+    def reference(self, prompt: list[int], max_tokens: int = 16) -> list[int]:
+        """The output of vLLM without any connector (greedy)."""
+        key = (tuple(prompt), max_tokens)
+        if key not in self._reference:
+            self._reference[key] = self.engines["plain"].generate(prompt, max_tokens)["token_ids"]
+        return self._reference[key]
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    from harness import EngineSpec
+    from tinymodel import build
+
+    work = tmp_path_factory.mktemp("vllm")
+    secret = work / "secret"
+    secret.write_bytes(SECRET + b"\n")
+    c = Cluster(work, secret)
+    try:
+        for name in ("s", "p", "d", "f", "q", "empty"):
+            c.launch(name)
+        base = EngineSpec(str(build(work / "model")), work)
+        sock = {n: s.control_socket for n, s in c.sidecars.items()}
+        specs = {
+            "plain": base,
+            "a": base.connector("kv_both", control_socket=sock["s"]),
+            "b": base.connector("kv_both", control_socket=sock["s"], layerwise=False),
+            "local": base.connector("kv_both", store="local"),
+            "prefill": base.connector("kv_producer", control_socket=sock["p"], data_address=c.sidecars["p"].address),
+            "decode": base.connector("kv_consumer", control_socket=sock["d"]),
+            "fragile": base.connector("kv_both", control_socket=sock["f"], retry_s=0.5),
+        }
+        for name, spec in specs.items():
+            c.engines[name] = spec.start(name)
+        c.engines["api"] = base.connector("kv_both", control_socket=sock["q"],
+                                          data_address=c.sidecars["q"].address).serve("api")
+        for engine in c.engines.values():
+            engine.wait_ready()
+        yield c
+    finally:
+        for engine in c.engines.values():
+            engine.stop()
+        for s in c.sidecars.values():
+            if s.process.poll() is None:
+                s.kill()
+        for pool in c.pools.values():
+            if os.path.exists(pool):
+                os.unlink(pool)
