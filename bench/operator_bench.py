@@ -11,7 +11,7 @@ kwok pods each) and reports:
   and the operator's own per-pass histogram (tpusync_operator_reconcile_seconds) p50/p99;
 - operator CPU seconds (user+system over the run) and peak RSS (VmHWM).
 
-    .venv/bin/python bench/operator_bench.py [--count 200] [--resync 10]
+    .venv/bin/python bench/operator_bench.py [--count 200]
 
 Needs `make controlplane` (TPUSYNC_CONTROLPLANE_DIR or the pinned cache directory).
 Writes bench/results/operator.json.
@@ -89,7 +89,6 @@ def serving(i: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=200)
-    ap.add_argument("--resync", type=float, default=10, help="TPUSYNC_RESYNC_SECONDS of the operator")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "operator.json"))
     ap.add_argument("--keep", action="store_true", help="keep the cluster work directory")
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                        "crd/tpusyncpools.tpusync.dev", "crd/disaggregatedservings.tpusync.dev")
             helm_install_operator(cl, "tpusync-operator", "tpusync-system")
             op = OperatorProcess(cl, service_account="tpusync-operator", namespace="tpusync-system",
-                                 workdir=cl.workdir, resync_seconds=args.resync)
+                                 workdir=cl.workdir)
             op.start()
             cl.kubectl("create", "namespace", NS)
             cl.apply({"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": "pool", "namespace": NS},
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ready_p99_s": round(percentile(to_ready, 99), 1) if to_ready else None,
                 "pass_p50_s": round(p50_pass, 3), "pass_p99_s": round(p99_pass, 3),
                 "passes": passes, "cpu_seconds": round(cpu, 1),
-                "peak_rss_mib": round(rss / 2**20, 1), "resync_seconds": args.resync,
+                "peak_rss_mib": round(rss / 2**20, 1),
                 "nodes": nodes, "cpus": os.cpu_count(), "load_avg_at_start": load_at_start,
             }
     finally:
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "creationTimestamp -> first status write / Ready (server timestamps, 1 s resolution, "
         "queueing behind the other objects included); pass: wall time of one reconcile pass "
         "(operator histogram, bucket-interpolated, top bucket 300 s; passes run concurrently); "
-        f"Ready also waits for kwok pods and the next resync ({args.resync:g} s).")
+        "Ready follows the workloads' readiness events (kwok pods) through the passes they trigger.")
     return 0 if len(ready_at) == args.count else 1
 
 

@@ -56,6 +56,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.locks = {}
     memo.objects = {}      # (kind, namespace, name) -> latest body, from the watch streams
     memo.selectors = {}    # pool key -> its node selector
+    memo.pool_views = {}   # pool key -> (generation, Ready) its servings last saw
     memo.passes = PassQueue(lambda key: _triggered(key, memo))
     settings.persistence.finalizer = FINALIZER
     # Keep kopf's bookkeeping out of .status (ours is written by the reconcilers).
@@ -164,15 +165,25 @@ async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, "tpusyncpools")
 async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Remember the pool and its node selector; its servings depend on its spec and status."""
+    """Remember the pool. When its spec or its Ready condition changes, derive its node
+    selector again and trigger its servings: they read those, not its capacity figures, which
+    change with every sidecar that becomes ready."""
     key = _remember("TPUSyncPool", event, body, memo)
-    try:
-        spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
-        memo.selectors[key] = pool_node_selector(key[2], key[1], spec, check_pool(spec))
-    except Exception:       # an invalid spec: its own pass reports it
-        memo.selectors.pop(key, None)
-    if event["type"] == "DELETED":
-        memo.selectors.pop(key, None)
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (body.get("status") or {}).get("conditions", []))
+    view = None if event["type"] == "DELETED" else (body["metadata"].get("generation"), ready)
+    if key in memo.pool_views and memo.pool_views[key] == view:
+        return
+    memo.pool_views[key] = view
+    memo.selectors.pop(key, None)
+    if view is None:
+        memo.pool_views.pop(key)
+    else:
+        try:
+            spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
+            memo.selectors[key] = pool_node_selector(key[2], key[1], spec, check_pool(spec))
+        except Exception:       # an invalid spec: its own pass reports it
+            pass
     for kind, ns, name in list(memo.objects):
         if kind == "DisaggregatedServing" and ns == key[1] and \
                 (memo.objects[(kind, ns, name)].get("spec") or {}).get("poolRef", {}).get("name") == key[2]:

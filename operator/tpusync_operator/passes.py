@@ -27,9 +27,14 @@ class _Slot:
 
 @dataclass
 class PassQueue:
-    """`run(key)` performs one pass for the object `key` (a no-op when it is gone)."""
+    """`run(key)` performs one pass for the object `key` (a no-op when it is gone). At most
+    `limit` triggered passes run at once: a burst (a rollout of many objects) then queues
+    here instead of crowding the API server, and passes of new objects (their own create
+    handlers, outside this queue) are not starved."""
     run: Callable[[Hashable], Awaitable[None]]
+    limit: int = 8
     _slots: dict[Hashable, _Slot] = field(default_factory=dict)
+    _running: asyncio.Semaphore | None = None
 
     def request(self, key: Hashable) -> None:
         slot = self._slots.get(key)
@@ -39,15 +44,18 @@ class PassQueue:
             self._slots[key] = _Slot(asyncio.create_task(self._loop(key), name=f"reconcile {key}"))
 
     async def _loop(self, key: Hashable) -> None:
+        if self._running is None:
+            self._running = asyncio.Semaphore(self.limit)
         try:
             while True:
-                self._slots[key].again = False
-                try:
-                    await self.run(key)
-                except (kopf.TemporaryError, kopf.PermanentError) as e:
-                    log.debug("triggered pass of %s: %s", key, e)     # already in its status
-                except Exception:
-                    log.exception("triggered pass of %s failed", key)
+                async with self._running:
+                    self._slots[key].again = False   # what arrived while queued, this pass sees
+                    try:
+                        await self.run(key)
+                    except (kopf.TemporaryError, kopf.PermanentError) as e:
+                        log.debug("triggered pass of %s: %s", key, e)     # already in its status
+                    except Exception:
+                        log.exception("triggered pass of %s failed", key)
                 if not self._slots[key].again:
                     return
         finally:

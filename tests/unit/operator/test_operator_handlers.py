@@ -69,7 +69,7 @@ def run(coro):
 
 def test_events_request_passes_of_the_objects_that_depend_on_them():
     memo = type("Memo", (), {})()
-    memo.objects, memo.selectors, memo.passes = {}, {}, FakeQueue()
+    memo.objects, memo.selectors, memo.pool_views, memo.passes = {}, {}, {}, FakeQueue()
     pool = {"metadata": {"namespace": "ns", "name": "p"},
             "spec": {"tpu": {"type": "v6e", "topology": "2x2"},
                      "provisioning": {"mode": "existing", "existing": {"nodePoolName": "np"}}}}
@@ -80,6 +80,12 @@ def test_events_request_passes_of_the_objects_that_depend_on_them():
     run(handlers.pool_seen(event={"type": "ADDED"}, body=pool, memo=memo))
     assert memo.passes.requested == [("DisaggregatedServing", "ns", "s")]      # not o (another pool)
     assert memo.selectors[("TPUSyncPool", "ns", "p")] == {"cloud.google.com/gke-nodepool": "np"}
+    # Only the pool's capacity figures changed: its servings do not read them.
+    run(handlers.pool_seen(event={"type": "MODIFIED"}, body={**pool, "status": {"readySidecars": 3}}, memo=memo))
+    assert len(memo.passes.requested) == 1
+    ready = {**pool, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    run(handlers.pool_seen(event={"type": "MODIFIED"}, body=ready, memo=memo))
+    assert len(memo.passes.requested) == 2                                     # Ready changed
 
     memo.passes.requested.clear()
     run(handlers.child_seen(body=owned("DisaggregatedServing", "s"), memo=memo))

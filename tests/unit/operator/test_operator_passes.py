@@ -63,3 +63,27 @@ def test_owner_key_takes_only_our_controller_reference():
     assert owner_key({"namespace": "n", "ownerReferences": [{**ref, "apiVersion": "x.dev/v1"}]},
                      "tpusync.dev", kinds) is None
     assert owner_key({"namespace": "n"}, "tpusync.dev", kinds) is None
+
+
+def test_at_most_limit_passes_run_at_once():
+    async def main():
+        running, peak, two, release = 0, 0, asyncio.Event(), asyncio.Event()
+
+        async def run(key):
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            if running == 2:
+                two.set()
+            await release.wait()
+            running -= 1
+
+        q = PassQueue(run, limit=2)
+        for key in range(5):      # all five tasks are ready before the test resumes
+            q.request(key)
+        await two.wait()
+        release.set()
+        await q.drain()
+        return peak
+
+    assert asyncio.run(main()) == 2
