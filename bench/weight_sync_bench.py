@@ -143,19 +143,32 @@ def onehost(workdir, secret_file, total: int, samplers: int) -> float:
         cl.close()
 
 
-def chain(workdir, secret_file, total: int, hops: int) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes and of this one (the executor's checksums)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(os.times()[:2])
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def chain(workdir, secret_file, total: int, hops: int) -> tuple[float, float]:
+    """(seconds, CPU seconds of every sidecar and the executor) for a chain of `hops` hosts."""
     cl = Cluster(workdir, secret_file, total)
     try:
         trainer = cl.host()
         hosts = [cl.host() for _ in range(hops)]
         publish(trainer, total, 1)
         mgr = manager(trainer, hosts)
-        t0 = time.perf_counter()
+        pids = [c.process.pid for c in cl.cars]
+        cpu0, t0 = cpu_seconds(pids), time.perf_counter()
         rep = mgr.transfer(["trainer"], None, "bench")
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
         assert rep.ok and len(rep.committed) == hops, rep.failed
         mgr.close()
-        return seconds
+        return seconds, cpu
     finally:
         cl.close()
 
@@ -220,9 +233,12 @@ def raw_tcp(total: int) -> float:
     return seconds
 
 
-def case(name: str, nbytes: int, seconds: float, baseline: float) -> dict:
-    return {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline,
-            "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9}
+def case(name: str, nbytes: int, seconds: float, baseline: float, cpu: float | None = None) -> dict:
+    out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline,
+           "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9}
+    if cpu is not None:   # how many cores the case kept busy: near os.cpu_count() means CPU-bound
+        out |= {"cpu_seconds": cpu, "cores_busy": cpu / seconds}
+    return out
 
 
 def main() -> None:
@@ -245,17 +261,18 @@ def main() -> None:
             results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
             for n in args.samplers:
                 results.append(case(f"onehost-{n}-samplers-{tag}", total, onehost(workdir, secret_file, total, n), one))
-            hop = chain(workdir, secret_file, total, 1)
-            results.append(case(f"chain-1-hops-{tag}", total, hop, hop))
+            hop, cpu = chain(workdir, secret_file, total, 1)
+            results.append(case(f"chain-1-hops-{tag}", total, hop, hop, cpu))
             for n in args.samplers:
-                results.append(case(f"chain-{n}-hops-{tag}", total, chain(workdir, secret_file, total, n), hop))
+                seconds, cpu = chain(workdir, secret_file, total, n)
+                results.append(case(f"chain-{n}-hops-{tag}", total, seconds, hop, cpu))
             base = naive(workdir, secret_file, total, 1)
             results.append(case(f"naive-1-samplers-{tag}", total, base, base))
             for n in args.samplers:
                 results.append(case(f"naive-{n}-samplers-{tag}", total, naive(workdir, secret_file, total, n), base))
             console.print(f"done {tag}")
     columns = [("case", "case", ""), ("seconds", "seconds", ".3f"), ("baseline s", "baseline_seconds", ".3f"),
-               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f")]
+               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("cores busy", "cores_busy", ".2f")]
     gb = 10**9
     model_bytes = 235 * gb * 2
     lines = ["Plan prediction, 235B params bf16 (470 GB) to 16 hosts at 50 GB/s per host link, 64 MiB chunks:"]
@@ -264,7 +281,8 @@ def main() -> None:
         lines.append(f"  {topo}{'' if topo == plan.CHAIN else f' fan-out {k}'}: {p.seconds:.2f} s "
                      f"(depth {p.depth}); naive (trainer sends each host a copy): {p.naive_seconds:.1f} s")
     note = "\n".join(lines) + (f"\nLoopback on {os.cpu_count()} cores shared with other work: every hop costs CPU "
-                               "(copy + checksum), so hops compete for the same cores; figures are noisy.")
+                               "(copy + checksum), so hops compete for the same cores; figures are noisy. "
+                               "cores busy: CPU seconds of every sidecar and the executor per wall second.")
     report(console, "tpusync weight sync (one run)", results, columns, args.out, note)
 
 
