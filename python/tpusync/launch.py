@@ -22,15 +22,20 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        interrupt(self.process, grace=15)
         if self.process.stdout:
             self.process.stdout.close()
+
+
+def interrupt(process: subprocess.Popen, grace: float) -> None:
+    """SIGINT (a server's clean shutdown), then SIGKILL if it has not exited within `grace` s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def start_server(role: str, *, model_config: dict, control_socket: str | None = None, data_address: str | None = None,

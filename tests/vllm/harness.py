@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tpusync.launch import interrupt
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_proc.py")
 BLOCK_SIZE = 32
@@ -183,13 +184,7 @@ class ApiServer:
     log_tail = Engine.log_tail
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        interrupt(self.proc, grace=30)
 
 
 def prompt(seed: int, n: int, vocab: int = 512) -> list[int]:
