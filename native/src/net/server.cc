@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "log.h"
+#include "net/conn.h"
 
 namespace tpusync::net {
 
@@ -41,6 +42,7 @@ void ConnectionServer::AcceptLoop() {
     }
     if (conns_.size() >= max_connections_) {
       ++refused_;
+      Refuse(*s);
       continue;  // the socket closes here
     }
     auto conn = std::make_unique<Conn>();
@@ -55,6 +57,21 @@ void ConnectionServer::AcceptLoop() {
       cv_.notify_all();
     });
   }
+}
+
+// Tells a peer over the limit why it is not served: an ERROR frame, which its client reads in
+// place of the handshake's reply. Nothing here waits on the peer (the acceptor must not
+// stall): the frame fits an empty send buffer, and what the peer already sent is read away
+// so that closing sends FIN rather than a reset that could discard the frame.
+void ConnectionServer::Refuse(Socket& s) {
+  FramedConn conn(s, 0);
+  Status st = ResourceExhausted(name_ + ": at its connection limit (" + std::to_string(max_connections_) +
+                                "); try again later");
+  if (!conn.SendError(st, Deadline::After(std::chrono::milliseconds(10))).ok()) return;
+  std::byte sink[4096];
+  for (int i = 0; i < 16 && ::recv(s.fd(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::shutdown(s.fd(), SHUT_WR);
 }
 
 void ConnectionServer::Stop(std::chrono::milliseconds drain) {

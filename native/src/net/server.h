@@ -42,6 +42,7 @@ class ConnectionServer {
     bool done = false;  // guarded by mu_
   };
   void AcceptLoop();
+  void Refuse(Socket& s);
 
   std::string name_;
   Listener listener_;

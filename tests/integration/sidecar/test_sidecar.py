@@ -264,9 +264,15 @@ def test_connections_over_the_limit_are_refused_and_counted(launch):
     held = [WireClient(a.data_port) for _ in range(2)]
     for w in held:
         w.handshake(SECRET)
-    extra = WireClient(a.data_port)       # accepted by the kernel, closed unserved
+    extra = WireClient(a.data_port)       # accepted by the kernel, told why, closed unserved
+    extra.send(frame(HELLO, b"\0" * 32))
+    op, status, _, body = extra.recv_frame()
+    assert op == ERROR and b"at its connection limit (2)" in body, body
     assert extra.closed_by_peer()
-    assert metric(a, "tpusync_connections_refused_total") == 1
+    # A real client reports it as the pool being out of capacity, not as a broken connection.
+    with pytest.raises(tpusync.errors.CapacityError, match="connection limit"):
+        tpusync.KVStore.connect(f"tpusync://127.0.0.1:{a.data_port}", secret=SECRET)
+    assert metric(a, "tpusync_connections_refused_total") == 2
     for w in held:                        # the connections within the limit are still served
         w.send(frame(EXISTS, keys_body([1]), count=1))
         op, _, count, body = w.recv_frame()
