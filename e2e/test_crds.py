@@ -79,7 +79,8 @@ def test_samples_validate_with_defaults(cluster, tpusync_crds, namespace, sample
         else:
             assert got["spec"]["routing"]["enabled"] is True
             assert got["spec"]["port"] == 8000
-            assert got["spec"]["kvTransfer"]["connector"] == "tpusync"
+            assert got["spec"]["kvTransfer"]["connector"] == doc["spec"]["kvTransfer"].get("connector", "tpusync")
+            assert got["spec"]["kvTransfer"]["layerwise"] is True
 
 
 POOL_CASES = [
