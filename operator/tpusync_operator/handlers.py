@@ -4,7 +4,7 @@ on watch events of what its status and children depend on; probes; operator sett
 What triggers a pass of an object, besides its own spec changes:
 - an event of one of its children (drift: a child edited or deleted, a workload's readiness);
 - for a pool: its pods (sidecar readiness) and the nodes its node selector picks;
-- for a serving: its pool (spec or status) and the optional CRDs it uses (installed later).
+- for a serving: its pool (spec or Ready) and the optional CRDs it uses (installed later).
 Only pools in mode gke carry the finalizer FINALIZER: they own a cloud node pool, deleted by
 `pool_deleted`, and GKE's state is polled by a timer (kopf timers require a finalizer).
 Other objects have no finalizer, so deleting them never waits for the operator."""
@@ -114,7 +114,6 @@ async def _run(kind: str, fn: Any, body: kopf.Body, memo: kopf.Memo) -> None:
         metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
 
 
-
 RECONCILERS = {"TPUSyncPool": reconcile_pool, "DisaggregatedServing": reconcile_serving}
 
 
@@ -174,11 +173,11 @@ async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
     view = None if event["type"] == "DELETED" else (body["metadata"].get("generation"), ready)
     if key in memo.pool_views and memo.pool_views[key] == view:
         return
-    memo.pool_views[key] = view
     memo.selectors.pop(key, None)
     if view is None:
-        memo.pool_views.pop(key)
+        memo.pool_views.pop(key, None)
     else:
+        memo.pool_views[key] = view
         try:
             spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
             memo.selectors[key] = pool_node_selector(key[2], key[1], spec, check_pool(spec))

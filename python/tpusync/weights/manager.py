@@ -17,7 +17,8 @@ A host that dies mid-transfer is routed around: hosts below it pull from its nea
 ancestor (`plan.reroute`), which already holds or is receiving the same chunks in order.
 
 The executor drives each host's sidecar through its control socket, so it runs where those
-sockets are (one machine; for several machines, one executor per host fed the same plan).
+sockets are: one machine. Across machines each destination host runs its own receiver on the
+same plan (`tpusync.weights.receive`).
 """
 
 from __future__ import annotations
