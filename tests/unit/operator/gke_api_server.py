@@ -14,7 +14,9 @@ from GKE's behaviour, and is not GKE:
   atomic: setSize is refused;
 - bearer tokens are checked (401 UNAUTHENTICATED), errors are Google JSON errors
   {"error": {"code", "message", "status"}}, and `faults` are served first to inject
-  429/5xx/403/... (optionally only to paths containing a given string).
+  429/5xx/403/... (optionally only to paths containing a given string);
+- it also answers the GCE metadata server's token request (header `Metadata-Flavor:
+  Google`) with the token "good", so one server can stand for both (the e2e suite).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 PARENT = "/v1/projects/proj/locations/us-central1/clusters/c1"
+TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 OPS = "/v1/projects/proj/locations/us-central1/operations/"
 
 
@@ -46,6 +50,7 @@ class FakeGKEState:
         self.sizes: dict[str, int] = {}                  # node pool -> node count (not in the NodePool)
         self.ops: dict[str, dict] = {}
         self.polls_until_done = 2
+        self.done_after_s: float | None = None   # also complete operations this long after they start
         # (status, google status, headers[, path substring]) served first, to the first matching request
         self.faults: list[tuple] = []
         self.tokens = {"good"}
@@ -65,8 +70,21 @@ class FakeGKEState:
         self.seq += 1
         name = f"operation-{self.seq}"
         self.ops[name] = {"name": name, "operationType": op_type, "status": "RUNNING", "targetLink": target,
-                          "selfLink": OPS + name, "_polls": 0, "_done": done}
+                          "selfLink": OPS + name, "_polls": 0, "_done": done, "_started": time.monotonic()}
         return public(self.ops[name])
+
+    def finish(self, op: dict) -> None:
+        op["status"] = "DONE"
+        if op["_done"]:
+            op["_done"]()
+
+    def finish_due(self) -> None:
+        """Completes the operations older than done_after_s, as GKE does without being polled."""
+        if self.done_after_s is None:
+            return
+        for op in self.ops.values():
+            if op["status"] != "DONE" and time.monotonic() - op["_started"] >= self.done_after_s:
+                self.finish(op)
 
 
 def public(op: dict) -> dict:
@@ -110,8 +128,13 @@ def make_handler(state: FakeGKEState):
 
         def _handle(self, method: str):
             with state.lock:
+                state.finish_due()
                 auth = self.headers.get("Authorization", "")
                 state.requests.append((method, self.path, auth))
+                if self.path == TOKEN_PATH and method == "GET":
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        return self._error(403, "PERMISSION_DENIED", "Missing Metadata-Flavor: Google")
+                    return self._send(200, {"access_token": "good", "expires_in": 3600, "token_type": "Bearer"})
                 fault = self._fault()
                 if fault:
                     code, status, headers = fault[:3]
@@ -151,9 +174,7 @@ def make_handler(state: FakeGKEState):
                 return self._error(404, "NOT_FOUND", "operation not found")
             op["_polls"] += 1
             if op["_polls"] >= state.polls_until_done and op["status"] != "DONE":
-                op["status"] = "DONE"
-                if op["_done"]:
-                    op["_done"]()
+                state.finish(op)
             return self._send(200, public(op))
 
         def _create(self, body: dict):
