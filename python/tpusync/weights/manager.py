@@ -14,7 +14,7 @@ parts' first hops land on different hosts), and each destination commits the mer
 manifest (`manifest.merge_parts`, which refuses a version that misses a part).
 
 A host that dies mid-transfer is routed around: hosts below it pull from its nearest live
-ancestor (`plan.reroute`), which already holds or is receiving the same chunks in order.
+ancestor (`plan.live_parent`), which already holds or is receiving the same chunks in order.
 
 The executor drives each host's sidecar through its control socket, so it runs where those
 sockets are: one machine. Across machines each destination host runs its own receiver on the

@@ -128,17 +128,9 @@ def reroute(plan: Plan, dead: Iterable[str]) -> Plan:
     for source in plan.sources:
         if source in dead:
             raise ValueError(f"source host {source} is dead: its chunks have no other copy")
-    parents: dict[str, dict[str, str]] = {}
-    for source in plan.sources:
-        mine = {}
-        for host in plan.parents[source]:
-            if host in dead:
-                continue
-            p = plan.parents[source][host]
-            while p in dead:
-                p = plan.parents[source][p]
-            mine[host] = p
-        parents[source] = mine
+    parents = {source: {host: live_parent(plan, source, host, dead)
+                        for host in plan.parents[source] if host not in dead}
+               for source in plan.sources}
     dests = tuple(h for h in plan.destinations if h not in dead)
     return Plan(plan.sources, dests, parents, plan.chunks, plan.topology, plan.fanout, dead)
 
