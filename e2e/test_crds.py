@@ -168,6 +168,22 @@ def test_tpu_inference_connector_needs_vllm_tpu(cluster, tpusync_crds, namespace
     assert "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu" in res.stderr, res.stderr
 
 
+def test_sglang_jax_needs_its_own_pd_an_image_and_no_precise_routing(cluster, tpusync_crds, namespace):
+    ok = variant(variant(variant(SERVING, "spec.engine", {"type": "sglang-jax", "image": "r.example/sgl:main"}),
+                         "spec.kvTransfer", {"connector": "sglang-jax"}),
+                 "spec.routing", {"precisePrefixCache": False})
+    assert server_dry_run(cluster, namespace, ok).returncode == 0
+    for path, value, message in [
+        ("spec.kvTransfer", {"connector": "tpusync"}, "spec.kvTransfer.connector: sglang-jax is required by"),
+        ("spec.engine", {"type": "sglang-jax"}, "spec.engine.image is required with spec.engine.type sglang-jax"),
+        ("spec.routing", {"precisePrefixCache": True}, "spec.routing.precisePrefixCache must be false"),
+        ("spec.engine", {"type": "vllm-tpu"}, "spec.kvTransfer.connector: sglang-jax is required by"),
+    ]:
+        res = server_dry_run(cluster, namespace, variant(ok, path, value))
+        assert res.returncode != 0, f"accepted: {path}={value!r}"
+        assert message in res.stderr, (path, res.stderr)
+
+
 def test_unknown_field_rejected_by_strict_validation(cluster, tpusync_crds, namespace):
     res = server_dry_run(cluster, namespace, variant(POOL, "spec.tiers.drams", "1Gi"))
     assert res.returncode != 0

@@ -43,6 +43,24 @@ class _QuietWatchHandlers(logging.Filter):
         return not (msg.startswith("Handler '") and "_seen" in msg and msg.endswith("' succeeded."))
 
 
+class _RemovedCRDWatch(logging.Filter):
+    """When a watched CRD (an optional one: LeaderWorkerSet, InferencePool...) is deleted, the
+    API server ends its watches; kopf's watcher may reconnect before kopf's CRD observer stops
+    it, gets 404 and logs a traceback. The observer then drops that watcher and starts a new
+    one when the CRD is installed again, so this is a warning, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from kopf._cogs.clients.errors import APINotFoundError
+        exc = record.exc_info[1] if record.exc_info else None
+        msg = record.getMessage()
+        if isinstance(exc, APINotFoundError) and msg.startswith("Watcher for "):
+            record.msg, record.args = msg.split(" has failed")[0] + \
+                " ended: the API server no longer serves the resource (its CRD was removed)", None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -60,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
+    logging.getLogger("kopf._core.reactor.orchestration").addFilter(_RemovedCRDWatch())
     os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
     os.environ["TPUSYNC_METRICS_ADDRESS"] = args.metrics_address
     from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)

@@ -5,6 +5,8 @@ What triggers a pass of an object, besides its own spec changes:
 - an event of one of its children (drift: a child edited or deleted, a workload's readiness);
 - for a pool: its pods (sidecar readiness) and the nodes its node selector picks;
 - for a serving: its pool (spec or Ready) and the optional CRDs it uses (installed later).
+A triggered pass that must come back is retried through a `RETRY_ANNOTATION` touch (see
+passes.py), which the object's own event handler turns into a pass.
 Only pools in mode gke carry the finalizer FINALIZER: they own a cloud node pool, deleted by
 `pool_deleted`, and GKE's state is polled by a timer (kopf timers require a finalizer).
 Other objects have no finalizer, so deleting them never waits for the operator."""
@@ -32,6 +34,7 @@ from .reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
 FINALIZER = "tpusync.dev/operator"
+RETRY_ANNOTATION = "tpusync.dev/retry"
 
 
 @kopf.on.startup()
@@ -57,7 +60,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.objects = {}      # (kind, namespace, name) -> latest body, from the watch streams
     memo.selectors = {}    # pool key -> its node selector
     memo.pool_views = {}   # pool key -> (generation, Ready) its servings last saw
-    memo.passes = PassQueue(lambda key: _triggered(key, memo))
+    memo.passes = PassQueue(lambda key: _triggered(key, memo), lambda key: _touch(key, memo))
     settings.persistence.finalizer = FINALIZER
     # Keep kopf's bookkeeping out of .status (ours is written by the reconcilers).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tpusync.dev")
@@ -128,12 +131,30 @@ async def _triggered(key: tuple[str, str, str], memo: kopf.Memo) -> None:
             raise
 
 
+async def _touch(key: tuple[str, str, str], memo: kopf.Memo) -> None:
+    kind, namespace, name = key
+    try:
+        await memo.deps.kube.annotate(f"{GROUP}/{VERSION}", kind, namespace, name,
+                                      {RETRY_ANNOTATION: memo.deps.now().isoformat()})
+    except KubeError as e:
+        if e.status != 404:     # deleted meanwhile: nothing to retry
+            raise
+
+
+def _retry_mark(body: dict[str, Any]) -> str | None:
+    return (body["metadata"].get("annotations") or {}).get(RETRY_ANNOTATION)
+
+
 def _remember(kind: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo) -> tuple[str, str, str]:
+    """Keep the latest body; a new retry mark (a touch, by any replica) requests a pass."""
     key = (kind, body["metadata"]["namespace"], body["metadata"]["name"])
+    old = memo.objects.get(key)
     if event["type"] == "DELETED":
         memo.objects.pop(key, None)
-    else:
-        memo.objects[key] = dict(body)
+        return key
+    memo.objects[key] = dict(body)
+    if old is not None and _retry_mark(old) != _retry_mark(body):
+        memo.passes.request(key)
     return key
 
 

@@ -143,6 +143,12 @@ class ApiKube:
         await self._call("PATCH", path(api_version, kind, namespace, name) + "/status",
                          body={"status": status}, content_type="application/merge-patch+json")
 
+    async def annotate(self, api_version: str, kind: str, namespace: str, name: str,
+                       annotations: dict[str, str]) -> None:
+        await self._call("PATCH", path(api_version, kind, namespace, name),
+                         body={"metadata": {"annotations": annotations}},
+                         content_type="application/merge-patch+json")
+
     async def served_kinds(self, kinds: dict[str, tuple[str, str]]) -> set[str]:
         """Which of kinds {kind: (apiVersion, plural)} the API server serves right now."""
         served: set[str] = set()

@@ -261,10 +261,12 @@ class RoleSpec(Model):
 
 
 class KVTransfer(Model):
-    connector: Literal["tpusync", "tpu-inference"] = Field(
+    connector: Literal["tpusync", "tpu-inference", "sglang-jax"] = Field(
         "tpusync", description="tpusync: tpusync's connector (the reference engine's; vLLM's TPUSyncConnector, "
                                "which runs on CPU/GPU vLLM and turns itself off on TPU). tpu-inference: the "
-                               "TPUConnector of tpu_inference (vllm-tpu only), for P/D transfer on TPU today.")
+                               "TPUConnector of tpu_inference (vllm-tpu only), for P/D transfer on TPU today. "
+                               "sglang-jax: sglang-jax's own P/D (a bootstrap registry per serving, "
+                               "jax.experimental.transfer); required by, and only for, engine sglang-jax.")
     layerwise: bool = Field(True, description="Send KV layer by layer while prefill runs.")
 
 
@@ -304,8 +306,13 @@ class Routing(Model):
     objective: Objective = sub(Objective, "InferenceObjective priority.")
     epp_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0"
     proxy_image: str = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.5.0"
-    proxy_kv_connector: str = Field(
-        "nixlv2", description="kv_transfer_params protocol the decode routing proxy speaks.")
+    proxy_kv_connector: str | None = Field(
+        None, description="P/D protocol the decode routing proxy speaks; when empty: sglang for engine "
+                          "sglang-jax, nixlv2 (kv_transfer_params) otherwise.")
+
+
+SGLANG_IMAGE_REQUIRED = ("spec.engine.image is required with spec.engine.type sglang-jax: its P/D is on its main "
+                         "branch only (no release has it), so name an image built from it")
 
 
 class DisaggregatedServingSpec(Model):
@@ -314,6 +321,12 @@ class DisaggregatedServingSpec(Model):
          "spec.prefill.replicas + spec.decode.replicas must be at least 1"),
         ("self.kvTransfer.connector != 'tpu-inference' || self.engine.type == 'vllm-tpu'",
          "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu"),
+        ("(self.kvTransfer.connector == 'sglang-jax') == (self.engine.type == 'sglang-jax')",
+         "spec.kvTransfer.connector: sglang-jax is required by spec.engine.type sglang-jax (it transfers KV "
+         "with its own P/D) and valid only with it"),
+        ("self.engine.type != 'sglang-jax' || has(self.engine.image)", SGLANG_IMAGE_REQUIRED),
+        ("self.engine.type != 'sglang-jax' || !self.routing.enabled || !self.routing.precisePrefixCache",
+         "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")

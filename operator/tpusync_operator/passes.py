@@ -3,9 +3,12 @@ the referenced pool, optional CRDs), coalesced per object.
 
 A burst of events for one object yields at most one running pass plus one queued behind
 it, which sees every change of the burst. Every pass starts from a watch event, so a
-replica that kopf's peering has paused (no events) starts none. A triggered pass that
-fails is not retried here: kopf retries the object's own create/update/resume handler,
-and the next event triggers a new pass."""
+replica that kopf's peering has paused (no events) starts none.
+
+A pass that asks to come back (`kopf.TemporaryError`, e.g. a CRD the API server does not
+serve yet) or fails is retried the way kopf retries its own handlers: after the delay the
+queue `touch`es the object (a write that yields a watch event), and whichever replica is
+active then runs the pass. Any pass of the object in the meantime cancels the retry."""
 
 from __future__ import annotations
 
@@ -32,9 +35,12 @@ class PassQueue:
     here instead of crowding the API server, and passes of new objects (their own create
     handlers, outside this queue) are not starved."""
     run: Callable[[Hashable], Awaitable[None]]
+    touch: Callable[[Hashable], Awaitable[None]]
     limit: int = 8
+    error_delay: float = 60.0       # kopf's default backoff after an unexpected error
     _slots: dict[Hashable, _Slot] = field(default_factory=dict)
     _running: asyncio.Semaphore | None = None
+    _retries: dict[Hashable, asyncio.Task[None]] = field(default_factory=dict)
 
     def request(self, key: Hashable) -> None:
         slot = self._slots.get(key)
@@ -50,16 +56,37 @@ class PassQueue:
             while True:
                 async with self._running:
                     self._slots[key].again = False   # what arrived while queued, this pass sees
+                    self._cancel_retry(key)
                     try:
                         await self.run(key)
-                    except (kopf.TemporaryError, kopf.PermanentError) as e:
+                    except kopf.PermanentError as e:
                         log.debug("triggered pass of %s: %s", key, e)     # already in its status
+                    except kopf.TemporaryError as e:
+                        log.debug("triggered pass of %s: %s", key, e)
+                        self._retry_later(key, e.delay if e.delay is not None else self.error_delay)
                     except Exception:
                         log.exception("triggered pass of %s failed", key)
+                        self._retry_later(key, self.error_delay)
                 if not self._slots[key].again:
                     return
         finally:
             del self._slots[key]
+
+    def _retry_later(self, key: Hashable, delay: float) -> None:
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            del self._retries[key]
+            try:
+                await self.touch(key)
+            except Exception:
+                log.exception("retrying %s: touching it failed", key)
+        self._cancel_retry(key)
+        self._retries[key] = asyncio.create_task(later(), name=f"retry {key}")
+
+    def _cancel_retry(self, key: Hashable) -> None:
+        task = self._retries.pop(key, None)
+        if task is not None:
+            task.cancel()
 
     async def drain(self) -> None:
         """Wait until no pass is running or queued (tests, shutdown)."""
@@ -67,8 +94,8 @@ class PassQueue:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def close(self) -> None:
-        for slot in self._slots.values():
-            slot.task.cancel()
+        for task in [s.task for s in self._slots.values()] + list(self._retries.values()):
+            task.cancel()
 
 
 def owner_key(meta: dict[str, Any], group: str, kinds: tuple[str, ...]) -> tuple[str, str, str] | None:

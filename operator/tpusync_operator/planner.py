@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .builders import llmd, names
+from .builders import llmd, names, sglang_pd
 from .builders import pool as pool_builders
 from .builders import serving as serving_builders
 from .builders.common import Owner
 from .builders.serving import PoolInfo, RolePlan
-from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from .models import SGLANG_IMAGE_REQUIRED, DisaggregatedServingSpec, TPUSyncPoolSpec
 from .tpu import Slice, TopologyError, slice_for
 
 
@@ -304,6 +304,8 @@ def capacity_shortfall(roles: list[RolePlan], pool: PoolInfo) -> str | None:
 def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                  available_kinds: set[str]) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
+    if spec.engine.type == "sglang-jax" and not spec.engine.image:     # the schema rejects it too
+        raise PlanError(SGLANG_IMAGE_REQUIRED)
     roles = plan_roles(spec, pool)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
     if spec.routing.enabled:
@@ -324,6 +326,12 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         elif p.kind == "LeaderWorkerSet":
             delete.append(Ref("apps/v1", "Deployment", name))
     apply.append(serving_builders.build_serving_network_policy(owner, spec))
+    bootstrap = names.pd_bootstrap(owner.name)
+    if spec.engine.type == "sglang-jax":
+        apply += [sglang_pd.build_bootstrap_deployment(owner, spec),
+                  sglang_pd.build_bootstrap_service(owner)]
+    else:       # the engine was switched away from sglang-jax
+        delete += [Ref("apps/v1", "Deployment", bootstrap), Ref("v1", "Service", bootstrap)]
     epp = names.epp(owner.name)
     epp_children = [Ref("apps/v1", "Deployment", epp), Ref("v1", "Service", epp), Ref("v1", "ConfigMap", epp),
                     Ref("rbac.authorization.k8s.io/v1", "RoleBinding", epp),

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import kopf
 from pydantic import ValidationError
 
-from .builders import names
+from .builders import names, sglang_pd
 from .builders.common import POOL_LABEL, Owner
 from .builders.pool import build_auth_secret
 from .builders.serving import PoolInfo
@@ -397,7 +397,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         p.issue("InsufficientCapacity", shortfall)
     roles: list[RoleObservation] = []
     epp_ready = False
+    bootstrap_ready = spec.engine.type != "sglang-jax"
     try:
+        if spec.engine.type == "sglang-jax":
+            await _pd_secret(kube, p, owner, deps)
         await _apply_all(kube, owner.namespace, plan.apply, plan.delete)
         for rp in plan.roles:
             obj = None
@@ -406,8 +409,9 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                 obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
             roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
         if spec.routing.enabled:
-            epp = await kube.get("apps/v1", "Deployment", owner.namespace, names.epp(owner.name))
-            epp_ready = int(((epp or {}).get("status") or {}).get("availableReplicas", 0) or 0) > 0
+            epp_ready = await _available(kube, owner.namespace, names.epp(owner.name))
+        if spec.engine.type == "sglang-jax":
+            bootstrap_ready = await _available(kube, owner.namespace, names.pd_bootstrap(owner.name))
     except KubeError as e:
         _kube_retry(p, e)
     if plan.missing_kinds:
@@ -416,7 +420,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     obs = ServingObservation(roles=roles, routing_enabled=spec.routing.enabled, routing_ready=routing_ready,
                              pool_ready=pool_ready,
                              missing_kinds_message=missing_crd_message(plan.missing_kinds) if plan.missing_kinds else "",
-                             issues=p.issues)
+                             issues=p.issues, pd_bootstrap_ready=bootstrap_ready)
     conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
     return await _finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
@@ -424,6 +428,19 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
     })
+
+
+async def _available(kube: Kube, namespace: str, deployment: str) -> bool:
+    obj = await kube.get("apps/v1", "Deployment", namespace, deployment)
+    return int(((obj or {}).get("status") or {}).get("availableReplicas", 0) or 0) > 0
+
+
+async def _pd_secret(kube: Kube, p: _Pass, owner: Owner, deps: Deps) -> None:
+    """sglang-jax's P/D shared secret, created once (like a pool's auth Secret)."""
+    name = names.pd_secret(owner.name)
+    if await kube.get("v1", "Secret", owner.namespace, name) is None and \
+            await kube.create(sglang_pd.build_secret(owner, deps.token().hex())):
+        p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {name}")
 
 
 def _endpoint(owner: Owner, spec: DisaggregatedServingSpec) -> str:

@@ -159,12 +159,15 @@ class ServingObservation:
     pool_ready: bool
     missing_kinds_message: str = ""
     issues: list[Cond] = field(default_factory=list)
+    pd_bootstrap_ready: bool = True     # sglang-jax's registry (always true for other engines)
 
 
 def serving_conditions(o: ServingObservation) -> list[Cond]:
     waiting = [f"{r.role} {r.ready_replicas}/{r.replicas} ready" for r in o.roles if r.ready_replicas < r.replicas]
     if o.routing_enabled and not o.routing_ready:
         waiting.append("routing not ready")
+    if not o.pd_bootstrap_ready:
+        waiting.append("sglang-jax P/D bootstrap not ready")
     issues = list(o.issues)
     if o.missing_kinds_message:
         issues.insert(0, Cond("Degraded", True, "MissingCRD", o.missing_kinds_message))

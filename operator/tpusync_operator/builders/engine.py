@@ -10,14 +10,14 @@ import json
 from typing import Any
 
 from ..models import DisaggregatedServingSpec
-from .common import env_from_fields
+from . import sglang_pd
+from .common import Owner, env_from_fields
 from .sidecar import CONTROL_SOCKET
 
-# Pinned defaults (override with spec.engine.image).
+# Pinned defaults (override with spec.engine.image; sglang-jax has none: see sglang_pd.py).
 DEFAULT_IMAGES = {
     "reference": "ghcr.io/tpusync/tpusync-serving:0.1.0",
     "vllm-tpu": "docker.io/vllm/vllm-tpu:v0.11.1",
-    "sglang-jax": "docker.io/lmsysorg/sglang-jax:v0.0.2",
 }
 # tpusync's vLLM KV connector (python/tpusync); the name vLLM loads through kv_transfer_config.
 VLLM_CONNECTOR = "TPUSyncConnector"
@@ -32,8 +32,8 @@ def engine_image(spec: DisaggregatedServingSpec) -> str:
     return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
 
 
-def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int, data_port: int,
-                   kv_events_port: int) -> tuple[list[str], list[str]]:
+def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int,
+                   data_port: int, kv_events_port: int) -> tuple[list[str], list[str]]:
     """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
 
     The engine publishes the KV events (it knows the tokens of each block); `data_port` is the
@@ -72,10 +72,9 @@ def engine_command(spec: DisaggregatedServingSpec, role: str, *, port: int, chip
                 "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),
                 "--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
         return ["vllm", "serve"], args + extra
-    # sglang-jax
-    args = ["--model-path", m.uri, "--port", str(port), "--served-model-name", m.name,
-            "--tp-size", str(chips), "--disaggregation-mode", role,
-            "--disaggregation-transfer-backend", "tpusync"]
+    # sglang-jax, with its own P/D (sglang_pd.py)
+    args = ["--model-path", m.uri, "--host", "0.0.0.0", "--port", str(port), "--served-model-name", m.name,
+            "--tp-size", str(chips), *sglang_pd.engine_args(owner, role)]
     return ["python", "-m", "sgl_jax.launch_server"], args + extra
 
 
@@ -83,7 +82,18 @@ def engine_probe_path(spec: DisaggregatedServingSpec) -> str:
     return "/health"
 
 
-def engine_env(spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]]:
+def engine_ports(spec: DisaggregatedServingSpec) -> dict[str, int]:
+    """Ports of the engine's own KV transfer, besides http and kv-events."""
+    if spec.engine.type == "sglang-jax":
+        return dict(sglang_pd.PORTS)
+    return dict(TPU_INFERENCE_PORTS) if spec.kv_transfer.connector == "tpu-inference" else {}
+
+
+def proxy_kv_connector(spec: DisaggregatedServingSpec) -> str:
+    return spec.routing.proxy_kv_connector or ("sglang" if spec.engine.type == "sglang-jax" else "nixlv2")
+
+
+def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]]:
     env = env_from_fields() + [
         {"name": "TPUSYNC_ROLE", "value": role},
         {"name": "TPUSYNC_CONTROL_SOCKET", "value": CONTROL_SOCKET},
@@ -92,5 +102,7 @@ def engine_env(spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/cache/huggingface"},
     ]
+    if spec.engine.type == "sglang-jax":
+        env.append(sglang_pd.secret_env(owner))
     env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
     return env

@@ -46,3 +46,11 @@ def epp(serving: str) -> str:
 
 def serving_netpol(serving: str) -> str:
     return f"{serving}-serving"
+
+
+def pd_bootstrap(serving: str) -> str:
+    return f"{serving}-pd-bootstrap"
+
+
+def pd_secret(serving: str) -> str:
+    return f"{serving}-pd-secret"

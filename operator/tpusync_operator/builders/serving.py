@@ -13,7 +13,7 @@ from . import names
 from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, LLMD_ROLE_LABEL, LLMD_SERVING_LABEL, POOL_LABEL,
                      ROLE_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context, metadata,
                      pod_security_context, resources)
-from .engine import TPU_INFERENCE_PORTS, engine_command, engine_env, engine_image, engine_probe_path
+from .engine import engine_command, engine_env, engine_image, engine_ports, engine_probe_path, proxy_kv_connector
 from .pool import pool_node_selector, tpu_node_labels
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
@@ -78,14 +78,14 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
-    command, args = engine_command(spec, role, port=port, chips=plan.chips, data_port=pool.spec.sidecar.data_port,
+    command, args = engine_command(owner, spec, role, port=port, chips=plan.chips, data_port=pool.spec.sidecar.data_port,
                                    kv_events_port=pool.spec.sidecar.kv_events_port)
     labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
     if serving:
         labels[LLMD_ROLE_LABEL] = role
         labels[LLMD_SERVING_LABEL] = "true"
     tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
-    env = engine_env(spec, role)
+    env = engine_env(owner, spec, role)
     if plan.kind == "LeaderWorkerSet":
         env.append({"name": "TPUSYNC_WORKER_INDEX",
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_WORKER_INDEX}']"}}})
@@ -100,8 +100,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         # The engine publishes the KV events (it knows each block's tokens).
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},
-                  *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in TPU_INFERENCE_PORTS.items()
-                    if spec.kv_transfer.connector == "tpu-inference")],
+                  *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in engine_ports(spec).items())],
         "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                          "periodSeconds": 10, "failureThreshold": 360},
         "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
@@ -127,7 +126,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
             "imagePullPolicy": "IfNotPresent",
             "restartPolicy": "Always",
             "args": [f"--port={spec.port}", f"--model-server-port={port}",
-                     f"--kv-connector={spec.routing.proxy_kv_connector}", "--secure-proxy=false"],
+                     f"--kv-connector={proxy_kv_connector(spec)}", "--secure-proxy=false"],
             "ports": [{"name": "proxy", "containerPort": spec.port, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
             "securityContext": container_security_context(read_only_root=True),

@@ -39,8 +39,10 @@ CASES = {
                            prefixCache={"hostDram": "8Gi", "disk": "50Gi"},
                            routing={"gatewayRef": {"name": "gw", "namespace": "gw-ns"}}),
         PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")),
-    "serving-sglang-approx-routing": (
-        ServingBody().spec(engine={"type": "sglang-jax"}, routing={"precisePrefixCache": False,
+    "serving-sglang-jax-pd": (
+        ServingBody().spec(engine={"type": "sglang-jax", "image": "registry.example/sglang-jax:main"},
+                           kvTransfer={"connector": "sglang-jax"},
+                           routing={"precisePrefixCache": False,
                                                                    "scorerWeights": {"queue": 0}}),
         PoolBody()),
 }
@@ -239,3 +241,27 @@ def test_vllm_tpu_inference_connector():
     assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpu_inference.distributed.tpu_connector",
                   "kv_role": "kv_consumer"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"tpu-kv": 9100, "tpu-kv-side": 9600}.items()
+
+
+def test_sglang_jax_runs_its_own_pd_against_the_servings_bootstrap():
+    """sglang-jax's contract (sglang_pd.py): mode and bootstrap URL per role, transfer and side
+    ports published on the pod IP, page size >= 128, no radix cache, the shared secret from
+    the serving's Secret, and llm-d's proxy speaking the sglang protocol."""
+    serving, pool = CASES["serving-sglang-jax-pd"]
+    pods = dict(_pods(plan(serving, pool).apply))
+    for role in ("prefill", "decode"):
+        spec = pods[f"llm-{role}"]["spec"]
+        c = spec["containers"][0]
+        a = c["args"]
+        flag = {k: a[a.index(k) + 1] for k in ("--disaggregation-mode", "--disaggregation-bootstrap-url",
+                                                "--disaggregation-host-ip", "--page-size")}
+        assert flag == {"--disaggregation-mode": role,
+                        "--disaggregation-bootstrap-url": "http://llm-pd-bootstrap.ns.svc:8998",
+                        "--disaggregation-host-ip": "$(POD_IP)", "--page-size": "128"}
+        assert "--disable-radix-cache" in a and c["image"] == "registry.example/sglang-jax:main"
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"pd-transfer": 30001,
+                                                                              "pd-side": 9600}.items()
+        assert {"name": "SGL_JAX_PD_SHARED_SECRET",
+                "valueFrom": {"secretKeyRef": {"name": "llm-pd-secret", "key": "secret"}}} in c["env"]
+    proxy = next(i for i in pods["llm-decode"]["spec"]["initContainers"] if i["name"] == "routing-proxy")
+    assert "--kv-connector=sglang" in proxy["args"]

@@ -5,6 +5,7 @@ the `python -m tpusync_operator` entry point."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import kopf
 import pytest
@@ -103,6 +104,22 @@ def test_events_request_passes_of_the_objects_that_depend_on_them():
     assert ("TPUSyncPool", "ns", "p") not in memo.objects and not memo.selectors
 
 
+def test_a_retry_touch_requests_a_pass_of_the_touched_object():
+    """A replica retries a pass by touching the object; the event of the touch, seen by the
+    active replica, requests the pass (the first sight of an object does not: kopf's resume
+    handler runs that pass)."""
+    memo = type("Memo", (), {})()
+    memo.objects, memo.selectors, memo.pool_views, memo.passes = {}, {}, {}, FakeQueue()
+    serving = {"metadata": {"namespace": "ns", "name": "s", "annotations": {handlers.RETRY_ANNOTATION: "t0"}},
+               "spec": {"poolRef": {"name": "p"}}}
+    run(handlers.serving_seen(event={"type": "ADDED"}, body=serving, memo=memo))
+    run(handlers.serving_seen(event={"type": "MODIFIED"}, body=serving, memo=memo))
+    assert memo.passes.requested == []
+    touched = {**serving, "metadata": {**serving["metadata"], "annotations": {handlers.RETRY_ANNOTATION: "t1"}}}
+    run(handlers.serving_seen(event={"type": "MODIFIED"}, body=touched, memo=memo))
+    assert memo.passes.requested == [("DisaggregatedServing", "ns", "s")]
+
+
 def test_delete_handler_only_for_gke_pools():
     deletes = [h for h in changing_handlers() if h.reason == "delete"]
     assert [h.fn.__name__ for h in deletes] == ["pool_deleted"]
@@ -184,3 +201,22 @@ def test_priority_auto_differs_per_process(monkeypatch):
     assert all(p >= 1 for p in seen[:-1]) and len(set(seen[:-1])) > 1 and seen[-1] == 7
     with pytest.raises(SystemExit):
         entry.main(["--priority", "high"])
+
+
+def test_a_watch_ended_by_a_removed_crd_is_logged_as_a_warning_without_traceback():
+    from kopf._cogs.clients.errors import APINotFoundError
+    try:
+        raise APINotFoundError("404 page not found", status=404, headers={})
+    except APINotFoundError:
+        import sys
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("kopf._core.reactor.orchestration", logging.ERROR, __file__, 1,
+                               "Watcher for inferencepools.v1.inference.networking.k8s.io@None has failed: %s",
+                               ("404 page not found",), exc_info)
+    assert entry._RemovedCRDWatch().filter(record)
+    assert record.levelname == "WARNING" and record.exc_info is None
+    assert record.getMessage() == ("Watcher for inferencepools.v1.inference.networking.k8s.io@None ended: "
+                                   "the API server no longer serves the resource (its CRD was removed)")
+    other = logging.LogRecord("kopf._core.reactor.orchestration", logging.ERROR, __file__, 1,
+                              "Watcher for x has failed: boom", None, (RuntimeError, RuntimeError("boom"), None))
+    assert entry._RemovedCRDWatch().filter(other) and other.levelno == logging.ERROR and other.exc_info

@@ -1,5 +1,6 @@
 """Triggered passes are coalesced per object: events that arrive while a pass runs yield
-exactly one more pass, and a failing pass neither stops the queue nor is retried by it."""
+exactly one more pass; a pass that must come back touches its object after the delay (the
+touch's watch event triggers the retry on the active replica), unless a pass came first."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_events_during_a_pass_yield_one_more_pass():
             started.set()
             await release.wait()
 
-        q = PassQueue(run)
+        q = PassQueue(run, touch=None)
         q.request("a")
         await started.wait()
         for _ in range(5):          # a burst while "a" runs
@@ -33,26 +34,64 @@ def test_events_during_a_pass_yield_one_more_pass():
     assert sorted(asyncio.run(main())) == ["a", "a", "b"]
 
 
-def test_a_failing_pass_is_not_retried_and_does_not_stop_the_queue():
+def test_failing_passes_touch_their_object_after_the_delay_and_do_not_stop_the_queue():
     async def main():
         runs: list[str] = []
+        touched: list[tuple[str, float]] = []
 
         async def run(key):
             runs.append(key)
             if key == "tmp":
-                raise kopf.TemporaryError("later", delay=1)
+                raise kopf.TemporaryError("later", delay=0.01)
             if key == "boom":
                 raise RuntimeError("boom")
+            if key == "bad":
+                raise kopf.PermanentError("invalid spec")
 
-        q = PassQueue(run)
-        for key in ("tmp", "boom", "ok"):
+        async def touch(key):
+            touched.append((key, round(asyncio.get_running_loop().time() - t0, 2)))
+
+        q = PassQueue(run, touch, error_delay=0.02)
+        t0 = asyncio.get_running_loop().time()
+        for key in ("tmp", "boom", "bad", "ok"):
             q.request(key)
         await q.drain()
+        while len(touched) < 2:
+            await asyncio.sleep(0.005)
         q.request("ok")
         await q.drain()
-        return runs
+        return runs, touched, q._retries
 
-    assert sorted(asyncio.run(main())) == ["boom", "ok", "ok", "tmp"]
+    runs, touched, pending = asyncio.run(main())
+    assert sorted(runs) == ["bad", "boom", "ok", "ok", "tmp"]
+    assert [k for k, _ in touched] == ["tmp", "boom"]                 # not "bad", not "ok"
+    assert touched[0][1] >= 0.01 and touched[1][1] >= 0.02
+    assert pending == {}
+
+
+def test_a_pass_before_the_delay_cancels_the_retry():
+    async def main():
+        touched: list[str] = []
+        fail = True
+
+        async def run(key):
+            if fail:
+                raise kopf.TemporaryError("later", delay=3600)
+
+        async def touch(key):
+            touched.append(key)
+
+        q = PassQueue(run, touch)
+        q.request("a")
+        await q.drain()
+        assert set(q._retries) == {"a"}
+        fail = False
+        q.request("a")          # e.g. the CRD it waited for was installed: this pass succeeds
+        await q.drain()
+        await asyncio.sleep(0)
+        return touched, q._retries
+
+    assert asyncio.run(main()) == ([], {})
 
 
 def test_owner_key_takes_only_our_controller_reference():
@@ -78,7 +117,7 @@ def test_at_most_limit_passes_run_at_once():
             await release.wait()
             running -= 1
 
-        q = PassQueue(run, limit=2)
+        q = PassQueue(run, touch=None, limit=2)
         for key in range(5):      # all five tasks are ready before the test resumes
             q.request(key)
         await two.wait()

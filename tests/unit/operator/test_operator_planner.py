@@ -305,3 +305,21 @@ def test_a_gke_pool_of_several_multi_host_slices_is_a_node_pool_per_slice():
     assert three.node_selector == {"tpusync.dev/pool": "pool", "tpusync.dev/namespace": "ns"}
     assert three.node_selector.items() <= three.node_pool_requests[2]["nodePool"]["config"]["labels"].items()
     assert three.desired_hosts == 12
+
+
+def test_sglang_jax_gets_a_bootstrap_registry_and_others_prune_it():
+    sglang = ServingBody().spec(engine={"type": "sglang-jax", "image": "r.example/sgl:main"},
+                                kvTransfer={"connector": "sglang-jax"}, routing={"precisePrefixCache": False})
+    p = serving_plan(sglang)
+    boot = {o["kind"]: o for o in p.apply if o["metadata"]["name"] == "llm-pd-bootstrap"}
+    assert set(boot) == {"Deployment", "Service"}
+    pod = boot["Deployment"]["spec"]["template"]
+    assert pod["metadata"]["labels"]["tpusync.dev/serving"] == "llm"     # inside the serving's policy
+    assert "llm-d.ai/role" not in pod["metadata"]["labels"]               # not an inference endpoint
+    assert "tolerations" not in pod["spec"] and boot["Deployment"]["spec"]["replicas"] == 1
+    assert boot["Service"]["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    other = serving_plan(ServingBody())
+    assert {(r.kind, r.name) for r in other.delete} >= {("Deployment", "llm-pd-bootstrap"),
+                                                       ("Service", "llm-pd-bootstrap")}
+    with pytest.raises(PlanError, match="spec.engine.image is required"):
+        serving_plan(ServingBody().spec(engine={"type": "sglang-jax"}, kvTransfer={"connector": "sglang-jax"}))
