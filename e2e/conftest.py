@@ -15,6 +15,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Cluster, ControlPlaneError  # noqa: E402
+from lws import LWSController  # noqa: E402
 from operator_proc import REPO, OperatorProcess, helm_install_operator  # noqa: E402
 
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
@@ -141,6 +142,17 @@ def llmd_objective_crd(published: Path) -> dict:
 def operator_nodes(cluster):
     names = [n for spec in OPERATOR_POOLS for n in cluster.add_tpu_nodes(**spec)]
     return names + cluster.add_cpu_nodes(STORE_POOL, 1)
+
+
+@pytest.fixture(scope="session")
+def lws(cluster, crds, tmp_path_factory):
+    """The LeaderWorkerSet controller and its webhooks (e2e/lws.py)."""
+    controller = LWSController(cluster, tmp_path_factory.mktemp("lws"))
+    try:
+        controller.start()
+        yield controller
+    finally:
+        controller.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ E2E_BUILD := e2e/build-controlplane.sh
 CONTROLPLANE_DIR = $(shell bash $(E2E_BUILD) --print)
 CONTROLPLANE_BIN = $(CONTROLPLANE_DIR)/bin
 
-.PHONY: controlplane controlplane-dir controlplane-bin controlplane-regen e2e e2e-cluster
+.PHONY: controlplane controlplane-dir controlplane-bin controlplane-regen e2e e2e-cluster lws
 
 # Builds the control plane if the cache lacks it (no-op, about a second, when present).
 # The Go builds run under nice so they yield to anything else on the machine.
@@ -27,8 +27,13 @@ controlplane-bin:
 controlplane-regen:
 	bash e2e/controlplane/regen-gomod.sh
 
-e2e: controlplane install
-	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m pytest e2e -q
+e2e: controlplane lws install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) TPUSYNC_LWS_DIR=$(shell bash e2e/build-lws.sh --print) \
+		$(PY) -m pytest e2e -q
+
+# The LeaderWorkerSet controller (its own cache key: the control plane's does not change).
+lws:
+	nice -n 19 bash e2e/build-lws.sh
 
 # Starts a cluster with fake TPU node pools for manual poking; Ctrl-C tears it down.
 e2e-cluster: controlplane install

@@ -1,10 +1,7 @@
 """More of the operator on the real control plane: store nodes as a DaemonSet (and a switch
-of kind, which prunes the old one), a multi-host role as a LeaderWorkerSet accepted by the
-published LWS CRD, and two live operators sharing one peering, of which only one acts.
-
-No LWS controller runs here (only its CRD is installed), so the LeaderWorkerSet gets no pods:
-the test checks what the operator writes and what the API server accepts, and that the
-serving reports the role as not ready rather than Ready.
+of kind, which prunes the old one), a multi-host role as a LeaderWorkerSet run by the real LWS
+controller (e2e/lws.py: its webhooks label the group's pods and inject the TPU environment),
+and two live operators sharing one peering, of which only one acts.
 """
 
 from __future__ import annotations
@@ -12,8 +9,8 @@ from __future__ import annotations
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 from cluster import wait_for
 from operator_proc import OperatorProcess
-from test_operator import (CONVERGE, apply, conditions, container, get, owned_by, pool_obj, serving_obj,
-                           wait_condition)
+from test_operator import (CONVERGE, apply, container, get, items, owned_by, pool_obj,
+                           serving_obj, wait_condition)
 
 MULTI_POOL = "e2e-v6e-4x4"      # a v6e 4x4 slice: 16 chips on 4 hosts
 
@@ -39,29 +36,46 @@ def test_store_nodes_as_a_daemonset_then_a_statefulset(cluster, operator, module
     wait_for("the DaemonSet pruned", lambda: get(cluster, "daemonset", ns, "ds-store") is None, CONVERGE)
 
 
-def test_multi_host_role_is_a_leaderworkerset(cluster, operator, module_namespace):
+def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_namespace):
+    """A v6e 4x4 slice is 4 hosts: the prefill replica is one LWS group of a leader and three
+    workers, one per host of the slice, each with the TPU environment LWS injects; the
+    serving is Ready once the group is."""
     ns = module_namespace
     cluster.add_tpu_nodes(MULTI_POOL, 4, topology="4x4", chips_per_node=4)
     apply(cluster, pool_obj(ns, "mh", tpu={"type": "v6e", "topology": "4x4"}, node_pool=MULTI_POOL, hosts=4))
     wait_condition(cluster, "tpusyncpool", ns, "mh")
     apply(cluster, serving_obj(ns, "mh", engine={"type": "vllm-tpu"}, pool="mh", prefill=1, decode=0,
                                routing={"enabled": False}))
-    ds = wait_condition(cluster, "disaggregatedservings", ns, "mh", "Progressing", "True")
-    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 0}
-    assert conditions(ds)["Ready"]["status"] == "False"
-    lws = get(cluster, "leaderworkersets.leaderworkerset.x-k8s.io", ns, "mh-prefill")
-    assert owned_by(lws, ds)
-    tpl = lws["spec"]["leaderWorkerTemplate"]
-    assert lws["spec"]["replicas"] == 1 and tpl["size"] == 4
-    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "mh")
+    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    lws_obj = get(cluster, "leaderworkersets.leaderworkerset.x-k8s.io", ns, "mh-prefill")
+    assert owned_by(lws_obj, ds)
+    tpl = lws_obj["spec"]["leaderWorkerTemplate"]
+    assert lws_obj["spec"]["replicas"] == 1 and tpl["size"] == 4
+    assert lws_obj["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == \
         "cloud.google.com/gke-nodepool"
     for part in ("leaderTemplate", "workerTemplate"):
         spec = tpl[part]["spec"]
         assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
         assert container(spec, "engine")["resources"]["limits"]["google.com/tpu"] == "4"
         assert container(spec, "tpusync-sidecar", init=True)["restartPolicy"] == "Always"
-    assert tpl["leaderTemplate"]["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true"
-    assert "llm-d.ai/inference-serving" not in tpl["workerTemplate"]["metadata"]["labels"]
+
+    pods = items(cluster, "pods", ns, "leaderworkerset.sigs.k8s.io/name=mh-prefill")
+    by_index = {p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"]: p for p in pods}
+    assert sorted(by_index) == ["0", "1", "2", "3"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == [f"gke-{MULTI_POOL}-{i}" for i in range(4)]
+    hostnames = None
+    for index, pod in by_index.items():
+        env = {e["name"]: e for e in container(pod["spec"], "engine")["env"]}
+        assert env["TPU_WORKER_ID"]["value"] == index
+        assert env["TPUSYNC_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+            "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
+        hostnames = hostnames or env["TPU_WORKER_HOSTNAMES"]["value"]
+        assert env["TPU_WORKER_HOSTNAMES"]["value"] == hostnames
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+        serving = pod["metadata"]["labels"].get("llm-d.ai/inference-serving")
+        assert serving == ("true" if index == "0" else None)      # only the leader takes requests
+    assert len(hostnames.split(",")) == 4
 
 
 def test_two_operators_only_one_acts(cluster, operator, module_namespace, tmp_path):
