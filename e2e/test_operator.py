@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 
-import pytest
 import yaml
 
 from cluster import wait_for

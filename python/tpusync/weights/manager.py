@@ -34,7 +34,6 @@ from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import manifest as mf
 from tpusync.weights import plan as planmod
-from tpusync.weights.synchronizer import VersionGoneError
 
 TRAINER = "trainer"
 SAMPLER = "sampler"

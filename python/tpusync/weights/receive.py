@@ -28,6 +28,7 @@ from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import manifest as mf
 from tpusync.weights import plan as planmod
+from tpusync.weights.polling import backoff
 
 ChunkCallback = Callable[[int, int, int], None]  # (chunks done, chunks total, bytes landed)
 
@@ -115,10 +116,9 @@ def _fetch_manifest(store: KVStore, model: str, version: int, source: str, part:
 
 def _wait_held(store: KVStore, peer: str, keys: list[int], until: float) -> bool:
     """Polls the peer's sidecar until it holds every key (True), or `until` passes (False)."""
-    delay = 0.0005
+    pause = backoff()
     while not all(store.exists_remote(peer, keys)):
         if time.monotonic() >= until:
             return False
-        time.sleep(delay)  # another host's pull in progress: back off up to 20 ms
-        delay = min(delay * 2, 0.02)
+        pause()     # another host's pull in progress
     return True

@@ -29,6 +29,7 @@ from tpusync import _native, errors
 from tpusync.store import KVStore
 from tpusync.weights import manifest as mf
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
+from tpusync.weights.polling import backoff
 
 _GROUP = 16  # blocks reserved or acquired at once
 
@@ -230,7 +231,7 @@ class WeightSynchronizer:
     def wait_for_version(self, version: int, timeout: float | None = None) -> int:
         """Blocks until a version >= `version` is loaded (the newest one present); returns it."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
+        pause = backoff()
         while True:
             if self._version is not None and self._version >= version:
                 return self._version
@@ -245,8 +246,7 @@ class WeightSynchronizer:
             if deadline is not None and time.monotonic() >= deadline:
                 raise errors.DeadlineExceededError(
                     f"version {version} of {self.model!r} did not arrive within {timeout} s (host has {head})")
-            time.sleep(delay)  # waiting on another process's commit: back off up to 20 ms
-            delay = min(delay * 2, 0.02)
+            pause()     # waiting on another process's commit
 
     def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future:
         return self._pool.submit(self.wait_for_version, version, timeout)

@@ -11,7 +11,7 @@ import yaml
 from op_helpers import PoolBody, ServingBody, assert_golden
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner
-from tpusync_operator.builders.serving import PoolInfo, build_pod_template, engine_port
+from tpusync_operator.builders.serving import PoolInfo, engine_port
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import plan_serving
 from tpusync_operator.tpu import slice_for
