@@ -206,3 +206,16 @@ def test_provisioning_mode_is_immutable(cluster, tpusync_crds, namespace):
     got = cluster.kubectl_json("get", "tpusyncpool", "p", "-n", namespace)
     assert got["spec"]["tiers"]["dram"] == "8Gi"
     assert got["spec"]["provisioning"]["mode"] == "existing"
+
+
+def test_serving_engine_type_is_immutable(cluster, tpusync_crds, namespace):
+    serving = variant(variant(SERVING, "metadata.namespace", namespace), "spec.engine", {"type": "reference"})
+    cluster.kubectl("create", "-f", "-", input=json.dumps(serving))
+    res = cluster.kubectl("patch", "disaggregatedserving", "s", "-n", namespace, "--type=merge",
+                          "-p", json.dumps({"spec": {"engine": {"type": "vllm-tpu"}}}), check=False)
+    assert res.returncode != 0
+    assert "spec.engine.type is immutable" in res.stderr, res.stderr
+    cluster.kubectl("patch", "disaggregatedserving", "s", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"engine": {"type": "reference", "image": "r.example/x:1"}}}))
+    got = cluster.kubectl_json("get", "disaggregatedserving", "s", "-n", namespace)
+    assert (got["spec"]["engine"]["type"], got["spec"]["engine"]["image"]) == ("reference", "r.example/x:1")

@@ -324,6 +324,10 @@ class DisaggregatedServingSpec(Model):
         ("(self.kvTransfer.connector == 'sglang-jax') == (self.engine.type == 'sglang-jax')",
          "spec.kvTransfer.connector: sglang-jax is required by spec.engine.type sglang-jax (it transfers KV "
          "with its own P/D) and valid only with it"),
+        # Another engine means other workloads, ports and helpers (sglang-jax's registry):
+        # re-creating the serving replaces them all and leaves nothing behind.
+        ("self.engine.type == oldSelf.engine.type",
+         "spec.engine.type is immutable: delete and re-create the serving to change engines"),
         ("self.engine.type != 'sglang-jax' || has(self.engine.image)", SGLANG_IMAGE_REQUIRED),
         ("self.engine.type != 'sglang-jax' || !self.routing.enabled || !self.routing.precisePrefixCache",
          "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),

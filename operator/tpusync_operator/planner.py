@@ -326,12 +326,9 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         elif p.kind == "LeaderWorkerSet":
             delete.append(Ref("apps/v1", "Deployment", name))
     apply.append(serving_builders.build_serving_network_policy(owner, spec))
-    bootstrap = names.pd_bootstrap(owner.name)
-    if spec.engine.type == "sglang-jax":
+    if spec.engine.type == "sglang-jax":     # spec.engine.type is immutable: nothing to prune
         apply += [sglang_pd.build_bootstrap_deployment(owner, spec),
                   sglang_pd.build_bootstrap_service(owner)]
-    else:       # the engine was switched away from sglang-jax
-        delete += [Ref("apps/v1", "Deployment", bootstrap), Ref("v1", "Service", bootstrap)]
     epp = names.epp(owner.name)
     epp_children = [Ref("apps/v1", "Deployment", epp), Ref("v1", "Service", epp), Ref("v1", "ConfigMap", epp),
                     Ref("rbac.authorization.k8s.io/v1", "RoleBinding", epp),
