@@ -37,9 +37,13 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"Kubernetes API {status}: {message}")
+    """A request the API server failed or refused; status 0: no answer (reset, timeout).
+    `request` ("GET /api/v1/...") says which, for the status that reports it."""
+
+    def __init__(self, status: int, message: str, request: str = ""):
+        super().__init__(f"{request + ': ' if request else ''}Kubernetes API {status}: {message}")
         self.status = status
+        self.request = request
 
 
 class Kube(Protocol):
@@ -69,32 +73,39 @@ def selector_string(selector: dict[str, str]) -> str:
 
 
 class ApiKube:
-    """Kube over a kubernetes_asyncio ApiClient (authenticated as the operator)."""
+    """Kube over a kubernetes_asyncio ApiClient (authenticated as the operator). Every request
+    gives up after `timeout` seconds (the client's default is 5 minutes, during which a pass
+    of an object would hang on an API server that accepted the connection and never answers)."""
 
-    def __init__(self, api: ApiClient, field_manager: str = FIELD_MANAGER):
+    def __init__(self, api: ApiClient, field_manager: str = FIELD_MANAGER, timeout: float = 30.0):
         self.api = api
         self.field_manager = field_manager
+        self.timeout = timeout
 
     async def _call(self, method: str, url: str, *, body: Any = None, query: list[tuple[str, str]] | None = None,
                     content_type: str = "application/json") -> Any:
+        request = f"{method} {url}"
         try:
             # Unparsed response: kubernetes-asyncio then raises for nothing, so check the status here.
             response = await self.api.call_api(
                 url, method, query_params=query or [], body=body,
                 header_params={"Content-Type": content_type, "Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+                auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+                _request_timeout=self.timeout)
             data = await response.read()
         except ApiException as e:   # raised by older clients even without preloading
-            raise KubeError(e.status or 0, str(e.reason)) from e
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise KubeError(0, f"{type(e).__name__}: {e}") from e
+            raise KubeError(e.status or 0, str(e.reason), request) from e
+        except asyncio.TimeoutError as e:
+            raise KubeError(0, f"no answer within {self.timeout:g} s", request) from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise KubeError(0, f"{type(e).__name__}: {e}", request) from e
         if not 200 <= response.status <= 299:
             message = data.decode("utf-8", "replace")
             try:
                 message = json.loads(message).get("message", message)
             except (ValueError, AttributeError):
                 pass
-            raise KubeError(response.status, message)
+            raise KubeError(response.status, message, request)
         return json.loads(data) if data else None
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,10 @@ replica that kopf's peering has paused (no events) starts none.
 A pass that asks to come back (`kopf.TemporaryError`, e.g. a CRD the API server does not
 serve yet) or fails is retried the way kopf retries its own handlers: after the delay the
 queue `touch`es the object (a write that yields a watch event), and whichever replica is
-active then runs the pass. Any pass of the object in the meantime cancels the retry."""
+active then runs the pass. Any pass of the object in the meantime cancels the retry. A touch
+that fails (the API server is what failed the pass, often) is tried again, with a backoff
+from `touch_backoff` doubling up to `error_delay`, until it is written or a pass makes it
+moot: a retry is never dropped."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class PassQueue:
     touch: Callable[[Hashable], Awaitable[None]]
     limit: int = 8
     error_delay: float = 60.0       # kopf's default backoff after an unexpected error
+    touch_backoff: float = 1.0      # first wait after a failed touch
     _slots: dict[Hashable, _Slot] = field(default_factory=dict)
     _running: asyncio.Semaphore | None = None
     _retries: dict[Hashable, asyncio.Task[None]] = field(default_factory=dict)
@@ -74,12 +78,18 @@ class PassQueue:
 
     def _retry_later(self, key: Hashable, delay: float) -> None:
         async def later() -> None:
-            await asyncio.sleep(delay)
-            del self._retries[key]
-            try:
-                await self.touch(key)
-            except Exception:
-                log.exception("retrying %s: touching it failed", key)
+            wait, backoff = delay, self.touch_backoff
+            while True:
+                await asyncio.sleep(wait)
+                try:
+                    await self.touch(key)
+                    break
+                except Exception as e:  # noqa: BLE001 - any failure: the touch is tried again
+                    log.warning("retrying %s: touching it failed (%s); trying again in %g s", key, e, backoff)
+                wait, backoff = backoff, min(backoff * 2, max(self.error_delay, self.touch_backoff))
+            # Still registered unless a pass (perhaps the touch's own) cancelled it meanwhile.
+            if self._retries.get(key) is asyncio.current_task():
+                del self._retries[key]
         self._cancel_retry(key)
         self._retries[key] = asyncio.create_task(later(), name=f"retry {key}")
 

@@ -1,7 +1,12 @@
 """The one level-based reconcile per kind. Every pass (create, update, resume, timer) does:
 parse -> plan -> act on the cloud (GKE) -> server-side apply children, delete stale ones ->
 observe -> write status once -> emit events -> raise TemporaryError if it should come back
-sooner than the timer. It is idempotent: running it twice changes nothing the second time."""
+sooner than the timer. It is idempotent: running it twice changes nothing the second time.
+
+A request to the Kubernetes API that fails (a 5xx, a timeout, a refusal) stops the pass where
+it is: what it did not observe is not "nothing there". Its status then keeps every value
+observed before, Ready and Progressing as they were, and Degraded names the failed request
+(`held_conditions`); the pass comes back soon."""
 
 from __future__ import annotations
 
@@ -22,9 +27,9 @@ from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
 from .planner import (OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message,
                       node_pool_step, plan_pool, plan_serving)
-from .status import (Capacity, Clock, Cond, PoolObservation, RoleObservation, ServingObservation,
-                     merge_conditions, pool_capacity, pool_conditions, serving_conditions, transitions,
-                     workload_ready_replicas, node_ready, utc_now)
+from .status import (API_ERROR, GKE_API_ERROR, REJECTED, Capacity, Clock, Cond, PoolObservation, RoleObservation,
+                     ServingObservation, held_conditions, merge_conditions, pool_capacity, pool_conditions,
+                     serving_conditions, transitions, workload_ready_replicas, node_ready, utc_now)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class _Pass:
     body: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)
     issues: list[Cond] = field(default_factory=list)
+    failures: list[Cond] = field(default_factory=list)   # requests that failed: what it could not observe
     retry: tuple[float, str] | None = None
 
     def event(self, type_: str, reason: str, message: str) -> None:
@@ -120,11 +126,20 @@ async def _apply_all(kube: Kube, namespace: str, apply: list[dict[str, Any]], de
         await kube.delete(ref.api_version, ref.kind, namespace, ref.name)
 
 
-def _kube_retry(p: _Pass, e: KubeError) -> None:
+def _request_failed(p: _Pass, e: KubeError) -> None:
+    """Records the request that stopped the pass; it comes back sooner after a transient
+    failure than after a refusal (which needs a fix: RBAC, a webhook...)."""
     if e.status in (400, 403, 422):
-        p.issue("ApplyFailed", str(e), retry=60)
+        p.again(60, str(e))
+        p.failures.append(Cond("Degraded", True, REJECTED, str(e)))
     else:
         p.again(10, str(e))
+        p.failures.append(Cond("Degraded", True, API_ERROR, f"{e}; the status shows what was observed before"))
+
+
+def _kept(old: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The named status fields as last written (None where never written)."""
+    return {n: old.get(n) for n in names}
 
 
 # ------------------------------------------------------------------ pool
@@ -171,8 +186,14 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})
         store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
     except KubeError as e:
-        _kube_retry(p, e)
-        nodes, pods, store_ready, store_desired = [], [], 0, plan.store_replicas
+        _request_failed(p, e)
+        # Node pool entries are written even so: they record GKE operations started this pass.
+        return await _finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
+            **_kept(old, "observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes",
+                    "diskBytes", "peersService"),
+            "conditions": held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now()),
+            "nodePool": node_pool, "nodePools": node_pools,
+        })
     ready_hosts = sum(1 for n in nodes if node_ready(n))
     cap: Capacity = pool_capacity(pods)
     obs = PoolObservation(mode=spec.provisioning.mode, desired_hosts=plan.desired_hosts,
@@ -181,9 +202,13 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                           node_pool_state=node_pool["state"], node_pool_ready=node_pool_ready,
                           node_pool_message=node_pool_message, node_pool_updating=node_pool_updating,
                           issues=p.issues)
-    conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
+    if p.failures:      # GKE did not answer: whether its node pools are ready is not known
+        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+    else:
+        conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
     return await _finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
-        "observedGeneration": gen, "conditions": conds, "nodePool": node_pool, "nodePools": node_pools,
+        "observedGeneration": old.get("observedGeneration") if p.failures else gen, "conditions": conds,
+        "nodePool": node_pool, "nodePools": node_pools,
         "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
         "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,
         "peersService": names.peers_dns(owner.name, owner.namespace),
@@ -253,8 +278,8 @@ async def _gke_node_pool(p: _Pass, client: GKEClient, cluster: ClusterRef, name:
     in flight on a serving node pool)."""
     op_name, node_count = recorded.get("operation"), recorded.get("nodeCount")
 
-    def unknown(message: str) -> tuple[dict[str, Any], bool, str, str]:
-        return {"name": name, "state": "Unknown", "operation": op_name, "nodeCount": node_count}, False, message, ""
+    def unknown(message: str, state: str = "Unknown") -> tuple[dict[str, Any], bool, str, str]:
+        return {"name": name, "state": state, "operation": op_name, "nodeCount": node_count}, False, message, ""
 
     try:
         op = await client.get_operation(cluster, op_name) if op_name else None
@@ -297,8 +322,11 @@ async def _gke_node_pool(p: _Pass, client: GKEClient, cluster: ClusterRef, name:
         p.issue("GKEAuthFailed", f"GKE API refused the operator's identity ({e.status}): {e.message}", retry=120)
         return unknown(str(e))
     except GKETransientError as e:
+        # Not "not ready": not observed. The pass holds Ready and the last state GKE reported.
         p.again(30, str(e))
-        return unknown(f"GKE API unavailable: {e}")
+        p.failures.append(Cond("Degraded", True, GKE_API_ERROR,
+                               f"node pool {name}: {e}; the status shows what was observed before"))
+        return unknown(f"GKE API unavailable: {e}", recorded.get("state") or "Unknown")
     except GKEError as e:
         p.issue("GKEError", str(e), retry=60)
         return unknown(str(e))
@@ -373,7 +401,17 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         return _finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus,
                        {"observedGeneration": gen, "conditions": conds, "routingReady": False})
 
-    pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, spec.pool_ref.name)
+    def finish_held(e: KubeError) -> Any:
+        _request_failed(p, e)
+        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+        return _finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
+            **_kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady"),
+            "conditions": conds})
+
+    try:
+        pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, spec.pool_ref.name)
+    except KubeError as e:
+        return await finish_held(e)
     if pool_body is None:
         return await finish_blocked("PoolNotFound", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
                                     f"not found in namespace {owner.namespace}", 30)
@@ -386,7 +424,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     pool_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                      for c in (pool_body.get("status") or {}).get("conditions", []))
 
-    available = await kube.served_kinds(OPTIONAL_KINDS)
+    try:
+        available = await kube.served_kinds(OPTIONAL_KINDS)
+    except KubeError as e:
+        return await finish_held(e)
     try:
         plan = plan_serving(owner, spec, pool, available)
     except PlanError as e:
@@ -413,7 +454,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         if spec.engine.type == "sglang-jax":
             bootstrap_ready = await _available(kube, owner.namespace, names.pd_bootstrap(owner.name))
     except KubeError as e:
-        _kube_retry(p, e)
+        return await finish_held(e)
     if plan.missing_kinds:
         p.again(60, missing_crd_message(plan.missing_kinds))
     routing_ready = spec.routing.enabled and epp_ready and "InferencePool" not in plan.missing_kinds

@@ -25,7 +25,7 @@ def _ts(now: datetime) -> str:
 @dataclass(frozen=True)
 class Cond:
     type: str
-    status: bool
+    status: bool | None          # None: Unknown
     reason: str
     message: str = ""
 
@@ -36,7 +36,7 @@ def merge_conditions(old: list[dict[str, Any]] | None, new: list[Cond], generati
     previous = {c.get("type"): c for c in old or []}
     out = []
     for c in new:
-        status = "True" if c.status else "False"
+        status = "Unknown" if c.status is None else "True" if c.status else "False"
         prior = previous.get(c.type)
         changed = prior is None or prior.get("status") != status
         out.append({
@@ -56,6 +56,30 @@ def transitions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> 
 
 def three(ready: Cond, progressing: Cond, degraded: Cond) -> list[Cond]:
     return [ready, progressing, degraded]
+
+
+# Degraded reasons of a pass that could not observe: a request failed.
+API_ERROR = "APIError"          # Kubernetes API: 5xx, 429, a timeout, a reset connection; retried soon
+REJECTED = "ApplyFailed"        # Kubernetes API: 400, 403, 422, the request itself is refused
+GKE_API_ERROR = "GKEAPIError"   # GKE API: 5xx, 429, a timeout; retried soon
+
+
+def held_conditions(old: list[dict[str, Any]] | None, causes: list[Cond], generation: int | None,
+                    now: datetime) -> list[dict[str, Any]]:
+    """Conditions of a pass that could not observe (causes[0]: the request that failed; then
+    any other issue): nothing new is known, so Ready and Progressing stay exactly as last
+    written (their observedGeneration says for which spec) and Degraded names the causes.
+    Before anything was ever observed, Ready and Progressing are Unknown."""
+    previous = {c.get("type"): c for c in old or []}
+    failure = causes[0]
+    degraded = Cond("Degraded", True, failure.reason, "; ".join(c.message for c in causes if c.status))
+    out = []
+    for type_ in ("Ready", "Progressing"):
+        if type_ in previous:
+            out.append(dict(previous[type_]))
+        else:
+            out += merge_conditions(None, [Cond(type_, None, failure.reason, failure.message)], generation, now)
+    return out + merge_conditions(old, [degraded], generation, now)
 
 
 # ------------------------------------------------------------------ pool

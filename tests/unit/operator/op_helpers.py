@@ -97,14 +97,23 @@ def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
 
 
 class FakeKube:
-    """In-memory API server for the reconcilers. `log` records every write and event in order."""
+    """In-memory API server for the reconcilers. `log` records every write and event in order.
+    `faults[(operation, kind)]` is raised by every such call until removed (kind None for
+    served_kinds); `fail_next` by the next apply."""
 
     def __init__(self, served: set[str] | None = None):
         self.objects: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
         self.served = set(served) if served is not None else {
-            "LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
+            "LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute", "HealthCheckPolicy",
+            "GCPBackendPolicy"}
         self.log: list[tuple[str, ...]] = []
         self.fail_next: list[Exception] = []
+        self.faults: dict[tuple[str, str | None], Exception] = {}
+
+    def _fault(self, operation: str, kind: str | None) -> None:
+        error = self.faults.get((operation, kind))
+        if error is not None:
+            raise error
 
     def key(self, obj: dict[str, Any]) -> tuple[str, str, str | None, str]:
         m = obj["metadata"]
@@ -120,6 +129,7 @@ class FakeKube:
         return sorted((k, nm) for (_, k, _, nm) in self.objects)
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self._fault("apply", obj["kind"])
         if self.fail_next:
             raise self.fail_next.pop(0)
         self.log.append(("apply", obj["kind"], obj["metadata"]["name"]))
@@ -131,6 +141,7 @@ class FakeKube:
         return stored
 
     async def create(self, obj: dict[str, Any]) -> bool:
+        self._fault("create", obj["kind"])
         if self.key(obj) in self.objects:
             return False
         self.log.append(("create", obj["kind"], obj["metadata"]["name"]))
@@ -138,15 +149,18 @@ class FakeKube:
         return True
 
     async def get(self, api_version, kind, namespace, name):
+        self._fault("get", kind)
         self.log.append(("get", kind, name))
         obj = self.objects.get((api_version, kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
     async def list(self, api_version, kind, namespace, selector):
+        self._fault("list", kind)
         return [copy.deepcopy(o) for (a, k, n, _), o in self.objects.items()
                 if a == api_version and k == kind and (namespace is None or n == namespace) and _matches(o, selector)]
 
     async def delete(self, api_version, kind, namespace, name):
+        self._fault("delete", kind)
         if self.objects.pop((api_version, kind, namespace, name), None) is None:
             return False
         self.log.append(("delete", kind, name))
@@ -154,6 +168,7 @@ class FakeKube:
 
     async def patch_status(self, api_version, kind, namespace, name, status):
         from tpusync_operator.kube import KubeError
+        self._fault("patch_status", kind)
         obj = self.objects.get((api_version, kind, namespace, name))
         if obj is None:
             raise KubeError(404, f"{kind} {name} not found")
@@ -161,6 +176,7 @@ class FakeKube:
         obj["status"] = copy.deepcopy(status)
 
     async def served_kinds(self, kinds):
+        self._fault("served_kinds", None)
         return {k for k in kinds if k in self.served}
 
 

@@ -18,6 +18,8 @@ class Server:
     def __init__(self):
         self.requests = []
         self.routes = {}   # (method, path) -> (status, body)
+        self.stalled = set()   # (method, path) that never answer (until the server stops)
+        self.stop = threading.Event()
 
 
 def start(server: Server):
@@ -30,6 +32,9 @@ def start(server: Server):
             body = self.rfile.read(length) if length else b""
             self.server_state.requests.append((method, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
             route = self.path.split("?")[0]
+            if (method, route) in self.server_state.stalled:
+                self.server_state.stop.wait(30)
+                return
             status, payload = self.server_state.routes.get((method, route), (404, {"kind": "Status", "message": "nope"}))
             data = json.dumps(payload).encode()
             self.send_response(status)
@@ -62,17 +67,18 @@ def api_server():
     state = Server()
     httpd, t = start(state)
     yield state, f"http://127.0.0.1:{httpd.server_address[1]}"
+    state.stop.set()
     httpd.shutdown()
     httpd.server_close()
     t.join()
 
 
-def with_kube(url, fn):
+def with_kube(url, fn, **kw):
     async def go():
         cfg = Configuration(host=url)
         cfg.api_key = {"BearerToken": "Bearer t0k"}
         async with ApiClient(cfg) as api:
-            return await fn(ApiKube(api))
+            return await fn(ApiKube(api, **kw))
     return asyncio.run(go())
 
 
@@ -103,6 +109,7 @@ def test_get_404_is_none_and_errors_carry_status(api_server):
     with pytest.raises(KubeError) as e:
         with_kube(url, lambda k: k.list("v1", "Pod", "ns", {"b": "2", "a": "1"}))
     assert e.value.status == 500 and "etcd down" in str(e.value)
+    assert e.value.request == "GET /api/v1/namespaces/ns/pods" and str(e.value).startswith(e.value.request)
     assert state.requests[-1][1].endswith("?labelSelector=a%3D1,b%3D2")
 
 
@@ -124,3 +131,14 @@ def test_served_kinds_discovery(api_server):
     kinds = {"InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
              "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets")}
     assert with_kube(url, lambda k: k.served_kinds(kinds)) == {"InferencePool"}
+
+
+def test_a_request_that_gets_no_answer_fails_after_the_timeout(api_server):
+    """An API server that accepts a request and never answers must not hold a pass for the
+    client's default 5 minutes: the request fails as status 0, naming the request."""
+    state, url = api_server
+    state.stalled.add(("GET", "/api/v1/nodes"))
+    with pytest.raises(KubeError) as e:
+        with_kube(url, lambda k: k.list("v1", "Node", None, {}), timeout=0.3)
+    assert e.value.status == 0 and e.value.request == "GET /api/v1/nodes"
+    assert "no answer within 0.3 s" in str(e.value)

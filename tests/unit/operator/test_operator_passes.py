@@ -126,3 +126,98 @@ def test_at_most_limit_passes_run_at_once():
         return peak
 
     assert asyncio.run(main()) == 2
+
+
+def waits_logged(records) -> list[str]:
+    """The waits the queue announced after each failed touch ("... trying again in W s")."""
+    return [r.getMessage().partition("trying again in ")[2] for r in records
+            if "touching it failed" in r.getMessage()]
+
+
+def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
+    """Issue 14, item 14: the touch that carries a retry fails too (the API server that
+    failed the pass is often still failing). It must not be dropped: it is tried again, the
+    waits doubling, and logged each time, until it is written."""
+    async def main():
+        attempts: list[int] = []
+
+        async def run(key):
+            raise kopf.TemporaryError("later", delay=0.01)
+
+        async def touch(key):
+            attempts.append(len(attempts) + 1)
+            if len(attempts) <= 3:
+                raise RuntimeError(f"API 500 #{len(attempts)}")
+
+        q = PassQueue(run, touch, error_delay=1.0)
+        q.touch_backoff = 0.02
+        q.request("a")
+        await q.drain()
+        deadline = asyncio.get_running_loop().time() + 5
+        while (len(attempts) < 4 or q._retries) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)            # nothing more once written
+        return attempts, q._retries
+
+    with caplog.at_level("WARNING", logger="tpusync_operator.passes"):
+        attempts, pending = asyncio.run(main())
+    assert attempts == [1, 2, 3, 4] and pending == {}
+    assert waits_logged(caplog.records) == ["0.02 s", "0.04 s", "0.08 s"]
+    assert "API 500 #1" in caplog.records[0].getMessage()
+
+
+def test_the_touch_backoff_is_capped_by_the_error_delay(caplog):
+    async def main():
+        attempts: list[int] = []
+
+        async def run(key):
+            raise kopf.TemporaryError("later", delay=0)
+
+        async def touch(key):
+            attempts.append(len(attempts) + 1)
+            if len(attempts) <= 5:
+                raise RuntimeError("down")
+
+        q = PassQueue(run, touch, error_delay=0.03)
+        q.touch_backoff = 0.01
+        q.request("a")
+        await q.drain()
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(attempts) < 6 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+
+    with caplog.at_level("WARNING", logger="tpusync_operator.passes"):
+        asyncio.run(main())
+    assert waits_logged(caplog.records) == ["0.01 s", "0.02 s", "0.03 s", "0.03 s", "0.03 s"]
+
+
+def test_a_pass_ends_a_failing_touch_retry():
+    """While the touch keeps failing, a pass of the object (any other event) makes it moot."""
+    async def main():
+        attempts: list[str] = []
+        fail = True
+
+        async def run(key):
+            if fail:
+                raise kopf.TemporaryError("later", delay=0)
+
+        async def touch(key):
+            attempts.append(key)
+            raise RuntimeError("down")
+
+        q = PassQueue(run, touch)
+        q.touch_backoff = 0.01
+        q.request("a")
+        await q.drain()
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(attempts) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        fail = False
+        q.request("a")
+        await q.drain()
+        seen = len(attempts)
+        await asyncio.sleep(0.1)
+        return seen, len(attempts), q._retries
+
+    seen, later, pending = asyncio.run(main())
+    assert seen >= 2 and later == seen and pending == {}

@@ -189,19 +189,45 @@ def test_pool_gke_lifecycle(kube, clock):
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
 
 
-@pytest.mark.parametrize("error,reason", [(GKEAuthError(403, "denied"), "GKEAuthFailed"),
-                                          (GKETransientError(503, "unavailable"), None)])
-def test_pool_gke_errors(kube, clock, error, reason):
+@pytest.mark.parametrize("error,reason,ready", [(GKEAuthError(403, "denied"), "GKEAuthFailed", "False"),
+                                                (GKETransientError(503, "unavailable"), "GKEAPIError", "Unknown")])
+def test_pool_gke_errors(kube, clock, error, reason, ready):
     gke = FakeGKE()
     gke.fail = error
     with pytest.raises(kopf.TemporaryError):
         run(reconcile_pool, PoolBody().gke().build(), deps(kube, clock, gke))
     cond = {c["type"]: c for c in kube.find("TPUSyncPool", "pool")["status"]["conditions"]}
-    assert cond["Ready"]["status"] == "False"
-    if reason:
-        assert cond["Degraded"]["reason"] == reason and "403" in cond["Degraded"]["message"]
-    else:
-        assert cond["Degraded"]["status"] == "False" and "unavailable" in cond["Progressing"]["message"]
+    assert cond["Ready"]["status"] == ready      # a refusal blocks Ready; an outage leaves it unknown
+    assert cond["Degraded"]["reason"] == reason and str(error.status) in cond["Degraded"]["message"]
+
+
+def test_pool_gke_outage_keeps_ready_and_the_last_state(kube, clock):
+    """GKE not answering (issue 14, item 13) is not the node pool failing: Ready and the state
+    GKE last reported stay, Degraded says GKE did not answer, no NotReady event."""
+    gke = FakeGKE()
+    body = PoolBody().gke().build()
+    with pytest.raises(kopf.TemporaryError):       # the operator creates the node pool
+        run(reconcile_pool, body, deps(kube, clock, gke))
+    gke.ops["op-1"]["status"], gke.pools["pool"]["status"] = "DONE", "RUNNING"
+    kube.put(node("n1", "pool"))
+    before = run(reconcile_pool, stored(kube, body), deps(kube, clock, gke))
+    assert {c["type"]: c["status"] for c in before["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False"}, before["conditions"]
+    gke.fail = GKETransientError(503, "unavailable")
+    clock.advance(60)
+    d = deps(kube, clock, gke)
+    with pytest.raises(kopf.TemporaryError):
+        run(reconcile_pool, stored(kube, body), d)
+    after = kube.find("TPUSyncPool", "pool")["status"]
+    cond = {c["type"]: c for c in after["conditions"]}
+    assert cond["Ready"] == {c["type"]: c for c in before["conditions"]}["Ready"]
+    assert cond["Degraded"]["reason"] == "GKEAPIError" and "node pool pool" in cond["Degraded"]["message"]
+    assert after["nodePool"]["state"] == "RUNNING" and after["readyHosts"] == 1
+    assert [e[:2] for e in d.emit.events] == [("Warning", "GKEAPIError")]
+    gke.fail = None
+    healed = run(reconcile_pool, stored(kube, body), deps(kube, clock, gke))
+    assert {c["type"]: c["status"] for c in healed["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False"}
 
 
 def test_pool_delete_waits_for_gke(kube, clock):
