@@ -1,5 +1,8 @@
 """python -m tpusync_operator: run the operator (kopf) with probes, metrics and peering.
 
+  render FILE...          print the objects the operator would create for the objects in
+                          FILEs, without a cluster (see render.py), and exit
+
   --standalone            no peering (a single replica; dev and tests)
   --peering NAME          ClusterKopfPeering name (default tpusync-operator); two replicas
                           elect one active instance
@@ -22,7 +25,6 @@ import os
 import random
 import sys
 
-import kopf
 
 
 def _priority(value: str) -> int:
@@ -62,6 +64,10 @@ class _RemovedCRDWatch(logging.Filter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["render"]:
+        from .render import main as render_main
+        return render_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--standalone", action="store_true", help="run without peering")
@@ -81,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf._core.reactor.orchestration").addFilter(_RemovedCRDWatch())
     os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
     os.environ["TPUSYNC_METRICS_ADDRESS"] = args.metrics_address
+    import kopf
+
     from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 
     kopf.run(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from .quantity import QUANTITY_PATTERN
+from .versions import EPP, ROUTING_PROXY, SIDECAR_IMAGE
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, examples=["64Gi"])]
 DNSName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
@@ -57,12 +58,13 @@ class EnvVar(Model):
 class TPUSpec(Model):
     """The TPU slice every host of the pool belongs to."""
     model_config = ConfigDict(json_schema_extra=cel(
-        ("self.type == 'v6e' ? self.topology.matches('^[0-9]+x[0-9]+$') : "
-         "self.topology.matches('^[0-9]+x[0-9]+x[0-9]+$')",
-         "spec.tpu.topology must be AxB for v6e and AxBxC for v7x"),
+        ("self.type == 'v7x' ? self.topology.matches('^[0-9]+x[0-9]+x[0-9]+$') : "
+         "self.topology.matches('^[0-9]+x[0-9]+$')",
+         "spec.tpu.topology must be AxB for v5e and v6e and AxBxC for v7x"),
     ))
-    type: Literal["v6e", "v7x"] = Field(description="TPU generation.")
-    topology: Topology = Field(description="Slice topology, e.g. 2x4 (v6e) or 2x2x2 (v7x).")
+    type: Literal["v5e", "v6e", "v7x"] = Field(
+        description="TPU generation. Tensor parallelism counts TensorCores: 1 per chip on v5e and v6e, 2 on v7x.")
+    topology: Topology = Field(description="Slice topology, e.g. 2x4 (v5e, v6e) or 2x2x2 (v7x).")
 
 
 class Autoscaling(Model):
@@ -154,7 +156,7 @@ class Tiers(Model):
 
 class SidecarSpec(Model):
     """The tpusync-sidecar container."""
-    image: str = "ghcr.io/tpusync/tpusync-sidecar:0.1.0"
+    image: str = SIDECAR_IMAGE
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     data_port: Port = 7600
     http_port: Port = 7601
@@ -230,9 +232,66 @@ class TPUSyncPoolStatus(Model):
 
 # --------------------------------------------------------- DisaggregatedServing
 
+class SecretKeyRef(Model):
+    name: DNSName = Field(description="A Secret in the serving's namespace.")
+    key: Annotated[str, Field(min_length=1)] = "token"
+
+
+MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/.+|/.+)$"
+
+
 class ModelRef(Model):
+    """Where the weights come from. hf://ORG/NAME is a Hugging Face repo id, downloaded by the
+    engine into the weights volume (spec.storage.weights); gs://BUCKET/PATH is streamed from
+    Cloud Storage by vLLM's Run:ai model streamer (engine vllm-tpu only; the pod's Kubernetes
+    service account needs read access, e.g. through Workload Identity); /PATH is a directory
+    inside the engine container, e.g. on a weights volume of kind PersistentVolumeClaim."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.revision) || self.uri.startsWith('hf://')",
+         "spec.model.revision applies only to hf:// models"),
+        ("!has(self.tokenSecretRef) || self.uri.startsWith('hf://')",
+         "spec.model.tokenSecretRef applies only to hf:// models"),
+    ))
     name: Annotated[str, Field(min_length=1)] = Field(description="Served model name (the OpenAI model id).")
-    uri: Annotated[str, Field(min_length=1)] = Field(description="Weights: hf://org/name, gs://bucket/path or a path.")
+    uri: Annotated[str, Field(min_length=1, pattern=MODEL_URI_PATTERN)] = Field(
+        description="Weights: hf://ORG/NAME (a Hugging Face repo id), gs://BUCKET/PATH, or an absolute path.")
+    revision: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="hf:// only: the branch, tag or commit to load (engine --revision).")
+    token_secret_ref: SecretKeyRef | None = Field(
+        None, description="hf:// only: a Secret key holding a Hugging Face token (gated or private models); "
+                          "given to the engine as HF_TOKEN.")
+
+
+class VolumeSpec(Model):
+    """A volume of an engine pod. EmptyDir: node ephemeral storage (the boot disk unless the
+    node has local SSD) with a size limit; EphemeralVolume: a disk of storageClassName created
+    with the pod and deleted with it; PersistentVolumeClaim: an existing claim (claimName),
+    e.g. pre-staged weights, mounted read-only when it holds weights."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.medium != 'EphemeralVolume' || has(self.storageClassName)",
+         "spec.storage.weights/compileCache: storageClassName is required when medium is EphemeralVolume"),
+        ("self.medium != 'PersistentVolumeClaim' || has(self.claimName)",
+         "spec.storage.weights/compileCache: claimName is required when medium is PersistentVolumeClaim"),
+    ))
+    size: Quantity
+    medium: Literal["EmptyDir", "EphemeralVolume", "PersistentVolumeClaim"] = "EmptyDir"
+    storage_class_name: str | None = None
+    claim_name: DNSName | None = None
+
+
+class Storage(Model):
+    """Engine pod volumes besides the sidecar's tiers."""
+    weights: VolumeSpec = Field(
+        default_factory=lambda: VolumeSpec(size="256Gi"),
+        description="Model weights, mounted at /models (HF_HOME=/models/huggingface). Size it for the checkpoint "
+                    "plus headroom: a 235B bf16 model is ~470 GB. On TPU nodes prefer EphemeralVolume with a "
+                    "Hyperdisk storage class over EmptyDir (the node's boot disk).",
+        json_schema_extra={"default": {"size": "256Gi"}})
+    compile_cache: VolumeSpec = Field(
+        default_factory=lambda: VolumeSpec(size="32Gi"),
+        description="XLA/JAX compile cache, mounted at /cache/xla (VLLM_XLA_CACHE_PATH, JAX_COMPILATION_CACHE_DIR): "
+                    "compiled programs for every bucket size, several GiB per model and topology.",
+        json_schema_extra={"default": {"size": "32Gi"}})
 
 
 class EngineSpec(Model):
@@ -295,6 +354,7 @@ class Routing(Model):
     """llm-d routing: endpoint picker, InferencePool, InferenceObjective, HTTPRoute."""
     model_config = ConfigDict(json_schema_extra=cel(
         ("!has(self.gatewayRef) || self.enabled", "spec.routing.gatewayRef requires spec.routing.enabled"),
+        ("!self.gkeGatewayPolicies || self.enabled", "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
     ))
     enabled: bool = True
     scorer_weights: ScorerWeights = sub(ScorerWeights, "Scheduling profile scorer weights.")
@@ -304,13 +364,22 @@ class Routing(Model):
     block_size_tokens: Annotated[int, Field(ge=1)] = 64
     gateway_ref: GatewayRef | None = None
     objective: Objective = sub(Objective, "InferenceObjective priority.")
-    epp_image: str = "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0"
-    proxy_image: str = "ghcr.io/llm-d/llm-d-routing-sidecar:v0.5.0"
+    gke_gateway_policies: bool = Field(
+        False, description="Create GKE Gateway's HealthCheckPolicy (HTTP /health on the serving port) and "
+                           "GCPBackendPolicy (300 s timeout) for the InferencePool: on GKE's Gateway the default "
+                           "health check gets 404 from a model server and marks every backend unhealthy.")
+    epp_image: str = Field(EPP.image, description="llm-d endpoint picker image; its flags and plugin types are "
+                                                  f"those of llm-d-router {EPP.version}.")
+    proxy_image: str = Field(ROUTING_PROXY.image, description="llm-d P/D routing proxy (decode pods); flags of "
+                                                              f"llm-d-router {ROUTING_PROXY.version}.")
     proxy_kv_connector: str | None = Field(
         None, description="P/D protocol the decode routing proxy speaks; when empty: sglang for engine "
                           "sglang-jax, nixlv2 (kv_transfer_params) otherwise.")
 
 
+GS_NEEDS_VLLM = ("spec.model.uri: gs:// models are streamed by vLLM's Run:ai model streamer (spec.engine.type "
+                 "vllm-tpu); for other engines stage the weights on a PersistentVolumeClaim "
+                 "(spec.storage.weights) and give their path")
 SGLANG_IMAGE_REQUIRED = ("spec.engine.image is required with spec.engine.type sglang-jax: its P/D is on its main "
                          "branch only (no release has it), so name an image built from it")
 
@@ -329,6 +398,7 @@ class DisaggregatedServingSpec(Model):
         ("self.engine.type == oldSelf.engine.type",
          "spec.engine.type is immutable: delete and re-create the serving to change engines"),
         ("self.engine.type != 'sglang-jax' || has(self.engine.image)", SGLANG_IMAGE_REQUIRED),
+        ("!self.model.uri.startsWith('gs://') || self.engine.type == 'vllm-tpu'", GS_NEEDS_VLLM),
         ("self.engine.type != 'sglang-jax' || !self.routing.enabled || !self.routing.precisePrefixCache",
          "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),
     ))
@@ -340,6 +410,7 @@ class DisaggregatedServingSpec(Model):
     kv_transfer: KVTransfer = sub(KVTransfer, "KV transfer between roles.")
     prefix_cache: PrefixCache = sub(PrefixCache, "Prefix cache offload.")
     routing: Routing = sub(Routing, "llm-d routing.")
+    storage: Storage = sub(Storage, "Weights and compile-cache volumes of the engine pods.")
     port: Port = 8000
 
 

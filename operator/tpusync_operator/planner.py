@@ -11,7 +11,7 @@ from .builders import pool as pool_builders
 from .builders import serving as serving_builders
 from .builders.common import Owner
 from .builders.serving import PoolInfo, RolePlan
-from .models import SGLANG_IMAGE_REQUIRED, DisaggregatedServingSpec, TPUSyncPoolSpec
+from .models import GS_NEEDS_VLLM, SGLANG_IMAGE_REQUIRED, DisaggregatedServingSpec, TPUSyncPoolSpec
 from .tpu import Slice, TopologyError, slice_for
 
 
@@ -33,7 +33,10 @@ OPTIONAL_KINDS = {
     "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
     "InferenceObjective": ("llm-d.ai/v1alpha2", "inferenceobjectives"),
     "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
+    "HealthCheckPolicy": ("networking.gke.io/v1", "healthcheckpolicies"),
+    "GCPBackendPolicy": ("networking.gke.io/v1", "gcpbackendpolicies"),
 }
+GKE_POLICY_KINDS = ("HealthCheckPolicy", "GCPBackendPolicy")
 
 
 def missing_crd_message(kinds: list[str]) -> str:
@@ -306,12 +309,16 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
     if spec.engine.type == "sglang-jax" and not spec.engine.image:     # the schema rejects it too
         raise PlanError(SGLANG_IMAGE_REQUIRED)
+    if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
+        raise PlanError(GS_NEEDS_VLLM)
     roles = plan_roles(spec, pool)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
     if spec.routing.enabled:
         required |= {"InferencePool", "InferenceObjective"}
         if spec.routing.gateway_ref is not None:
             required.add("HTTPRoute")
+        if spec.routing.gke_gateway_policies:
+            required |= set(GKE_POLICY_KINDS)
     missing = sorted(required - available_kinds)
     apply: list[dict[str, Any]] = []
     delete: list[Ref] = []
@@ -346,10 +353,17 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
             apply.append(llmd.build_inference_objective(owner, spec))
         if spec.routing.gateway_ref is not None and "HTTPRoute" not in missing:
             apply.append(llmd.build_http_route(owner, spec))
+        if spec.routing.gke_gateway_policies:
+            if "HealthCheckPolicy" not in missing:
+                apply.append(llmd.build_gke_health_check_policy(owner, spec))
+            if "GCPBackendPolicy" not in missing:
+                apply.append(llmd.build_gke_backend_policy(owner))
     else:
         delete += epp_children
-    for kind in ("InferencePool", "InferenceObjective", "HTTPRoute"):
-        wanted = spec.routing.enabled and (kind != "HTTPRoute" or spec.routing.gateway_ref is not None)
+    for kind in ("InferencePool", "InferenceObjective", "HTTPRoute", *GKE_POLICY_KINDS):
+        wanted = spec.routing.enabled and (
+            spec.routing.gateway_ref is not None if kind == "HTTPRoute"
+            else spec.routing.gke_gateway_policies if kind in GKE_POLICY_KINDS else True)
         if not wanted and kind in available_kinds:
             delete.append(Ref(OPTIONAL_KINDS[kind][0], kind, owner.name))
     return ServingPlan(roles=roles, apply=apply, delete=delete, missing_kinds=missing,

@@ -1,4 +1,6 @@
-"""TPU slice arithmetic for GKE (pure). Facts: REFERENCE.md section 3."""
+"""TPU slice arithmetic for GKE (pure). Facts: REFERENCE.md section 3; GKE's TPU docs (machine
+types, accelerator labels, topologies per generation); TensorCores per chip as tpu-inference
+counts them (versions.TPU_INFERENCE)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,16 @@ TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 TPU_RESOURCE = "google.com/tpu"
 
-_ACCELERATOR = {"v6e": "tpu-v6e-slice", "v7x": "tpu7x"}
-# v6e single-host machine types by chip count; multi-host v6e slices use 4-chip hosts.
-_V6E_SINGLE_HOST = {1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"}
-_V6E_TOPOLOGIES = {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"}
+_ACCELERATOR = {"v5e": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice", "v7x": "tpu7x"}
+# Single-host machine types by chip count; multi-host v5e/v6e slices use 4-chip hosts.
+_SINGLE_HOST = {
+    "v5e": {1: "ct5lp-hightpu-1t", 4: "ct5lp-hightpu-4t", 8: "ct5lp-hightpu-8t"},
+    "v6e": {1: "ct6e-standard-1t", 4: "ct6e-standard-4t", 8: "ct6e-standard-8t"},
+}
+_2D_TOPOLOGIES = {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"}
+# TensorCores per chip: what --tensor-parallel-size counts on tpu-inference (a JAX device is a
+# TensorCore). v5e and v6e chips have one, v7x chips two (tpu_info.get_num_cores_per_chip).
+TENSORCORES_PER_CHIP = {"v5e": 1, "v6e": 1, "v7x": 2}
 
 
 def _chips(topology: str) -> int:
@@ -38,6 +46,14 @@ class Slice:
     def multi_host(self) -> bool:
         return self.hosts > 1
 
+    @property
+    def cores_per_chip(self) -> int:
+        return TENSORCORES_PER_CHIP[self.tpu_type]
+
+    def tensor_parallel(self, chips: int) -> int:
+        """The tensor-parallel size of an engine spanning `chips` chips: one per TensorCore."""
+        return chips * self.cores_per_chip
+
 
 def slice_for(tpu_type: str, topology: str) -> Slice:
     """Describe one slice; raises TopologyError (with the field named) when invalid."""
@@ -48,17 +64,18 @@ def slice_for(tpu_type: str, topology: str) -> Slice:
     if any(d < 1 for d in dims):
         raise TopologyError(f"spec.tpu.topology {topology!r} has a zero dimension")
     chips = math.prod(dims)
-    if tpu_type == "v6e":
-        if len(dims) != 2 or topology not in _V6E_TOPOLOGIES:
+    if tpu_type in _SINGLE_HOST:
+        if len(dims) != 2 or topology not in _2D_TOPOLOGIES:
             raise TopologyError(
-                f"spec.tpu.topology {topology!r} is not a v6e topology "
-                f"(one of {', '.join(sorted(_V6E_TOPOLOGIES, key=_chips))})")
-        if chips in _V6E_SINGLE_HOST:
-            return Slice("v6e", topology, chips, chips, 1, _V6E_SINGLE_HOST[chips], _ACCELERATOR["v6e"])
-        return Slice("v6e", topology, chips, 4, chips // 4, "ct6e-standard-4t", _ACCELERATOR["v6e"])
+                f"spec.tpu.topology {topology!r} is not a {tpu_type} topology "
+                f"(one of {', '.join(sorted(_2D_TOPOLOGIES, key=_chips))})")
+        machines = _SINGLE_HOST[tpu_type]
+        if chips in machines:
+            return Slice(tpu_type, topology, chips, chips, 1, machines[chips], _ACCELERATOR[tpu_type])
+        return Slice(tpu_type, topology, chips, 4, chips // 4, machines[4], _ACCELERATOR[tpu_type])
     if tpu_type == "v7x":
         if len(dims) != 3 or chips % 4 != 0:
             raise TopologyError(
                 f"spec.tpu.topology {topology!r} is not a v7x topology (AxBxC with a multiple of 4 chips)")
         return Slice("v7x", topology, chips, 4, chips // 4, "tpu7x-standard-4t", _ACCELERATOR["v7x"])
-    raise TopologyError(f"spec.tpu.type {tpu_type!r} is not supported (v6e, v7x)")
+    raise TopologyError(f"spec.tpu.type {tpu_type!r} is not supported (v5e, v6e, v7x)")

@@ -78,4 +78,8 @@ needs create (when it creates) and patch; prune needs delete.
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
   verbs: [list, watch, create, patch, delete]
+{{- /* GKE Gateway's policies for an InferencePool (spec.routing.gkeGatewayPolicies). */}}
+- apiGroups: [networking.gke.io]
+  resources: [healthcheckpolicies, gcpbackendpolicies]
+  verbs: [list, watch, create, patch, delete]
 {{- end }}

@@ -1,23 +1,26 @@
 """Engine command lines per engine type (pure).
 
-The flags below are the contract with the engines' owners; each is an assumption to keep
-in sync with python/tpusync (reference engine, vLLM connector) and the engine images.
+The flags below are the contract with the engines; each engine's flag set at its pinned
+version is recorded in ..versions (with the upstream file it was read from) and the unit
+tests check every rendered flag against it; tests/vllm parses the vLLM ones with vLLM itself.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from ..models import DisaggregatedServingSpec
+from .. import versions
+from ..models import DisaggregatedServingSpec, ModelRef
 from . import sglang_pd
 from .common import Owner, env_from_fields
 from .sidecar import CONTROL_SOCKET
 
 # Pinned defaults (override with spec.engine.image; sglang-jax has none: see sglang_pd.py).
 DEFAULT_IMAGES = {
-    "reference": "ghcr.io/tpusync/tpusync-serving:0.1.0",
-    "vllm-tpu": "docker.io/vllm/vllm-tpu:v0.11.1",
+    "reference": versions.SERVING_IMAGE,
+    "vllm-tpu": versions.VLLM.image,
 }
 # tpusync's vLLM KV connector (python/tpusync); the name vLLM loads through kv_transfer_config.
 VLLM_CONNECTOR = "TPUSyncConnector"
@@ -27,55 +30,101 @@ TPU_INFERENCE_CONNECTOR = "TPUConnector"
 TPU_INFERENCE_CONNECTOR_MODULE = "tpu_inference.distributed.tpu_connector"
 TPU_INFERENCE_PORTS = {"tpu-kv": 9100, "tpu-kv-side": 9600}
 
+# Engine pod volumes (spec.storage): weights and the XLA/JAX compile cache.
+WEIGHTS_DIR = "/models"
+HF_HOME = f"{WEIGHTS_DIR}/huggingface"
+COMPILE_CACHE_DIR = "/cache/xla"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """spec.model.uri resolved: what the engine is given to load."""
+    scheme: Literal["hf", "gs", "path"]
+    ref: str                      # a Hugging Face repo id, a gs:// URI, or a path
+
+    @classmethod
+    def of(cls, model: ModelRef) -> "ModelSource":
+        uri = model.uri
+        if uri.startswith("hf://"):
+            return cls("hf", uri[len("hf://"):])
+        if uri.startswith("gs://"):
+            return cls("gs", uri)
+        return cls("path", uri)
+
 
 def engine_image(spec: DisaggregatedServingSpec) -> str:
     return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
 
 
-def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, chips: int,
+def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, tensor_parallel: int,
                    data_port: int, kv_events_port: int) -> tuple[list[str], list[str]]:
     """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
 
-    The engine publishes the KV events (it knows the tokens of each block); `data_port` is the
+    `tensor_parallel` counts TensorCores (JAX devices), not chips: Slice.tensor_parallel. The
+    engine publishes the KV events (it knows the tokens of each block); `data_port` is the
     pod's sidecar data port, advertised to decode pods in kv_transfer_params.
     """
     m = spec.model
+    src = ModelSource.of(m)
     extra = list((spec.prefill if role == "prefill" else spec.decode).args or [])
     if spec.engine.type == "reference":
-        args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", m.uri,
+        args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", src.ref,
                 "--served-model-name", m.name, "--control-socket", CONTROL_SOCKET,
                 "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
-        kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
-        if spec.kv_transfer.connector == "tpu-inference":
-            kv: dict[str, Any] = {"kv_connector": TPU_INFERENCE_CONNECTOR,
-                                  "kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE, "kv_role": kv_role}
-        else:
-            kv = {
-                "kv_connector": VLLM_CONNECTOR,
-                "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
-                "kv_role": kv_role,
-                "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
-                                              "data_address": f"$(POD_IP):{data_port}",
-                                              "layerwise": spec.kv_transfer.layerwise},
-                # A block that cannot be loaded after all is recomputed, not a failed request.
-                "kv_load_failure_policy": "recompute",
-            }
-        # KV events for llm-d's precise prefix-cache scoring, in the topic form its pod
-        # discovery expects (kv@<pod ip>:<port>@<model>).
-        events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
-                  "topic": f"kv@$(POD_IP):{port}@{m.name}"}
-        args = [m.uri, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
-                "--tensor-parallel-size", str(chips),
-                "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),
-                "--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
-        return ["vllm", "serve"], args + extra
+        return ["vllm", "serve"], vllm_args(spec, role, src, port=port, tensor_parallel=tensor_parallel,
+                                            data_port=data_port, kv_events_port=kv_events_port) + extra
     # sglang-jax, with its own P/D (sglang_pd.py)
-    args = ["--model-path", m.uri, "--host", "0.0.0.0", "--port", str(port), "--served-model-name", m.name,
-            "--tp-size", str(chips), *sglang_pd.engine_args(owner, role)]
-    return ["python", "-m", "sgl_jax.launch_server"], args + extra
+    args = ["--model-path", src.ref, "--host", "0.0.0.0", "--port", str(port), "--served-model-name", m.name,
+            "--tp-size", str(tensor_parallel)]
+    if m.revision:
+        args += ["--revision", m.revision]
+    return ["python", "-m", "sgl_jax.launch_server"], args + sglang_pd.engine_args(owner, role) + extra
+
+
+def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, port: int, tensor_parallel: int,
+              data_port: int, kv_events_port: int) -> list[str]:
+    """`vllm serve` arguments (after the subcommand) of one role."""
+    m = spec.model
+    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    if spec.kv_transfer.connector == "tpu-inference":
+        kv: dict[str, Any] = {"kv_connector": TPU_INFERENCE_CONNECTOR,
+                              "kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE, "kv_role": kv_role}
+    else:
+        kv = {
+            "kv_connector": VLLM_CONNECTOR,
+            "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
+            "kv_role": kv_role,
+            "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
+                                          "data_address": f"$(POD_IP):{data_port}",
+                                          "layerwise": spec.kv_transfer.layerwise},
+            # A block that cannot be loaded after all is recomputed, not a failed request.
+            "kv_load_failure_policy": "recompute",
+        }
+    # KV events for llm-d's precise prefix-cache scoring, in the topic form its pod
+    # discovery expects (kv@<pod ip>:<port>@<model>).
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
+              "topic": f"kv@$(POD_IP):{port}@{m.name}"}
+    args = [src.ref, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
+            "--tensor-parallel-size", str(tensor_parallel),
+            "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),
+            "--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
+    if src.scheme == "hf" and m.revision:
+        args += ["--revision", m.revision]
+    if src.scheme == "gs":
+        args += ["--load-format", versions.VLLM_STREAMING_LOAD_FORMAT]
+    if needs_render(spec, role):
+        args.append(versions.VLLM_RENDER_FLAG)
+    return args
+
+
+def needs_render(spec: DisaggregatedServingSpec, role: str) -> bool:
+    """The EPP's token-producer asks the decode Service for /v1/completions/render (precise
+    prefix-cache routing); vLLM serves it only when told to (versions.VLLM_RENDER_FLAG)."""
+    return (spec.engine.type == "vllm-tpu" and role == "decode" and spec.routing.enabled
+            and spec.routing.precise_prefix_cache)
 
 
 def engine_probe_path(spec: DisaggregatedServingSpec) -> str:
@@ -100,8 +149,14 @@ def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> list[
         # Block keys hashed with Python's hash() must agree across replicas.
         {"name": "PYTHONHASHSEED", "value": "0"},
         {"name": "HOME", "value": "/tmp"},
-        {"name": "HF_HOME", "value": "/cache/huggingface"},
+        # Hugging Face downloads land on the weights volume, compiled programs on the cache volume.
+        {"name": "HF_HOME", "value": HF_HOME},
+        {"name": versions.VLLM_XLA_CACHE_ENV, "value": COMPILE_CACHE_DIR},
+        {"name": versions.JAX_COMPILE_CACHE_ENV, "value": COMPILE_CACHE_DIR},
     ]
+    token = spec.model.token_secret_ref
+    if token is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
     if spec.engine.type == "sglang-jax":
         env.append(sglang_pd.secret_env(owner))
     env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]

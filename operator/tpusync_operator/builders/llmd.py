@@ -1,9 +1,11 @@
 """llm-d wiring of a DisaggregatedServing: the endpoint picker (EPP) with its
 EndpointPickerConfig, InferencePool, InferenceObjective and HTTPRoute.
 
-Formats (REFERENCE.md section 2): EndpointPickerConfig llm-d.ai/v1alpha1 (strict decoding);
-InferencePool inference.networking.k8s.io/v1; InferenceObjective llm-d.ai/v1alpha2;
-HTTPRoute gateway.networking.k8s.io/v1.
+Formats and versions: ..versions (EPP, GATEWAY_API_INFERENCE_EXTENSION, INFERENCE_OBJECTIVE,
+GKE_GATEWAY_POLICIES), each with the upstream file it follows. EndpointPickerConfig
+llm-d.ai/v1alpha1 (strict decoding); InferencePool inference.networking.k8s.io/v1;
+InferenceObjective llm-d.ai/v1alpha2; HTTPRoute gateway.networking.k8s.io/v1; GKE's
+HealthCheckPolicy and GCPBackendPolicy networking.gke.io/v1.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .. import versions
 from ..models import DisaggregatedServingSpec
 from . import names
 from .common import (LLMD_SERVING_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context,
@@ -22,9 +25,10 @@ EPP_GRPC_PORT = 9002
 EPP_HEALTH_PORT = 9003
 EPP_METRICS_PORT = 9090
 EPP_CONFIG_KEY = "config.yaml"
-INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
-INFERENCE_OBJECTIVE_API = "llm-d.ai/v1alpha2"
-HTTPROUTE_API = "gateway.networking.k8s.io/v1"
+INFERENCE_POOL_API = versions.INFERENCE_POOL_API
+INFERENCE_OBJECTIVE_API = versions.INFERENCE_OBJECTIVE_API
+HTTPROUTE_API = versions.HTTPROUTE_API
+GKE_POLICY_API = versions.GKE_POLICY_API
 CONFIG_HASH_ANNOTATION = "tpusync.dev/epp-config-hash"
 
 
@@ -145,6 +149,18 @@ def _epp_selector(owner: Owner) -> dict[str, str]:
     return {SERVING_LABEL: owner.name, "app.kubernetes.io/component": "endpoint-picker"}
 
 
+def epp_args(owner: Owner) -> list[str]:
+    """The EPP's command line (flags: versions.EPP). Boolean flags take `=`: pflag reads a
+    separate word as a positional argument."""
+    return ["--pool-name", owner.name, "--pool-namespace", owner.namespace,
+            "--pool-group", "inference.networking.k8s.io",
+            "--config-file", f"/config/{EPP_CONFIG_KEY}",
+            "--grpc-health-port", str(EPP_HEALTH_PORT), "--zap-encoder", "json",
+            # Metrics without a bearer token (upstream's chart default): with auth the EPP
+            # would need TokenReview/SubjectAccessReview rights and Prometheus a token.
+            f"--metrics-endpoint-auth={str(versions.EPP_METRICS_AUTH).lower()}"]
+
+
 def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> dict[str, Any]:
     """The endpoint picker. Its pod template carries a hash of the config so a config change
     rolls it (the EPP reads the file once at start)."""
@@ -159,10 +175,7 @@ def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events
         "name": "epp",
         "image": spec.routing.epp_image,
         "imagePullPolicy": "IfNotPresent",
-        "args": ["--pool-name", owner.name, "--pool-namespace", owner.namespace,
-                 "--pool-group", "inference.networking.k8s.io",
-                 "--config-file", f"/config/{EPP_CONFIG_KEY}",
-                 "--grpc-health-port", str(EPP_HEALTH_PORT), "--zap-encoder", "json"],
+        "args": epp_args(owner),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT},
@@ -197,12 +210,14 @@ def build_epp_service(owner: Owner) -> dict[str, Any]:
 
 def build_epp_network_policy(owner: Owner) -> dict[str, Any]:
     """The gateway reaches the EPP's ext-proc port and Prometheus its metrics, from wherever
-    they run; health is probed by the kubelet, which policies do not filter."""
+    they run; the gRPC health port is open too: the kubelet's probes pass any policy, but
+    GKE's Gateway health-checks the EPP backend on it from Google's health-check ranges."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
             "spec": {"podSelector": {"matchLabels": _epp_selector(owner)},
                      "policyTypes": ["Ingress"],
                      "ingress": [{"ports": [{"protocol": "TCP", "port": EPP_GRPC_PORT},
+                                            {"protocol": "TCP", "port": EPP_HEALTH_PORT},
                                             {"protocol": "TCP", "port": EPP_METRICS_PORT}]}]}}
 
 
@@ -237,3 +252,28 @@ def build_http_route(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, 
                                 "backendRefs": [{"group": "inference.networking.k8s.io",
                                                  "kind": "InferencePool", "name": owner.name}],
                                 "timeouts": {"request": "300s"}}]}}
+
+
+def _pool_target_ref(owner: Owner) -> dict[str, str]:
+    return {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": owner.name}
+
+
+def build_gke_health_check_policy(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """GKE Gateway's health check of the InferencePool's endpoints: HTTP /health on the serving
+    port (the engine's, or on decode pods the routing proxy's own /health). Without it GKE
+    probes / and marks every model server unhealthy."""
+    return {"apiVersion": GKE_POLICY_API, "kind": "HealthCheckPolicy",
+            "metadata": metadata(owner, owner.name, base_labels(owner, "inference-pool")),
+            "spec": {"targetRef": _pool_target_ref(owner),
+                     "default": {**versions.GKE_HEALTH_CHECK_DEFAULTS,
+                                 "config": {"type": "HTTP",
+                                            "httpHealthCheck": {"requestPath": "/health", "port": spec.port}}}}}
+
+
+def build_gke_backend_policy(owner: Owner) -> dict[str, Any]:
+    """GKE Gateway's backend settings for the InferencePool: a timeout long enough for a
+    generation (GKE's default is 30 s)."""
+    return {"apiVersion": GKE_POLICY_API, "kind": "GCPBackendPolicy",
+            "metadata": metadata(owner, owner.name, base_labels(owner, "inference-pool")),
+            "spec": {"targetRef": _pool_target_ref(owner),
+                     "default": {"timeoutSec": versions.GKE_BACKEND_TIMEOUT_SEC}}}

@@ -6,18 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import DisaggregatedServingSpec, DiskTier, TPUSyncPoolSpec
+from .. import versions
+from ..models import DisaggregatedServingSpec, DiskTier, TPUSyncPoolSpec, VolumeSpec
 from ..quantity import to_bytes
 from ..tpu import TPU_RESOURCE, Slice
 from . import names
 from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, LLMD_ROLE_LABEL, LLMD_SERVING_LABEL, POOL_LABEL,
                      ROLE_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context, metadata,
                      pod_security_context, resources)
-from .engine import engine_command, engine_env, engine_image, engine_ports, engine_probe_path, proxy_kv_connector
+from .engine import (COMPILE_CACHE_DIR, WEIGHTS_DIR, ModelSource, engine_command, engine_env, engine_image,
+                     engine_ports, engine_probe_path, proxy_kv_connector)
 from .pool import pool_node_selector, tpu_node_labels
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
-LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_API = versions.LWS_API
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 PROXY_NAME = "routing-proxy"
@@ -71,6 +73,42 @@ def _tiers(spec: DisaggregatedServingSpec, pool: PoolInfo) -> tuple[int, DiskTie
     return dram, disk
 
 
+ENGINE_TMP_BYTES = "2Gi"   # scratch only: weights and compiled programs have volumes of their own
+
+
+def routing_proxy_args(spec: DisaggregatedServingSpec, engine_port_: int) -> list[str]:
+    """llm-d's P/D proxy in front of the decode engine (flags: versions.ROUTING_PROXY)."""
+    return [f"--port={spec.port}", f"--model-server-port={engine_port_}",
+            f"--kv-connector={proxy_kv_connector(spec)}", "--secure-proxy=false"]
+
+
+def weights_read_only(spec: DisaggregatedServingSpec) -> bool:
+    """A claim of pre-staged weights loaded by path is mounted read-only; downloads need it writable."""
+    return spec.storage.weights.medium == "PersistentVolumeClaim" and ModelSource.of(spec.model).scheme == "path"
+
+
+def _volume(name: str, vol: VolumeSpec, *, read_only: bool = False) -> dict[str, Any]:
+    if vol.medium == "EphemeralVolume":
+        return {"name": name, "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": vol.storage_class_name,
+            "resources": {"requests": {"storage": vol.size}}}}}}
+    if vol.medium == "PersistentVolumeClaim":
+        claim: dict[str, Any] = {"claimName": vol.claim_name}
+        if read_only:
+            claim["readOnly"] = True
+        return {"name": name, "persistentVolumeClaim": claim}
+    return {"name": name, "emptyDir": {"sizeLimit": vol.size}}
+
+
+def engine_volumes(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
+    """The engine's scratch /tmp, weights (/models) and XLA compile cache (/cache/xla), sized
+    by spec.storage: the sidecar's small /tmp would evict the pod, and unsized weights fill
+    the node's boot disk."""
+    return [{"name": "engine-tmp", "emptyDir": {"sizeLimit": ENGINE_TMP_BYTES}},
+            _volume("model-weights", spec.storage.weights, read_only=weights_read_only(spec)),
+            _volume("compile-cache", spec.storage.compile_cache)]
+
+
 def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan,
                        *, serving: bool) -> dict[str, Any]:
     """Pod template of one role. `serving` marks pods that take requests (a Deployment pod or
@@ -78,7 +116,8 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
-    command, args = engine_command(owner, spec, role, port=port, chips=plan.chips, data_port=pool.spec.sidecar.data_port,
+    command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
+                                   data_port=pool.spec.sidecar.data_port,
                                    kv_events_port=pool.spec.sidecar.kv_events_port)
     labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
     if serving:
@@ -109,8 +148,9 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "volumeMounts": [
             {"name": "tpusync-shm", "mountPath": "/dev/shm"},
             {"name": "tpusync-run", "mountPath": "/run/tpusync"},
-            {"name": "tpusync-tmp", "mountPath": "/tmp"},
-            {"name": "engine-cache", "mountPath": "/cache"},
+            {"name": "engine-tmp", "mountPath": "/tmp"},
+            {"name": "model-weights", "mountPath": WEIGHTS_DIR, **({"readOnly": True} if weights_read_only(spec) else {})},
+            {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR},
         ],
     }
     role_spec = spec.prefill if role == "prefill" else spec.decode
@@ -125,8 +165,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
             "image": spec.routing.proxy_image,
             "imagePullPolicy": "IfNotPresent",
             "restartPolicy": "Always",
-            "args": [f"--port={spec.port}", f"--model-server-port={port}",
-                     f"--kv-connector={proxy_kv_connector(spec)}", "--secure-proxy=false"],
+            "args": routing_proxy_args(spec, port),
             "ports": [{"name": "proxy", "containerPort": spec.port, "protocol": "TCP"}],
             "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
             "securityContext": container_security_context(read_only_root=True),
@@ -140,7 +179,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "initContainers": init,
         "containers": [engine],
         "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk)
-        + [{"name": "engine-cache", "emptyDir": {}}],
+        + engine_volumes(spec),
     }
     if plan.chips_per_host:
         node_selector = {**node_selector, **tpu_node_labels(pool.tpu)}

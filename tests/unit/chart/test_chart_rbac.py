@@ -9,6 +9,7 @@ import pytest
 from chart_helm import find, kinds
 from tpusync_operator.builders.llmd import EPP_RULES
 from tpusync_operator.kube import RESOURCES
+from tpusync_operator.planner import OPTIONAL_KINDS
 
 
 def rule(groups, resources, verbs):
@@ -42,6 +43,8 @@ NAMESPACED = [
     rule(["llm-d.ai", "inference.networking.x-k8s.io"], ["inferenceobjectives", "inferencemodelrewrites"],
          ["get", "list", "watch"]),
     rule(["gateway.networking.k8s.io"], ["httproutes"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["networking.gke.io"], ["healthcheckpolicies", "gcpbackendpolicies"],
+         ["list", "watch", "create", "patch", "delete"]),
 ]
 
 
@@ -102,6 +105,14 @@ def test_every_kind_the_operator_touches_is_granted():
     for (api_version, _kind), (plural, _namespaced) in RESOURCES.items():
         group = api_version.split("/")[0] if "/" in api_version else ""
         assert any(allows(rules, group, plural, v) for v in ("get", "list", "create", "patch")), plural
+
+
+def test_every_optional_kind_the_planner_applies_is_granted():
+    """Each optional kind (planner.OPTIONAL_KINDS: LWS, llm-d, Gateway and GKE Gateway kinds) is
+    watched, applied and pruned by the operator."""
+    for api_version, plural in OPTIONAL_KINDS.values():
+        for verb in ("list", "watch", "create", "patch", "delete"):
+            assert allows(NAMESPACED, api_version.split("/")[0], plural, verb), (plural, verb)
 
 
 @pytest.mark.parametrize("r", EPP_RULES, ids=lambda r: ",".join(r["resources"]))

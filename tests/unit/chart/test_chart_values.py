@@ -123,3 +123,13 @@ def test_schema_rejects_unknown_keys_with_a_clear_error(helm, values, where, wha
 def test_schema_rejects_bad_values(helm, values, where):
     err = helm.template_error(values)
     assert f"at '{where}'" in err, err
+
+
+def test_operator_image_is_the_pinned_release():
+    """The chart and the operator name one release: versions.TPUSYNC (the version table)."""
+    from tpusync_operator import versions
+    image = VALUES["image"]
+    assert f"{image['repository']}:{image['tag']}" == versions.OPERATOR_IMAGE
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == versions.TPUSYNC_VERSION
+    assert versions.OPERATOR_IMAGE in versions.TPUSYNC.values["images"]

@@ -125,7 +125,8 @@ def test_vllm_kv_transfer_config():
     # The prefill engine advertises its sidecar's data port to decode engines.
     assert kv["kv_connector_extra_config"]["data_address"] == "$(POD_IP):7600"
     assert kv["kv_load_failure_policy"] == "recompute"
-    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    # 2x2x2 v7x: 8 chips of 2 TensorCores each; tensor parallelism counts TensorCores.
+    assert args[args.index("--tensor-parallel-size") + 1] == "16"
     assert args[-1] == "--x"
     dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
     assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
@@ -265,3 +266,130 @@ def test_sglang_jax_runs_its_own_pd_against_the_servings_bootstrap():
                 "valueFrom": {"secretKeyRef": {"name": "llm-pd-secret", "key": "secret"}}} in c["env"]
     proxy = next(i for i in pods["llm-decode"]["spec"]["initContainers"] if i["name"] == "routing-proxy")
     assert "--kv-connector=sglang" in proxy["args"]
+
+
+def _engine(serving, pool=None, name="llm-decode"):
+    pods = dict(_pods(plan(serving, pool or PoolBody()).apply))
+    key = name if name in pods else name + "/leader"
+    return pods[key]["spec"]
+
+
+@pytest.mark.parametrize("tpu,topology,tp", [("v5e", "2x2", 4), ("v6e", "2x4", 8), ("v7x", "2x2x1", 8),
+                                             ("v7x", "2x2x2", 16), ("v6e", "1x1", 1)])
+def test_tensor_parallel_counts_tensorcores(tpu, topology, tp):
+    """tpu-inference's --tensor-parallel-size is in JAX devices: 1 per chip on v5e/v6e, 2 on v7x."""
+    pool = PoolBody().spec(tpu={"type": tpu, "topology": topology})
+    if tpu == "v7x":
+        pool = pool.gke(workloadPolicy="wp")
+    for engine in ({"type": "vllm-tpu"}, {"type": "sglang-jax", "image": "r.example/sgl:main"}):
+        serving = ServingBody().spec(engine=engine, kvTransfer={"connector": "sglang-jax"}
+                                     if engine["type"] == "sglang-jax" else {},
+                                     routing={"precisePrefixCache": engine["type"] != "sglang-jax"})
+        args = _engine(serving, pool)["containers"][0]["args"]
+        flag = "--tensor-parallel-size" if engine["type"] == "vllm-tpu" else "--tp-size"
+        assert args[args.index(flag) + 1] == str(tp), (engine, args)
+
+
+def test_engine_volumes_default_sized_and_separate_from_the_sidecar_tmp():
+    spec = _engine(ServingBody())
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["model-weights"] == {"name": "model-weights", "emptyDir": {"sizeLimit": "256Gi"}}
+    assert vols["compile-cache"] == {"name": "compile-cache", "emptyDir": {"sizeLimit": "32Gi"}}
+    assert vols["engine-tmp"]["emptyDir"]["sizeLimit"] == "2Gi"
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["/tmp"] == "engine-tmp" and mounts["/models"] == "model-weights"
+    assert mounts["/cache/xla"] == "compile-cache"
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["HF_HOME"] == "/models/huggingface"
+    assert env["VLLM_XLA_CACHE_PATH"] == env["JAX_COMPILATION_CACHE_DIR"] == "/cache/xla"
+
+
+def test_engine_volumes_ephemeral_and_claim():
+    serving = ServingBody().spec(
+        model={"uri": "/models/qwen"},
+        storage={"weights": {"size": "600Gi", "medium": "PersistentVolumeClaim", "claimName": "weights"},
+                 "compileCache": {"size": "64Gi", "medium": "EphemeralVolume", "storageClassName": "hd"}})
+    spec = _engine(serving)
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["model-weights"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    assert vols["compile-cache"]["ephemeral"]["volumeClaimTemplate"]["spec"] == {
+        "accessModes": ["ReadWriteOnce"], "storageClassName": "hd", "resources": {"requests": {"storage": "64Gi"}}}
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "model-weights")
+    assert mount["readOnly"] is True
+    # a claim that hf:// downloads into stays writable
+    spec = _engine(ServingBody().spec(storage={"weights": {"size": "1Ti", "medium": "PersistentVolumeClaim",
+                                                           "claimName": "hf-cache"}}))
+    assert "readOnly" not in next(v for v in spec["volumes"] if v["name"] == "model-weights")["persistentVolumeClaim"]
+
+
+@pytest.mark.parametrize("model,expect_args,absent", [
+    ({"uri": "hf://Qwen/Qwen3-8B", "revision": "main", "tokenSecretRef": {"name": "hf", "key": "tok"}},
+     ["Qwen/Qwen3-8B", "--revision", "main"], ["--load-format"]),
+    ({"uri": "gs://bucket/qwen3"}, ["gs://bucket/qwen3", "--load-format", "runai_streamer"], ["--revision"]),
+    ({"uri": "/models/qwen3"}, ["/models/qwen3"], ["--revision", "--load-format"]),
+])
+def test_vllm_model_sources(model, expect_args, absent):
+    spec = _engine(ServingBody().spec(engine={"type": "vllm-tpu"}, model=model), name="llm-prefill")
+    c = spec["containers"][0]
+    args = c["args"]
+    assert args[0] == expect_args[0] and "hf://" not in " ".join(args)
+    for flag, value in zip(expect_args[1::2], expect_args[2::2]):
+        assert args[args.index(flag) + 1] == value
+    assert not set(absent) & set(args)
+    token = [e for e in c["env"] if e["name"] == "HF_TOKEN"]
+    if "tokenSecretRef" in model:
+        assert token == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}}]
+    else:
+        assert token == []
+
+
+def test_sglang_and_reference_get_the_repo_id():
+    spec = _engine(ServingBody().spec(engine={"type": "sglang-jax", "image": "r.example/sgl:main"},
+                                      kvTransfer={"connector": "sglang-jax"}, routing={"precisePrefixCache": False},
+                                      model={"uri": "hf://org/m", "revision": "abc"}))
+    args = spec["containers"][0]["args"]
+    assert args[args.index("--model-path") + 1] == "org/m" and args[args.index("--revision") + 1] == "abc"
+    args = _engine(ServingBody())["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == "org/m"
+
+
+def test_gs_models_need_vllm():
+    from tpusync_operator.planner import PlanError
+    with pytest.raises(PlanError, match="gs://"):
+        plan(ServingBody().spec(model={"uri": "gs://bkt/m"}), PoolBody())
+
+
+def test_gke_gateway_policies_for_the_pool():
+    serving = ServingBody().spec(routing={"gatewayRef": {"name": "gw"}, "gkeGatewayPolicies": True})
+    objs = {o["kind"]: o for o in plan(serving, PoolBody(), ALL | {"HealthCheckPolicy", "GCPBackendPolicy"}).apply}
+    hc, be = objs["HealthCheckPolicy"], objs["GCPBackendPolicy"]
+    target = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}
+    assert hc["apiVersion"] == be["apiVersion"] == "networking.gke.io/v1"
+    assert hc["spec"]["targetRef"] == be["spec"]["targetRef"] == target
+    # /health on the InferencePool's target port (the decode proxy answers it itself)
+    assert hc["spec"]["default"]["config"] == {"type": "HTTP", "httpHealthCheck": {"requestPath": "/health",
+                                                                                  "port": 8000}}
+    assert be["spec"]["default"]["timeoutSec"] == 300
+    # off: not applied, and pruned where the CRDs exist
+    p = plan(ServingBody(), PoolBody(), ALL | {"HealthCheckPolicy", "GCPBackendPolicy"})
+    assert not {"HealthCheckPolicy", "GCPBackendPolicy"} & {o["kind"] for o in p.apply}
+    assert {r.kind for r in p.delete} >= {"HealthCheckPolicy", "GCPBackendPolicy"}
+    # asked for but not installed: reported as missing CRDs
+    p = plan(serving, PoolBody(), ALL)
+    assert {"HealthCheckPolicy", "GCPBackendPolicy"} <= set(p.missing_kinds)
+
+
+def test_epp_metrics_without_auth_and_health_port_admitted():
+    owner, spec = _owner_spec(ServingBody())
+    args = llmd.build_epp_deployment(owner, spec, 5557)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-endpoint-auth=false" in args
+    ports = llmd.build_epp_network_policy(owner)["spec"]["ingress"][0]["ports"]
+    assert {p["port"] for p in ports} == {llmd.EPP_GRPC_PORT, llmd.EPP_HEALTH_PORT, llmd.EPP_METRICS_PORT}
+
+
+def test_routing_proxy_flags():
+    spec = _engine(ServingBody())
+    proxy = next(c for c in spec["initContainers"] if c["name"] == "routing-proxy")
+    assert proxy["image"] == "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"
+    assert proxy["args"] == ["--port=8000", "--model-server-port=8200", "--kv-connector=nixlv2",
+                             "--secure-proxy=false"]

@@ -55,7 +55,7 @@ def _props(kind: str) -> dict[str, Any]:
 
 def test_pool_defaults_and_enums():
     spec = _props("TPUSyncPool")["spec"]["properties"]
-    assert spec["tpu"]["properties"]["type"]["enum"] == ["v6e", "v7x"]
+    assert spec["tpu"]["properties"]["type"]["enum"] == ["v5e", "v6e", "v7x"]
     assert spec["provisioning"]["properties"]["mode"]["enum"] == ["gke", "existing"]
     assert spec["sidecar"]["default"] == {}
     assert spec["sidecar"]["properties"]["dataPort"]["default"] == 7600

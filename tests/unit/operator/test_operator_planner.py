@@ -253,7 +253,9 @@ def test_network_policies_admit_the_gateway_and_the_serving_itself():
     assert {"from": [{"podSelector": {"matchLabels": {"tpusync.dev/serving": "llm"}}}]} in serving["ingress"]
     epp_pods = next(o for o in p.apply if o["kind"] == "Deployment" and o["metadata"]["name"] == "llm-epp")
     assert epp["podSelector"]["matchLabels"].items() <= epp_pods["spec"]["template"]["metadata"]["labels"].items()
-    assert epp["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9002}, {"protocol": "TCP", "port": 9090}]}]
+    # ext-proc, gRPC health (GKE's Gateway health-checks the EPP there) and metrics
+    assert epp["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9002}, {"protocol": "TCP", "port": 9003},
+                                         {"protocol": "TCP", "port": 9090}]}]
 
 
 def test_cpu_only_needs_no_tpu_match():

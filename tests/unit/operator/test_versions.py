@@ -1,0 +1,198 @@
+"""Every flag, plugin type, connector and API version the builders render belongs to the pinned
+upstream version recorded in tpusync_operator.versions (read from the upstream file cited
+there), for every sample and every engine option. The vLLM command lines are also parsed by
+vLLM itself in tests/vllm/test_rendered_args.py, and the reference engine's here by its own
+parser."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from op_helpers import PoolBody, ServingBody
+from tpusync_operator import versions
+from tpusync_operator.builders import llmd, sglang_pd
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.serving import PoolInfo
+from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
+from tpusync_operator.render import load, render
+from tpusync_operator.tpu import slice_for
+
+SAMPLES = sorted((Path(__file__).resolve().parents[3] / "samples").glob("*.yaml"))
+
+
+def pool_info(body):
+    spec = TPUSyncPoolSpec.model_validate(body["spec"])
+    return PoolInfo(body["metadata"]["name"], spec, slice_for(spec.tpu.type, spec.tpu.topology))
+
+
+# Every engine option that changes a command line: engine and connector, routing (precise,
+# approximate, off), model source (hf, hf with revision and token, gs, path), layerwise.
+ENGINES = [({"type": "reference"}, {"connector": "tpusync"}),
+           ({"type": "vllm-tpu"}, {"connector": "tpusync"}),
+           ({"type": "vllm-tpu"}, {"connector": "tpu-inference"}),
+           ({"type": "sglang-jax", "image": "registry.example/sgl:main"}, {"connector": "sglang-jax"})]
+ROUTING = [{"enabled": True, "precisePrefixCache": True}, {"enabled": True, "precisePrefixCache": False},
+           {"enabled": False}]
+MODELS = [{"name": "m", "uri": "hf://org/m"},
+          {"name": "m", "uri": "hf://org/m", "revision": "v1", "tokenSecretRef": {"name": "hf"}},
+          {"name": "m", "uri": "gs://bucket/models/m"},
+          {"name": "m", "uri": "/models/m"}]
+
+
+def matrix():
+    """(id, plan.apply) for every valid combination, on a v6e and a v7x multi-host pool."""
+    pools = {"v6e": PoolBody(), "v7x": PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")}
+    for (engine, kv), routing, model, layerwise, (pname, pool) in itertools.product(
+            ENGINES, ROUTING, MODELS, (True, False), pools.items()):
+        if engine["type"] == "sglang-jax" and routing.get("precisePrefixCache"):
+            continue   # the schema refuses it: sglang-jax publishes no KV events
+        if model["uri"].startswith("gs://") and engine["type"] != "vllm-tpu":
+            continue   # the schema refuses it: only vLLM streams from gs://
+        body = ServingBody().spec(engine=engine, kvTransfer={**kv, "layerwise": layerwise}, routing=routing,
+                                  model=model).build()
+        spec = DisaggregatedServingSpec.model_validate(body["spec"])
+        ident = f"{engine['type']}-{kv['connector']}-{routing}-{model['uri']}-{layerwise}-{pname}"
+        yield ident, plan_serving(Owner.from_body(body), spec, pool_info(pool.build()), set(OPTIONAL_KINDS)).apply
+    docs = load([str(p) for p in SAMPLES])
+    yield "samples", [r.body for r in render(docs) if "kind" in r.body]   # not the node pool requests
+
+
+CASES = list(matrix())
+
+
+def containers(objs):
+    for o in objs:
+        spec = o.get("spec", {})
+        templates = []
+        if "template" in spec:
+            templates.append(spec["template"])
+        if "leaderWorkerTemplate" in spec:
+            templates += [spec["leaderWorkerTemplate"]["leaderTemplate"], spec["leaderWorkerTemplate"]["workerTemplate"]]
+        for t in templates:
+            yield from t["spec"].get("initContainers", [])
+            yield from t["spec"]["containers"]
+
+
+def long_options(args):
+    """The long options of a command line ('--x=1' and '--x 1' alike)."""
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def pin_of(container) -> versions.Pin | None:
+    image, command = container["image"], container.get("command", [])
+    if container["name"] == "epp":
+        return versions.EPP
+    if container["name"] == "routing-proxy":
+        return versions.ROUTING_PROXY
+    if command[:2] == ["vllm", "serve"]:
+        return versions.VLLM
+    if command[-1:] == ["sgl_jax.launch_server"]:
+        return versions.SGLANG_JAX
+    if command[-1:] == ["sgl_jax.srt.disaggregation.run_bootstrap"]:
+        return versions.SGLANG_JAX_BOOTSTRAP
+    assert image.startswith("ghcr.io/tpusync/"), image   # ours: tested against our own parsers
+    return None
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_rendered_flag_is_in_the_pinned_versions_flag_set(case):
+    ident, objs = case
+    pinned = [(c, pin_of(c)) for c in containers(objs)]
+    for c, pin in pinned:
+        if pin is None:
+            continue
+        unknown = long_options(c.get("args", [])) - pin.flags
+        assert not unknown, f"{c['name']}: {sorted(unknown)} not flags of {pin.name} {pin.version} " \
+                            f"({pin.flags_source.cite()})"
+    checked = {pin.name for _, pin in pinned if pin is not None}
+    if ident.startswith("vllm-tpu"):
+        assert versions.VLLM.name in checked
+    if "'enabled': True" in ident:
+        assert versions.EPP.name in checked and versions.ROUTING_PROXY.name in checked
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_plugins_connectors_images_and_apis_are_the_pinned_ones(case):
+    _, objs = case
+    for o in objs:
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-epp"):
+            config = yaml.safe_load(o["data"][llmd.EPP_CONFIG_KEY])
+            assert config["apiVersion"] in versions.EPP.values["config_api"]
+            types = {p["type"] for p in config["plugins"]}
+            assert types <= versions.EPP.values["plugins"], types - versions.EPP.values["plugins"]
+        if o["kind"] == "InferencePool":
+            assert o["apiVersion"] in versions.GATEWAY_API_INFERENCE_EXTENSION.values["apis"]
+        if o["kind"] == "InferenceObjective":
+            assert o["apiVersion"] in versions.INFERENCE_OBJECTIVE.values["apis"]
+        if o["kind"] in versions.GKE_GATEWAY_POLICIES.values["kinds"]:
+            assert o["apiVersion"] in versions.GKE_GATEWAY_POLICIES.values["apis"]
+        if o["kind"] == "LeaderWorkerSet":
+            assert o["apiVersion"] in versions.LWS.values["apis"]
+    for c in containers(objs):
+        if c["name"] == "routing-proxy":
+            assert c["image"] == versions.ROUTING_PROXY.image
+            connector = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--kv-connector="))
+            assert connector in versions.ROUTING_PROXY.values["kv_connectors"]
+        if c["name"] == "epp":
+            assert c["image"] == versions.EPP.image
+        if c["name"] == "tpusync-sidecar":
+            assert c["image"] == versions.SIDECAR_IMAGE
+
+
+def test_every_plugin_type_cites_its_source():
+    assert set(versions.EPP_PLUGIN_SOURCES) == versions.EPP.values["plugins"]
+
+
+def test_every_pin_cites_an_upstream_source():
+    for pin in versions.ALL:
+        assert pin.proof or pin.flags_source, pin.name
+        if pin.flags:
+            assert pin.flags_source is not None, pin.name
+            assert all(f.startswith("--") and " " not in f for f in pin.flags), pin.name
+    rows = versions.table()
+    assert len(rows) == len(versions.ALL) and all(r[3] for r in rows)
+
+
+def test_old_pins_would_fail():
+    """The findings of issue 11, as checks: the old images and flags are not the pinned ones."""
+    assert "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0" != versions.EPP.image
+    assert versions.ROUTING_PROXY.image.startswith("ghcr.io/llm-d/llm-d-router-disagg-sidecar:")
+    # --model-server-port is a flag of the pinned proxy (v0.5.0's only had --vllm-port).
+    assert "--model-server-port" in versions.ROUTING_PROXY.flags
+
+
+def test_vllm_decode_serves_render_only_when_the_token_producer_asks():
+    def args(routing):
+        body = ServingBody().spec(engine={"type": "vllm-tpu"}, routing=routing).build()
+        objs = plan_serving(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]),
+                            pool_info(PoolBody().build()), set(OPTIONAL_KINDS)).apply
+        return {o["metadata"]["name"]: c["args"] for o in objs for c in containers([o]) if c["name"] == "engine"}
+    precise = args({"precisePrefixCache": True})
+    assert versions.VLLM_RENDER_FLAG in precise["llm-decode"]
+    assert versions.VLLM_RENDER_FLAG not in precise["llm-prefill"]
+    assert all(versions.VLLM_RENDER_FLAG not in a for a in args({"precisePrefixCache": False}).values())
+    assert all(versions.VLLM_RENDER_FLAG not in a for a in args({"enabled": False}).values())
+
+
+def test_reference_engine_args_parse_with_its_own_parser():
+    from tpusync.serving.__main__ import parse_args
+    parsed = 0
+    for _, objs in CASES:
+        for c in containers(objs):
+            if c.get("command") == ["python", "-m", "tpusync.serving"]:
+                ns = parse_args(c["args"])
+                assert ns.role in ("prefill", "decode") and ns.port > 0
+                parsed += 1
+    assert parsed
+
+
+def test_sglang_bootstrap_and_engine_agree_on_ports():
+    owner = Owner("tpusync.dev/v1alpha1", "DisaggregatedServing", "s", "ns", "u")
+    args = sglang_pd.engine_args(owner, "prefill")
+    assert long_options(args) <= versions.SGLANG_JAX.flags
+    assert str(sglang_pd.BOOTSTRAP_PORT) in sglang_pd.bootstrap_url(owner)
