@@ -257,9 +257,12 @@ VLLM_XLA_CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 # --tensor-parallel-size and divides by this to get chips
 # (vllm-project/tpu-inference@v0.27.0:tpu_inference/tpu_info.py get_num_cores_per_chip:
 # v5litepod and v6e 1, others (v7x) 2; tpu_inference/worker/tpu_worker.py chips_per_rank).
+# The image carries tpu-inference of the vLLM release (0.32.0); v0.27.0 is the newest tag whose
+# source was readable here, and these facts are read from it.
 TPU_INFERENCE = Pin(
-    name="tpu-inference", version="v0.27.0",
-    proof=(Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/tpu_info.py"),
+    name="tpu-inference", version=VLLM_VERSION,
+    proof=(Source("pypi:tpu-inference", VLLM_VERSION),
+           Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/tpu_info.py"),
            Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/worker/tpu_worker.py")),
     values={"connector_module": frozenset({"tpu_inference.distributed.tpu_connector"})},
 )

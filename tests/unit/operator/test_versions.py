@@ -196,3 +196,15 @@ def test_sglang_bootstrap_and_engine_agree_on_ports():
     args = sglang_pd.engine_args(owner, "prefill")
     assert long_options(args) <= versions.SGLANG_JAX.flags
     assert str(sglang_pd.BOOTSTRAP_PORT) in sglang_pd.bootstrap_url(owner)
+
+
+def test_the_guides_version_table_matches_versions_py():
+    rows = [line for line in (SAMPLES[0].parents[1] / "docs" / "gke.md").read_text().splitlines()
+            if line.startswith("| ")]
+    for pin in versions.ALL:
+        if pin is versions.SGLANG_JAX_BOOTSTRAP:
+            continue
+        row = next((r for r in rows if r.startswith(f"| {pin.name} | {pin.version} |")), None)
+        assert row is not None, f"docs/gke.md has no row for {pin.name} {pin.version}"
+        for image in ([pin.image] if pin.image else sorted(pin.values.get("images", ()))):
+            assert image in row, (pin.name, image)
