@@ -237,7 +237,9 @@ class SecretKeyRef(Model):
     key: Annotated[str, Field(min_length=1)] = "token"
 
 
-MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/.+|/.+)$"
+MODEL_URI_PATTERN = (r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+"       # a Hugging Face repo id
+                     r"|gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]/.+"               # a Cloud Storage prefix
+                     r"|/.+)$")                                                     # an absolute path
 
 
 class ModelRef(Model):

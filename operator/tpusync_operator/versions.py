@@ -225,7 +225,8 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 # our command lines with the parser of the version we deploy. The TPU release exists on PyPI
 # (vllm-tpu 0.32.0 and tpu-inference 0.32.0); the image follows vLLM's vllm/vllm-tpu:v<version>
 # tag scheme (v0.21.0 to v0.27.0 are named by tpu-inference's GKE scripts and users'
-# manifests). Not verified here: that tag itself (no registry but PyPI is reachable).
+# manifests). Not verified here: that tag itself (no registry but PyPI is reachable). The
+# facts below were read in the vllm-tpu 0.32.0 and tpu-inference 0.32.0 wheels themselves.
 VLLM_VERSION = "0.32.0"
 VLLM = Pin(
     name="vLLM (TPU)",
@@ -242,26 +243,27 @@ VLLM = Pin(
     """),
 )
 # /v1/completions/render (what the EPP's token-producer calls) is registered on `vllm serve`
-# only with --enable-scale-out in this release (vllm/entrypoints/scale_out/factories.py,
-# register_scale_out_api_routers; vllm/entrypoints/launchers/cli_args.py enable_scale_out).
+# only with --enable-scale-out in this release (vllm-tpu 0.32.0:
+# vllm/entrypoints/scale_out/factories.py register_scale_out_api_routers;
+# vllm/entrypoints/launchers/cli_args.py enable_scale_out).
 VLLM_RENDER_FLAG = "--enable-scale-out"
 # gs:// models stream with the Run:ai model streamer (vllm/transformers_utils/runai_utils.py
 # SUPPORTED_SCHEMES; runai-model-streamer[s3,gcs] is a tpu-inference requirement,
-# vllm-project/tpu-inference@v0.27.0:requirements.txt).
+# vllm-project/tpu-inference@v0.27.0:requirements.txt, installed with tpu-inference 0.32.0).
 VLLM_STREAMING_LOAD_FORMAT = "runai_streamer"
 # XLA compile cache: tpu-inference sets jax_compilation_cache_dir to VLLM_XLA_CACHE_PATH
-# (vllm-project/tpu-inference@v0.27.0:tpu_inference/runner/compilation_manager.py).
+# (tpu-inference 0.32.0 and v0.27.0: tpu_inference/runner/compilation_manager.py).
 VLLM_XLA_CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 
 # TensorCores per chip: tpu-inference counts JAX devices, i.e. TensorCores, in
-# --tensor-parallel-size and divides by this to get chips
-# (vllm-project/tpu-inference@v0.27.0:tpu_inference/tpu_info.py get_num_cores_per_chip:
-# v5litepod and v6e 1, others (v7x) 2; tpu_inference/worker/tpu_worker.py chips_per_rank).
-# The image carries tpu-inference of the vLLM release (0.32.0); v0.27.0 is the newest tag whose
-# source was readable here, and these facts are read from it.
+# --tensor-parallel-size and divides by this to get chips (tpu_inference/tpu_info.py
+# get_num_cores_per_chip: v5litepod and v6e 1, others (v7x) 2; tpu_inference/worker/
+# tpu_worker.py chips_per_rank), identical in the 0.32.0 wheel and at tag v0.27.0. The
+# TPUConnector module (tpu_inference/distributed/tpu_connector.py) is in the 0.32.0 wheel.
 TPU_INFERENCE = Pin(
     name="tpu-inference", version=VLLM_VERSION,
-    proof=(Source("pypi:tpu-inference", VLLM_VERSION),
+    proof=(Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/tpu_info.py"),
+           Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/distributed/tpu_connector.py"),
            Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/tpu_info.py"),
            Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/worker/tpu_worker.py")),
     values={"connector_module": frozenset({"tpu_inference.distributed.tpu_connector"})},

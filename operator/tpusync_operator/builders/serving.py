@@ -149,7 +149,8 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
             {"name": "tpusync-shm", "mountPath": "/dev/shm"},
             {"name": "tpusync-run", "mountPath": "/run/tpusync"},
             {"name": "engine-tmp", "mountPath": "/tmp"},
-            {"name": "model-weights", "mountPath": WEIGHTS_DIR, **({"readOnly": True} if weights_read_only(spec) else {})},
+            {"name": "model-weights", "mountPath": WEIGHTS_DIR,
+             **({"readOnly": True} if weights_read_only(spec) else {})},
             {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR},
         ],
     }

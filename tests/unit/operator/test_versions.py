@@ -72,7 +72,8 @@ def containers(objs):
         if "template" in spec:
             templates.append(spec["template"])
         if "leaderWorkerTemplate" in spec:
-            templates += [spec["leaderWorkerTemplate"]["leaderTemplate"], spec["leaderWorkerTemplate"]["workerTemplate"]]
+            lwt = spec["leaderWorkerTemplate"]
+            templates += [lwt["leaderTemplate"], lwt["workerTemplate"]]
         for t in templates:
             yield from t["spec"].get("initContainers", [])
             yield from t["spec"]["containers"]
