@@ -85,11 +85,13 @@ def test_samples_validate_with_defaults(cluster, tpusync_crds, namespace, sample
 
 POOL_CASES = [
     # (id, dotted path, value, text that must appear in the API server's message)
-    ("tpu-type-enum", "spec.tpu.type", "v5e", "spec.tpu.type"),
+    ("tpu-type-enum", "spec.tpu.type", "v4", "spec.tpu.type"),
     ("tpu-required", "spec.tpu", None, "spec.tpu"),
     ("topology-pattern", "spec.tpu.topology", "two-by-two", "spec.tpu.topology"),
     ("topology-cel-v7x", "spec.tpu", {"type": "v7x", "topology": "2x4"},
-     "spec.tpu.topology must be AxB for v6e and AxBxC for v7x"),
+     "spec.tpu.topology must be AxB for v5e and v6e and AxBxC for v7x"),
+    ("topology-cel-v5e", "spec.tpu", {"type": "v5e", "topology": "2x2x1"},
+     "spec.tpu.topology must be AxB for v5e and v6e and AxBxC for v7x"),
     ("hosts-and-autoscaling", "spec.capacity", {"hosts": 2, "autoscaling": {"maxHosts": 2}},
      "spec.capacity: set either hosts or autoscaling, not both"),
     ("spot-and-reservation", "spec.capacity", {"spot": True, "reservation": "r"},
@@ -143,6 +145,16 @@ SERVING_CASES = [
     ("hosts-per-replica", "spec.prefill.hostsPerReplica", 0, "spec.prefill.hostsPerReplica"),
     ("connector-enum", "spec.kvTransfer.connector", "nixl", "spec.kvTransfer.connector"),
     ("prefix-cache-quantity", "spec.prefixCache.hostDram", "1 GB", "spec.prefixCache.hostDram"),
+    ("model-uri-scheme", "spec.model.uri", "s3://bucket/m", "spec.model.uri"),
+    ("model-gs-needs-vllm", "spec.model.uri", "gs://bucket/m", "gs:// models are streamed by vLLM"),
+    ("revision-needs-hf", "spec.model", {"name": "m", "uri": "/models/m", "revision": "v1"},
+     "spec.model.revision applies only to hf:// models"),
+    ("weights-ephemeral-needs-class", "spec.storage", {"weights": {"size": "1Ti", "medium": "EphemeralVolume"}},
+     "storageClassName is required when medium is EphemeralVolume"),
+    ("weights-claim-needs-name", "spec.storage", {"weights": {"size": "1Ti", "medium": "PersistentVolumeClaim"}},
+     "claimName is required when medium is PersistentVolumeClaim"),
+    ("gke-policies-need-routing", "spec.routing", {"enabled": False, "gkeGatewayPolicies": True},
+     "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
 ]
 
 

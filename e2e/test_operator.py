@@ -296,8 +296,9 @@ def test_serving_vllm_tpu(cluster, operator, module_namespace):
         eng = container(spec, "engine")
         assert eng["command"] == ["vllm", "serve"]
         args = eng["args"]
-        assert args[0] == "hf://Qwen/Qwen3-0.6B"
-        assert args[args.index("--tensor-parallel-size") + 1] == "4"
+        assert args[0] == "Qwen/Qwen3-0.6B"      # the repo id of hf://Qwen/Qwen3-0.6B: what vLLM loads
+        # 2x2x1 v7x: 4 chips of 2 TensorCores; tpu-inference's tensor parallelism counts TensorCores
+        assert args[args.index("--tensor-parallel-size") + 1] == "8"
         kv = json.loads(args[args.index("--kv-transfer-config") + 1])
         assert kv["kv_connector"] == "TPUSyncConnector" and kv["kv_role"] == kv_role
         assert kv["kv_connector_module_path"] == "tpusync.vllm.connector"

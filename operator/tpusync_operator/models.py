@@ -255,7 +255,7 @@ class ModelRef(Model):
          "spec.model.tokenSecretRef applies only to hf:// models"),
     ))
     name: Annotated[str, Field(min_length=1)] = Field(description="Served model name (the OpenAI model id).")
-    uri: Annotated[str, Field(min_length=1, pattern=MODEL_URI_PATTERN)] = Field(
+    uri: Annotated[str, Field(min_length=1, max_length=1024, pattern=MODEL_URI_PATTERN)] = Field(
         description="Weights: hf://ORG/NAME (a Hugging Face repo id), gs://BUCKET/PATH, or an absolute path.")
     revision: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
         None, description="hf:// only: the branch, tag or commit to load (engine --revision).")

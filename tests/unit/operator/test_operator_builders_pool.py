@@ -140,3 +140,24 @@ def test_store_nodes_request_the_memory_their_dram_tier_takes():
 def test_pool_node_selector(spec, selector):
     spec = TPUSyncPoolSpec.model_validate(spec)
     assert b.pool_node_selector("pool", "ns", spec, slice_for(spec.tpu.type, spec.tpu.topology)) == selector
+
+
+@pytest.mark.parametrize("tpu,topology,machine,hosts,cores", [
+    ("v5e", "2x4", "ct5lp-hightpu-8t", 1, 1), ("v5e", "4x4", "ct5lp-hightpu-4t", 4, 1),
+    ("v6e", "2x2", "ct6e-standard-4t", 1, 1), ("v7x", "2x2x2", "tpu7x-standard-4t", 2, 2),
+])
+def test_slices_per_generation(tpu, topology, machine, hosts, cores):
+    """Machine types, hosts and TensorCores per chip per generation (tensor parallelism
+    counts TensorCores: versions.TPU_INFERENCE)."""
+    s = slice_for(tpu, topology)
+    assert (s.machine_type, s.hosts, s.cores_per_chip) == (machine, hosts, cores)
+    assert s.tensor_parallel(s.chips) == s.chips * cores
+    assert s.accelerator == {"v5e": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice", "v7x": "tpu7x"}[tpu]
+
+
+def test_v5e_multi_host_node_pool_uses_tpu_topology():
+    body = PoolBody().spec(tpu={"type": "v5e", "topology": "4x4"}, capacity={"hosts": 4}).gke().build()
+    owner, spec, tpu = setup(body)
+    req = b.build_node_pool_request(owner, spec, tpu)["nodePool"]
+    assert req["config"]["machineType"] == "ct5lp-hightpu-4t" and req["initialNodeCount"] == 4
+    assert req["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
