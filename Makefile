@@ -17,9 +17,9 @@ all: test
 include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
-# OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer). Installed
-# when missing.
-SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev
+# OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer); iproute2 and
+# iptables for the simulated-hosts fabric (tests/support/fabric.py). Installed when missing.
+SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev iproute2 iptables
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -1,0 +1,59 @@
+"""The fabric harness itself: isolated addresses, and nothing left behind after a crash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.support import fabric as fab
+
+from .conftest import ROOT
+
+CRASHING = """
+import sys, time
+sys.path.append(sys.argv[1])
+from tests.support import fabric
+f = fabric.Fabric(2)
+f.start()
+sleeper = f.hosts[0].popen(["sleep", "600"])
+print(f.name, sleeper.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def namespaces() -> list[str]:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_addresses_exist_only_inside_the_fabric(make_fabric):
+    f = make_fabric(2)
+    root = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    assert fab.SUBNET not in root
+    for h in f.hosts:
+        routes = h.run(["ip", "route"]).stdout.strip().splitlines()
+        assert routes == [f"{fab.SUBNET}.0/24 dev eth0 proto kernel scope link src {h.ip}"], routes
+
+
+def test_a_crashed_harness_is_cleaned_up_by_the_next_one(make_fabric):
+    """A harness killed with SIGKILL leaves its namespaces and a process in one; the next
+    Fabric's start removes both (and leaves other live fabrics alone)."""
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    name, sleeper = proc.stdout.readline().split()
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    stale = [n for n in namespaces() if n.startswith(name)]
+    assert len(stale) == 3 and os.path.exists(f"/proc/{sleeper}")   # two hosts and the switch, and its process
+    live = make_fabric(1)
+    assert not [n for n in namespaces() if n.startswith(name)]
+    fab.wait_until(lambda: not os.path.exists(f"/proc/{sleeper}") or _zombie(sleeper), 10, "the stale process dies")
+    assert live.hosts[0].ns in namespaces()
+
+
+def _zombie(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
