@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Transfer benchmark: two tpusync-sidecars on loopback, against raw TCP and memcpy.
+"""Transfer benchmark: two tpusync-sidecars on loopback and on the fabric, against raw TCP and memcpy.
 
 Measured in one run, so results are ratios:
-- network pull and push between two sidecars, for each block size and stream count,
-  against a raw single-stream TCP socket copy of the same bytes (two processes);
+- network pull and push between two sidecars, for each block size and stream count N,
+  against N raw TCP streams carrying the same bytes between two processes (bench/rawtcp.cc,
+  native, as fast as the kernel allows); CPU seconds per GB of both sidecars beside the raw
+  sender's and receiver's;
 - an engine putting into and getting from its sidecar through the shared-memory pool
   (control socket), against a single-thread memcpy of the same bytes;
 - end to end, the KV cache of an 8K-token request shaped like Qwen3-235B (94 layers x
@@ -15,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -28,50 +28,32 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+import rawtcp
 import tpusync
 from report import RATE_COLUMNS, report
 from tpusync import sidecar
 
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+from tests.support import fabric as fab  # noqa: E402
+
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 QWEN3_235B_TOKEN_BYTES = 94 * 2 * 4 * 128 * 2
-
-RAW_SENDER = textwrap.dedent(
-    """
-    import socket, sys
-    import numpy as np
-    port, total = int(sys.argv[1]), int(sys.argv[2])
-    buf = np.ones(total, np.uint8)
-    s = socket.create_connection(("127.0.0.1", port))
-    for _ in range(int(sys.argv[3])):
-        s.sendall(memoryview(buf))
-        s.recv(1)
-    """
-)
+COLUMNS = RATE_COLUMNS + [("cpu s/GB", "cpu_s_per_gb", ".2f"), ("raw cpu s/GB", "baseline_cpu_s_per_gb", ".2f")]
 
 
 def median(times: list[float]) -> float:
     return statistics.median(times)
 
 
-def raw_tcp_seconds(total: int, reps: int) -> float:
-    """One stream, one sender process, 4 MiB recv_into calls: the loopback TCP ceiling."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    proc = subprocess.Popen([sys.executable, "-c", RAW_SENDER, str(listener.getsockname()[1]), str(total),
-                             str(reps)])
-    conn, _ = listener.accept()
-    sink = memoryview(np.ones(total, np.uint8))  # pre-faulted, like every buffer here
-    times = []
-    for _ in range(reps):
-        got = 0
-        t0 = time.perf_counter()
-        while got < total:
-            got += conn.recv_into(sink[got:got + 4 * MIB])
-        times.append(time.perf_counter() - t0)
-        conn.sendall(b"k")
-    proc.wait()
-    conn.close()
-    listener.close()
-    return median(times)
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def keys_for(tag: int, n: int) -> np.ndarray:
@@ -81,10 +63,19 @@ def keys_for(tag: int, n: int) -> np.ndarray:
     return k
 
 
-def row(name: str, nbytes: int, seconds: float, baseline_seconds: float) -> dict:
+def row(name: str, nbytes: int, seconds: float, baseline_seconds: float, *, cpu: float | None = None,
+        baseline_cpu: float | None = None, baseline: str | None = None) -> dict:
+    """ratio = throughput over the baseline's; CPU as seconds per GB moved (None: not measured)."""
     gbps, base = nbytes / seconds / 1e9, nbytes / baseline_seconds / 1e9
-    return {"case": name, "bytes": nbytes, "seconds": seconds, "gbps": gbps, "baseline_gbps": base,
-            "ratio": gbps / base}
+    out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline_seconds, "gbps": gbps,
+           "baseline_gbps": base, "ratio": gbps / base}
+    if baseline:
+        out["baseline"] = baseline
+    if cpu is not None:
+        out["cpu_s_per_gb"] = cpu / (nbytes / 1e9)
+    if baseline_cpu is not None:
+        out["baseline_cpu_s_per_gb"] = baseline_cpu / (nbytes / 1e9)
+    return out
 
 
 class Pair:
@@ -114,7 +105,7 @@ class Pair:
                 os.unlink(p)
 
 
-def bench_network(workdir, secret_file, total, block, streams_list, reps, raw_s) -> list[dict]:
+def bench_network(workdir, secret_file, total, block, streams_list, reps, raw: dict[int, rawtcp.RawResult]) -> list[dict]:
     n = total // block
     label = f"{block // MIB}m" if block >= MIB else f"{block // KIB}k"
     src = np.ones(total, np.uint8)
@@ -125,11 +116,13 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps, raw_s)
         try:
             keys = keys_for(1, n)
             pair.ea.put(keys, bufs)
-            pulls, pushes = [], []
+            pulls, pushes, cpus = [], [], []
+            pids = [pair.a.process.pid, pair.b.process.pid]
             for _ in range(reps):
-                t0 = time.perf_counter()
+                cpu0, t0 = cpu_seconds(pids), time.perf_counter()
                 held = pair.eb.read_remote(pair.a.address, keys)
                 pulls.append(time.perf_counter() - t0)
+                cpus.append(cpu_seconds(pids) - cpu0)
                 assert all(held)
                 pair.eb.evict(keys)  # no disk tier: dropped, so the next rep moves everything again
             pair.eb.put(keys_for(2, n), bufs)
@@ -139,8 +132,11 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps, raw_s)
                 pushes.append(time.perf_counter() - t0)
                 assert all(stored)
                 pair.ea.evict(keys_for(2, n))
-            out.append(row(f"pull-{label}-{streams}s-{total // GIB}g", total, median(pulls), raw_s))
-            out.append(row(f"push-{label}-{streams}s-{total // GIB}g", total, median(pushes), raw_s))
+            r = raw[streams]
+            out.append(row(f"pull-{label}-{streams}s-{total // GIB}g", total, median(pulls), r.seconds,
+                           cpu=median(cpus), baseline_cpu=r.cpu_seconds, baseline=f"raw-tcp-{streams}s"))
+            out.append(row(f"push-{label}-{streams}s-{total // GIB}g", total, median(pushes), r.seconds,
+                           baseline=f"raw-tcp-{streams}s"))
         finally:
             pair.close()
     return out
@@ -164,10 +160,11 @@ def bench_shm(workdir, secret_file, total, block, reps) -> list[dict]:
     finally:
         pair.close()
     label = f"{block // MIB}m"
-    return [row(f"shm-put-{label}", total, median(puts), memcpy), row(f"shm-get-{label}", total, median(gets), memcpy)]
+    return [row(f"shm-put-{label}", total, median(puts), memcpy, baseline="memcpy-1-thread"),
+            row(f"shm-get-{label}", total, median(gets), memcpy, baseline="memcpy-1-thread")]
 
 
-def bench_qwen(workdir, secret_file, tokens, block, streams, raw_s) -> dict:
+def bench_qwen(workdir, secret_file, tokens, block, streams, reps) -> dict:
     nbytes = tokens * QWEN3_235B_TOKEN_BYTES
     n = -(-nbytes // block)
     kv = np.random.default_rng(0).integers(0, 256, n * block, dtype=np.uint8)
@@ -183,8 +180,45 @@ def bench_qwen(workdir, secret_file, tokens, block, streams, raw_s) -> dict:
         assert np.array_equal(kv, got)
     finally:
         pair.close()
-    r = row(f"qwen3-235b-{tokens // 1024}k-tokens-e2e", nbytes, seconds, raw_s * nbytes / (1 * GIB))
-    return r
+    raw = rawtcp.run(nbytes, streams, reps)
+    return row(f"qwen3-235b-{tokens // 1024}k-tokens-e2e", nbytes, seconds, raw.seconds,
+               baseline=f"raw-tcp-{streams}s")
+
+
+def bench_fabric(secret_file, profile: fab.Profile, total: int, block: int, streams_list, reps) -> list[dict]:
+    """A pull from host h0 to host h1 over one shaped link, against raw TCP over the same link."""
+    out = []
+    with fab.Fabric(2, profile) as f:
+        src_host, dst_host = f.hosts
+        for streams in streams_list:
+            raw = rawtcp.run(total, streams, reps, bind_ip=dst_host.ip, recv_popen=dst_host.popen,
+                             send_popen=src_host.popen)
+            port = fab.DATA_PORT + 10 * streams
+            a, b = (h.sidecar(secret_file=secret_file, dram_bytes=total + 64 * block, block_bytes=block, streams=streams,
+                              data_port=port, http_port=port + 1) for h in (src_host, dst_host))
+            ea, eb = (tpusync.KVStore.connect(f"unix://{c.control_socket}") for c in (a, b))
+            n = total // block
+            src = np.ones(total, np.uint8)
+            keys = keys_for(3, n)
+            ea.put(keys, [src[i * block:(i + 1) * block] for i in range(n)])
+            pulls = []
+            before = dst_host.counters().rx_bytes
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                assert all(eb.read_remote(a.address, keys))
+                pulls.append(time.perf_counter() - t0)
+                eb.evict(keys)
+            crossed = dst_host.counters().rx_bytes - before
+            assert crossed >= reps * total, f"only {crossed} bytes crossed the link"   # the shaped link, not a shortcut
+            ea.close()
+            eb.close()
+            a.kill()
+            b.kill()
+            r = row(f"fabric-{profile.name}-pull-{block // MIB}m-{streams}s-{total // MIB}m", total, median(pulls),
+                    raw.seconds, baseline=f"raw-tcp-{streams}s-same-link")
+            r["line_rate_gbps"] = profile.rate_bytes_per_s / 1e9
+            out.append(r)
+    return out
 
 
 def _timed(fn) -> float:
@@ -199,9 +233,11 @@ def main() -> int:
     ap.add_argument("--block-sizes", default="256k,2m,16m")
     ap.add_argument("--streams", default="1,2,3,4")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--fabric-profiles", default="dc,cross-zone", help="comma list of fabric profiles; '' for none")
+    ap.add_argument("--fabric-mib", type=int, default=128)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "transfer.json"))
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=200)
     sizes = [int(s.rstrip("g")) * GIB for s in args.sizes.split(",")]
     blocks = [int(b[:-1]) * (MIB if b.endswith("m") else KIB) for b in args.block_sizes.split(",")]
     streams = [int(s) for s in args.streams.split(",")]
@@ -210,21 +246,29 @@ def main() -> int:
         secret_file = os.path.join(workdir, "secret")
         Path(secret_file).write_bytes(os.urandom(32).hex().encode())
         for total in sizes:
-            status.update(f"raw TCP baseline, {total // GIB} GiB")
-            raw_s = raw_tcp_seconds(total, args.reps)
+            raw = {}
+            for n in streams:
+                status.update(f"raw TCP baseline, {total // GIB} GiB, {n} streams")
+                raw[n] = rawtcp.run(total, n, args.reps)
+                results.append(row(f"raw-tcp-{n}s-{total // GIB}g", total, raw[n].seconds, raw[n].seconds,
+                                   cpu=raw[n].cpu_seconds, baseline_cpu=raw[n].cpu_seconds, baseline=f"raw-tcp-{n}s"))
             for block in blocks:
                 status.update(f"sidecar to sidecar, {total // GIB} GiB in {block // KIB} KiB blocks")
-                results += bench_network(workdir, secret_file, total, block, streams, args.reps, raw_s)
+                results += bench_network(workdir, secret_file, total, block, streams, args.reps, raw)
         status.update("engine <-> sidecar through shared memory")
         results += bench_shm(workdir, secret_file, GIB, 2 * MIB, args.reps)
         status.update("Qwen3-235B-shaped 8K-token KV cache, end to end")
-        raw_1g = raw_tcp_seconds(GIB, args.reps)
-        results.append(bench_qwen(workdir, secret_file, 8192, 2 * MIB, max(streams), raw_1g))
+        results.append(bench_qwen(workdir, secret_file, 8192, 2 * MIB, max(streams), args.reps))
+        for name in filter(None, args.fabric_profiles.split(",")):
+            status.update(f"fabric, {name} profile")
+            results += bench_fabric(secret_file, fab.PROFILES[name], args.fabric_mib * MIB, 2 * MIB,
+                                    sorted({1, max(streams)}), args.reps)
 
     report(console, f"tpusync transfer (median of {args.reps}; loopback, {os.cpu_count()} cores)", results,
-           RATE_COLUMNS, args.out,
-           "baselines: raw single-stream TCP of the same bytes (pull/push, qwen e2e), single-thread memcpy "
-           "(shm); qwen e2e = engine put on A + pull A->B + engine get on B")
+           COLUMNS, args.out,
+           "baselines: N native raw TCP streams of the same bytes for N sidecar streams (pull/push, qwen e2e; "
+           "fabric: over the same shaped link), single-thread memcpy (shm); qwen e2e = engine put on A + pull A->B "
+           "+ engine get on B; cpu s/GB: both sidecars (raw: sender + receiver)")
     return 0
 
 
