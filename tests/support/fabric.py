@@ -6,8 +6,9 @@ the addresses (10.231.0.1, 10.231.0.2, ...) exist only inside these namespaces, 
 no route anywhere else. Each NIC is shaped like a real one, so the link and not the two
 cores is the bottleneck:
 
-- rate, both directions: an HTB class on the host's egress (upload) and on the switch
-  port's egress (download), each with a shallow byte FIFO behind it, as a switch buffer;
+- rate, both directions: an HTB class on the host's egress (upload; a NIC-like 1000-packet
+  queue behind it) and on the switch port's egress (download; a shallow byte FIFO behind
+  it, `buffer_ms` of line rate, as a switch buffer);
 - one-way delay and random loss on the host's egress: this kernel has no netem, so an
   iptables NFQUEUE rule hands every outgoing packet's metadata to `fabric-delay`
   (fabric_delay.c, built here), which gives the verdict `delay_us` later (RTT between two
@@ -66,7 +67,7 @@ class Profile:
     delay_us: float                 # one-way, on each host's egress
     loss_percent: float = 0.0       # of the packets each host sends (GSO packets: all or nothing, like netem)
     window_bytes: int | None = None  # tcp_rmem / tcp_wmem ceiling in every host; None: the kernel's
-    buffer_ms: float = 2.0          # switch/NIC buffer, in milliseconds of line rate
+    buffer_ms: float = 2.0          # switch port buffer towards each host, in milliseconds of line rate
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -352,8 +353,12 @@ class Host:
         _run("ip", "-n", self.ns, "addr", "add", f"{self.ip}/24", "dev", "eth0")
         _run("ip", "-n", self.ns, "link", "set", "eth0", "up")
         _run("ip", "-n", sw, "link", "set", self.port, "master", "br0", "up")
-        for ns, dev in ((self.ns, "eth0"), (sw, self.port)):
-            _shape(ns, dev, profile)
+        # The host's own egress queue is deep, like a NIC's 1000-packet queue: TCP's small-queue
+        # limit keeps it short and a full one pushes back on the socket instead of dropping. The
+        # switch port towards the host is shallow (buffer_ms), where senders converging drop.
+        _shape(self.ns, "eth0", profile, ["pfifo", "limit", "1000"])
+        limit = max(256 << 10, int(profile.rate_bytes_per_s * profile.buffer_ms / 1000))
+        _shape(sw, self.port, profile, ["bfifo", "limit", str(limit)])
         if profile.window_bytes:
             w = profile.window_bytes
             self.run(["sysctl", "-qw", f"net.ipv4.tcp_rmem=4096 {min(w, 131072)} {w}",
@@ -378,16 +383,15 @@ class Host:
         kill_namespace(self.ns)
 
 
-def _shape(ns: str, dev: str, profile: Profile) -> None:
-    """HTB at the profile's rate, then a byte FIFO `buffer_ms` of line rate deep."""
+def _shape(ns: str, dev: str, profile: Profile, queue: list[str]) -> None:
+    """HTB at the profile's rate, then `queue` (a tc qdisc and its options) behind it."""
     rate = f"{profile.rate_mbit}mbit"
+    tc = ["ip", "netns", "exec", ns, "tc"]
+    _run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
     # quantum: one full GSO packet per round (the default, rate/r2q, is far larger than a packet).
-    _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
-    _run("ip", "netns", "exec", ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
-         "rate", rate, "ceil", rate, "quantum", "65536")
-    limit = max(256 << 10, int(profile.rate_bytes_per_s * profile.buffer_ms / 1000))
-    _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "bfifo",
-         "limit", str(limit))
+    _run(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+         "quantum", "65536")
+    _run(*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *queue)
 
 
 class Fabric:
