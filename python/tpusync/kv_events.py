@@ -6,9 +6,10 @@ arrays tagged by name:
   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
   ["BlockRemoved", block_hashes, medium]
   ["AllBlocksCleared"]
-Block hashes are the 64-bit forms of tpusync's block keys (tpusync.hashing.event_hash_of), so
-the router's index and the store agree on what a block is. `medium` says which tier holds
-the block: "CPU" for host DRAM, "DISK" for the disk tier.
+Block hashes are the 64-bit forms of tpusync's block keys (tpusync.hashing.event_hash_of): to
+llm-d (v0.9.0) they are opaque engine keys, mapped to the keys it computes itself from each
+event's token ids (docs/block-keys.md). `medium` says which tier holds the block: "CPU" for
+host DRAM, "DISK" for the disk tier; llm-d keeps it, lower-cased, as the block's tier.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from collections.abc import Sequence
 
 import msgpack
 import zmq
+
+
+def block_stored(block_hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int], block_size: int,
+                 *, medium: str = "CPU", lora_id: int | None = None) -> list:
+    return ["BlockStored", list(block_hashes), parent_hash, list(token_ids), block_size, lora_id, medium]
+
+
+def block_removed(block_hashes: Sequence[int], *, medium: str = "CPU") -> list:
+    return ["BlockRemoved", list(block_hashes), medium]
 
 
 class KVEventPublisher:
@@ -43,21 +53,78 @@ class KVEventPublisher:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def _send(self, events: list[list]) -> None:
+    def send(self, events: list[list]) -> int:
+        """Publishes one batch of events; returns its sequence number."""
         payload = msgpack.packb([time.time(), events, self.dp_rank], use_bin_type=True)
         with self._lock:
-            self._sock.send_multipart([self.topic, struct.pack(">Q", self._seq), payload])
+            seq = self._seq
+            self._sock.send_multipart([self.topic, struct.pack(">Q", seq), payload])
             self._seq += 1
+        return seq
 
     def block_stored(self, block_hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int],
-                     block_size: int, *, medium: str = "CPU", lora_id: int | None = None) -> None:
-        self._send([["BlockStored", list(block_hashes), parent_hash, list(token_ids), block_size, lora_id, medium]])
+                     block_size: int, *, medium: str = "CPU", lora_id: int | None = None) -> int:
+        return self.send([block_stored(block_hashes, parent_hash, token_ids, block_size, medium=medium,
+                                       lora_id=lora_id)])
 
-    def block_removed(self, block_hashes: Sequence[int], *, medium: str = "CPU") -> None:
-        self._send([["BlockRemoved", list(block_hashes), medium]])
+    def block_removed(self, block_hashes: Sequence[int], *, medium: str = "CPU") -> int:
+        return self.send([block_removed(block_hashes, medium=medium)])
 
-    def all_cleared(self) -> None:
-        self._send([["AllBlocksCleared"]])
+    def all_cleared(self) -> int:
+        return self.send([["AllBlocksCleared"]])
 
     def close(self) -> None:
         self._sock.close(linger=0)
+
+
+_MEDIA_BITS = (("CPU", 1), ("DISK", 2))  # tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2
+
+
+class BlockAnnouncer:
+    """Keeps llm-d's index of one engine's blocks true for the prompts the engine serves.
+
+    After each request the engine passes the prompt's full blocks and where its store holds
+    them (`tiers`: tpusync.store.Tier codes, `held`: the leading blocks it can load). Every held
+    block is announced from the first one (BlockStored, one event per run of blocks on the same
+    tier, so each event's parent is in an earlier one), whatever happened to it before: computed
+    here, pulled from a peer, received by P/D, or restored by the sidecar after a restart. A
+    tier the block left, or a block past the held prefix, is withdrawn (BlockRemoved) when this
+    engine announced it there, or may have (before this process started).
+
+    Demotions and evictions the sidecar does between requests are not seen here.
+    """
+
+    def __init__(self, publisher: KVEventPublisher, block_size: int, *, remember: int = 1 << 20):
+        self.publisher, self.block_size, self.remember = publisher, block_size, remember
+        self._announced: dict[int, frozenset[str]] = {}  # event hash -> media announced, oldest first
+
+    def announce(self, hashes: Sequence[int], tokens: Sequence[int], tiers: Sequence[int], held: int) -> int | None:
+        """Publishes the events for one prompt; returns the batch's sequence number (None: nothing to say)."""
+        media = [frozenset(m for m, bit in _MEDIA_BITS if i < held and int(tiers[i]) & bit)
+                 for i in range(len(hashes))]
+        events = []
+        for name, _ in _MEDIA_BITS:  # runs of consecutive held blocks on one medium
+            start = None
+            for i in range(held + 1):
+                on = i < held and name in media[i]
+                if on and start is None:
+                    start = i
+                elif not on and start is not None:
+                    events.append((start, block_stored(
+                        hashes[start:i], hashes[start - 1] if start else None,
+                        tokens[start * self.block_size:i * self.block_size], self.block_size, medium=name)))
+                    start = None
+        events.sort(key=lambda e: e[0])  # a run's parent lies in a run that starts earlier
+        batch = [e for _, e in events]
+        every = frozenset(m for m, _ in _MEDIA_BITS)
+        for name, _ in _MEDIA_BITS:
+            gone = [h for h, m in zip(hashes, media)
+                    if name not in m and name in self._announced.get(h, every)]
+            if gone:
+                batch.append(block_removed(gone, medium=name))
+        for h, m in zip(hashes, media):
+            self._announced.pop(h, None)
+            self._announced[h] = m
+        while len(self._announced) > self.remember:
+            del self._announced[next(iter(self._announced))]
+        return self.publisher.send(batch) if batch else None

@@ -51,16 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.kv_events_endpoint:
         from tpusync.kv_events import KVEventPublisher
 
-        host = os.environ.get("POD_IP", args.host)  # the address llm-d knows this pod by
-        topic = args.kv_events_topic or f"kv@{host}:{args.port}@{args.served_model_name or args.model}"
-        events = KVEventPublisher(args.kv_events_endpoint, topic)
+        events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic or "kv@")
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
                     prefix_cache=not args.no_prefix_cache, kv_events=events)
     if not args.no_warm_up:
         engine.warm_up()
     server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model)
-    print(json.dumps({"event": "ready", "port": server.server_address[1], "role": args.role}), flush=True)
+    port = server.server_address[1]
+    ready = {"event": "ready", "port": port, "role": args.role}
+    if events is not None:
+        if not args.kv_events_topic:
+            # llm-d names a pod by the address and port it routes to, and hashes the model name
+            # into every block key: both must be the ones requests use.
+            host = os.environ.get("POD_IP", args.host)
+            events.topic = f"kv@{host}:{port}@{args.served_model_name or args.model}".encode()
+        ready["kv_events_endpoint"] = events.endpoint
+    print(json.dumps(ready), flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
+from tpusync.kv_events import BlockAnnouncer
 from tpusync.pages import compile_loads, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.store import KVStore
@@ -43,6 +44,7 @@ class RequestStats:
     save_seconds: float = 0.0
     ttft_seconds: float = 0.0       # arrival to the first token
     store_error: str = ""
+    kv_events_seq: int = -1         # the KV-event batch this request published, -1 if none
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -67,7 +69,9 @@ class Engine:
         self.cfg, self.role, self.store = cfg, role, store
         self.data_address, self.peers, self.prefix_cache = data_address, peers or [], prefix_cache
         self.hasher = BlockHasher(cfg.page_size, hash_seed)
-        self.kv_events = kv_events  # a tpusync.kv_events.KVEventPublisher, or None
+        # KV events (a tpusync.kv_events.KVEventPublisher, or None): what this engine can load
+        # from its store instead of computing, for llm-d's precise prefix-cache routing.
+        self.announcer = BlockAnnouncer(kv_events, cfg.page_size) if kv_events is not None else None
         self.params = init_params(cfg)
         self.k, self.v = empty_cache(cfg)
         self.lock = threading.Lock()
@@ -102,7 +106,6 @@ class Engine:
     def _generate(self, prompt, max_tokens, kv_params, on_token, arrived) -> Result:
         cfg, st = self.cfg, RequestStats(prompt_tokens=len(prompt))
         digests = self.hasher.digests(prompt)
-        self._digests, self._prompt = digests, prompt
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
@@ -127,6 +130,7 @@ class Engine:
             on_token(token)
 
         self._save_prompt(keys, cached_pages, st)
+        self._announce(prompt, digests, keys, st)
         out = [token]
         if self.role == "prefill":
             return Result(out, self._transfer_params(keys, len(prompt)), st)
@@ -189,13 +193,19 @@ class Engine:
             log.warning("could not save the prompt's KV: %s", e)
             return
         st.save_seconds = time.perf_counter() - t0
-        if self.kv_events is not None and cached_pages < len(keys):
-            # The router learns that this host's DRAM tier now holds these blocks.
-            new = self._digests[cached_pages:]
-            parent = event_hash_of(self._digests[cached_pages - 1]) if cached_pages else None
-            page = self.cfg.page_size
-            self.kv_events.block_stored([event_hash_of(d) for d in new], parent, self._prompt[cached_pages * page:
-                                        len(keys) * page], page, medium="CPU")
+
+    def _announce(self, prompt: list[int], digests: list[bytes], keys: list[int], st: RequestStats) -> None:
+        """Tells the router which of the prompt's blocks this engine can now load, and from which
+        tier: the ones it computed, pulled from a peer or the prefill server, or found stored."""
+        if self.announcer is None or self.store is None or not self.prefix_cache or not keys:
+            return
+        try:
+            found = self.store.lookup(keys)
+        except errors.TpuSyncError as e:  # no store, no claim: the router's index is left as it was
+            log.warning("could not look up the prompt's blocks for KV events: %s", e)
+            return
+        seq = self.announcer.announce([event_hash_of(d) for d in digests], prompt, found.tiers, found.prefix_len)
+        st.kv_events_seq = -1 if seq is None else seq
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict:
         return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],

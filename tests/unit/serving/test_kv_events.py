@@ -10,7 +10,7 @@ import zmq
 
 import tpusync
 from tpusync.hashing import BlockHasher, event_hash_of
-from tpusync.kv_events import KVEventPublisher
+from tpusync.kv_events import BlockAnnouncer, KVEventPublisher
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
 
@@ -50,10 +50,46 @@ def test_engine_publishes_block_stored_with_the_router_hashes():
     assert struct.unpack(">Q", seq)[0] >= 1
     ts, events, dp_rank = msgpack.unpackb(payload)
     assert dp_rank == 0 and isinstance(ts, float)
-    (tag, hashes, parent, tokens, block_size, lora_id, medium), = events
+    (tag, hashes, parent, tokens, block_size, lora_id, medium), removed = events
     digests = BlockHasher(cfg.page_size).digests(prompt)
     assert tag == "BlockStored" and medium == "CPU" and block_size == 32 and lora_id is None
     assert hashes == [event_hash_of(d) for d in digests] and parent is None
     assert tokens == prompt[:96]
+    # This process never announced them on disk, but an earlier one may have: withdrawn there.
+    assert removed == ["BlockRemoved", hashes, "DISK"]
     pub.close()
     sub.close()
+
+
+class _Recorder:
+    def __init__(self):
+        self.batches = []
+
+    def send(self, events):
+        self.batches.append(events)
+        return len(self.batches) - 1
+
+
+def test_announcer_follows_tiers_in_runs_and_withdraws_what_left():
+    pub = _Recorder()
+    ann = BlockAnnouncer(pub, 2)
+    hashes, tokens = [11, 12, 13, 14], list(range(8))
+    # DRAM, DRAM+disk, disk, DRAM: held prefix of 4.
+    assert ann.announce(hashes, tokens, [1, 3, 2, 1], 4) == 0
+    stored = [e for e in pub.batches[0] if e[0] == "BlockStored"]
+    assert [(e[1], e[2], e[3], e[6]) for e in stored] == [
+        ([11, 12], None, [0, 1, 2, 3], "CPU"),
+        ([12, 13], 11, [2, 3, 4, 5], "DISK"),
+        ([14], 13, [6, 7], "CPU"),
+    ]
+    assert [e for e in pub.batches[0] if e[0] == "BlockRemoved"] == [
+        ["BlockRemoved", [13], "CPU"], ["BlockRemoved", [11, 14], "DISK"]]
+    # Block 12 left DRAM, 13 and 14 are gone: only what was announced is withdrawn.
+    assert ann.announce(hashes, tokens, [1, 2, 0, 0], 2) == 1
+    assert pub.batches[1] == [
+        ["BlockStored", [11], None, [0, 1], 2, None, "CPU"],
+        ["BlockStored", [12], 11, [2, 3], 2, None, "DISK"],
+        ["BlockRemoved", [12, 14], "CPU"], ["BlockRemoved", [13], "DISK"]]
+    # Nothing held and nothing announced anywhere: nothing to say.
+    assert ann.announce([21], [0, 1], [0], 0) == 2  # unknown to this process: withdrawn everywhere
+    assert ann.announce([21], [0, 1], [0], 0) is None

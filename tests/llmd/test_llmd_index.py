@@ -1,0 +1,155 @@
+"""Properties of what llm-d's indexer (v0.9.0, tests/llmd/indexer) learns from reference engines
+with real sidecars: every block an engine can load instead of computing is in the index for
+that pod, at the tier its store holds it, and the holder of the longest prefix scores first.
+
+Matched blocks are llm-d's own blocks (blockSizeTokens of its token processor): an engine
+holding `n` full pages of `page` tokens serves n*page tokens, which is n*page // block of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpusync.hashing import BlockHasher
+from tpusync.store import KVStore, Tier
+
+from .conftest import connect, served
+
+PAGES = (16, 32, 64)
+LENGTHS = (1, 15, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 300, 511, 512, 700)
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, n).tolist()
+
+
+def parameters(block: int, **indexer_config) -> dict:
+    """precise-prefix-cache-producer parameters, as an EndpointPickerConfig carries them."""
+    return {"tokenProcessorConfig": {"blockSizeTokens": block},
+            "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": False},
+            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": False}, **indexer_config}}
+
+
+def held_tokens(n_tokens: int, page: int) -> int:
+    return n_tokens // page * page
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster):
+    """One engine per page size, each on its own sidecar; an indexer per llm-d block size that
+    divides the page sizes it watches (16: all, 32: pages 32 and 64, 64: page 64)."""
+    engines = {p: cluster.engine(cluster.host(p), p) for p in PAGES}
+    indexers = {b: cluster.indexer(parameters(b)) for b in PAGES}
+    probe = tokens(999, 64)
+    for b, ix in indexers.items():
+        for p, e in engines.items():
+            if p % b == 0:
+                connect(ix, e, probe)
+    return engines, indexers
+
+
+def test_matched_blocks_equal_the_full_blocks_the_holder_serves(fleet):
+    engines, indexers = fleet
+    for i, n in enumerate(LENGTHS):
+        prompt = tokens(i, n)
+        holder_page = PAGES[i % len(PAGES)]
+        holder = engines[holder_page]
+        # The others hold the first half: the holder must still score first when it has more.
+        for p, e in engines.items():
+            if e is not holder and n // 2 >= p:
+                seq = e.complete(prompt[:n // 2])["tpusync"]["kv_events_seq"]
+                assert all(ix.sync(e, seq) for b, ix in indexers.items() if p % b == 0)
+        r = holder.complete(prompt)
+        seq = r["tpusync"]["kv_events_seq"]
+        if n < holder_page:
+            assert seq == -1, "an engine announced a block that is not full"
+        for b, ix in indexers.items():
+            if holder_page % b:
+                continue
+            if seq >= 0:
+                assert ix.sync(holder, seq)
+            got = ix.score(prompt)
+            assert got["totalBlocks"] == n // b
+            want = {e.pod: held_tokens(n if e is holder else n // 2, p) // b for p, e in engines.items()
+                    if p % b == 0}
+            matched = {pod: s["matchedBlocks"] for pod, s in got["pods"].items()}
+            assert matched == {pod: m for pod, m in want.items() if m}, (n, b, holder_page)
+            if want[holder.pod]:
+                assert got["pods"][holder.pod]["tiers"] == {"cpu": want[holder.pod]}
+            if want[holder.pod] > max((m for pod, m in want.items() if pod != holder.pod), default=0):
+                assert got["order"][0] == holder.pod, (n, b, got)
+
+
+def test_blocks_received_by_pd_and_pulled_from_a_peer_are_announced(cluster):
+    page = 32
+    p_host, d_host = cluster.host(page), cluster.host(page)
+    prefill = cluster.engine(p_host, page, role="prefill")
+    decode = cluster.engine(d_host, page, role="decode", peers=[p_host.sidecar.address])
+    ix = cluster.indexer(parameters(16))
+    probe = tokens(998, 64)
+    connect(ix, prefill, probe)
+    connect(ix, decode, probe)
+
+    # P/D: the decode pod received the prompt's blocks from the prefill pod's sidecar.
+    prompt = tokens(100, 333)
+    first = served(ix, prefill, prompt)
+    r = served(ix, decode, prompt, max_tokens=3, kv_transfer_params=first["kv_transfer_params"])
+    assert r["tpusync"]["pulled_blocks"] == 333 // page
+    got = ix.score(prompt)
+    full = held_tokens(333, page) // 16
+    assert {pod: s["matchedBlocks"] for pod, s in got["pods"].items()} == {prefill.pod: full, decode.pod: full}
+
+    # A prefix pulled from a peer, then the rest computed: the decode pod holds all of it.
+    shared = tokens(101, 200)
+    served(ix, prefill, shared)
+    longer = shared + tokens(102, 150)
+    r = served(ix, decode, longer)
+    assert r["tpusync"]["pulled_blocks"] == 200 // page
+    got = ix.score(longer)
+    assert got["pods"][decode.pod]["matchedBlocks"] == held_tokens(350, page) // 16
+    assert got["pods"][prefill.pod]["matchedBlocks"] == held_tokens(200, page) // 16
+    assert got["order"][0] == decode.pod
+
+
+def store_tiers(host, prompt: list[int], page: int) -> dict[str, int]:
+    """What the sidecar holds of the prompt's leading blocks, counted per llm-d tier name."""
+    keys = BlockHasher(page).keys(prompt)
+    with KVStore.connect(f"unix://{host.sidecar.control_socket}") as store:
+        found = store.lookup(keys)
+    counts = {"cpu": 0, "disk": 0}
+    for t in found.tiers[:found.prefix_len]:
+        counts["cpu"] += bool(int(t) & Tier.DRAM)
+        counts["disk"] += bool(int(t) & Tier.DISK)
+    return {k: v for k, v in counts.items() if v}
+
+
+def test_tiers_follow_the_store_and_blocks_restored_after_a_restart_are_announced(cluster):
+    page = 32
+    host = cluster.host(page, disk=True)
+    engine = cluster.engine(host, page)
+    ix = cluster.indexer(parameters(32))
+    probe = tokens(997, 64)
+    connect(ix, engine, probe)
+    prompt = tokens(200, 320)
+    keys = BlockHasher(page).keys(prompt)
+    served(ix, engine, prompt)
+    assert ix.score(prompt)["pods"][engine.pod]["tiers"] == store_tiers(host, prompt, page) == {"cpu": 10}
+
+    # The first half goes to disk; the engine restarts (same pod, same ports) and a router that
+    # starts afresh subscribes: the restored blocks are loaded, not computed, and announced.
+    with KVStore.connect(f"unix://{host.sidecar.control_socket}") as store:
+        store.evict(keys[:5])
+    engine.stop()
+    engine.start()
+    fresh = cluster.indexer(parameters(32))
+    ix.forget(engine)
+    connect(ix, engine, probe)
+    connect(fresh, engine, probe)
+    r = engine.complete(prompt)
+    assert r["tpusync"]["cached_tokens"] >= 256 and r["tpusync"]["computed_tokens"] < 320
+    for index in (ix, fresh):
+        assert index.sync(engine, r["tpusync"]["kv_events_seq"])
+        got = index.score(prompt)["pods"][engine.pod]
+        assert got["matchedBlocks"] == 10
+        assert got["tiers"] == store_tiers(host, prompt, page)
