@@ -1,0 +1,173 @@
+"""Every vLLM command line the operator renders, for every sample and every engine option that
+changes it, parsed by vLLM's own `vllm serve` parser and validated by its serve checks,
+EngineArgs and the KVTransferConfig / KVEventsConfig it builds: an unknown, misspelled or
+mistyped flag fails here. This is the vLLM of the pinned vllm-tpu image (versions.VLLM), run
+on the CPU; no engine is started."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from tpusync_operator import versions
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.serving import PoolInfo
+from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
+from tpusync_operator.render import load, render
+from tpusync_operator.tpu import slice_for
+
+import vllm
+from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.yaml"))
+POD_IP = "127.0.0.1"   # what Kubernetes substitutes for $(POD_IP) in args
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_parser() -> argparse.ArgumentParser:
+    """`vllm` with its `serve` subcommand, as the vllm CLI builds it (built once: parsing does
+    not change it)."""
+    top = FlexibleArgumentParser(prog="vllm")
+    subparsers = top.add_subparsers(dest="subparser")
+    ServeSubcommand().subparser_init(subparsers)
+    return top
+
+
+def engines(objs):
+    """(name, command, args) of every engine container in objs."""
+    for o in objs:
+        spec = o.get("spec", {})
+        templates = [spec["template"]] if "template" in spec else []
+        if "leaderWorkerTemplate" in spec:
+            lwt = spec["leaderWorkerTemplate"]
+            templates += [lwt["leaderTemplate"], lwt["workerTemplate"]]
+        for t in templates:
+            for c in t["spec"]["containers"]:
+                if c["name"] == "engine":
+                    yield o["metadata"]["name"], c["command"], c["args"]
+
+
+def option_matrix():
+    """Every vllm-tpu option that changes the command line, on a v6e and a v7x multi-host pool."""
+    pools = {
+        "v6e": {"tpu": {"type": "v6e", "topology": "2x4"}, "provisioning": {"mode": "existing",
+                                                                            "existing": {"nodePoolName": "np"}}},
+        "v7x": {"tpu": {"type": "v7x", "topology": "2x2x2"},
+                "provisioning": {"mode": "gke", "gke": {"project": "p", "location": "l", "cluster": "c",
+                                                        "workloadPolicy": "wp"}}},
+    }
+    models = [{"name": "m", "uri": "hf://org/m"},
+              {"name": "m", "uri": "hf://org/m", "revision": "v1", "tokenSecretRef": {"name": "hf"}},
+              {"name": "m", "uri": "gs://bucket/models/m"},
+              {"name": "m", "uri": "/models/m"}]
+    routing = [{"enabled": True, "precisePrefixCache": True}, {"enabled": True, "precisePrefixCache": False},
+               {"enabled": False}]
+    for (pname, pool), connector, model, route, layerwise, extra in itertools.product(
+            pools.items(), ("tpusync", "tpu-inference"), models, routing, (True, False),
+            ([], ["--max-model-len=4096"])):
+        spec = DisaggregatedServingSpec.model_validate({
+            "model": model, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
+            "kvTransfer": {"connector": connector, "layerwise": layerwise}, "routing": route,
+            "prefill": {"args": extra}, "decode": {"args": extra}})
+        pool_spec = TPUSyncPoolSpec.model_validate(pool)
+        info = PoolInfo("pool", pool_spec, slice_for(pool_spec.tpu.type, pool_spec.tpu.topology))
+        owner = Owner("tpusync.dev/v1alpha1", "DisaggregatedServing", "llm", "ns", "uid")
+        ident = f"{pname}-{connector}-{model['uri']}-{'rev' if 'revision' in model else ''}-{route}-{layerwise}-{extra}"
+        yield ident, plan_serving(owner, spec, info, set(OPTIONAL_KINDS)).apply
+
+
+def cases():
+    out = []
+    sample_objs = [r.body for r in render(load([str(p) for p in SAMPLES])) if "kind" in r.body]
+    out += [(f"samples/{name}", args) for name, command, args in engines(sample_objs) if command == ["vllm", "serve"]]
+    for ident, objs in option_matrix():
+        out += [(f"{ident}/{name}", args) for name, command, args in engines(objs) if command == ["vllm", "serve"]]
+    return out
+
+
+CASES = cases()
+
+
+def test_the_pinned_vllm_is_the_one_running_here():
+    assert vllm.__version__.split("+")[0] == versions.VLLM_VERSION
+    assert any(ident.startswith("samples/") for ident, _ in CASES)   # the v7x sample serves with vLLM
+
+
+def test_every_recorded_vllm_flag_exists():
+    """versions.VLLM.flags (what the unit tests allow) holds only options vLLM's parser knows."""
+    parser = vllm_parser()
+    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    known = {s for a in serve._actions for s in a.option_strings}
+    assert versions.VLLM.flags <= known, versions.VLLM.flags - known
+
+
+@pytest.mark.parametrize("args", [c[1] for c in CASES], ids=[c[0] for c in CASES])
+def test_rendered_vllm_serve_args_parse_and_validate(args, capsys):
+    argv = ["serve", *(a.replace("$(POD_IP)", POD_IP) for a in args)]
+    try:
+        ns = vllm_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"vllm serve rejected {argv}: {capsys.readouterr().err}")
+    ServeSubcommand().validate(ns)
+    engine_args = AsyncEngineArgs.from_cli_args(ns)
+
+    # The positional model is what vLLM loads: a repo id, a gs:// URI or a path, never hf://.
+    assert ns.model_tag == args[0] and not ns.model_tag.startswith("hf://")
+    assert engine_args.enable_prefix_caching is True
+    assert engine_args.tensor_parallel_size == int(args[args.index("--tensor-parallel-size") + 1])
+
+    kv = engine_args.kv_transfer_config
+    assert isinstance(kv, KVTransferConfig)
+    want = json.loads(args[args.index("--kv-transfer-config") + 1].replace("$(POD_IP)", POD_IP))
+    assert kv.kv_connector == want["kv_connector"] and kv.kv_role == want["kv_role"]
+    assert kv.kv_connector_module_path == want["kv_connector_module_path"]
+    assert kv.is_kv_transfer_instance
+    assert kv.kv_load_failure_policy == want.get("kv_load_failure_policy", "fail")
+    ev = engine_args.kv_events_config
+    assert isinstance(ev, KVEventsConfig) and ev.enable_kv_cache_events and ev.publisher == "zmq"
+    assert ev.topic.startswith(f"kv@{POD_IP}:")
+
+    if args[0].startswith("gs://"):
+        assert engine_args.load_format == versions.VLLM_STREAMING_LOAD_FORMAT
+    if "--revision" in args:
+        assert engine_args.revision == args[args.index("--revision") + 1]
+    assert ns.enable_scale_out == (versions.VLLM_RENDER_FLAG in args)
+
+
+def test_render_flag_registers_what_the_token_producer_calls():
+    """With the flag our decode engines get, `vllm serve` registers /v1/completions/render
+    (vLLM's own router registration); without it the route answers 403."""
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute
+
+    from vllm.entrypoints.scale_out.factories import register_scale_out_api_routers
+
+    decode = next(args for ident, args in CASES if ident.startswith("samples/") and versions.VLLM_RENDER_FLAG in args)
+    for flags, served in ((decode, True), ([a for a in decode if a != versions.VLLM_RENDER_FLAG], False)):
+        ns = vllm_parser().parse_args(["serve", *(a.replace("$(POD_IP)", POD_IP) for a in flags)])
+        app = FastAPI()
+        app.state.args = ns
+        register_scale_out_api_routers(app, ("generate",))
+        route = next(r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/completions/render")
+        assert (route.endpoint.__name__ != "disabled_scale_out") == served
+
+
+@pytest.mark.parametrize("bad", [
+    ["--tensor-paralel-size", "8"],                                                    # misspelled flag
+    ["--kv-transfer-config", '{"kv_connector":"TPUConnector","kv_role":"producer"}'],  # not a kv_role
+    ["--kv-transfer-config", '{"kv_connector":"TPUConnector","kv_role":"kv_producer","bogus":1}'],
+    ["--kv-events-config", '{"enable_kv_cache_events":true,"publisher":"kafka"}'],
+], ids=["misspelled-flag", "kv-role", "unknown-kv-field", "events-publisher"])
+def test_the_check_fails_on_what_vllm_refuses(bad):
+    """The parser these tests rely on refuses a misspelled flag and invalid configs."""
+    with pytest.raises(SystemExit):
+        vllm_parser().parse_args(["serve", "org/m", *bad])
