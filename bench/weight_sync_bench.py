@@ -10,9 +10,20 @@ Measured in one run, each case beside its baseline:
   baseline: one hop;
 - naive-N-samplers: the trainer host sends every sampler host its own copy (all at once);
   baseline: 1 sampler;
-- tcp-raw: one raw TCP stream carrying the same bytes (the loopback ceiling), for scale.
-Prints a table, what the plan predicts for a 235B-parameter bf16 model over 16 hosts at
-50 GB/s per link, and writes bench/results/weight_sync.json.
+- tcp-raw: four native raw TCP streams (bench/rawtcp.cc) carrying the same bytes, the
+  loopback ceiling, with their CPU seconds;
+- hop-vs-pull-loopback: ratio = one hop's throughput over a plain sidecar pull of the same
+  bytes (naive-1), with CPU seconds per GB of the hop (sidecars + executor) against raw TCP's.
+On the simulated fabric (tests/support/fabric.py: one network namespace per host, every
+NIC shaped to the profile's rate and RTT, so hops no longer share one loopback):
+- fabric-hop-1: the trainer host to one host, the baseline of the fabric cases;
+- fabric-chain-N / fabric-tree-N (fan-out 2) / fabric-naive-N: N destination hosts besides
+  the trainer's; ratio = seconds over one fabric hop of the same bytes, `vs_line_rate` =
+  seconds over the bytes at the link's line rate;
+- hop-vs-pull-fabric: a hop's throughput over a plain pull's, over the same link.
+Every case is the median of --reps runs. Prints a table, what the plan predicts for a
+235B-parameter bf16 model over 16 hosts at 50 GB/s per link, and writes
+bench/results/weight_sync.json.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +45,10 @@ import numpy as np
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+import rawtcp  # noqa: E402
 from report import report  # noqa: E402
+from tests.support import fabric as fab  # noqa: E402
 
 from tpusync import KVStore, sidecar  # noqa: E402
 from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager, plan  # noqa: E402
@@ -205,74 +219,180 @@ def naive(workdir, secret_file, total: int, samplers: int) -> float:
         cl.close()
 
 
-RAW_SENDER = textwrap.dedent("""
-    import socket, sys
-    import numpy as np
-    port, total = int(sys.argv[1]), int(sys.argv[2])
-    buf = np.ones(total, np.uint8)
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(memoryview(buf))
-    s.recv(1)
-""")
-
-
-def raw_tcp(total: int) -> float:
-    listener = socket.create_server(("127.0.0.1", 0))
-    proc = subprocess.Popen([sys.executable, "-c", RAW_SENDER, str(listener.getsockname()[1]), str(total)])
-    conn, _ = listener.accept()
-    sink = memoryview(np.ones(total, np.uint8))
-    got = 0
-    t0 = time.perf_counter()
-    while got < total:
-        got += conn.recv_into(sink[got:got + 4 * MIB])
-    seconds = time.perf_counter() - t0
-    conn.sendall(b"k")
-    proc.wait()
-    conn.close()
-    listener.close()
-    return seconds
-
-
 def case(name: str, nbytes: int, seconds: float, baseline: float, cpu: float | None = None) -> dict:
     out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline,
            "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9}
     if cpu is not None:   # how many cores the case kept busy: near os.cpu_count() means CPU-bound
-        out |= {"cpu_seconds": cpu, "cores_busy": cpu / seconds}
+        out |= {"cpu_seconds": cpu, "cores_busy": cpu / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
+    return out
+
+
+def median_of(reps: int, fn) -> tuple[float, float | None]:
+    """(median seconds, median CPU seconds or None) of `reps` calls of fn() -> seconds | (seconds, cpu)."""
+    runs = [fn() for _ in range(reps)]
+    runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
+    cpus = [c for _, c in runs if c is not None]
+    return statistics.median(s for s, _ in runs), (statistics.median(cpus) if cpus else None)
+
+
+FABRIC_BLOCK = 2 * MIB      # 4 MiB chunks: enough of them that a chain's pipeline fills quickly
+FABRIC_CHUNK_BLOCKS = 2
+
+
+class FabricCluster:
+    """A fabric of 1 + n hosts (h0 is the trainer's), one sidecar in each."""
+
+    def __init__(self, profile: fab.Profile, n: int, secret_file: str, total: int):
+        self.fabric = fab.Fabric(1 + n, profile)
+        self.fabric.start()
+        try:
+            self.cars = [h.sidecar(secret_file=secret_file, dram_bytes=total + 64 * MIB, block_bytes=FABRIC_BLOCK,
+                                   streams=4) for h in self.fabric.hosts]
+        except BaseException:
+            self.fabric.close()
+            raise
+        self.trainer, self.hosts = self.cars[0], self.cars[1:]
+
+    def publish(self, total: int) -> list[int]:
+        """Publishes version 1 on the trainer's host; returns the version's block keys."""
+        from tpusync.weights import manifest as mf
+
+        sync = WeightSynchronizer(engine(self.trainer), "bench", blocks_per_chunk=FABRIC_CHUNK_BLOCKS)
+        sync.publish(weights(total, 1), 1)
+        return mf.version_keys(mf.read_manifest(engine(self.trainer), "bench", 1))
+
+    def close(self) -> None:
+        self.fabric.close()
+
+
+def fabric_transfer(profile, secret_file, total: int, n: int, topology: str) -> tuple[float, float]:
+    """(seconds, CPU seconds of every sidecar and the executor): the version to n hosts."""
+    cl = FabricCluster(profile, n, secret_file, total)
+    try:
+        cl.publish(total)
+        mgr = WeightSynchronizerManager(topology=topology, fanout=2)
+        mgr.register_work_unit("trainer", host=cl.trainer.address, control_socket=cl.trainer.control_socket,
+                               role="trainer")
+        for i, h in enumerate(cl.hosts):
+            mgr.register_work_unit(f"s{i}", host=h.address, control_socket=h.control_socket)
+        pids = [c.process.pid for c in cl.cars]
+        before = cl.fabric.counters()
+        cpu0, t0 = cpu_seconds(pids), time.perf_counter()
+        rep = mgr.transfer(["trainer"], None, "bench")
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
+        assert rep.ok and len(rep.committed) == n, rep.failed
+        _assert_crossed(cl, before, total)
+        mgr.close()
+        return seconds, cpu
+    finally:
+        cl.close()
+
+
+def fabric_naive(profile, secret_file, total: int, n: int) -> float:
+    """Every destination host pulls its own whole copy from the trainer's host, all at once."""
+    cl = FabricCluster(profile, n, secret_file, total)
+    try:
+        keys = cl.publish(total)
+        stores = [engine(h) for h in cl.hosts]
+        errors: list[BaseException] = []
+
+        def pull(store):
+            try:
+                assert all(store.read_remote(cl.trainer.address, keys))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=(s,)) for s in stores]
+        before = cl.fabric.counters()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+        assert not errors, errors
+        _assert_crossed(cl, before, total)
+        return seconds
+    finally:
+        cl.close()
+
+
+def _assert_crossed(cl: FabricCluster, before: dict, total: int) -> None:
+    """Every destination's NIC received the version: the bytes went over the shaped links."""
+    after = cl.fabric.counters()
+    for h in cl.fabric.hosts[1:]:
+        got = after[h.name].rx_bytes - before[h.name].rx_bytes
+        assert got >= total, f"{h.name} received only {got} of {total} bytes over its link"
+
+
+def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list[int], reps: int) -> list[dict]:
+    tag = f"{total // MIB}m-{profile.name}"
+    line_rate = total / profile.rate_bytes_per_s
+
+    def fcase(name, seconds, baseline, cpu=None):
+        return case(name, total, seconds, baseline, cpu) | {"line_rate_seconds": line_rate,
+                                                             "vs_line_rate": seconds / line_rate}
+
+    hop, hop_cpu = median_of(reps, lambda: fabric_transfer(profile, secret_file, total, 1, plan.CHAIN))
+    pull, _ = median_of(reps, lambda: fabric_naive(profile, secret_file, total, 1))
+    out = [fcase(f"fabric-hop-1-{tag}", hop, hop, hop_cpu), fcase(f"fabric-pull-1-{tag}", pull, hop),
+           case(f"hop-vs-pull-fabric-{tag}", total, hop, pull) | {"ratio": pull / hop, "pull_seconds": pull}]
+    for n in hosts:
+        for topology in (plan.CHAIN, plan.TREE):
+            s, cpu = median_of(reps, lambda: fabric_transfer(profile, secret_file, total, n, topology))
+            out.append(fcase(f"fabric-{topology}-{n}-{tag}", s, hop, cpu))
+        s, _ = median_of(reps, lambda: fabric_naive(profile, secret_file, total, n))
+        out.append(fcase(f"fabric-naive-{n}-{tag}", s, hop))
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, nargs="+", default=[1.0], help="weight sizes in GiB (e.g. 1 2)")
+    ap.add_argument("--gib", type=float, nargs="*", default=[1.0], help="weight sizes in GiB (e.g. 1 2); none: skip loopback")
     ap.add_argument("--samplers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--reps", type=int, default=3, help="runs per case; the median is reported")
+    ap.add_argument("--fabric-hosts", type=int, nargs="*", default=[4, 8], help="destination hosts; none: skip")
+    ap.add_argument("--fabric-mib", type=int, default=128)
+    ap.add_argument("--fabric-profile", default="dc", choices=sorted(fab.PROFILES))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=200)
     results = []
     with tempfile.TemporaryDirectory(prefix="tpusync-wbench-") as workdir:
         secret_file = f"{workdir}/secret"
         Path(secret_file).write_bytes(os.urandom(32).hex().encode())
+        reps = args.reps
         for gib in args.gib:
             total = int(gib * GIB) // LEAF * LEAF
             tag = f"{gib:g}g"
-            raw = raw_tcp(total)
-            results.append(case(f"tcp-raw-{tag}", total, raw, raw))
-            one = onehost(workdir, secret_file, total, 1)
+            raw = rawtcp.run(total, 4, reps)
+            results.append(case(f"tcp-raw-{tag}", total, raw.seconds, raw.seconds, raw.cpu_seconds))
+            one, _ = median_of(reps, lambda: onehost(workdir, secret_file, total, 1))
             results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
             for n in args.samplers:
-                results.append(case(f"onehost-{n}-samplers-{tag}", total, onehost(workdir, secret_file, total, n), one))
-            hop, cpu = chain(workdir, secret_file, total, 1)
-            results.append(case(f"chain-1-hops-{tag}", total, hop, hop, cpu))
+                s, _ = median_of(reps, lambda: onehost(workdir, secret_file, total, n))
+                results.append(case(f"onehost-{n}-samplers-{tag}", total, s, one))
+            hop, hop_cpu = median_of(reps, lambda: chain(workdir, secret_file, total, 1))
+            results.append(case(f"chain-1-hops-{tag}", total, hop, hop, hop_cpu))
             for n in args.samplers:
-                seconds, cpu = chain(workdir, secret_file, total, n)
+                seconds, cpu = median_of(reps, lambda: chain(workdir, secret_file, total, n))
                 results.append(case(f"chain-{n}-hops-{tag}", total, seconds, hop, cpu))
-            base = naive(workdir, secret_file, total, 1)
+            base, _ = median_of(reps, lambda: naive(workdir, secret_file, total, 1))
             results.append(case(f"naive-1-samplers-{tag}", total, base, base))
             for n in args.samplers:
-                results.append(case(f"naive-{n}-samplers-{tag}", total, naive(workdir, secret_file, total, n), base))
+                s, _ = median_of(reps, lambda: naive(workdir, secret_file, total, n))
+                results.append(case(f"naive-{n}-samplers-{tag}", total, s, base))
+            hvp = case(f"hop-vs-pull-loopback-{tag}", total, hop, base, hop_cpu)
+            hvp |= {"ratio": base / hop, "pull_seconds": base, "raw_cpu_s_per_gb": raw.cpu_seconds / (total / 1e9),
+                    "cpu_vs_raw": hop_cpu / raw.cpu_seconds}
+            results.append(hvp)
             console.print(f"done {tag}")
+        if args.fabric_hosts:
+            total = args.fabric_mib * MIB // LEAF * LEAF
+            results += fabric_cases(fab.PROFILES[args.fabric_profile], secret_file, total, args.fabric_hosts, reps)
     columns = [("case", "case", ""), ("seconds", "seconds", ".3f"), ("baseline s", "baseline_seconds", ".3f"),
-               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("cores busy", "cores_busy", ".2f")]
+               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("vs line rate", "vs_line_rate", ".2f"),
+               ("cores busy", "cores_busy", ".2f"), ("cpu s/GB", "cpu_s_per_gb", ".2f")]
     gb = 10**9
     model_bytes = 235 * gb * 2
     lines = ["Plan prediction, 235B params bf16 (470 GB) to 16 hosts at 50 GB/s per host link, 64 MiB chunks:"]
@@ -283,7 +403,9 @@ def main() -> None:
     note = "\n".join(lines) + (f"\nLoopback on {os.cpu_count()} cores shared with other work: every hop costs CPU "
                                "(copy + checksum), so hops compete for the same cores; figures are noisy. "
                                "cores busy: CPU seconds of every sidecar and the executor per wall second.")
-    report(console, "tpusync weight sync (one run)", results, columns, args.out, note)
+    note += ("\nfabric-*: ratio = seconds over one fabric hop (fabric-hop-1) of the same bytes; vs line rate = "
+             "seconds over bytes / link rate. hop-vs-pull-*: ratio = a hop's throughput over a plain pull's.")
+    report(console, f"tpusync weight sync (median of {args.reps})", results, columns, args.out, note)
 
 
 if __name__ == "__main__":
