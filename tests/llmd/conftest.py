@@ -212,11 +212,11 @@ def cluster(tmp_path_factory):
 
 def connect(indexer: Indexer, engine: Engine, probe: list[int]) -> None:
     """Subscribes `indexer` to `engine` and waits until it receives the engine's events: a ZMQ
-    PUB drops what it publishes before the subscription arrives, so a probe prompt is served
-    until one of its batches shows up."""
+    PUB drops what it publishes before the subscription arrives, so probe prompts (`probe`
+    with one more token each time) are served until one of their batches shows up."""
     indexer.subscribe(engine)
-    for _ in range(40):
-        seq = engine.complete(probe)["tpusync"]["kv_events_seq"]
+    for i in range(40):
+        seq = engine.complete(probe + [i % 256] * engine.page_size)["tpusync"]["kv_events_seq"]
         assert seq >= 0, "the engine published nothing for a prompt of full blocks"
         if indexer.sync(engine, seq, timeout_s=0.5):
             return
