@@ -209,3 +209,25 @@ def test_the_guides_version_table_matches_versions_py():
         assert row is not None, f"docs/gke.md has no row for {pin.name} {pin.version}"
         for image in ([pin.image] if pin.image else sorted(pin.values.get("images", ()))):
             assert image in row, (pin.name, image)
+
+
+def test_rendered_sidecar_args_parse_with_the_sidecar_itself():
+    """tpusync-sidecar parses and checks every flag before it looks at --help: the rendered
+    command lines of every case (serving pods and store nodes) must pass it."""
+    import subprocess
+
+    from tpusync.sidecar import sidecar_binary
+    binary = sidecar_binary()
+    seen = set()
+    for _, objs in CASES:
+        for c in containers(objs):
+            if c["name"] == "tpusync-sidecar" and tuple(c["args"]) not in seen:
+                seen.add(tuple(c["args"]))
+    assert len(seen) > 2
+    for args in sorted(seen):
+        res = subprocess.run([binary, *args, "--help"], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, (args, res.stderr)
+    # the check can fail: a misspelled flag is refused
+    res = subprocess.run([binary, *sorted(seen)[0], "--dram-byte=1Gi", "--help"], capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 2 and "unknown flag --dram-byte" in res.stderr
