@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install native-test fuzz pytest bench clean system-deps
+.PHONY: all test demo install native-test fuzz pytest bench performance-doc clean system-deps
 FUZZ_SECONDS ?= 20
 
 all: test
@@ -73,6 +73,18 @@ bench: install
 	$(PY) bench/transfer_bench.py
 	$(PY) bench/serving_bench.py
 	$(PY) bench/weight_sync_bench.py
+	$(MAKE) performance-doc
+
+# docs/performance.md and its plots, generated from bench/results/*.json (matplotlib in a
+# small environment of its own, cached).
+DOCS_VENV := $(CACHE)/docs-venv/matplotlib-3.11.2
+$(DOCS_VENV)/.created:
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q matplotlib==3.11.2
+	touch $@
+
+performance-doc: $(DOCS_VENV)/.created
+	$(DOCS_VENV)/bin/python bench/performance_doc.py
 
 clean:
 	rm -rf build $(VENV)
