@@ -329,8 +329,29 @@ SGLANG_JAX_BOOTSTRAP = Pin(
 JAX_COMPILE_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
+# Multi-host vLLM on TPU: tpu-inference's Ray backend (TPU_MULTIHOST_BACKEND=ray, read in
+# tpu_inference/envs.py; tpu_inference/platforms/tpu_platform.py then picks its
+# RayDistributedExecutor), one Ray cluster per slice: `ray start --block --head --port=6379`
+# on one host, `ray start --block --address=<head>:6379` on the others, JAX_PLATFORMS='',
+# and vLLM started on the head (vllm-project/tpu-inference@v0.27.0:
+# scripts/multihost/run_cluster.sh; LWS's own TPU example, kubernetes-sigs/lws@v0.8.0:
+# docs/examples/vllm/TPU/lws.yaml, runs the same roles with LWS_LEADER_ADDRESS and
+# LWS_GROUP_SIZE). Ray comes with vllm-tpu 0.32.0 (Requires-Dist ray[default], unpinned); its
+# `ray start` options below were read in ray 2.60.0 (python/ray/scripts/scripts.py), the
+# version pip resolves for it today.
+RAY = Pin(
+    name="Ray (multi-host vLLM)", version="2.60.0",
+    proof=(Source("vllm-project/tpu-inference", "v0.27.0", "scripts/multihost/run_cluster.sh"),
+           Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/platforms/tpu_platform.py"),
+           Source("kubernetes-sigs/lws", "v0.8.0", "docs/examples/vllm/TPU/lws.yaml")),
+    flags_source=Source("pypi:ray", "2.60.0", "ray/scripts/scripts.py", note="`ray start` options"),
+    flags=_flags("head port address block object-store-memory disable-usage-stats node-ip-address "
+                 "resources temp-dir include-dashboard dashboard-host"),
+)
+
+
 ALL: tuple[Pin, ...] = (TPUSYNC, EPP, ROUTING_PROXY, GATEWAY_API_INFERENCE_EXTENSION, INFERENCE_OBJECTIVE,
-                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP)
+                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, RAY, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP)
 
 
 def table() -> list[tuple[str, str, str, str]]:

@@ -16,6 +16,7 @@ import pytest
 
 from tpusync_operator import versions
 from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
@@ -43,7 +44,8 @@ def vllm_parser() -> argparse.ArgumentParser:
 
 
 def engines(objs):
-    """(name, command, args) of every engine container in objs."""
+    """(name, `vllm serve` args) of every engine container in objs that runs vLLM (single-host
+    pods and multi-host leaders; Ray workers run no vLLM server)."""
     for o in objs:
         spec = o.get("spec", {})
         templates = [spec["template"]] if "template" in spec else []
@@ -52,8 +54,9 @@ def engines(objs):
             templates += [lwt["leaderTemplate"], lwt["workerTemplate"]]
         for t in templates:
             for c in t["spec"]["containers"]:
-                if c["name"] == "engine":
-                    yield o["metadata"]["name"], c["command"], c["args"]
+                args = vllm_argv(c) if c["name"] == "engine" else None
+                if args is not None:
+                    yield o["metadata"]["name"], args
 
 
 def option_matrix():
@@ -88,9 +91,9 @@ def option_matrix():
 def cases():
     out = []
     sample_objs = [r.body for r in render(load([str(p) for p in SAMPLES])) if "kind" in r.body]
-    out += [(f"samples/{name}", args) for name, command, args in engines(sample_objs) if command == ["vllm", "serve"]]
+    out += [(f"samples/{name}", args) for name, args in engines(sample_objs)]
     for ident, objs in option_matrix():
-        out += [(f"{ident}/{name}", args) for name, command, args in engines(objs) if command == ["vllm", "serve"]]
+        out += [(f"{ident}/{name}", args) for name, args in engines(objs)]
     return out
 
 

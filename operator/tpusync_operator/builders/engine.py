@@ -36,6 +36,35 @@ HF_HOME = f"{WEIGHTS_DIR}/huggingface"
 COMPILE_CACHE_DIR = "/cache/xla"
 
 
+# Multi-host vLLM on TPU, as tpu-inference runs it (versions.RAY): one Ray cluster per slice, the
+# head on the LWS leader, a Ray worker on every other host, and `vllm serve` on the leader only
+# (tpu-inference's Ray executor places one TPU worker per host). LWS injects LWS_LEADER_ADDRESS
+# (the leader's DNS name) and LWS_GROUP_SIZE (hosts of the group) into every container.
+RAY_PORT = 6379
+# Ray's object store lives in /dev/shm, which the sidecar's DRAM tier fills up to its size
+# limit less 1 GiB: Ray gets a fixed 512 MiB of that headroom instead of 30% of the node.
+RAY_OBJECT_STORE_BYTES = 512 << 20
+RAY_HEAD_ARGS = ["--head", f"--port={RAY_PORT}", f"--object-store-memory={RAY_OBJECT_STORE_BYTES}",
+                 "--disable-usage-stats"]
+RAY_WORKER_ARGS = [f'--address="$LWS_LEADER_ADDRESS:{RAY_PORT}"', f"--object-store-memory={RAY_OBJECT_STORE_BYTES}",
+                   "--disable-usage-stats", "--block"]
+# The leader starts the head, waits until every host of the slice has joined, then serves.
+RAY_LEADER_SCRIPT = "\n".join([
+    "set -e",
+    "ray start " + " ".join(RAY_HEAD_ARGS),
+    "until python3 -c 'import ray, sys; ray.init(address=\"auto\", logging_level=\"ERROR\"); "
+    "sys.exit(sum(n[\"Alive\"] for n in ray.nodes()) < int(sys.argv[1]))' \"$LWS_GROUP_SIZE\"; do sleep 5; done",
+    'exec vllm "$@"',
+])
+# A worker waits for the head's port (the leader may start later), then joins and stays.
+RAY_WORKER_SCRIPT = "\n".join([
+    "until python3 -c 'import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)' "
+    f'"$LWS_LEADER_ADDRESS" {RAY_PORT}; do sleep 5; done',
+    "exec ray start " + " ".join(RAY_WORKER_ARGS),
+])
+MultiHost = Literal["leader", "worker"] | None
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """spec.model.uri resolved: what the engine is given to load."""
@@ -57,12 +86,13 @@ def engine_image(spec: DisaggregatedServingSpec) -> str:
 
 
 def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, tensor_parallel: int,
-                   data_port: int, kv_events_port: int) -> tuple[list[str], list[str]]:
+                   data_port: int, kv_events_port: int, multi_host: MultiHost = None) -> tuple[list[str], list[str]]:
     """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
 
     `tensor_parallel` counts TensorCores (JAX devices), not chips: Slice.tensor_parallel. The
     engine publishes the KV events (it knows the tokens of each block); `data_port` is the
-    pod's sidecar data port, advertised to decode pods in kv_transfer_params.
+    pod's sidecar data port, advertised to decode pods in kv_transfer_params. `multi_host`
+    names the pod's part in a multi-host vLLM replica (a LeaderWorkerSet group).
     """
     m = spec.model
     src = ModelSource.of(m)
@@ -74,8 +104,13 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
-        return ["vllm", "serve"], vllm_args(spec, role, src, port=port, tensor_parallel=tensor_parallel,
-                                            data_port=data_port, kv_events_port=kv_events_port) + extra
+        if multi_host == "worker":
+            return ["sh", "-c", RAY_WORKER_SCRIPT], []
+        args = vllm_args(spec, role, src, port=port, tensor_parallel=tensor_parallel, data_port=data_port,
+                         kv_events_port=kv_events_port) + extra
+        if multi_host == "leader":
+            return ["sh", "-c", RAY_LEADER_SCRIPT, "vllm"], ["serve", *args]
+        return ["vllm", "serve"], args
     # sglang-jax, with its own P/D (sglang_pd.py)
     args = ["--model-path", src.ref, "--host", "0.0.0.0", "--port", str(port), "--served-model-name", m.name,
             "--tp-size", str(tensor_parallel)]
@@ -120,6 +155,17 @@ def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, po
     return args
 
 
+def vllm_argv(container: dict[str, Any]) -> list[str] | None:
+    """The `vllm serve` arguments of a rendered engine container (single host, or a multi-host
+    leader), or None when the container runs no vLLM server."""
+    command, args = container.get("command", []), container.get("args", [])
+    if command[:2] == ["vllm", "serve"]:
+        return list(args)
+    if command[:3] == ["sh", "-c", RAY_LEADER_SCRIPT] and args[:1] == ["serve"]:
+        return list(args[1:])
+    return None
+
+
 def needs_render(spec: DisaggregatedServingSpec, role: str) -> bool:
     """The EPP's token-producer asks the decode Service for /v1/completions/render (precise
     prefix-cache routing); vLLM serves it only when told to (versions.VLLM_RENDER_FLAG)."""
@@ -142,7 +188,8 @@ def proxy_kv_connector(spec: DisaggregatedServingSpec) -> str:
     return spec.routing.proxy_kv_connector or ("sglang" if spec.engine.type == "sglang-jax" else "nixlv2")
 
 
-def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> list[dict[str, Any]]:
+def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *,
+               multi_host: MultiHost = None) -> list[dict[str, Any]]:
     env = env_from_fields() + [
         {"name": "TPUSYNC_ROLE", "value": role},
         {"name": "TPUSYNC_CONTROL_SOCKET", "value": CONTROL_SOCKET},
@@ -154,6 +201,9 @@ def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> list[
         {"name": versions.VLLM_XLA_CACHE_ENV, "value": COMPILE_CACHE_DIR},
         {"name": versions.JAX_COMPILE_CACHE_ENV, "value": COMPILE_CACHE_DIR},
     ]
+    if multi_host and spec.engine.type == "vllm-tpu":
+        # tpu-inference's multi-host backend; JAX_PLATFORMS empty as in its run_cluster.sh.
+        env += [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}, {"name": "JAX_PLATFORMS", "value": ""}]
     token = spec.model.token_secret_ref
     if token is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})

@@ -116,15 +116,18 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
+    multi_host = None if plan.kind == "Deployment" else ("leader" if serving else "worker")
     command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
                                    data_port=pool.spec.sidecar.data_port,
-                                   kv_events_port=pool.spec.sidecar.kv_events_port)
+                                   kv_events_port=pool.spec.sidecar.kv_events_port, multi_host=multi_host)
+    # A Ray worker of a multi-host vLLM replica serves no HTTP: the leader's probes speak for the group.
+    ray_worker = spec.engine.type == "vllm-tpu" and multi_host == "worker"
     labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
     if serving:
         labels[LLMD_ROLE_LABEL] = role
         labels[LLMD_SERVING_LABEL] = "true"
     tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
-    env = engine_env(owner, spec, role)
+    env = engine_env(owner, spec, role, multi_host=multi_host)
     if plan.kind == "LeaderWorkerSet":
         env.append({"name": "TPUSYNC_WORKER_INDEX",
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_WORKER_INDEX}']"}}})
@@ -140,10 +143,11 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},
                   *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in engine_ports(spec).items())],
-        "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
-                         "periodSeconds": 10, "failureThreshold": 360},
-        "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
-                           "periodSeconds": 5, "failureThreshold": 3},
+        **({} if ray_worker else {
+            "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
+                             "periodSeconds": 10, "failureThreshold": 360},
+            "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
+                               "periodSeconds": 5, "failureThreshold": 3}}),
         "securityContext": container_security_context(read_only_root=False),
         "volumeMounts": [
             {"name": "tpusync-shm", "mountPath": "/dev/shm"},

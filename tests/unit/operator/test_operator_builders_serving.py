@@ -393,3 +393,84 @@ def test_routing_proxy_flags():
     assert proxy["image"] == "ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.10.0"
     assert proxy["args"] == ["--port=8000", "--model-server-port=8200", "--kv-connector=nixlv2",
                              "--secure-proxy=false"]
+
+
+def test_multi_host_vllm_is_one_ray_cluster_per_replica():
+    """tpu-inference's multi-host layout: the LWS leader starts the Ray head and `vllm serve`
+    over the whole slice (TP 16 on 2x2x2 v7x), workers only join the head; both run with
+    TPU_MULTIHOST_BACKEND=ray; only the leader serves HTTP and is probed."""
+    from tpusync_operator.builders import engine
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    pods = dict(_pods(plan(serving, pool).apply))
+    leader = pods["llm-decode/leader"]["spec"]["containers"][0]
+    worker = pods["llm-decode/worker"]["spec"]["containers"][0]
+    assert leader["command"] == ["sh", "-c", engine.RAY_LEADER_SCRIPT, "vllm"]
+    argv = engine.vllm_argv(leader)
+    assert leader["args"][0] == "serve" and argv[0] == "org/m"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "16"
+    assert worker["command"] == ["sh", "-c", engine.RAY_WORKER_SCRIPT] and worker["args"] == []
+    assert engine.vllm_argv(worker) is None
+    for c in (leader, worker):
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["TPU_MULTIHOST_BACKEND"] == "ray" and env["JAX_PLATFORMS"] == ""
+    assert "readinessProbe" in leader and "readinessProbe" not in worker and "startupProbe" not in worker
+    # single-host vLLM is unchanged: vllm serve directly, no Ray
+    single = _engine(ServingBody().spec(engine={"type": "vllm-tpu"}))["containers"][0]
+    assert single["command"] == ["vllm", "serve"]
+    assert "TPU_MULTIHOST_BACKEND" not in {e["name"] for e in single["env"]}
+
+
+def _stub(bin_dir, name, body):
+    """A stand-in for a program of the engine image, so that the real shell runs our script."""
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_ray_leader_script_runs_vllm_with_the_rendered_args(tmp_path):
+    """The leader's script under a real sh: `ray start --head` with our options, then the wait
+    for the group (stubbed as joined), then exec vllm with the rendered args, JSON intact."""
+    import subprocess
+
+    from tpusync_operator.builders import engine
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    leader = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    log = tmp_path / "calls"
+    _stub(bins, "ray", f'echo "ray $*" >> {log}\n')
+    _stub(bins, "python3", "exit 0\n")                          # every host has joined
+    _stub(bins, "vllm", f'for a in "$@"; do echo "$a"; done > {tmp_path}/argv\n')
+    env = {"PATH": f"{bins}:/usr/bin:/bin", "LWS_GROUP_SIZE": "2"}
+    res = subprocess.run(leader["command"] + leader["args"], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert log.read_text().splitlines() == ["ray start " + " ".join(engine.RAY_HEAD_ARGS)]
+    assert (tmp_path / "argv").read_text().splitlines() == leader["args"]
+
+
+def test_ray_worker_script_waits_for_the_head_then_joins(tmp_path):
+    import socket
+    import subprocess
+
+    from tpusync_operator.builders import engine
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    worker = dict(_pods(plan(serving, pool).apply))["llm-decode/worker"]["spec"]["containers"][0]
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    _stub(bins, "ray", f'for a in "$@"; do echo "$a"; done > {tmp_path}/argv\n')
+    head = socket.socket()
+    head.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        head.bind(("127.0.0.1", engine.RAY_PORT))
+        head.listen()
+    except OSError:
+        pass      # something already listens on 127.0.0.1:6379: the wait ends on it just the same
+    try:
+        env = {"PATH": f"{bins}:/usr/bin:/bin", "LWS_LEADER_ADDRESS": "127.0.0.1"}
+        res = subprocess.run(worker["command"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        head.close()
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "argv").read_text().splitlines() == [
+        "start", f"--address=127.0.0.1:{engine.RAY_PORT}", f"--object-store-memory={engine.RAY_OBJECT_STORE_BYTES}",
+        "--disable-usage-stats", "--block"]

@@ -14,7 +14,8 @@ import yaml
 
 from op_helpers import PoolBody, ServingBody
 from tpusync_operator import versions
-from tpusync_operator.builders import llmd, sglang_pd
+from tpusync_operator.builders import engine, llmd, sglang_pd
+from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
@@ -90,8 +91,10 @@ def pin_of(container) -> versions.Pin | None:
         return versions.EPP
     if container["name"] == "routing-proxy":
         return versions.ROUTING_PROXY
-    if command[:2] == ["vllm", "serve"]:
+    if vllm_argv(container) is not None:
         return versions.VLLM
+    if command == ["sh", "-c", engine.RAY_WORKER_SCRIPT]:
+        return versions.RAY
     if command[-1:] == ["sgl_jax.launch_server"]:
         return versions.SGLANG_JAX
     if command[-1:] == ["sgl_jax.srt.disaggregation.run_bootstrap"]:
@@ -107,7 +110,8 @@ def test_every_rendered_flag_is_in_the_pinned_versions_flag_set(case):
     for c, pin in pinned:
         if pin is None:
             continue
-        unknown = long_options(c.get("args", [])) - pin.flags
+        args = vllm_argv(c) if pin is versions.VLLM else c.get("args", [])
+        unknown = long_options(args) - pin.flags
         assert not unknown, f"{c['name']}: {sorted(unknown)} not flags of {pin.name} {pin.version} " \
                             f"({pin.flags_source.cite()})"
     checked = {pin.name for _, pin in pinned if pin is not None}
@@ -231,3 +235,10 @@ def test_rendered_sidecar_args_parse_with_the_sidecar_itself():
     res = subprocess.run([binary, *sorted(seen)[0], "--dram-byte=1Gi", "--help"], capture_output=True, text=True,
                          timeout=30)
     assert res.returncode == 2 and "unknown flag --dram-byte" in res.stderr
+
+
+def test_ray_start_options_are_the_pinned_rays():
+    for args in (engine.RAY_HEAD_ARGS, engine.RAY_WORKER_ARGS):
+        assert long_options(args) <= versions.RAY.flags, long_options(args) - versions.RAY.flags
+    assert "ray start " + " ".join(engine.RAY_HEAD_ARGS) in engine.RAY_LEADER_SCRIPT
+    assert "exec ray start " + " ".join(engine.RAY_WORKER_ARGS) in engine.RAY_WORKER_SCRIPT
