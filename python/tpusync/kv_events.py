@@ -17,7 +17,9 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgpack
 import zmq
@@ -78,10 +80,23 @@ class KVEventPublisher:
 
 
 _MEDIA_BITS = (("CPU", 1), ("DISK", 2))  # tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2
+_EVERY = frozenset(m for m, _ in _MEDIA_BITS)
+
+
+def _media(tier: int) -> frozenset[str]:
+    return frozenset(m for m, bit in _MEDIA_BITS if int(tier) & bit)
+
+
+@dataclass
+class _Block:
+    key: int                  # the store key, to ask the store where the block is
+    parent: int | None        # the event hash of the block before it
+    tokens: array             # its token ids, to announce it again on another tier
+    media: frozenset[str]     # where llm-d was last told it is
 
 
 class BlockAnnouncer:
-    """Keeps llm-d's index of one engine's blocks true for the prompts the engine serves.
+    """Keeps llm-d's index of one engine's blocks true to what its store holds. Thread-safe.
 
     After each request the engine passes the prompt's full blocks and where its store holds
     them (`tiers`: tpusync.store.Tier codes, `held`: the leading blocks it can load). Every held
@@ -91,17 +106,19 @@ class BlockAnnouncer:
     tier the block left, or a block past the held prefix, is withdrawn (BlockRemoved) when this
     engine announced it there, or may have (before this process started).
 
-    Demotions and evictions the sidecar does between requests are not seen here.
+    The sidecar demotes and evicts blocks on its own; `audit` (the engine calls it every few
+    seconds) asks the store where the remembered blocks are now and announces the changes.
     """
 
-    def __init__(self, publisher: KVEventPublisher, block_size: int, *, remember: int = 1 << 20):
+    def __init__(self, publisher: KVEventPublisher, block_size: int, *, remember: int = 1 << 16):
         self.publisher, self.block_size, self.remember = publisher, block_size, remember
-        self._announced: dict[int, frozenset[str]] = {}  # event hash -> media announced, oldest first
+        self._blocks: dict[int, _Block] = {}  # event hash -> block, least recently served first
+        self._lock = threading.Lock()
 
-    def announce(self, hashes: Sequence[int], tokens: Sequence[int], tiers: Sequence[int], held: int) -> int | None:
+    def announce(self, hashes: Sequence[int], keys: Sequence[int], tokens: Sequence[int], tiers: Sequence[int],
+                 held: int) -> int | None:
         """Publishes the events for one prompt; returns the batch's sequence number (None: nothing to say)."""
-        media = [frozenset(m for m, bit in _MEDIA_BITS if i < held and int(tiers[i]) & bit)
-                 for i in range(len(hashes))]
+        media = [_media(tiers[i]) if i < held else frozenset() for i in range(len(hashes))]
         events = []
         for name, _ in _MEDIA_BITS:  # runs of consecutive held blocks on one medium
             start = None
@@ -116,15 +133,41 @@ class BlockAnnouncer:
                     start = None
         events.sort(key=lambda e: e[0])  # a run's parent lies in a run that starts earlier
         batch = [e for _, e in events]
-        every = frozenset(m for m, _ in _MEDIA_BITS)
-        for name, _ in _MEDIA_BITS:
-            gone = [h for h, m in zip(hashes, media)
-                    if name not in m and name in self._announced.get(h, every)]
-            if gone:
-                batch.append(block_removed(gone, medium=name))
-        for h, m in zip(hashes, media):
-            self._announced.pop(h, None)
-            self._announced[h] = m
-        while len(self._announced) > self.remember:
-            del self._announced[next(iter(self._announced))]
-        return self.publisher.send(batch) if batch else None
+        with self._lock:
+            known = [self._blocks.get(h) for h in hashes]
+            for name, _ in _MEDIA_BITS:
+                gone = [h for h, m, b in zip(hashes, media, known)
+                        if name not in m and name in (b.media if b else _EVERY)]
+                if gone:
+                    batch.append(block_removed(gone, medium=name))
+            for i, h in enumerate(hashes):
+                self._blocks.pop(h, None)
+                b = self.block_size
+                self._blocks[h] = _Block(keys[i], hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]),
+                                         media[i])
+            while len(self._blocks) > self.remember:
+                del self._blocks[next(iter(self._blocks))]
+            return self.publisher.send(batch) if batch else None
+
+    def audit(self, lookup) -> int | None:
+        """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key)
+        and announces what changed since; returns the batch's sequence number, None if nothing did."""
+        with self._lock:  # held across the lookup: an announce in between would be overwritten
+            items = list(self._blocks.items())
+            if not items:
+                return None
+            tiers = lookup([b.key for _, b in items])
+            batch = []
+            for name, _ in _MEDIA_BITS:
+                gone = []
+                for (h, b), t in zip(items, tiers):
+                    now = _media(t)
+                    if name in now and name not in b.media:  # e.g. written behind to disk
+                        batch.append(block_stored([h], b.parent, b.tokens.tolist(), self.block_size, medium=name))
+                    elif name in b.media and name not in now:  # evicted, or dropped by the store
+                        gone.append(h)
+                if gone:
+                    batch.append(block_removed(gone, medium=name))
+            for (h, b), t in zip(items, tiers):
+                b.media = _media(t)
+            return self.publisher.send(batch) if batch else None

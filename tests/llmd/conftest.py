@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -102,6 +103,7 @@ class Engine:
     peers: list[str] = field(default_factory=list)
     port: int = 0
     events_port: int = 0
+    extra: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
 
     def start(self) -> Engine:
@@ -115,6 +117,7 @@ class Engine:
             args += ["--data-address", self.data_address]
         if self.peers:
             args += ["--peers", ",".join(self.peers)]
+        args += self.extra
         env = {k: v for k, v in os.environ.items() if k != "POD_IP"}
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         line = self.process.stdout.readline()
@@ -181,9 +184,10 @@ class Cluster:
         self.hosts.append(h)
         return h
 
-    def engine(self, host: Host | None, page_size: int, role: str = "both", peers: list[str] | None = None) -> Engine:
+    def engine(self, host: Host | None, page_size: int, role: str = "both", peers: list[str] | None = None,
+               extra: list[str] | None = None) -> Engine:
         e = Engine(role, page_size, control_socket=host.sidecar.control_socket if host else None,
-                   data_address=host.sidecar.address if host else None, peers=peers or [])
+                   data_address=host.sidecar.address if host else None, peers=peers or [], extra=extra or [])
         self.engines.append(e.start())
         return e
 
@@ -221,6 +225,17 @@ def connect(indexer: Indexer, engine: Engine, probe: list[int]) -> None:
         if indexer.sync(engine, seq, timeout_s=0.5):
             return
     raise AssertionError(f"{indexer.url} never received {engine.pod}'s events")
+
+
+def eventually(check, timeout_s: float = 20):
+    """Polls `check()` (each poll a request to the indexer) until it returns a truthy value; the
+    last value otherwise. For changes the engine finds out by itself (its store audit)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)  # pacing the polls; the condition, not the pause, ends the wait
 
 
 def served(indexer: Indexer, engine: Engine, prompt: list[int], **extra) -> dict:

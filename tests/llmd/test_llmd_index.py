@@ -14,7 +14,7 @@ import pytest
 from tpusync.hashing import BlockHasher
 from tpusync.store import KVStore, Tier
 
-from .conftest import connect, served
+from .conftest import connect, eventually, served
 
 PAGES = (16, 32, 64)
 LENGTHS = (1, 15, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 300, 511, 512, 700)
@@ -153,3 +153,47 @@ def test_tiers_follow_the_store_and_blocks_restored_after_a_restart_are_announce
         got = index.score(prompt)["pods"][engine.pod]
         assert got["matchedBlocks"] == 10
         assert got["tiers"] == store_tiers(host, prompt, page)
+
+
+def test_demotion_and_eviction_by_the_sidecar_reach_the_index(cluster):
+    """The sidecar moves blocks by itself; the engine's store audit (every 0.2 s here) tells the
+    router: a demoted block is on disk, an evicted one is gone, and the pod that lost the
+    prefix stops scoring first."""
+    page = 32
+    audit = ["--kv-events-audit-s", "0.2"]
+    a_host, b_host = cluster.host(page, disk=True), cluster.host(page)
+    a = cluster.engine(a_host, page, extra=audit)
+    b = cluster.engine(b_host, page, extra=audit)
+    ix = cluster.indexer(parameters(32, kvCacheBackendConfigs=[{"name": "gpu", "weight": 1.0},
+                                                               {"name": "cpu", "weight": 0.8},
+                                                               {"name": "disk", "weight": 0.5}]))
+    probe = tokens(996, 64)
+    connect(ix, a, probe)
+    connect(ix, b, probe)
+    prompt = tokens(300, 320)
+    keys = BlockHasher(page).keys(prompt)
+    served(ix, b, prompt[:160])
+    served(ix, a, prompt)
+    got = ix.score(prompt)
+    assert got["order"] == [a.pod, b.pod]
+    assert got["pods"][a.pod]["tiers"] == {"cpu": 10} and got["pods"][b.pod]["tiers"] == {"cpu": 5}
+
+    with KVStore.connect(f"unix://{a_host.sidecar.control_socket}") as store:
+        store.evict(keys)  # DRAM -> disk
+        assert store_tiers(a_host, prompt, page) == {"disk": 10}
+
+        def on_disk():
+            pods = ix.score(prompt)["pods"]
+            return pods.get(a.pod, {}).get("tiers") == {"disk": 10} and pods
+        pods = eventually(on_disk)
+        assert pods and pods[a.pod]["matchedBlocks"] == 10, pods
+
+        store.evict(keys)  # disk -> gone
+        assert store_tiers(a_host, prompt, page) == {}
+
+    def a_gone():
+        got = ix.score(prompt)
+        return a.pod not in got["pods"] and got
+    got = eventually(a_gone)
+    assert got and got["order"] == [b.pod], got
+    assert got["pods"][b.pod]["matchedBlocks"] == 5

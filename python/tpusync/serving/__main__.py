@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hash-seed", default="tpusync")
     ap.add_argument("--kv-events-endpoint", default=None, help='publish KV events here, e.g. "tcp://*:5557"')
     ap.add_argument("--kv-events-topic", default=None, help="default: kv@<host>:<port>@<model>")
+    ap.add_argument("--kv-events-audit-s", type=float, default=2.0,
+                    help="how often to ask the store which announced blocks it demoted or evicted (0: never)")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
     ap.add_argument("--no-warm-up", action="store_true")
     return ap.parse_args(argv)
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic or "kv@")
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
-                    prefix_cache=not args.no_prefix_cache, kv_events=events)
+                    prefix_cache=not args.no_prefix_cache, kv_events=events,
+                    kv_events_audit_s=args.kv_events_audit_s)
     if not args.no_warm_up:
         engine.warm_up()
     server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model)

@@ -60,7 +60,7 @@ class Result:
 class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
-                 prefix_cache: bool = True, kv_events=None):
+                 prefix_cache: bool = True, kv_events=None, kv_events_audit_s: float = 2.0):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
@@ -72,6 +72,11 @@ class Engine:
         # KV events (a tpusync.kv_events.KVEventPublisher, or None): what this engine can load
         # from its store instead of computing, for llm-d's precise prefix-cache routing.
         self.announcer = BlockAnnouncer(kv_events, cfg.page_size) if kv_events is not None else None
+        if self.announcer is not None and store is not None and prefix_cache and kv_events_audit_s > 0:
+            # The sidecar demotes and evicts on its own: every few seconds, ask where the blocks
+            # this engine announced are now, so the router stops sending their prefixes here.
+            threading.Thread(target=self._audit_loop, args=(kv_events_audit_s,), daemon=True,
+                             name="kv-events-audit").start()
         self.params = init_params(cfg)
         self.k, self.v = empty_cache(cfg)
         self.lock = threading.Lock()
@@ -204,8 +209,17 @@ class Engine:
         except errors.TpuSyncError as e:  # no store, no claim: the router's index is left as it was
             log.warning("could not look up the prompt's blocks for KV events: %s", e)
             return
-        seq = self.announcer.announce([event_hash_of(d) for d in digests], prompt, found.tiers, found.prefix_len)
+        seq = self.announcer.announce([event_hash_of(d) for d in digests], keys, prompt, found.tiers,
+                                      found.prefix_len)
         st.kv_events_seq = -1 if seq is None else seq
+
+    def _audit_loop(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)  # a period, not a synchronisation: nothing waits on it
+            try:
+                self.announcer.audit(lambda keys: self.store.lookup(keys).tiers)
+            except errors.TpuSyncError as e:  # the sidecar is away: try again next period
+                log.warning("KV events audit: %s", e)
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict:
         return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],

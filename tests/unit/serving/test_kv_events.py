@@ -44,7 +44,7 @@ def test_engine_publishes_block_stored_with_the_router_hashes():
     wait_connected(pub, sub)
     prompt = np.random.default_rng(0).integers(0, 256, 100).tolist()
     with tpusync.KVStore.local(dram_bytes=4 << 20, block_bytes=cfg.page_bytes) as store:
-        Engine(cfg, store=store, kv_events=pub).generate(prompt, 2)
+        Engine(cfg, store=store, kv_events=pub, kv_events_audit_s=0).generate(prompt, 2)
     topic, seq, payload = sub.recv_multipart()
     assert topic == b"kv@10.0.0.1:8000@m"
     assert struct.unpack(">Q", seq)[0] >= 1
@@ -75,7 +75,8 @@ def test_announcer_follows_tiers_in_runs_and_withdraws_what_left():
     ann = BlockAnnouncer(pub, 2)
     hashes, tokens = [11, 12, 13, 14], list(range(8))
     # DRAM, DRAM+disk, disk, DRAM: held prefix of 4.
-    assert ann.announce(hashes, tokens, [1, 3, 2, 1], 4) == 0
+    keys = [111, 112, 113, 114]
+    assert ann.announce(hashes, keys, tokens, [1, 3, 2, 1], 4) == 0
     stored = [e for e in pub.batches[0] if e[0] == "BlockStored"]
     assert [(e[1], e[2], e[3], e[6]) for e in stored] == [
         ([11, 12], None, [0, 1, 2, 3], "CPU"),
@@ -85,11 +86,27 @@ def test_announcer_follows_tiers_in_runs_and_withdraws_what_left():
     assert [e for e in pub.batches[0] if e[0] == "BlockRemoved"] == [
         ["BlockRemoved", [13], "CPU"], ["BlockRemoved", [11, 14], "DISK"]]
     # Block 12 left DRAM, 13 and 14 are gone: only what was announced is withdrawn.
-    assert ann.announce(hashes, tokens, [1, 2, 0, 0], 2) == 1
+    assert ann.announce(hashes, keys, tokens, [1, 2, 0, 0], 2) == 1
     assert pub.batches[1] == [
         ["BlockStored", [11], None, [0, 1], 2, None, "CPU"],
         ["BlockStored", [12], 11, [2, 3], 2, None, "DISK"],
         ["BlockRemoved", [12, 14], "CPU"], ["BlockRemoved", [13], "DISK"]]
     # Nothing held and nothing announced anywhere: nothing to say.
-    assert ann.announce([21], [0, 1], [0], 0) == 2  # unknown to this process: withdrawn everywhere
-    assert ann.announce([21], [0, 1], [0], 0) is None
+    assert ann.announce([21], [121], [0, 1], [0], 0) == 2  # unknown to this process: withdrawn everywhere
+    assert ann.announce([21], [121], [0, 1], [0], 0) is None
+
+
+def test_audit_announces_what_the_store_did_since():
+    pub = _Recorder()
+    ann = BlockAnnouncer(pub, 2)
+    ann.announce([11, 12], [111, 112], [5, 6, 7, 8], [1, 1], 2)
+    where = {111: 1, 112: 1}
+    assert ann.audit(lambda keys: [where[k] for k in keys]) is None  # nothing changed
+    where.update({111: 3, 112: 0})  # written behind to disk; evicted
+    assert ann.audit(lambda keys: [where[k] for k in keys]) == 1
+    assert pub.batches[1] == [["BlockRemoved", [12], "CPU"],
+                              ["BlockStored", [11], None, [5, 6], 2, None, "DISK"]]
+    where.update({111: 2, 112: 1})  # 11 left DRAM; 12 came back (another engine on the host)
+    assert ann.audit(lambda keys: [where[k] for k in keys]) == 2
+    assert pub.batches[2] == [["BlockStored", [12], 11, [7, 8], 2, None, "CPU"],
+                              ["BlockRemoved", [11], "CPU"]]
