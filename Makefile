@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 20
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/llmd/llmd.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
 # OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer); iproute2 and
@@ -63,7 +63,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest vllm-test verify image-steps e2e
+test: native-test fuzz chart-test pytest vllm-test llmd-test verify image-steps e2e
 
 demo: install
 	$(PY) -m tpusync.demo
