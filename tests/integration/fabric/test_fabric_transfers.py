@@ -34,11 +34,18 @@ def tcp_rtts_ms(host: fab.Host, peer_ip: str) -> list[float]:
     return [float(m) for m in re.findall(r"\brtt:([\d.]+)/", out)]
 
 
+def served_bytes(car) -> float:
+    """Block bytes this sidecar served to pulling peers (its /metrics, read inside its host)."""
+    m = re.search(r'^tpusync_transfer_bytes_total\{direction="out",op="pull",tier="dram"\} (\S+)$', car.metrics(), re.M)
+    return float(m.group(1))
+
+
 def test_prefill_to_decode_pull_crosses_the_shaped_link(sidecars):
     """P/D: the prefill host's engine saves KV blocks into its sidecar, the decode host's
-    sidecar pulls them over the fabric, its engine loads them byte-exact. The bytes cross
-    both NICs (counters), nothing touches the third host, and the kernel's own RTT estimate
-    of the connection is at least the fabric's RTT."""
+    sidecar pulls them over the fabric, its engine loads them byte-exact. The prefill
+    sidecar served exactly the payload, the bytes crossed both NICs (counters), nothing
+    touched the third host, and the kernel's own RTT estimate of the connection is at least
+    the fabric's RTT."""
     f, (prefill, decode, idle) = sidecars(3, fab.DC)
     kv = np.random.default_rng(1).integers(0, 256, 16 * MIB, dtype=np.uint8)
     keys = keys_for(1, len(kv) // BLOCK)
@@ -49,6 +56,7 @@ def test_prefill_to_decode_pull_crosses_the_shaped_link(sidecars):
     got = np.zeros_like(kv)
     assert all(engine(decode).get(keys, blocks(got)))
     assert np.array_equal(kv, got)
+    assert served_bytes(prefill) == kv.nbytes
     assert crossed["h0"].tx_bytes >= kv.nbytes and crossed["h1"].rx_bytes >= kv.nbytes
     assert crossed["h2"].tx_bytes + crossed["h2"].rx_bytes < 64 << 10   # at most ARP/neighbour chatter
     rtts = tcp_rtts_ms(f.hosts[1], f.hosts[0].ip)
