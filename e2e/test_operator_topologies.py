@@ -75,6 +75,16 @@ def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_nam
         assert all(c["ready"] for c in pod["status"]["containerStatuses"])
         serving = pod["metadata"]["labels"].get("llm-d.ai/inference-serving")
         assert serving == ("true" if index == "0" else None)      # only the leader takes requests
+        # One Ray cluster per group, as tpu-inference runs multi-host vLLM: the leader starts the
+        # head and vllm serve, workers join the head at the address LWS injects.
+        engine = container(pod["spec"], "engine")
+        assert env["TPU_MULTIHOST_BACKEND"]["value"] == "ray"
+        assert env["LWS_GROUP_SIZE"]["value"] == "4"
+        assert env["LWS_LEADER_ADDRESS"]["value"].startswith("mh-prefill-0.")
+        script = engine["command"][2]
+        assert ("ray start --head" in script) == (index == "0")
+        assert ('ray start --address="$LWS_LEADER_ADDRESS:6379"' in script) == (index != "0")
+        assert (engine.get("args", [])[:1] == ["serve"]) == (index == "0")
     assert len(hostnames.split(",")) == 4
 
 
