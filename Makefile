@@ -10,7 +10,7 @@ BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
 .PHONY: all test demo install native-test fuzz pytest bench performance-doc clean system-deps
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 15
 
 all: test
 
@@ -41,7 +41,8 @@ $(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | system-deps
 
 install: $(VENV)/.installed
 
-# C++ unit tests, twice: optimised, and with AddressSanitizer + UndefinedBehaviorSanitizer.
+# C++ unit tests, three times: optimised, with AddressSanitizer + UndefinedBehaviorSanitizer,
+# and with ThreadSanitizer (the store's and the servers' concurrency).
 native-test: system-deps
 	cmake -S . -B build/native -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPUSYNC_BUILD_TESTS=ON >/dev/null
 	cmake --build build/native
@@ -49,16 +50,23 @@ native-test: system-deps
 	cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_SANITIZE=ON >/dev/null
 	cmake --build build/asan
 	ctest --test-dir build/asan --output-on-failure
+	cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_TSAN=ON >/dev/null
+	cmake --build build/tsan
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure
 
-# libFuzzer on the frame parser for a bounded time (FUZZ_SECONDS), with ASan and UBSan.
+# libFuzzer, with ASan and UBSan, for FUZZ_SECONDS each: the frame parser, the control
+# channel (a real ControlService over a real Store), the HTTP request head.
+FUZZ_TARGETS := frame_fuzz control_fuzz http_fuzz
 fuzz: system-deps
 	CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DTPUSYNC_FUZZ=ON -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
-	cmake --build build/fuzz --target frame_fuzz
-	mkdir -p build/fuzz/corpus
-	build/fuzz/native/frame_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus \
-	  >build/fuzz/fuzz.log 2>&1 || { tail -60 build/fuzz/fuzz.log; exit 1; }
-	@grep -E "^stat::(number_of_executed_units|new_units_added)" build/fuzz/fuzz.log
+	cmake --build build/fuzz --target $(FUZZ_TARGETS)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/corpus/$$t; \
+	  build/fuzz/native/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus/$$t \
+	    >build/fuzz/$$t.log 2>&1 || { tail -60 build/fuzz/$$t.log; exit 1; }; \
+	  echo "$$t: $$(grep -E '^stat::(number_of_executed_units|new_units_added)' build/fuzz/$$t.log | tr -s ' ' | tr '\n' ' ')"; \
+	done
 
 pytest: install
 	$(PY) -m pytest -q

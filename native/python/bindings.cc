@@ -95,6 +95,7 @@ pb::dict StatsDict(const StoreStats& s) {
   TPUSYNC_STAT(disk_evictions);
   TPUSYNC_STAT(corruptions);
   TPUSYNC_STAT(disk_write_errors);
+  TPUSYNC_STAT(dropped);
   TPUSYNC_STAT(disk_read_errors);
   TPUSYNC_STAT(recovered_dram);
   TPUSYNC_STAT(recovered_disk);

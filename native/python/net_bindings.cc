@@ -204,16 +204,23 @@ void BindNet(pb::module_& m) {
           "reserve",
           [](SidecarClient& c, const pb::handle& keys) {
             auto k = ParseKeys(keys);
-            auto views = Take(c.Reserve(k));
+            Result<std::vector<SidecarClient::SlotView>> r = [&] {
+              pb::gil_scoped_release nogil;  // the sidecar may wait for a slot or another writer
+              return c.Reserve(k);
+            }();
+            auto views = Take(std::move(r));
             std::vector<BlockKey> reserved;
-            bool no_room = false;
+            bool no_room = false, busy = false;
             for (size_t i = 0; i < views.size(); ++i) {
               if (views[i].data != nullptr) reserved.push_back(k[i]);
               no_room |= views[i].code == net::kSlotNoRoom;
+              busy |= views[i].code == net::kSlotBusy;
             }
-            if (no_room) {  // all or nothing: give back what was reserved
+            if (no_room || busy) {  // all or nothing: give back what was reserved
               ThrowIfError(c.Abort(reserved));
-              ThrowIfError(ResourceExhausted("reserve: the sidecar has no free slot for every block"));
+              ThrowIfError(no_room ? ResourceExhausted("reserve: the sidecar has no free slot for every block")
+                                   : Status(StatusCode::kUnavailable,
+                                            "reserve: another connection is writing one of these blocks"));
             }
             return SlotViews(views, false);
           },

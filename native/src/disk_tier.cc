@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "checksum.h"
+#include "log.h"
 #include "posix_io.h"
 
 namespace tpusync {
@@ -159,7 +160,14 @@ std::optional<uint32_t> DiskTier::Allocate() {
   return e;
 }
 
+// The header is erased before the extent is reused, so a block that was evicted (or failed
+// verification) is not found again by the recovery scan after a restart.
 void DiskTier::Free(uint32_t extent) {
+  AlignedBuffer hdr(kHeaderBytes);
+  std::memset(hdr.data(), 0, kHeaderBytes);
+  struct iovec iov = {hdr.data(), kHeaderBytes};
+  Status st = PwritevFull(fd_, &iov, 1, offset(extent), path_);
+  if (!st.ok()) Log(LogLevel::kWarning, "disk", "erasing a freed extent's header: " + st.ToString());
   std::lock_guard lock(mu_);
   free_.push_back(extent);
 }

@@ -15,7 +15,7 @@ struct Store::Counters {
   uint64_t puts = 0, put_dedup = 0, bytes_put = 0;
   uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
   uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
-  uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0;
+  uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0, dropped = 0;
   uint64_t recovered_dram = 0, recovered_disk = 0;
   std::string last_error;
 };
@@ -32,6 +32,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& o) {
   const uint32_t slots = s->pool_->num_slots();
   s->writeback_low_ = std::max<uint32_t>(1, static_cast<uint32_t>(slots * o.writeback_watermark));
   s->max_pending_ = std::max<uint32_t>(2, 2 * o.io_threads);
+  s->write_wait_ = o.write_wait;
   s->read_ahead_ = s->disk_ ? std::min<size_t>(o.io_threads, slots / 8) : 0;
 
   // Rebuild the index, oldest first so the newest ends up most recent.
@@ -82,7 +83,8 @@ void Store::DropDramLocked(IndexEntry& e) {
   cv_.notify_all();
 }
 
-Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, bool wait) {
+Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
+                                         bool wait_for_leases) {
   for (;;) {
     if (auto slot = pool_->Allocate()) return *slot;
     IndexEntry* victim = index_.DramVictim();
@@ -91,16 +93,52 @@ Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, bo
       DropDramLocked(*victim);
       continue;
     }
-    if (!wait) return ResourceExhausted("no DRAM slot free without waiting");
+    if (!deadline) return ResourceExhausted("no DRAM slot free without waiting");
     if (victim != nullptr && pending_demotions_ < max_pending_) {
       StartDemotionLocked(*victim);
       continue;
     }
-    if (victim == nullptr && pending_demotions_ == 0 && busy_ == 0) {
-      return ResourceExhausted("all " + std::to_string(pool_->num_slots()) +
-                               " DRAM slots hold pinned or leased blocks");
+    // Nothing that will free a slot by itself: only pins (and leases, for a promotion).
+    if (victim == nullptr && pending_demotions_ == 0 && busy_ == 0 && (leases_ == 0 || !wait_for_leases)) {
+      return ResourceExhausted("all " + std::to_string(pool_->num_slots()) + " DRAM slots hold pinned or leased blocks");
     }
-    cv_.wait(lock);
+    if (std::chrono::steady_clock::now() >= *deadline) {
+      return ResourceExhausted("no DRAM slot freed within " + std::to_string(write_wait_.count()) + " ms: " +
+                               std::to_string(leases_) + " leases and " + std::to_string(pending_demotions_) +
+                               " write-behinds hold the " + std::to_string(pool_->num_slots()) + " slots");
+    }
+    cv_.wait_until(lock, *deadline);
+  }
+}
+
+// Makes `key` the caller's to write: an entry marked writing with a DRAM slot, or nullptr
+// if the key is stored already. Another writer of the key is waited for until `deadline`:
+// if it gives up, the key is written here, so a write is never acknowledged on the strength
+// of a write that did not happen.
+Result<IndexEntry*> Store::ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
+                                       std::optional<TimePoint> deadline) {
+  for (;;) {
+    IndexEntry* e = index_.Find(key);
+    if (e != nullptr && e->writing) {
+      if (!deadline || std::chrono::steady_clock::now() >= *deadline) {
+        return Status(StatusCode::kUnavailable, "block " + key.ToHex() + " is being written by another writer");
+      }
+      cv_.wait_until(lock, *deadline);
+      continue;
+    }
+    if (e != nullptr && e->tier() != Tier::kNone) return nullptr;
+    TPUSYNC_ASSIGN_OR_RETURN(uint32_t slot, AcquireSlotLocked(lock, deadline, true));
+    e = index_.Find(key);
+    if (e != nullptr && (e->writing || e->tier() != Tier::kNone)) {  // changed while we waited
+      pool_->Free(slot);
+      continue;
+    }
+    // An entry without a tier (a pinned block whose disk copy failed verification) is
+    // written again in place; its pins stay.
+    IndexEntry& claimed = index_.Insert(key);
+    claimed.writing = true;
+    claimed.slot = slot;
+    return &claimed;
   }
 }
 
@@ -150,6 +188,7 @@ Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& k
     std::optional<uint32_t> extent = AcquireExtentLocked();
     if (!extent) {
       st = ResourceExhausted("disk tier full: every extent holds a pinned or in-use block");
+      RecordErrorLocked(st);
     } else {
       const std::byte* src = pool_->data(e->slot);
       uint64_t length = e->length, seq = ++seq_;
@@ -170,6 +209,11 @@ Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& k
   e->demoting = false;
   // A failed demotion still frees the slot: DRAM is a cache and must not stall.
   if (std::exchange(e->drop_slot_after_demote, false) && e->pins == 0 && e->dram_readers == 0) {
+    const uint64_t dropped = e->on_disk() ? 0 : ++c_->dropped;
+    if (dropped != 0 && (dropped & (dropped - 1)) == 0) {  // logged at the 1st, 2nd, 4th, ... drop
+      Log(LogLevel::kWarning, "disk",
+          std::to_string(dropped) + " blocks dropped from DRAM without a disk copy so far; latest: " + st.ToString());
+    }
     DropDramLocked(*e);
   }
   cv_.notify_all();
@@ -185,7 +229,7 @@ void Store::IoLoop(std::stop_token stop) {
       BlockKey key = promote_queue_.front();
       promote_queue_.pop_front();
       IndexEntry* e = index_.Find(key);
-      if (e != nullptr && !e->in_dram() && e->on_disk() && !e->promoting) (void)PromoteLocked(lock, *e, nullptr, false);
+      if (e != nullptr && !e->in_dram() && e->on_disk() && !e->promoting) (void)PromoteLocked(lock, *e, nullptr, std::nullopt);
       continue;
     }
     BlockKey key = demote_queue_.front();
@@ -219,30 +263,22 @@ Status Store::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> b
   }
   std::unique_lock lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (index_.Find(keys[i]) != nullptr) {  // present, or being written by another caller
+    TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, keys[i], WriteDeadline()));
+    if (e == nullptr) {
       ++c_->put_dedup;
       continue;
     }
-    Result<uint32_t> slot = AcquireSlotLocked(lock);
-    if (!slot.ok()) return slot.status();
-    if (index_.Find(keys[i]) != nullptr) {  // another caller stored it while we waited
-      pool_->Free(*slot);
-      ++c_->put_dedup;
-      continue;
-    }
-    IndexEntry& e = index_.Insert(keys[i]);
-    e.writing = true;
-    e.slot = *slot;
+    const uint32_t slot = e->slot;
     ++busy_;
     lock.unlock();
-    CopyBytes(pool_->data(*slot), buffers[i].data, buffers[i].size);
+    CopyBytes(pool_->data(slot), buffers[i].data, buffers[i].size);
     lock.lock();
     --busy_;
     IndexEntry* w = index_.Find(keys[i]);
     w->writing = false;
     w->length = buffers[i].size;
-    pool_->Commit(*slot, keys[i], w->length, ++tick_);
-    index_.SetDram(*w, *slot);
+    pool_->Commit(slot, keys[i], w->length, ++tick_);
+    index_.SetDram(*w, slot);
     ++c_->puts;
     c_->bytes_put += w->length;
     MaybeStartWritebackLocked();
@@ -273,11 +309,11 @@ Status Store::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, c
 // full of pinned blocks the read goes through a staging buffer instead, without promotion.
 // On a failed verification the disk copy is dropped and the error returned (a miss).
 Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out,
-                            bool wait) {
+                            std::optional<TimePoint> deadline) {
   const BlockKey key = entry.key;
   entry.promoting = true;
   ++entry.disk_readers;
-  Result<uint32_t> slot = AcquireSlotLocked(lock, wait);
+  Result<uint32_t> slot = AcquireSlotLocked(lock, deadline, false);
   IndexEntry* e = index_.Find(key);  // promoting blocks are not evicted
   const uint32_t extent = e->extent;
   const uint64_t length = e->length;
@@ -356,7 +392,7 @@ Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer>
       ++c_->hits_dram;
       (void)CopyOutLocked(lock, *e, out[i]);
       found[i] = 1;
-    } else if (PromoteLocked(lock, *e, &out[i]).ok()) {
+    } else if (PromoteLocked(lock, *e, &out[i], WriteDeadline()).ok()) {
       ++c_->hits_disk;
       found[i] = 1;
     } else {
@@ -469,6 +505,7 @@ StoreStats Store::Stats() const {
   s.evictions = c.evictions, s.demotions = c.demotions, s.promotions = c.promotions;
   s.disk_evictions = c.disk_evictions;
   s.corruptions = c.corruptions, s.disk_write_errors = c.disk_write_errors, s.disk_read_errors = c.disk_read_errors;
+  s.dropped = c.dropped;
   s.recovered_dram = c.recovered_dram, s.recovered_disk = c.recovered_disk;
   s.hugepages = pool_->hugepages(), s.mlocked = pool_->mlocked(), s.direct_io = disk_ && disk_->direct_io();
   s.last_error = c.last_error;
@@ -477,18 +514,12 @@ StoreStats Store::Stats() const {
 
 // ---- zero-copy leases -------------------------------------------------------------------
 
-Result<WriteLease> Store::Reserve(const BlockKey& key) {
+Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) {
   std::unique_lock lock(mu_);
-  if (index_.Find(key) != nullptr) return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
-  TPUSYNC_ASSIGN_OR_RETURN(uint32_t slot, AcquireSlotLocked(lock));
-  if (index_.Find(key) != nullptr) {
-    pool_->Free(slot);
-    return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
-  }
-  IndexEntry& e = index_.Insert(key);
-  e.writing = true;
-  e.slot = slot;
-  return WriteLease(this, key, slot, pool_->data(slot), pool_->block_bytes(), pool_->file_offset(slot));
+  TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, key, wait ? WriteDeadline() : std::nullopt));
+  if (e == nullptr) return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
+  ++leases_;
+  return WriteLease(this, key, e->slot, pool_->data(e->slot), pool_->block_bytes(), pool_->file_offset(e->slot));
 }
 
 void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
@@ -501,6 +532,7 @@ void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
   IndexEntry* e = index_.Find(lease.key_);
   e->writing = false;
   e->length = length;
+  --leases_;
   pool_->Commit(lease.slot_, lease.key_, length, ++tick_);
   index_.SetDram(*e, lease.slot_);
   ++c_->puts;
@@ -513,7 +545,11 @@ void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
 void Store::AbortLease(WriteLease& lease) {
   std::lock_guard lock(mu_);
   pool_->Free(lease.slot_);
-  index_.Erase(lease.key_);
+  IndexEntry* e = index_.Find(lease.key_);
+  e->writing = false;
+  e->slot = IndexEntry::kNoLocation;
+  if (e->pins == 0) index_.Erase(lease.key_);  // a pinned entry keeps its pins for the next writer
+  --leases_;
   cv_.notify_all();
 }
 
@@ -526,10 +562,11 @@ Result<ReadLease> Store::Acquire(const BlockKey& key) {
   }
   if (e == nullptr || e->tier() == Tier::kNone) return NotFound("acquire: block " + key.ToHex() + " is not stored");
   if (!e->in_dram()) {
-    TPUSYNC_RETURN_IF_ERROR(PromoteLocked(lock, *e, nullptr));
+    TPUSYNC_RETURN_IF_ERROR(PromoteLocked(lock, *e, nullptr, WriteDeadline()));
     e = index_.Find(key);
   }
   ++e->dram_readers;
+  ++leases_;
   index_.TouchDram(*e);
   return ReadLease(this, key, pool_->data(e->slot), e->length, pool_->file_offset(e->slot));
 }
@@ -537,6 +574,7 @@ Result<ReadLease> Store::Acquire(const BlockKey& key) {
 void Store::ReleaseRead(const BlockKey& key) {
   std::lock_guard lock(mu_);
   IndexEntry* e = index_.Find(key);
+  --leases_;
   if (--e->dram_readers == 0) cv_.notify_all();
 }
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "test_util.h"
@@ -306,6 +307,123 @@ TEST_F(StoreTest, ConcurrentWritersAndReadersSeeWholeBlocks) {
   for (uint64_t id = 0; id < 150; ++id) {
     if (s->Lookup(Keys(id, 1), false).prefix_len == 1) EXPECT_TRUE(GetMatches(*s, id)) << id;
   }
+}
+
+// ---- issue 14: an acknowledged write is readable, or the call fails ----------------------
+
+void FlipByte(const std::string& path, long offset) {
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, offset, SEEK_SET);
+  int c = std::fgetc(f);
+  std::fseek(f, offset, SEEK_SET);
+  std::fputc(c ^ 0x01, f);
+  std::fclose(f);
+}
+
+TEST_F(StoreTest, PutWaitsForAnotherWritersLeaseAndWritesWhenItAborts) {
+  auto s = Open(4);
+  std::optional<WriteLease> other;
+  other.emplace(std::move(s->Reserve(Key(1))).value());
+  // A non-waiting reservation of the same key is told it is busy, not "already stored".
+  EXPECT_EQ(s->Reserve(Key(1), false).status().code(), StatusCode::kUnavailable);
+  std::thread writer([&] { PutRange(*s, 1, 1); });  // waits for `other`
+  other.reset();  // the other writer gives up without committing
+  writer.join();
+  EXPECT_TRUE(GetMatches(*s, 1));
+}
+
+TEST_F(StoreTest, PutOfAKeyWhoseLeaseCommitsMeanwhileIsADedup) {
+  auto s = Open(4);
+  auto lease = std::move(s->Reserve(Key(2))).value();
+  auto data = Pattern(Key(2), kBlock);
+  std::memcpy(lease.data(), data.data(), kBlock);
+  std::thread writer([&] { PutRange(*s, 2, 1); });
+  ASSERT_TRUE(lease.Commit(kBlock).ok());
+  writer.join();
+  EXPECT_TRUE(GetMatches(*s, 2));
+  EXPECT_EQ(s->Stats().put_dedup, 1u);
+}
+
+TEST_F(StoreTest, PutFailsRatherThanAcknowledgeWhileAnotherLeaseHoldsTheKey) {
+  StoreOptions o = Opts(4);
+  o.write_wait = std::chrono::milliseconds(50);
+  auto s = std::move(Store::Open(o)).value();
+  auto lease = std::move(s->Reserve(Key(3))).value();
+  auto data = Pattern(Key(3), kBlock);
+  BlockKey k = Key(3);
+  ConstBuffer b{data.data(), data.size()};
+  EXPECT_EQ(s->Put({&k, 1}, {&b, 1}).code(), StatusCode::kUnavailable);
+}
+
+TEST_F(StoreTest, AWriterWaitsForSlotsHeldByLeasesInsteadOfReportingPins) {
+  auto s = Open(2);
+  std::vector<WriteLease> held;
+  for (uint64_t i = 0; i < 2; ++i) held.push_back(std::move(s->Reserve(Key(i))).value());
+  // Without waiting, a full pool of leases is reported at once.
+  EXPECT_EQ(s->Reserve(Key(10), false).status().code(), StatusCode::kResourceExhausted);
+  std::optional<Result<WriteLease>> waiting;
+  std::thread writer([&] { waiting.emplace(s->Reserve(Key(9))); });
+  for (auto& l : held) {
+    std::memset(l.data(), 7, kBlock);
+    ASSERT_TRUE(l.Commit(kBlock).ok());
+  }
+  writer.join();
+  ASSERT_TRUE(waiting->ok()) << waiting->status().ToString();
+}
+
+TEST_F(StoreTest, APinnedBlockThatFailedVerificationCanBeWrittenAgain) {
+  auto s = Open(4, 8);
+  PutRange(*s, 0, 1);
+  auto k = Keys(0, 1);
+  ASSERT_TRUE(s->Evict(k).ok());
+  ASSERT_TRUE(s->Pin(k).ok());
+  FlipByte(dir_.file("extents.dat"), 4096 + 7);
+  EXPECT_FALSE(GetMatches(*s, 0));
+  EXPECT_EQ(s->Lookup(k, false).tiers[0], Tier::kNone);
+  PutRange(*s, 0, 1);  // must store, not dedup against the empty entry
+  EXPECT_TRUE(GetMatches(*s, 0));
+  EXPECT_EQ(s->Lookup(k, false).tiers[0], Tier::kDram);
+  ASSERT_TRUE(s->Release(k).ok());  // the pin survived the rewrite
+  EXPECT_EQ(s->Stats().pinned, 0u);
+  ASSERT_TRUE(s->Evict(k).ok());
+  ASSERT_TRUE(s->Evict(k).ok());
+  EXPECT_EQ(s->Reserve(Key(0)).ok(), true);  // and so can a lease
+}
+
+TEST_F(StoreTest, ABlockEvictedFromDiskStaysGoneAfterARestart) {
+  {
+    auto s = Open(4, 8);
+    PutRange(*s, 0, 2);
+    auto k = Keys(0, 2);
+    ASSERT_TRUE(s->Evict(k).ok());  // to disk
+    ASSERT_TRUE(s->Evict({k.data(), 1}).ok());  // block 0 off the disk too
+    EXPECT_EQ(s->Lookup(k, false).tiers[0], Tier::kNone);
+  }
+  auto s = Open(4, 8);
+  auto k = Keys(0, 2);
+  EXPECT_EQ(s->Lookup(k, false).tiers[0], Tier::kNone);
+  EXPECT_EQ(s->Lookup(k, false).tiers[1], Tier::kDisk);
+  EXPECT_EQ(s->Stats().recovered_disk, 1u);
+}
+
+TEST_F(StoreTest, BlocksDroppedBecauseTheDiskIsFullOfPinsAreCounted) {
+  auto s = Open(2, 2);
+  PutRange(*s, 0, 2);
+  auto pinned = Keys(0, 2);
+  ASSERT_TRUE(s->Flush().ok());
+  for (const BlockKey& k : pinned) {  // both down to disk (write-behind moved one already)
+    if (s->Lookup({&k, 1}, false).tiers[0] != Tier::kDisk) ASSERT_TRUE(s->Evict({&k, 1}).ok());
+  }
+  Status pin = s->Pin(pinned);
+  ASSERT_TRUE(pin.ok()) << pin.ToString() << " " << s->Stats().last_error;  // the disk holds only pinned blocks now
+  PutRange(*s, 10, 6);               // DRAM overflows: nothing can be written behind
+  (void)s->Flush();
+  StoreStats st = s->Stats();
+  EXPECT_GT(st.dropped, 0u);
+  EXPECT_NE(st.last_error.find("disk tier full"), std::string::npos);
+  EXPECT_TRUE(GetMatches(*s, 0)) << s->Stats().last_error;  // the pinned ones are intact
+  EXPECT_TRUE(GetMatches(*s, 15));
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ class DiskTier {
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // Extent allocation. Thread-safe.
+  // Extent allocation. Thread-safe. Free erases the extent's header on disk first (one page
+  // written), so a freed block never comes back at the next open.
   std::optional<uint32_t> Allocate();
   void Free(uint32_t extent);
 

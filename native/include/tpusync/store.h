@@ -6,12 +6,14 @@
 // method is thread-safe. Long calls do their copies and disk I/O without holding the lock.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -32,6 +34,9 @@ struct StoreOptions {
   uint32_t io_threads = 2;  // two: one checksums a block while the other's write is in flight
   // Write-behind starts when fewer than this fraction of DRAM slots are free.
   double writeback_watermark = 0.05;
+  // How long a writer waits for another writer of the same key to commit or give up, or for
+  // a DRAM slot held by a lease or a write-behind to free, before its call fails.
+  std::chrono::milliseconds write_wait{10000};
 };
 
 struct ConstBuffer {
@@ -58,6 +63,8 @@ struct StoreStats {
   uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
   uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
   uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0;
+  // Blocks that left DRAM without reaching disk: a failed or impossible write-behind.
+  uint64_t dropped = 0;
   uint64_t recovered_dram = 0, recovered_disk = 0;
   bool hugepages = false, mlocked = false, direct_io = false;
   std::string last_error;
@@ -123,8 +130,11 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Stores each buffer (1..block_bytes bytes) under its key. A key already present is left
-  // as it is (blocks are content-addressed). kResourceExhausted if DRAM is full of pinned or
-  // in-use blocks; blocks stored before the failure stay stored.
+  // as it is (blocks are content-addressed); a key another caller is writing is waited for
+  // (up to write_wait) and written here if that caller gives up. OK means every block is
+  // readable now. kResourceExhausted if DRAM is full of pinned or in-use blocks,
+  // kUnavailable if another writer held a key past write_wait; blocks stored before the
+  // failure stay stored.
   Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
   // Copies each present block into its output buffer and sets found[i]. A disk block that
   // fails verification is reported (stats, log), dropped and counted as a miss.
@@ -143,9 +153,12 @@ class Store {
   Status Flush();
   StoreStats Stats() const;
 
-  // Zero-copy access. kFailedPrecondition if the key is already stored (Reserve) or
-  // kNotFound if it is absent (Acquire).
-  Result<WriteLease> Reserve(const BlockKey& key);
+  // Zero-copy access. Reserve: kFailedPrecondition if the key is already stored, kUnavailable
+  // if another lease holds it, kResourceExhausted if no slot is free. With `wait`, it first
+  // waits up to write_wait for that lease to commit or abort and for a slot to free; without,
+  // it never blocks (a caller that holds leases must not wait for others' leases).
+  // Acquire: kNotFound if the key is absent.
+  Result<WriteLease> Reserve(const BlockKey& key, bool wait = true);
   Result<ReadLease> Acquire(const BlockKey& key);
 
   const BlockPool& pool() const { return *pool_; }
@@ -156,8 +169,15 @@ class Store {
   struct Counters;
   Store() = default;
 
+  using TimePoint = std::chrono::steady_clock::time_point;
   // All *Locked helpers run with mu_ held; the ones taking the lock may drop it while waiting.
-  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, bool wait = true);
+  // Without a deadline they never wait. A writer also waits for leases to be given back; a
+  // promotion does not (it reads through a staging buffer instead).
+  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
+                                     bool wait_for_leases);
+  Result<IndexEntry*> ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
+                                  std::optional<TimePoint> deadline);
+  std::optional<TimePoint> WriteDeadline() const { return std::chrono::steady_clock::now() + write_wait_; }
   std::optional<uint32_t> AcquireExtentLocked();
   void DropDramLocked(IndexEntry& e);
   void MaybeStartWritebackLocked();
@@ -165,7 +185,7 @@ class Store {
   Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
   Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
   Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out,
-                       bool wait = true);
+                       std::optional<TimePoint> deadline);
   void RecordErrorLocked(const Status& st);
   void IoLoop(std::stop_token stop);
   void CommitLease(WriteLease& lease, uint64_t length, Status* result);
@@ -176,6 +196,7 @@ class Store {
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
   uint32_t writeback_low_ = 0;      // free-slot count that starts write-behind
   uint32_t max_pending_ = 0;        // demotions in flight at most
+  std::chrono::milliseconds write_wait_{0};
 
   mutable std::mutex mu_;
   std::condition_variable_any cv_;     // slot freed, demotion or promotion done, work queued
@@ -185,6 +206,7 @@ class Store {
   size_t read_ahead_ = 0;               // disk blocks a get asks the io threads to read ahead
   uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
   uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
+  uint32_t leases_ = 0;                // guarded by mu_: write and read leases outstanding
   uint64_t tick_ = 0;                  // guarded by mu_
   uint64_t seq_ = 0;                   // guarded by mu_
   Status flush_error_;                 // guarded by mu_

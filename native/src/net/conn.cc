@@ -118,6 +118,19 @@ Result<Frame> FramedConn::Expect(Op op, Deadline d, uint64_t max_body) {
   return RecvBody(h, d);
 }
 
+Result<Frame> FramedConn::RecvKeyRequest(std::span<const Op> ops, Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
+  if (std::find(ops.begin(), ops.end(), h.op) == ops.end()) {
+    return BadFrame("op " + std::to_string(static_cast<uint16_t>(h.op)) + " is not a request here");
+  }
+  if (h.count > kMaxKeys || h.body_len != uint64_t{h.count} * 16) {
+    return BadFrame(std::string(OpName(h.op)) + " declares " + std::to_string(h.count) + " keys and " +
+                    std::to_string(h.body_len) + " body bytes; 16 bytes per key and at most " +
+                    std::to_string(kMaxKeys) + " keys");
+  }
+  return RecvBody(h, d);
+}
+
 Status FramedConn::SendBlock(uint32_t index, const std::byte* data, uint64_t len, Deadline d) {
   FrameHeader h;
   h.op = Op::kBlock;
@@ -170,7 +183,8 @@ Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d) {
   return Status::Ok();
 }
 
-Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d) {
+Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d,
+                       const std::function<bool()>& admit) {
   TPUSYNC_ASSIGN_OR_RETURN(Frame hello, c.Expect(Op::kHello, d, kNonceBytes));
   if (hello.body.size() != kNonceBytes) return BadFrame("HELLO nonce size");
   std::vector<std::byte> server_nonce = Nonce();
@@ -183,6 +197,7 @@ Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes
   if (!SameMac(auth.body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
   }
+  if (admit && !admit()) return ResourceExhausted("at its connection limit; try again later");
   TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/1 server", hello.body, server_nonce));
   return c.Send(Op::kAuthOk, proof, d);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ class FramedConn {
   // checked before the body is read.
   Result<Frame> Expect(Op op, Deadline d, uint64_t max_body = kMaxBodyBytes);
 
+  // A data-port request: one of `ops` with a body of exactly 16 bytes per key and at most
+  // kMaxKeys keys, both checked on the header, before anything is allocated for the body.
+  Result<Frame> RecvKeyRequest(std::span<const Op> ops, Deadline d);
+
   // A block travels as a kBlock header, the payload, and an 8-byte XXH3 trailer computed
   // while the payload is sent, so it is checked end to end without a second pass.
   Status SendBlock(uint32_t index, const std::byte* data, uint64_t len, Deadline d);
@@ -64,8 +69,11 @@ class FramedConn {
 
 // Mutual challenge-response over HMAC-SHA256 of both nonces. The server reads nothing but
 // the handshake until the client has proven the secret. Both run against one deadline. On
-// failure the server side returns the reason; its caller replies with it (SendError).
-Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d);
+// failure the server side returns the reason; its caller replies with it (SendError). Once
+// the client has proven the secret, `admit` (if given) decides whether it is served:
+// kResourceExhausted in place of AUTH_OK when it is not.
+Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d,
+                       const std::function<bool()>& admit = nullptr);
 // Returns the server's block size.
 Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d);
 

@@ -90,30 +90,50 @@ Status SidecarClient::Put(std::span<const BlockKey> keys, std::span<const ConstB
     }
   }
   std::lock_guard lock(mu_);
-  bool no_room = false;
   for (size_t i = 0; i < keys.size(); i += batch_) {
     size_t n = std::min(batch_, keys.size() - i);
-    TPUSYNC_RETURN_IF_ERROR(PutBatch(keys.subspan(i, n), buffers.subspan(i, n), &no_room));
+    TPUSYNC_RETURN_IF_ERROR(PutBatch(keys.subspan(i, n), buffers.subspan(i, n)));
   }
-  if (no_room) return ResourceExhausted("put: the sidecar's DRAM is full of pinned or leased blocks");
   return Status::Ok();
 }
 
-Status SidecarClient::PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers, bool* no_room) {
-  TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kReserve, keys));
-  BodyWriter w;
-  std::vector<BlockKey> done;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (slots[i].code == kSlotNoRoom) *no_room = true;
-    if (slots[i].code != kSlotOk) continue;
-    CopyBytes(pool_.data() + slots[i].offset, buffers[i].data, buffers[i].size);
-    done.push_back(keys[i]);
+// Reserves, fills and commits one batch. The sidecar waits for another writer of a key, or
+// for a slot, only while this connection holds no reservation; keys it answered busy or
+// no-room are asked for again after the rest is committed, until a round makes no progress.
+Status SidecarClient::PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
+  std::vector<size_t> todo(keys.size());
+  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  while (!todo.empty()) {
+    std::vector<BlockKey> ask;
+    for (size_t i : todo) ask.push_back(keys[i]);
+    TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kReserve, ask));
+    BodyWriter w;
+    std::vector<BlockKey> done;
+    std::vector<size_t> again;
+    bool no_room = false;
+    for (size_t j = 0; j < todo.size(); ++j) {
+      const size_t i = todo[j];
+      if (slots[j].code == kSlotNoRoom || slots[j].code == kSlotBusy) {
+        no_room |= slots[j].code == kSlotNoRoom;
+        again.push_back(i);
+      } else if (slots[j].code == kSlotOk) {
+        CopyBytes(pool_.data() + slots[j].offset, buffers[i].data, buffers[i].size);
+        done.push_back(keys[i]);
+      }
+    }
+    WriteKeyList(w, done);
+    for (size_t j = 0; j < todo.size(); ++j) {
+      if (slots[j].code == kSlotOk) w.U64(buffers[todo[j]].size);
+    }
+    TPUSYNC_RETURN_IF_ERROR(Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(done.size())).status());
+    if (again.size() == todo.size()) {  // the sidecar waited for the first of them and gave up
+      if (no_room) return ResourceExhausted("put: the sidecar's DRAM is full of pinned or leased blocks");
+      return Status(StatusCode::kUnavailable,
+                    "put: block " + keys[again.front()].ToHex() + " is being written by another connection");
+    }
+    todo = std::move(again);
   }
-  WriteKeyList(w, done);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (slots[i].code == kSlotOk) w.U64(buffers[i].size);
-  }
-  return Call(Op::kCommit, w.bytes(), static_cast<uint32_t>(done.size())).status();
+  return Status::Ok();
 }
 
 Status SidecarClient::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out,
@@ -195,9 +215,22 @@ Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& p
   WriteKeyList(w, keys);
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(op, w.bytes(), static_cast<uint32_t>(keys.size())));
-  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: peer reply");
+  // A failed transfer's reply carries the error after the per-key bytes.
+  const bool failed = f.header.status != 0;
+  if (f.header.op != Op::kTiers || f.body.size() < keys.size() || (!failed && f.body.size() != keys.size()) ||
+      f.body.size() > keys.size() + kMaxErrorBytes) {
+    return InvalidArgument("bad frame: peer reply");
+  }
   std::vector<uint8_t> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) out[i] = std::to_integer<uint8_t>(f.body[i]);
+  if (failed) {  // what arrived before the failure is kept
+    auto code = static_cast<StatusCode>(std::min<uint16_t>(f.header.status, static_cast<uint16_t>(StatusCode::kInternal)));
+    if (code == StatusCode::kOk) code = StatusCode::kInternal;
+    size_t held = static_cast<size_t>(std::count(out.begin(), out.end(), uint8_t{1}));
+    std::string why(reinterpret_cast<const char*>(f.body.data()) + keys.size(), f.body.size() - keys.size());
+    return Status(code, why + " (" + std::to_string(held) + " of " + std::to_string(keys.size()) +
+                            " blocks held locally)");
+  }
   return out;
 }
 

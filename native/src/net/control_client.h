@@ -68,7 +68,7 @@ class SidecarClient {
     uint64_t offset, size;
   };
   Result<std::vector<Slot>> Slots(Op op, std::span<const BlockKey> keys);
-  Status PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers, bool* no_room);
+  Status PutBatch(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
   Status GetBatch(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
 
   std::chrono::milliseconds timeout_{};

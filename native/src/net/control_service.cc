@@ -21,6 +21,7 @@ std::string StatsText(const StoreStats& s) {
     << s.bytes_got << "\nevictions " << s.evictions << "\ndemotions " << s.demotions << "\npromotions "
     << s.promotions << "\ndisk_evictions " << s.disk_evictions << "\ncorruptions " << s.corruptions
     << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
+    << "\ndropped " << s.dropped
     << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\n";
   return o.str();
 }
@@ -28,6 +29,41 @@ std::string StatsText(const StoreStats& s) {
 }  // namespace
 
 bool KeyLess(const BlockKey& a, const BlockKey& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }
+
+namespace {
+
+using PinCounts = std::map<BlockKey, uint32_t, bool (*)(const BlockKey&, const BlockKey&)>;
+
+// Releases pins only from `held` (what one holder took), all or none, so no holder can
+// release another's pins.
+Status ReleaseHeld(Store& store, PinCounts& held, std::span<const BlockKey> keys, const std::string& holder) {
+  PinCounts want(&KeyLess);
+  for (const BlockKey& k : keys) {
+    auto it = held.find(k);
+    if (it == held.end() || ++want[k] > it->second) {
+      return FailedPrecondition("release: block " + k.ToHex() + " is not pinned by " + holder);
+    }
+  }
+  TPUSYNC_RETURN_IF_ERROR(store.Release(keys));
+  for (const auto& [k, n] : want) {
+    if ((held[k] -= n) == 0) held.erase(k);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ControlService::PinForHost(std::span<const BlockKey> keys) {
+  std::lock_guard lock(host_mu_);
+  TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
+  for (const BlockKey& k : keys) ++host_pins_[k];
+  return Status::Ok();
+}
+
+Status ControlService::ReleaseForHost(std::span<const BlockKey> keys) {
+  std::lock_guard lock(host_mu_);
+  return ReleaseHeld(store_, host_pins_, keys, "the host");
+}
 
 // Leases and pins taken by one engine connection; released when it disconnects, so an
 // engine that crashes cannot keep blocks in DRAM forever.
@@ -41,30 +77,21 @@ struct ControlService::Session {
   void Pinned(std::span<const BlockKey> keys) {
     for (const BlockKey& k : keys) ++pins[k];
   }
-  // Only pins this connection holds can be released through it; all or none.
-  Status Unpin(std::span<const BlockKey> keys) {
-    std::map<BlockKey, uint32_t, decltype(&KeyLess)> want(&KeyLess);
-    for (const BlockKey& k : keys) {
-      auto it = pins.find(k);
-      if (it == pins.end() || ++want[k] > it->second) {
-        return FailedPrecondition("release: block " + k.ToHex() + " is not pinned by this connection");
-      }
-    }
-    TPUSYNC_RETURN_IF_ERROR(store.Release(keys));
-    for (const auto& [k, n] : want) {
-      if ((pins[k] -= n) == 0) pins.erase(k);
-    }
-    return Status::Ok();
-  }
+  Status Unpin(std::span<const BlockKey> keys) { return ReleaseHeld(store, pins, keys, "this connection"); }
 
   Store& store;
   std::map<BlockKey, WriteLease, decltype(&KeyLess)> reserved{&KeyLess};
   std::multimap<BlockKey, ReadLease, decltype(&KeyLess)> acquired{&KeyLess};
-  std::map<BlockKey, uint32_t, decltype(&KeyLess)> pins{&KeyLess};
+  PinCounts pins{&KeyLess};
 };
 
-void ControlService::Serve(Socket& socket, const WakeFd& stop) {
-  FramedConn c(socket, store_.pool().block_bytes());
+void ControlService::Serve(Connection& conn) {
+  if (!conn.Admit()) {
+    RefuseWithErrorFrame(conn.socket(), "control: at its connection limit; try again later");
+    return;
+  }
+  const WakeFd& stop = conn.stop();
+  FramedConn c(conn.socket(), store_.pool().block_bytes());
   Session session(store_);
   for (;;) {
     Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::Never());
@@ -110,13 +137,17 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     }
     case Op::kPin: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
-      if (!(f.header.status & kPinForHost)) session.Pinned(keys);
+      if (f.header.status & kPinForHost) {
+        TPUSYNC_RETURN_IF_ERROR(PinForHost(keys));
+      } else {
+        TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
+        session.Pinned(keys);
+      }
       return SendOk(c, d);
     }
     case Op::kRelease: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? store_.Release(keys) : session.Unpin(keys));
+      TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? ReleaseForHost(keys) : session.Unpin(keys));
       return SendOk(c, d);
     }
     case Op::kEvict: {
@@ -135,10 +166,14 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
       BodyWriter w;
       for (const BlockKey& k : keys) {
+        // A connection that holds reservations never waits for others' (no hold-and-wait, so
+        // two engines filling the pool cannot deadlock): it gets kSlotBusy or kSlotNoRoom and
+        // asks again after committing what it holds.
         Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
-                                                         : store_.Reserve(k);
-        uint8_t code = l.ok() ? kSlotOk
+                                                         : store_.Reserve(k, session.reserved.empty());
+        uint8_t code = l.ok()                                                  ? kSlotOk
                        : l.status().code() == StatusCode::kResourceExhausted ? kSlotNoRoom
+                       : l.status().code() == StatusCode::kUnavailable       ? kSlotBusy
                                                                              : kSlotAlreadyStored;
         w.U8(code);
         w.U64(l.ok() ? l->file_offset() : 0);
@@ -232,8 +267,13 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
     Log(LogLevel::kWarning, "control", "peer " + peer + ": " + st.ToString());
     if (result.size() != keys.size()) return st;
   }
-  return c.Send(Op::kTiers, std::as_bytes(std::span(result)), d, static_cast<uint32_t>(keys.size()),
-                st.ok() ? 0 : static_cast<uint16_t>(st.code()));
+  std::vector<std::byte> body(std::as_bytes(std::span(result)).begin(), std::as_bytes(std::span(result)).end());
+  if (!st.ok()) {  // the error follows the per-key bytes, so the caller learns both
+    std::string why = ("peer " + peer + ": " + st.message()).substr(0, kMaxErrorBytes);
+    body.insert(body.end(), reinterpret_cast<const std::byte*>(why.data()),
+                reinterpret_cast<const std::byte*>(why.data()) + why.size());
+  }
+  return c.Send(Op::kTiers, body, d, static_cast<uint32_t>(keys.size()), st.ok() ? 0 : static_cast<uint16_t>(st.code()));
 }
 
 }  // namespace tpusync::net

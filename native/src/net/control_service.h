@@ -5,35 +5,47 @@
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "net/conn.h"
 #include "net/peer_client.h"
+#include "net/server.h"
 #include "sidecar/metrics.h"
 #include "tpusync/store.h"
 
 namespace tpusync::net {
 
 // Reserve/acquire result codes in a kSlots reply.
-enum SlotResult : uint8_t { kSlotOk = 0, kSlotAlreadyStored = 1, kSlotNoRoom = 2, kSlotMissing = 3 };
+// kSlotBusy: another connection holds a reservation of the key; ask again holding none.
+enum SlotResult : uint8_t { kSlotOk = 0, kSlotAlreadyStored = 1, kSlotNoRoom = 2, kSlotMissing = 3, kSlotBusy = 4 };
 // PIN / RELEASE header status flag: a pin held for the host, not the connection.
 constexpr uint16_t kPinForHost = 1;
+
+bool KeyLess(const BlockKey& a, const BlockKey& b);
 
 class ControlService {
  public:
   ControlService(Store& store, PeerPool& peers, Metrics& metrics, std::chrono::milliseconds op_timeout)
-      : store_(store), peers_(peers), metrics_(metrics), op_timeout_(op_timeout) {}
-  void Serve(Socket& socket, const WakeFd& stop);
+      : store_(store), peers_(peers), metrics_(metrics), op_timeout_(op_timeout), host_pins_(&KeyLess) {}
+  void Serve(Connection& conn);
 
  private:
   struct Session;
   Status Handle(FramedConn& c, const Frame& f, Session& session, Deadline d);
   Status HandlePeerOp(FramedConn& c, const Frame& f, Deadline d);
 
+  Status PinForHost(std::span<const BlockKey> keys);
+  Status ReleaseForHost(std::span<const BlockKey> keys);
+
   Store& store_;
   PeerPool& peers_;
   Metrics& metrics_;
   std::chrono::milliseconds op_timeout_;
+  std::mutex host_mu_;
+  // Pins taken for the host (kPinForHost): only these can be released for the host.
+  std::map<BlockKey, uint32_t, bool (*)(const BlockKey&, const BlockKey&)> host_pins_;  // guarded by host_mu_
 };
 
 }  // namespace tpusync::net

@@ -1,6 +1,7 @@
 #include "net/peer_service.h"
 
 #include <optional>
+#include <unordered_set>
 
 #include "log.h"
 
@@ -11,26 +12,56 @@ std::span<const std::byte> AsBytes(const std::vector<Tier>& tiers) {
   return std::as_bytes(std::span(tiers.data(), tiers.size()));
 }
 
+constexpr Op kDataOps[] = {Op::kExists, Op::kPull, Op::kPush};
+
+// Marks the repeats of a key within one request: each block moves once per request, so a
+// request naming one block many times cannot multiply what the sidecar sends.
+std::vector<uint8_t> Repeats(std::span<const BlockKey> keys) {
+  std::vector<uint8_t> repeat(keys.size());
+  std::unordered_set<BlockKey, BlockKeyHash> seen;
+  for (size_t i = 0; i < keys.size(); ++i) repeat[i] = !seen.insert(keys[i]).second;
+  return repeat;
+}
+
 }  // namespace
 
-void PeerService::Serve(Socket& socket, const WakeFd& stop) {
+void PeerService::LogRefused(const std::string& source, const Status& why) {
+  constexpr auto kInterval = std::chrono::seconds(10);
+  std::lock_guard lock(log_mu_);
+  if (refusals_.size() > 4096) refusals_.clear();  // bounded, whatever the number of sources
+  RefusalLog& r = refusals_[source];
+  const auto now = Clock::now();
+  if (r.last != Clock::time_point() && now - r.last < kInterval) {
+    ++r.skipped;
+    return;
+  }
+  std::string skipped = r.skipped ? " (" + std::to_string(r.skipped) + " more from this source not logged)" : "";
+  r = {now, 0};
+  Log(LogLevel::kWarning, "data", "handshake from " + source + " refused: " + why.ToString() + skipped);
+}
+
+void PeerService::Serve(Connection& conn) {
   ++metrics_.connections_total;
   ++metrics_.connections_active;
-  FramedConn c(socket, store_.pool().block_bytes());
-  Status hs = ServerHandshake(c, secret_, store_.pool().block_bytes(), Deadline::After(options_.handshake_timeout));
-  if (!hs.ok()) {
+  const WakeFd& stop = conn.stop();
+  FramedConn c(conn.socket(), store_.pool().block_bytes());
+  const Deadline hd = Deadline::After(options_.handshake_timeout);
+  Status hs = ServerHandshake(c, secret_, store_.pool().block_bytes(), hd, [&conn] { return conn.Admit(); });
+  if (hs.code() == StatusCode::kResourceExhausted) {
+    (void)c.SendError(ResourceExhausted("data: " + hs.message()), hd);
+  } else if (!hs.ok()) {
     if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) {
       ++metrics_.auth_failures;  // counted before the reply, so a refused peer already sees it in /metrics
-      (void)c.SendError(hs, Deadline::After(options_.handshake_timeout));
+      (void)c.SendError(hs, hd);
     }
-    Log(LogLevel::kWarning, "data", "handshake refused: " + hs.ToString());
+    LogRefused(conn.source(), hs);
   } else {
     for (;;) {
       Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::After(options_.idle_timeout));
       if (!readable.ok() || !*readable) break;  // idle too long, or draining
       Deadline d = Deadline::After(options_.op_timeout);
       auto start = Clock::now();
-      Result<Frame> f = c.Recv(d);
+      Result<Frame> f = c.RecvKeyRequest(kDataOps, d);
       if (!f.ok()) {
         if (f.status().code() == StatusCode::kInvalidArgument) {
           ++metrics_.bad_frames;
@@ -44,9 +75,7 @@ void PeerService::Serve(Socket& socket, const WakeFd& stop) {
       switch (f->header.op) {
         case Op::kExists: op = ServerOp::kExists, st = HandleExists(c, *f, d); break;
         case Op::kPull: op = ServerOp::kPull, st = HandlePull(c, *f, d); break;
-        case Op::kPush: op = ServerOp::kPush, st = HandlePush(c, *f, d); break;
-        default: st = InvalidArgument("bad frame: op " + std::to_string(static_cast<int>(f->header.op)) +
-                                      " is not a data-port request");
+        default: op = ServerOp::kPush, st = HandlePush(c, *f, d); break;  // RecvKeyRequest admits only these
       }
       metrics_.Latency(op, std::chrono::duration<double>(Clock::now() - start).count());
       if (!st.ok()) {
@@ -73,6 +102,10 @@ Status PeerService::HandleExists(FramedConn& c, const Frame& f, Deadline d) {
 Status PeerService::HandlePull(FramedConn& c, const Frame& f, Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
   LookupResult r = store_.Lookup(keys, false);
+  std::vector<uint8_t> repeat = Repeats(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (repeat[i]) r.tiers[i] = Tier::kNone;  // announced absent: sent once, at its first index
+  }
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kTiers, AsBytes(r.tiers), d, static_cast<uint32_t>(keys.size())));
   for (uint32_t i = 0; i < keys.size(); ++i) {
     if (r.tiers[i] == Tier::kNone) continue;
@@ -93,8 +126,9 @@ Status PeerService::HandlePull(FramedConn& c, const Frame& f, Deadline d) {
 Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
   LookupResult r = store_.Lookup(keys, false);
+  std::vector<uint8_t> repeat = Repeats(keys);
   std::vector<uint8_t> wanted(keys.size()), stored(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) wanted[i] = r.tiers[i] == Tier::kNone;
+  for (size_t i = 0; i < keys.size(); ++i) wanted[i] = r.tiers[i] == Tier::kNone && !repeat[i];
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kTiers, std::as_bytes(std::span(wanted)), d, static_cast<uint32_t>(keys.size())));
   for (;;) {
     TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, c.RecvBlockHeader(d));
@@ -105,6 +139,7 @@ Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
     wanted[h.count] = 0;  // each index at most once
     if (h.status != 0) continue;
     std::optional<WriteLease> lease;
+    // Waits for another writer of the key; if that one commits, the key counts as stored below.
     if (auto l = store_.Reserve(keys[h.count]); l.ok()) lease.emplace(std::move(l).value());
     // A slot that cannot be had (DRAM full of pins, or stored meanwhile): drain the payload.
     TPUSYNC_RETURN_IF_ERROR(c.RecvBlockPayload(lease ? lease->data() : nullptr, h.body_len, d));
@@ -114,7 +149,9 @@ Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
       metrics_.Moved(Direction::kIn, TransferOp::kPush, Tier::kDram, h.body_len);
     }
   }
-  for (size_t i = 0; i < keys.size(); ++i) stored[i] |= r.tiers[i] != Tier::kNone;
+  // Stored means readable now: written here, held before, or committed by another writer.
+  LookupResult after = store_.Lookup(keys, false);
+  for (size_t i = 0; i < keys.size(); ++i) stored[i] |= after.tiers[i] != Tier::kNone;
   return c.Send(Op::kPushDone, std::as_bytes(std::span(stored)), d, static_cast<uint32_t>(keys.size()));
 }
 

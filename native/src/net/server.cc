@@ -1,15 +1,44 @@
 #include "net/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "log.h"
 #include "net/conn.h"
 
 namespace tpusync::net {
+namespace {
 
-ConnectionServer::ConnectionServer(std::string name, Listener listener, Handler handler, size_t max_connections)
-    : name_(std::move(name)), listener_(std::move(listener)), handler_(std::move(handler)),
-      max_connections_(max_connections) {}
+std::string SourceOf(const Socket& s) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, buf, sizeof buf);
+  } else if (addr.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, buf, sizeof buf);
+  }
+  return buf;
+}
+
+}  // namespace
+
+struct ConnectionServer::ConnState {
+  Socket socket;
+  std::string source;
+  Clock::time_point accepted;
+  std::thread thread;
+  bool admitted = false;  // guarded by mu_, like the rest
+  bool cut = false;
+  bool done = false;
+};
+
+ConnectionServer::ConnectionServer(std::string name, Listener listener, Handler handler, ServerLimits limits,
+                                   Refuser refuse)
+    : name_(std::move(name)), listener_(std::move(listener)), port_(listener_.port()), handler_(std::move(handler)),
+      limits_(limits), refuse_(refuse ? std::move(refuse) : RefuseWithErrorFrame) {}
 
 ConnectionServer::~ConnectionServer() { Stop(std::chrono::milliseconds(0)); }
 
@@ -22,6 +51,19 @@ size_t ConnectionServer::active() const {
   return n;
 }
 
+bool ConnectionServer::Admit(ConnState& c) {
+  std::lock_guard lock(mu_);
+  if (c.cut) return false;
+  size_t admitted = 0;
+  for (const auto& o : conns_) admitted += o->admitted && !o->done;
+  if (admitted >= limits_.max_admitted) {
+    ++refused_;
+    return false;
+  }
+  c.admitted = true;
+  return true;
+}
+
 void ConnectionServer::AcceptLoop() {
   for (;;) {
     Result<Socket> s = listener_.Accept(stop_.fd());
@@ -31,26 +73,48 @@ void ConnectionServer::AcceptLoop() {
       continue;
     }
     if (!s->valid()) return;  // stopping
+    std::string source = SourceOf(*s);
     std::lock_guard lock(mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {  // reap finished connections
-      if ((*it)->done) {
-        (*it)->thread.join();
+    size_t pending = 0, from_source = 0;
+    ConnState* oldest = nullptr;
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      ConnState& c = **it;
+      if (c.done) {  // reap finished connections
+        c.thread.join();
         it = conns_.erase(it);
-      } else {
-        ++it;
+        continue;
       }
+      if (!c.admitted && !c.cut) {
+        ++pending;
+        from_source += !source.empty() && c.source == source;
+        if (oldest == nullptr || c.accepted < oldest->accepted) oldest = &c;
+      }
+      ++it;
     }
-    if (conns_.size() >= max_connections_) {
+    if (from_source >= limits_.max_pending_per_source) {
       ++refused_;
-      Refuse(*s);
-      continue;  // the socket closes here
+      Refuse(*s, "too many unauthenticated connections from " + source);
+      continue;
     }
-    auto conn = std::make_unique<Conn>();
-    conn->socket = std::move(*s);
-    Conn* c = conn.get();
-    conns_.push_back(std::move(conn));
+    if (pending >= limits_.max_pending) {
+      if (oldest == nullptr || Clock::now() - oldest->accepted < limits_.pending_grace) {
+        ++refused_;
+        Refuse(*s, "too many unauthenticated connections");
+        continue;
+      }
+      oldest->cut = true;  // its handler's next read fails and it returns
+      oldest->socket.Shutdown();
+      ++cut_pending_;
+    }
+    auto state = std::make_unique<ConnState>();
+    state->socket = std::move(*s);
+    state->source = std::move(source);
+    state->accepted = Clock::now();
+    ConnState* c = state.get();
+    conns_.push_back(std::move(state));
     c->thread = std::thread([this, c] {
-      handler_(c->socket, stop_);
+      Connection conn(c->socket, stop_, c->source, [this, c] { return Admit(*c); });
+      handler_(conn);
       std::lock_guard l(mu_);
       c->socket.Close();
       c->done = true;
@@ -59,15 +123,13 @@ void ConnectionServer::AcceptLoop() {
   }
 }
 
-// Tells a peer over the limit why it is not served: an ERROR frame, which its client reads in
-// place of the handshake's reply. Nothing here waits on the peer (the acceptor must not
-// stall): the frame fits an empty send buffer, and what the peer already sent is read away
-// so that closing sends FIN rather than a reset that could discard the frame.
-void ConnectionServer::Refuse(Socket& s) {
+void ConnectionServer::Refuse(Socket& s, const std::string& why) { refuse_(s, name_ + ": " + why + "; try again later"); }
+
+// The frame fits an empty send buffer, and what the peer already sent is read away so that
+// closing sends FIN rather than a reset that could discard the frame.
+void RefuseWithErrorFrame(Socket& s, const std::string& why) {
   FramedConn conn(s, 0);
-  Status st = ResourceExhausted(name_ + ": at its connection limit (" + std::to_string(max_connections_) +
-                                "); try again later");
-  if (!conn.SendError(st, Deadline::After(std::chrono::milliseconds(10))).ok()) return;
+  if (!conn.SendError(ResourceExhausted(why), Deadline::After(std::chrono::milliseconds(10))).ok()) return;
   std::byte sink[4096];
   for (int i = 0; i < 16 && ::recv(s.fd(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
   }
@@ -82,6 +144,7 @@ void ConnectionServer::Stop(std::chrono::milliseconds drain) {
   }
   stop_.Fire();
   if (acceptor_.joinable()) acceptor_.join();
+  listener_.Close();
   std::unique_lock lock(mu_);
   auto all_done = [&] {
     for (const auto& c : conns_) {

@@ -196,7 +196,13 @@ Result<Listener> Listener::ListenUnix(const std::string& path) {
   if (path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long: " + path);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  ::unlink(path.c_str());  // a stale socket from a previous run
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      return FailedPrecondition(path + " exists and is not a socket; refusing to replace it");
+    }
+    ::unlink(path.c_str());  // a stale socket from a previous run
+  }
   Listener l;
   l.fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (::bind(l.fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {

@@ -59,11 +59,14 @@ class Socket {
 class Listener {
  public:
   static Result<Listener> ListenTcp(const std::string& bind, uint16_t port);
+  // Replaces a stale socket at `path`; kFailedPrecondition if something else is there.
   static Result<Listener> ListenUnix(const std::string& path);
   // Returns an accepted socket, or an invalid Socket if `wake_fd` fired.
   Result<Socket> Accept(int wake_fd);
   uint16_t port() const { return port_; }
   int fd() const { return fd_.get(); }
+  // Stops listening: connections that arrive later are refused by the kernel.
+  void Close() { fd_.reset(); }
 
  private:
   UniqueFd fd_;

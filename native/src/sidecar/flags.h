@@ -22,8 +22,10 @@ struct SidecarFlags {
   std::string auth_secret_file;  // or env TPUSYNC_AUTH_SECRET
   int streams = 4;
   int io_threads = 2;
-  int max_connections = 256;
-  int handshake_timeout_ms = 5000;
+  int max_connections = 256;         // authenticated data connections
+  int max_unauthenticated = 64;      // data connections still in their handshake
+  int max_unauthenticated_per_source = 8;
+  int handshake_timeout_ms = 2000;
   int op_timeout_ms = 120000;
   int drain_timeout_ms = 30000;
   bool hugepages = false;

@@ -90,8 +90,12 @@ std::string Metrics::Render(const StoreStats& s) const {
           static_cast<double>(deadline_exceeded.load()));
   counter("tpusync_connections_total", "Connections accepted.", static_cast<double>(connections_total.load()));
   gauge("tpusync_connections_active", "Connections being served.", static_cast<double>(connections_active.load()));
-  counter("tpusync_connections_refused_total", "Data connections closed unserved at --max-connections.",
+  counter("tpusync_connections_refused_total",
+          "Data connections closed unserved: over --max-connections, or over the unauthenticated budgets.",
           static_cast<double>(connections_refused.load()));
+  counter("tpusync_connections_cut_pending_total",
+          "Unauthenticated data connections cut off to make room for new ones (--max-unauthenticated).",
+          static_cast<double>(connections_cut_pending.load()));
   gauge("tpusync_pool_block_bytes", "Block size.", static_cast<double>(s.block_bytes));
   gauge("tpusync_pool_dram_slots", "DRAM slots.", static_cast<double>(s.dram_slots));
   gauge("tpusync_pool_dram_used_slots", "DRAM slots holding blocks.", static_cast<double>(s.dram_used));
@@ -105,6 +109,8 @@ std::string Metrics::Render(const StoreStats& s) const {
   counter("tpusync_corruptions_total", "Stored blocks that failed their checksum.", static_cast<double>(s.corruptions));
   counter("tpusync_disk_errors_total", "Disk reads and writes that failed.",
           static_cast<double>(s.disk_write_errors + s.disk_read_errors));
+  counter("tpusync_blocks_dropped_total", "Blocks that left DRAM without reaching disk (write-behind failed or disk full of pinned blocks).",
+          static_cast<double>(s.dropped));
   counter("tpusync_hits_total", "Blocks found by get (dram + disk).", static_cast<double>(s.hits_dram + s.hits_disk));
   counter("tpusync_misses_total", "Blocks not found by get.", static_cast<double>(s.misses));
   return out;

@@ -41,6 +41,7 @@ class Metrics {
   std::atomic<uint64_t> connections_total{0};
   std::atomic<int64_t> connections_active{0};
   std::atomic<uint64_t> connections_refused{0};  // over --max-connections; copied from the server
+  std::atomic<uint64_t> connections_cut_pending{0};  // pending ones cut for room; copied from the server
 
   std::string Render(const StoreStats& store) const;
 

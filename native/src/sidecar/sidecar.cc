@@ -46,21 +46,22 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
   TPUSYNC_ASSIGN_OR_RETURN(net::Listener http_l, net::Listener::ListenTcp(f.bind, f.http_port));
   Sidecar* self = s.get();
   s->data_ = std::make_unique<net::ConnectionServer>(
-      "data", std::move(data_l), [self](net::Socket& sock, const net::WakeFd& stop) {
-        self->peer_service_->Serve(sock, stop);
-      },
-      static_cast<size_t>(f.max_connections));
+      "data", std::move(data_l), [self](net::Connection& conn) { self->peer_service_->Serve(conn); },
+      net::ServerLimits{.max_admitted = static_cast<size_t>(f.max_connections),
+                        .max_pending = static_cast<size_t>(f.max_unauthenticated),
+                        .max_pending_per_source = static_cast<size_t>(f.max_unauthenticated_per_source)});
+  // Probes must stay answerable: a connection is pending until its request head arrives, a
+  // head is read for at most 2 s, and idle connections are cut first to make room.
   s->http_ = std::make_unique<net::ConnectionServer>(
       "http", std::move(http_l),
-      [self](net::Socket& sock, const net::WakeFd&) { ServeHttp(sock, [self](auto& p) { return self->Route(p); }); },
-      64);
+      [self](net::Connection& conn) { ServeHttp(conn, [self](auto& p) { return self->Route(p); }); },
+      net::ServerLimits{.max_admitted = 64, .max_pending = 64, .max_pending_per_source = 16}, RefuseHttp);
   if (!f.control_socket.empty()) {
     TPUSYNC_ASSIGN_OR_RETURN(net::Listener ctl_l, net::Listener::ListenUnix(f.control_socket));
+    // Engines in the pod: admitted at once (the socket file's permissions are the check).
     s->control_ = std::make_unique<net::ConnectionServer>(
-        "control", std::move(ctl_l), [self](net::Socket& sock, const net::WakeFd& stop) {
-          self->control_service_->Serve(sock, stop);
-        },
-        1024);
+        "control", std::move(ctl_l), [self](net::Connection& conn) { self->control_service_->Serve(conn); },
+        net::ServerLimits{.max_admitted = 1024, .max_pending = 1024});
     s->control_->Start();
   }
   if (!f.kv_events_endpoint.empty()) {
@@ -82,6 +83,7 @@ HttpResponse Sidecar::Route(const std::string& path) {
   }
   if (path == "/metrics") {
     metrics_.connections_refused = data_->refused();
+    metrics_.connections_cut_pending = data_->cut_pending();
     return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_.Render(store_->Stats())};
   }
   return {404, "text/plain; charset=utf-8", "not found\n"};

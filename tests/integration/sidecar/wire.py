@@ -57,7 +57,8 @@ class WireClient:
         except ConnectionResetError:
             return True
 
-    def handshake(self, secret: bytes) -> None:
+    def handshake(self, secret: bytes, *, expect: int = AUTH_OK) -> bytes:
+        """Proves the secret; returns the body of the server's last frame (`expect`)."""
         nonce = os.urandom(32)
         self.send(frame(HELLO, nonce))
         op, _, _, body = self.recv_frame()
@@ -65,5 +66,6 @@ class WireClient:
         server_nonce = body[:32]
         proof = hmac.new(secret, b"tpusync/1 client" + server_nonce + nonce, hashlib.sha256).digest()
         self.send(frame(AUTH, proof))
-        op, _, _, _ = self.recv_frame()
-        assert op == AUTH_OK
+        op, _, _, body = self.recv_frame()
+        assert op == expect, (op, body)
+        return body
