@@ -26,7 +26,7 @@ COLUMNS = [
     ("ratio", "ratio", ".2f"), ("baseline", "baseline", ""), ("line_rate_gbps", "line rate GB/s", ".3f"),
     ("vs_line_rate", "vs line rate", ".2f"), ("cores_busy", "cores busy", ".2f"), ("cpu_s_per_gb", "CPU s/GB", ".2f"),
     ("baseline_cpu_s_per_gb", "baseline CPU s/GB", ".2f"), ("raw_cpu_s_per_gb", "raw TCP CPU s/GB", ".2f"),
-    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("pull_seconds", "pull s", ".3f"),
+    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("pull_seconds", "pull s", ".3f"), ("load_avg_1m", "load avg", ".1f"),
 ]
 
 SECTIONS = [
@@ -213,7 +213,9 @@ def render(res: dict, doc_dir: Path) -> str:
              "`make bench` reruns every benchmark and regenerates this page and its plots. Every benchmark "
              "measures its physical baseline in the same run; ratios stand next to absolute seconds. The "
              "figures come from the machine that ran the benchmarks (this project's is a 2-core VM with other "
-             "work on it, where single figures move by 10-30 % between runs).", "",
+             "work on it, where single figures move by 10-30 % between runs; `load avg`, where recorded, is the "
+             "1-minute load average when the case ended: far above the core count, loopback figures mean little, "
+             "while the fabric's, bound by its shaped links, hold).", "",
              "## Targets", "", "| target | measured | |", "| --- | --- | --- |"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(res)]
     for key, title, script, prose in SECTIONS:

@@ -68,7 +68,8 @@ def row(name: str, nbytes: int, seconds: float, baseline_seconds: float, *, cpu:
     """ratio = throughput over the baseline's; CPU as seconds per GB moved (None: not measured)."""
     gbps, base = nbytes / seconds / 1e9, nbytes / baseline_seconds / 1e9
     out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline_seconds, "gbps": gbps,
-           "baseline_gbps": base, "ratio": gbps / base}
+           "baseline_gbps": base, "ratio": gbps / base,
+           "load_avg_1m": os.getloadavg()[0]}  # this machine is shared: how busy it was, beside each figure
     if baseline:
         out["baseline"] = baseline
     if cpu is not None:

@@ -221,7 +221,8 @@ def naive(workdir, secret_file, total: int, samplers: int) -> float:
 
 def case(name: str, nbytes: int, seconds: float, baseline: float, cpu: float | None = None) -> dict:
     out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline,
-           "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9}
+           "ratio": seconds / baseline, "gbps": nbytes / seconds / 1e9,
+           "load_avg_1m": os.getloadavg()[0]}  # this machine is shared: how busy it was, beside each figure
     if cpu is not None:   # how many cores the case kept busy: near os.cpu_count() means CPU-bound
         out |= {"cpu_seconds": cpu, "cores_busy": cpu / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
     return out
