@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 15
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/llmd/llmd.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
 # OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer); iproute2 and

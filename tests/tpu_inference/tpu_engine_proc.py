@@ -1,0 +1,79 @@
+"""One vLLM engine on tpu-inference (offline LLM API, in-process executor) driven over stdin/stdout.
+
+    python tpu_engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null}'
+
+The protocol of tests/vllm/engine_proc.py (one JSON command per line on stdin, one JSON answer
+per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Engine drives it:
+
+    {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
+        -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null}]}
+    {"op": "exit"} -> {}
+
+Runs with JAX_PLATFORMS=cpu, where the test plugin tpusync_cpu_shim stands in for the TPU-only
+kernels. vLLM's async scheduling stays off: it overlaps a step's scheduling with the previous
+step's forward, and on this CPU setup it changed greedy tokens now and then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+BLOCK_SIZE = 32
+NUM_BLOCKS = 96  # KV cache pages: vLLM would otherwise size the cache from the "HBM" the shim reports
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # everything else printed goes to stderr
+    spec = json.loads(sys.argv[1])
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=spec["model"], dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=NUM_BLOCKS,
+              distributed_executor_backend="uni", max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024,
+              enable_prefix_caching=True, seed=0, async_scheduling=False,
+              kv_transfer_config=spec.get("kv_transfer_config"))
+
+    core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
+
+    def settle() -> None:
+        """One more step while requests finished in the last one: the API server's engine loop
+        runs it at once (`EngineCore.run_busy_loop`, while `scheduler.has_requests()`), and it is
+        the step that hands a prefill connector the requests to send. The offline API stops at
+        the last output, before it. (Later steps only free what was sent.)"""
+        while core.scheduler.finished_req_ids:
+            llm.llm_engine.step()
+
+    def reply(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+
+    reply({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "generate":
+                params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
+                sps = [SamplingParams(temperature=0.0, max_tokens=cmd.get("max_tokens", 16), ignore_eos=True,
+                                      extra_args={"kv_transfer_params": p} if p else None) for p in params]
+                outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]], sps, use_tqdm=False)
+                settle()
+                reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids),
+                                    "kv_transfer_params": o.kv_transfer_params} for o in outs]})
+            elif cmd["op"] == "exit":
+                reply({})
+                break
+            else:
+                reply({"error": f"unknown op {cmd['op']!r}"})
+        except Exception:
+            reply({"error": traceback.format_exc()})
+    proto.flush()
+    os._exit(0)  # vLLM's exit hooks expect torch modules (tpu-inference's models are JAX) and only add noise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""vLLM-on-tpu-inference engine processes for this tier, driven like the vLLM tier's engines.
+
+    engine = TpuEngine("plain", EngineSpec(model_dir, logs))   # returns at once
+    engine.generate(prompt, max_tokens=16)["token_ids"]          # the first call waits for vLLM
+
+`TpuEngine` is tests/vllm/harness.py's Engine (same stdin/stdout protocol, same waiting and
+teardown) started on `tpu_engine_proc.py` with JAX on the CPU, optionally inside a network
+namespace (`NetNs`): tpu-inference's TPUConnector binds its side channel on every address
+(`tcp://*:port`), so the tests run it where the only address is the namespace's loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import Engine, EngineSpec  # tests/vllm (conftest puts it on sys.path)
+
+ENGINE_SCRIPT = Path(__file__).with_name("tpu_engine_proc.py")
+
+__all__ = ["EngineSpec", "NetNs", "TpuEngine"]
+
+
+@dataclass
+class TpuEngine(Engine):
+    netns: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.spec.logs / f"engine-{self.name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUSYNC_", "TPU_"))}
+        env.update(JAX_PLATFORMS="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
+                   HF_HUB_OFFLINE="1", **self.env)
+        arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config})
+        cmd = [sys.executable, str(ENGINE_SCRIPT), arg]
+        if self.netns is not None:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                         text=True)
+
+
+class NetNs:
+    """A network namespace with only its loopback up, removed on close. Needs root and iproute2."""
+
+    def __init__(self) -> None:
+        self.name = f"tsti-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
