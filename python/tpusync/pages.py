@@ -184,3 +184,157 @@ def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
         return k, v
     block = np.asarray(jnp.stack([k[:, 0], v[:, 0]]))
     return _set_pages(k, v, np.stack([block] * _GROUP), np.zeros(_GROUP, np.int32))
+
+
+# -- list-of-layers caches: one jax.Array per layer, the page axis first ------------------------
+#
+# tpu-inference's layout: `[pages, page_size, ...]` per layer (the rest is the attention
+# kernel's packing of K and V, copied as bytes). One block holds one page of every layer, layer
+# after layer. A layer sharded on another axis (tpu-inference shards on `model`) is moved shard
+# by shard, each shard's block under its own key (`shard_key`), as for the K/V layout above.
+
+
+def _layer_shards(layers: Sequence[jax.Array]) -> tuple[int, dict[int, list[jax.Array]]]:
+    """(shards per layer, {global shard number: that shard of every layer}) for this host."""
+    total, numbered = None, {}
+    for layer in layers:
+        shard_shape = layer.sharding.shard_shape(layer.shape)
+        if shard_shape[0] != layer.shape[0]:
+            raise errors.InvalidArgumentError(
+                f"a layer's pages axis (axis 0) is sharded ({layer.shape[0]} pages, {shard_shape[0]} per shard): "
+                "page ids are global")
+        n_total = int(np.prod([dim // size for dim, size in zip(layer.shape, shard_shape)]))
+        if total not in (None, n_total):
+            raise errors.InvalidArgumentError("layers are sharded differently")
+        total = n_total
+        seen: set[int] = set()
+        for s in layer.addressable_shards:
+            n = shard_number(s.index, layer.shape, shard_shape)
+            if n not in seen:
+                seen.add(n)
+                numbered.setdefault(n, []).append(s.data)
+    return total or 1, dict(sorted(numbered.items()))
+
+
+def _gather_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+    """A host view holding the wanted pages of one layer (axis 0), and their index in it."""
+    if data.devices().pop().platform == "cpu":
+        data.block_until_ready()
+        return np.asarray(data), list(page_ids)  # the buffer itself
+    return np.asarray(jnp.take(data, jnp.asarray(page_ids), axis=0)), list(range(len(page_ids)))
+
+
+def layer_block_bytes(layers: Sequence[jax.Array]) -> int:
+    """Bytes of one block of a list-of-layers cache (one page of every layer, one shard)."""
+    total = 0
+    for layer in layers:
+        shard = layer.sharding.shard_shape(layer.shape)
+        total += int(np.prod(shard[1:])) * layer.dtype.itemsize
+    return total
+
+
+def save_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array],
+                     page_ids: Sequence[int]) -> int:
+    """Stores pages of a list-of-layers cache under `keys` (blocks already stored are
+    skipped). Returns bytes written."""
+    if len(keys) != len(page_ids):
+        raise ValueError(f"{len(keys)} keys for {len(page_ids)} pages")
+    total, shards = _layer_shards(layers)
+    written = 0
+    for n, parts in shards.items():
+        host = [_gather_pages(p, page_ids) for p in parts]
+        sizes = [int(np.prod(h.shape[1:])) * h.dtype.itemsize for h, _ in host]
+        nbytes = sum(sizes)
+        _check_fits(store, nbytes)
+        shard_keys = [shard_key(key, n, total) for key in keys]
+        for g in range(0, len(shard_keys), _GROUP):  # reserved slots cannot be evicted: keep groups small
+            with store.reserve_many(shard_keys[g:g + _GROUP]) as slots:
+                for j, slot in enumerate(slots):
+                    if slot is None:
+                        continue  # already stored (content-addressed)
+                    dst = np.frombuffer(slot.view, dtype=np.uint8, count=nbytes)
+                    offset = 0
+                    for (h, idx), size in zip(host, sizes):
+                        dst[offset:offset + size] = h[idx[g + j]].reshape(-1).view(np.uint8)
+                        offset += size
+                    del dst
+                    slot.commit(nbytes)
+                    written += nbytes
+    return written
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _set_layer_pages(layers, blocks, page_ids):
+    """layers: [pages, ...] each; blocks: one [_GROUP, ...] array per layer; page_ids: [_GROUP]."""
+    return [layer.at[page_ids].set(block) for layer, block in zip(layers, blocks)]
+
+
+def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array],
+                     page_ids: Sequence[int]) -> tuple[list[jax.Array], int]:
+    """Loads stored blocks into pages of a list-of-layers cache: one jitted update of every
+    layer per group of pages, the old layers donated. Returns the new layers and the number of
+    leading pages loaded; loading stops at the first block the store lacks (or of another size)."""
+    layers = list(layers)
+    if any(_is_sharded(layer) for layer in layers):
+        return _load_layer_pages_sharded(store, keys, layers, page_ids)
+    shapes = [layer.shape[1:] for layer in layers]
+    sizes = [int(np.prod(s)) * layer.dtype.itemsize for s, layer in zip(shapes, layers)]
+    nbytes = sum(sizes)
+    _check_fits(store, nbytes)
+    loaded = 0
+    for g in range(0, len(keys), _GROUP):
+        group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
+        staging = [np.empty((_GROUP,) + tuple(s), layer.dtype) for s, layer in zip(shapes, layers)]
+        with store.acquire_many(group_keys) as views:
+            present = next((i for i, view in enumerate(views) if view is None or len(view) < nbytes), len(views))
+            if present == 0:
+                break
+            # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
+            for i in range(present):
+                src = np.frombuffer(views[i], dtype=np.uint8, count=nbytes)
+                offset = 0
+                for st, size in zip(staging, sizes):
+                    st[i].reshape(-1).view(np.uint8)[:] = src[offset:offset + size]
+                    offset += size
+                del src
+        for st in staging:
+            st[present:] = st[present - 1]  # pad: rewriting the last page is harmless
+        pids = group_pages[:present] + [group_pages[present - 1]] * (_GROUP - present)
+        layers = _set_layer_pages(layers, staging, np.asarray(pids, np.int32))
+        loaded += present
+        if present < len(group_keys):
+            break
+    return layers, loaded
+
+
+def _load_layer_pages_sharded(store, keys, layers, page_ids):
+    """Each host loads its own shards of every layer and reassembles the global arrays."""
+    total, shards = _layer_shards(layers)
+    loaded = min(store.lookup([shard_key(key, n, total) for key in keys]).prefix_len for n in shards)
+    if loaded == 0:
+        return layers, 0
+    host: dict[int, list[np.ndarray]] = {}
+    for n, parts in shards.items():
+        arrays = [np.array(p) for p in parts]
+        sizes = [int(np.prod(a.shape[1:])) * a.dtype.itemsize for a in arrays]
+        with store.acquire_many([shard_key(key, n, total) for key in keys[:loaded]]) as views:
+            for i, (view, pid) in enumerate(zip(views, page_ids[:loaded])):
+                if view is None or len(view) < sum(sizes):
+                    loaded = i
+                    break
+                src = np.frombuffer(view, dtype=np.uint8, count=sum(sizes))
+                offset = 0
+                for a, size in zip(arrays, sizes):
+                    a[pid].reshape(-1).view(np.uint8)[:] = src[offset:offset + size]
+                    offset += size
+                del src
+        host[n] = arrays
+    if loaded == 0:
+        return layers, 0
+    out = []
+    for li, layer in enumerate(layers):
+        shard_shape = layer.sharding.shard_shape(layer.shape)
+        parts = [jax.device_put(host[shard_number(s.index, layer.shape, shard_shape)][li], s.device)
+                 for s in layer.addressable_shards]
+        out.append(jax.make_array_from_single_device_arrays(layer.shape, layer.sharding, parts))
+    return out, loaded

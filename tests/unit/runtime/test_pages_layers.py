@@ -1,0 +1,97 @@
+"""Copying pages of a list-of-layers KV cache (one jax.Array per layer, the page axis first:
+tpu-inference's layout) between the layers and store blocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tpusync
+from tpusync.pages import layer_block_bytes, load_layer_pages, save_layer_pages
+
+# tpu-inference's per-layer shape: pages, page_size, heads x2 / packing, packing, head_dim
+SHAPES = [(6, 4, 2, 1, 8), (6, 4, 2, 1, 8), (6, 4, 1, 2, 8)]
+
+
+def layers(dtype, seed):
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(rng.normal(size=s).astype(np.float32)).astype(dtype) for s in SHAPES]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8])
+def test_layer_pages_round_trip_bit_exact(dtype):
+    src = layers(dtype, 1)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        written = save_layer_pages(store, [10, 11, 12], src, [1, 3, 5])
+        assert written == 3 * layer_block_bytes(src) == 3 * 3 * 64 * jnp.dtype(dtype).itemsize
+        assert save_layer_pages(store, [10], src, [1]) == 0  # stored already: content-addressed
+        dst, loaded = load_layer_pages(store, [10, 11, 12], [jnp.zeros(s, dtype) for s in SHAPES], [0, 2, 4])
+    assert loaded == 3
+    for a, b in zip(src, dst):
+        for s, d in ((1, 0), (3, 2), (5, 4)):
+            assert np.array_equal(np.asarray(b[d]).view(np.uint8), np.asarray(a[s]).view(np.uint8))
+        assert not np.asarray(b[1]).any()  # other pages untouched
+
+
+def test_layer_load_stops_at_the_first_missing_block():
+    src = layers(jnp.float32, 2)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        save_layer_pages(store, [1, 3], src, [0, 2])
+        dst, loaded = load_layer_pages(store, [1, 2, 3], [jnp.zeros(s) for s in SHAPES], [0, 1, 2])
+    assert loaded == 1
+    assert not np.asarray(dst[0][2]).any()
+
+
+def test_a_block_too_small_for_a_page_of_every_layer_is_refused():
+    big = [jnp.zeros((2, 64, 2, 1, 8))] * 3
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store, \
+            pytest.raises(tpusync.InvalidArgumentError, match="12288 bytes"):
+        save_layer_pages(store, [1], big, [0])
+
+
+SHARDED = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tpusync
+    from tpusync.pages import load_layer_pages, save_layer_pages, shard_key
+    shape = (4, 4, 4, 1, 8)  # pages, page_size, heads x2 (sharded on "model", as tpu-inference does), packing, dim
+    devs = np.array(jax.devices())
+    sharding = NamedSharding(Mesh(devs[:2], ("model",)), P(None, None, "model", None, None))
+    src = [jax.device_put(jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape) * (i + 1), sharding)
+           for i in range(2)]
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        save_layer_pages(store, [7, 8], src, [0, 3])
+        assert store.stats()["blocks"] == 4, store.stats()  # one block per shard
+        assert store.lookup([shard_key(7, n, 2) for n in range(2)]).prefix_len == 2
+        zeros = [jax.device_put(jnp.zeros(shape), sharding) for _ in range(2)]
+        dst, n = load_layer_pages(store, [7, 8], zeros, [1, 2])
+    assert n == 2 and all(d.sharding == sharding for d in dst)
+    for a, b in zip(src, dst):
+        assert np.array_equal(np.asarray(b[1]), np.asarray(a[0])) and np.array_equal(np.asarray(b[2]), np.asarray(a[3]))
+        assert not np.asarray(b[0]).any()
+    bad = [jax.device_put(jnp.zeros(shape), NamedSharding(Mesh(devs[:2], ("p",)), P("p")))]
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        try:
+            save_layer_pages(store, [7], bad, [0])
+        except tpusync.InvalidArgumentError as e:
+            assert "pages axis (axis 0) is sharded" in str(e)
+        else:
+            raise AssertionError("a cache sharded over pages was accepted")
+    print("ok")
+    """
+)
+
+
+def test_sharded_layers_move_shard_by_shard():
+    out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
