@@ -286,7 +286,7 @@ def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.A
         group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
         staging = [np.empty((_GROUP,) + tuple(s), layer.dtype) for s, layer in zip(shapes, layers)]
         with store.acquire_many(group_keys) as views:
-            present = next((i for i, view in enumerate(views) if view is None or len(view) < nbytes), len(views))
+            present = next((i for i, view in enumerate(views) if view is None or len(view) != nbytes), len(views))
             if present == 0:
                 break
             # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
@@ -319,7 +319,7 @@ def _load_layer_pages_sharded(store, keys, layers, page_ids):
         sizes = [int(np.prod(a.shape[1:])) * a.dtype.itemsize for a in arrays]
         with store.acquire_many([shard_key(key, n, total) for key in keys[:loaded]]) as views:
             for i, (view, pid) in enumerate(zip(views, page_ids[:loaded])):
-                if view is None or len(view) < sum(sizes):
+                if view is None or len(view) != sum(sizes):
                     loaded = i
                     break
                 src = np.frombuffer(view, dtype=np.uint8, count=sum(sizes))
