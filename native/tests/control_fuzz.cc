@@ -15,7 +15,7 @@
 
 #include "net/control_service.h"
 #include "net/server.h"
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 #include "tpusync/store.h"
 
 using namespace tpusync;

@@ -16,7 +16,7 @@
 #include "net/control_service.h"
 #include "net/peer_service.h"
 #include "net/server.h"
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 #include "test_util.h"
 #include "tpusync/store.h"
 

@@ -12,7 +12,7 @@
 #include "net/conn.h"
 #include "net/peer_client.h"
 #include "net/server.h"
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 #include "tpusync/store.h"
 
 namespace tpusync::net {

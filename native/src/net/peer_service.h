@@ -9,7 +9,7 @@
 
 #include "net/conn.h"
 #include "net/server.h"
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 #include "tpusync/store.h"
 
 namespace tpusync::net {

@@ -12,7 +12,7 @@
 #include "net/server.h"
 #include "sidecar/flags.h"
 #include "sidecar/http.h"
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 #include "tpusync/store.h"
 
 namespace tpusync {

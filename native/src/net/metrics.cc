@@ -1,4 +1,4 @@
-#include "sidecar/metrics.h"
+#include "net/metrics.h"
 
 #include <cstdio>
 
