@@ -56,7 +56,9 @@ template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}                // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}         // NOLINT: must not be Ok
+  // An OK status carries no value: it becomes kInternal, so ok() and status() never disagree.
+  Result(Status status)  // NOLINT: implicit by design
+      : v_(status.ok() ? Internal("a Result was built from an OK status and no value") : std::move(status)) {}
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;
