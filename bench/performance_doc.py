@@ -239,6 +239,8 @@ def render(res: dict, doc_dir: Path) -> str:
         if plots.get(key):
             lines += [f"![{title}]({plots[key]})", ""]
         lines.append(table(res[key]))
+    for key in sorted(set(res) - {k for k, *_ in SECTIONS}):  # results of benchmarks this script has no notes for
+        lines += ["", f"## {key} — `bench/{key}_bench.py`", "", table(res[key])]
     return "\n".join(lines) + "\n"
 
 
