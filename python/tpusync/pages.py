@@ -73,7 +73,7 @@ def _local_shards(arr: jax.Array) -> tuple[int, dict[int, jax.Array]]:
 
 def _host_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
     """A host view holding the wanted pages, and their index in it."""
-    if data.devices().pop().platform == "cpu":
+    if next(iter(data.devices())).platform == "cpu":  # never pop: jax may hand out its own set
         data.block_until_ready()
         return np.asarray(data), list(page_ids)  # the device buffer itself
     gathered = jnp.take(data, jnp.asarray(page_ids), axis=1)
@@ -218,7 +218,7 @@ def _layer_shards(layers: Sequence[jax.Array]) -> tuple[int, dict[int, list[jax.
 
 def _gather_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
     """A host view holding the wanted pages of one layer (axis 0), and their index in it."""
-    if data.devices().pop().platform == "cpu":
+    if next(iter(data.devices())).platform == "cpu":  # never pop: jax may hand out its own set
         data.block_until_ready()
         return np.asarray(data), list(page_ids)  # the buffer itself
     return np.asarray(jnp.take(data, jnp.asarray(page_ids), axis=0)), list(range(len(page_ids)))

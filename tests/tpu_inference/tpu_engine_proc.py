@@ -7,6 +7,7 @@ per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Eng
 
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
         -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null}]}
+    {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process
     {"op": "exit"} -> {}
 
 Runs with JAX_PLATFORMS=cpu, where the test plugin tpusync_cpu_shim stands in for the TPU-only
@@ -64,6 +65,10 @@ def main() -> int:
                 settle()
                 reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids),
                                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
+            elif cmd["op"] == "stats":  # tpusync's connector counters in this process
+                from tpusync.vllm.common import stats
+
+                reply({"stats": stats()})
             elif cmd["op"] == "exit":
                 reply({})
                 break

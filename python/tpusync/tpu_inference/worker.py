@@ -1,0 +1,114 @@
+"""The worker half of tpusync's connector for tpu-inference: pages move between the runner's
+JAX KV cache (`runner.kv_caches`, one jax.Array per layer, the page axis first) and the pool's
+shared-memory slots, through `tpusync.pages`.
+
+The runner reassigns `runner.kv_caches` every step (its model function donates the cache), so
+the connector keeps the runner, not the arrays. Loads run in `start_load_kv`, which vLLM calls
+before the forward because the scheduler half marks steps with loads synchronous; one jitted,
+donated update puts the pages of every layer in place. Saves run in `wait_for_save`, after the
+forward that computed the blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpusync import errors, pages
+from tpusync.vllm.common import COUNTERS, StoreLink, TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
+from tpusync.vllm.config import ConnectorConfig
+
+
+class JaxWorkerSide:
+    """Called by the connector's worker-side methods on the model runner's thread."""
+
+    def __init__(self, cfg: ConnectorConfig):
+        self.cfg = cfg
+        self.runner: Any = None
+        self.block_bytes = 0
+        self.link: StoreLink | None = None
+        self.errors: set[int] = set()
+        self.loaded: set[str] = set()
+        self.failed: dict[str, list[int]] = {}
+        self.interval: dict[str, int] = {}
+
+    def register_runner(self, runner: Any) -> None:
+        self.runner = runner
+        self.block_bytes = pages.layer_block_bytes(runner.kv_caches)
+        self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
+        log.info("tpusync connector (tpu-inference): %d layers of %s %s, %d bytes per block",
+                 len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, self.block_bytes)
+
+    def _count(self, **counts: int) -> None:
+        COUNTERS.add(**counts)
+        for name, n in counts.items():
+            self.interval[name] = self.interval.get(name, 0) + n
+
+    def _fail(self, req_id: str, keys: list[int], block_ids: list[int]) -> None:
+        """These blocks were offered but are not loaded: vLLM recomputes them."""
+        if not block_ids:
+            return
+        self.errors.update(block_ids)
+        self.failed.setdefault(req_id, []).append(keys[0])  # the rest follow from it
+        self._count(load_error_blocks=len(block_ids))
+
+    def start_load(self, meta: TPUSyncConnectorMetadata) -> None:
+        if not meta.loads:
+            return
+        store = self.link.get() if self.link is not None else None
+        for t in meta.loads:
+            self.loaded.add(t.req_id)
+            if store is None:
+                self._fail(t.req_id, t.keys, t.block_ids)
+                continue
+            try:
+                self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
+            except (errors.TpuSyncError, OSError) as e:
+                self.link.failed(e)
+                store = None
+                n = 0
+            self._count(loaded_blocks=n)
+            if n < len(t.keys):
+                log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
+                            len(t.keys) - n, len(t.keys))
+                self._fail(t.req_id, t.keys[n:], t.block_ids[n:])
+
+    def save(self, meta: TPUSyncConnectorMetadata | None) -> None:
+        if meta is None or not meta.saves or self.runner is None:
+            return
+        store = self.link.get()
+        if store is None:
+            self._count(save_errors=1)
+            return
+        for t in meta.saves:
+            try:
+                written = pages.save_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
+            except errors.CapacityError as e:  # the pool is full of pinned blocks: skip, it is only a cache
+                self._count(save_errors=1)
+                log.warning("request %s: no room to save %d blocks (%s)", t.req_id, len(t.keys), e)
+                continue
+            except (errors.TpuSyncError, OSError) as e:
+                self._count(save_errors=1)
+                self.link.failed(e)
+                return
+            self._count(saved_blocks=written // self.block_bytes)
+
+    def take_errors(self) -> set[int]:
+        out, self.errors = self.errors, set()
+        return out
+
+    def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
+        if not self.loaded and not self.failed:
+            return None
+        meta = TPUSyncWorkerMetadata(loaded=self.loaded, failed=self.failed)
+        self.loaded, self.failed = set(), {}
+        return meta
+
+    def take_stats(self) -> TPUSyncStats | None:
+        if not any(self.interval.values()):
+            return None
+        out, self.interval = self.interval, {}
+        return TPUSyncStats(data=out)
+
+    def shutdown(self) -> None:
+        if self.link is not None:
+            self.link.close()
