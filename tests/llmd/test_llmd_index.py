@@ -113,15 +113,17 @@ def test_blocks_received_by_pd_and_pulled_from_a_peer_are_announced(cluster):
 
 
 def store_tiers(host, prompt: list[int], page: int) -> dict[str, int]:
-    """What the sidecar holds of the prompt's leading blocks, counted per llm-d tier name."""
+    """Per llm-d tier name, how many of the prompt's blocks from the first the sidecar holds on
+    that tier (the run the router's producer counts per tier)."""
     keys = BlockHasher(page).keys(prompt)
     with KVStore.connect(f"unix://{host.sidecar.control_socket}") as store:
-        found = store.lookup(keys)
-    counts = {"cpu": 0, "disk": 0}
-    for t in found.tiers[:found.prefix_len]:
-        counts["cpu"] += bool(int(t) & Tier.DRAM)
-        counts["disk"] += bool(int(t) & Tier.DISK)
-    return {k: v for k, v in counts.items() if v}
+        tiers = store.lookup(keys).tiers
+    counts = {}
+    for name, bit in (("cpu", Tier.DRAM), ("disk", Tier.DISK)):
+        run = next((i for i, t in enumerate(tiers) if not int(t) & bit), len(tiers))
+        if run:
+            counts[name] = run
+    return counts
 
 
 def test_tiers_follow_the_store_and_blocks_restored_after_a_restart_are_announced(cluster):

@@ -260,7 +260,7 @@ type scoreReq struct {
 type podScore struct {
 	Score         float64        `json:"score"`
 	MatchedBlocks int            `json:"matchedBlocks"` // consecutive blocks from the first, any tier
-	Tiers         map[string]int `json:"tiers"`         // of those blocks, how many each tier holds
+	Tiers         map[string]int `json:"tiers"`         // per tier, consecutive blocks from the first
 }
 
 func (s *server) score(w http.ResponseWriter, r *http.Request) {
@@ -289,22 +289,25 @@ func (s *server) score(w http.ResponseWriter, r *http.Request) {
 		for pod, sc := range scores {
 			pods[pod] = &podScore{Score: sc, Tiers: map[string]int{}}
 		}
-		// The producer's matchedBlockCount / matchedBlockCountByTier: the run of blocks from
-		// the first that the pod holds in some tier, and per tier within that run.
+		// As the producer's matchedBlockCount and matchedBlockCountByTier count: the blocks
+		// from the first that the pod holds (in any tier), and per tier the blocks from the
+		// first that it holds in that tier.
 		for pod, ps := range pods {
-			for _, k := range keys {
+			anyTier := true
+			for i, k := range keys {
 				tiers := map[string]bool{}
 				for _, e := range keyToPods[k] {
 					if e.PodIdentifier == pod {
 						tiers[e.DeviceTier] = true
 					}
 				}
-				if len(tiers) == 0 {
-					break
+				if anyTier = anyTier && len(tiers) > 0; anyTier {
+					ps.MatchedBlocks++
 				}
-				ps.MatchedBlocks++
 				for t := range tiers {
-					ps.Tiers[t]++
+					if ps.Tiers[t] == i { // held in t at every block before this one
+						ps.Tiers[t]++
+					}
 				}
 			}
 		}
