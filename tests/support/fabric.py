@@ -51,6 +51,7 @@ DATA_PORT, HTTP_PORT = 9400, 9401
 REPO = Path(__file__).resolve().parents[2]
 DELAY_SOURCE = Path(__file__).with_name("fabric_delay.c")
 NETNS_DIR = Path("/run/netns")
+WORK_ROOT = "/tmp"  # each fabric's control sockets: /tmp/<fabric name>/
 T = TypeVar("T")
 
 
@@ -140,23 +141,26 @@ def kill_namespace(ns: str) -> None:
     _run("ip", "netns", "delete", ns, check=False)
 
 
+def _stale(name: str) -> bool:
+    """A fabric name whose creating process is gone."""
+    try:
+        pid = int(name[len(PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return True
+    return not _alive(pid)
+
+
 def cleanup_stale() -> list[str]:
-    """Removes the namespaces of fabrics whose creating process is gone; returns their names."""
+    """Removes the namespaces and work directories of fabrics whose creating process is gone;
+    returns the namespaces' names."""
     removed = []
-    if not NETNS_DIR.is_dir():
-        return removed
-    for entry in NETNS_DIR.iterdir():
-        name = entry.name
-        if not name.startswith(PREFIX):
-            continue
-        try:
-            pid = int(name[len(PREFIX):].split("-", 1)[0])
-        except ValueError:
-            pid = 0
-        if pid and _alive(pid):
-            continue
-        kill_namespace(name)
-        removed.append(name)
+    for entry in NETNS_DIR.iterdir() if NETNS_DIR.is_dir() else ():
+        if entry.name.startswith(PREFIX) and _stale(entry.name):
+            kill_namespace(entry.name)
+            removed.append(entry.name)
+    for entry in Path(WORK_ROOT).glob(f"{PREFIX}*"):
+        if _stale(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
     return removed
 
 
@@ -418,7 +422,7 @@ class Fabric:
         preflight()
         cleanup_stale()
         delay_bin = delay_binary()
-        self.workdir = f"/tmp/{self.name}"
+        self.workdir = os.path.join(WORK_ROOT, self.name)
         os.makedirs(self.workdir, exist_ok=True)
         try:
             _run("ip", "netns", "add", self.switch)

@@ -36,8 +36,8 @@ def test_addresses_exist_only_inside_the_fabric(make_fabric):
 
 
 def test_a_crashed_harness_is_cleaned_up_by_the_next_one(make_fabric):
-    """A harness killed with SIGKILL leaves its namespaces and a process in one; the next
-    Fabric's start removes both (and leaves other live fabrics alone)."""
+    """A harness killed with SIGKILL leaves its namespaces, a process in one and its work
+    directory; the next Fabric's start removes them (and leaves other live fabrics alone)."""
     proc = subprocess.Popen([sys.executable, "-c", CRASHING, str(ROOT)], stdout=subprocess.PIPE, text=True)
     name, sleeper = proc.stdout.readline().split()
     proc.kill()
@@ -45,8 +45,10 @@ def test_a_crashed_harness_is_cleaned_up_by_the_next_one(make_fabric):
     proc.stdout.close()
     stale = [n for n in namespaces() if n.startswith(name)]
     assert len(stale) == 3 and os.path.exists(f"/proc/{sleeper}")   # two hosts and the switch, and its process
+    assert os.path.isdir(os.path.join(fab.WORK_ROOT, name))
     live = make_fabric(1)
     assert not [n for n in namespaces() if n.startswith(name)]
+    assert not os.path.exists(os.path.join(fab.WORK_ROOT, name))
     fab.wait_until(lambda: not os.path.exists(f"/proc/{sleeper}") or _zombie(sleeper), 10, "the stale process dies")
     assert live.hosts[0].ns in namespaces()
 
