@@ -7,16 +7,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tpusync/block_index.h"
@@ -70,7 +65,7 @@ struct StoreStats {
   std::string last_error;
 };
 
-class Store;
+class StoreImpl;
 
 // A DRAM slot reserved for one key, written in place (no copy), then committed.
 // Destroying an uncommitted lease releases the slot. Must not outlive its Store.
@@ -87,10 +82,10 @@ class WriteLease {
   Status Commit(uint64_t length);
 
  private:
-  friend class Store;
-  WriteLease(Store* s, BlockKey k, uint32_t slot, std::byte* d, size_t cap, uint64_t off)
+  friend class StoreImpl;
+  WriteLease(StoreImpl* s, BlockKey k, uint32_t slot, std::byte* d, size_t cap, uint64_t off)
       : store_(s), key_(k), slot_(slot), data_(d), capacity_(cap), file_offset_(off) {}
-  Store* store_;
+  StoreImpl* store_;
   BlockKey key_;
   uint32_t slot_;
   std::byte* data_;
@@ -109,10 +104,10 @@ class ReadLease {
   uint64_t file_offset() const { return file_offset_; }
 
  private:
-  friend class Store;
-  ReadLease(Store* s, BlockKey k, const std::byte* d, size_t n, uint64_t off)
+  friend class StoreImpl;
+  ReadLease(StoreImpl* s, BlockKey k, const std::byte* d, size_t n, uint64_t off)
       : store_(s), key_(k), data_(d), size_(n), file_offset_(off) {}
-  Store* store_;
+  StoreImpl* store_;
   BlockKey key_;
   const std::byte* data_;
   size_t size_;
@@ -161,57 +156,11 @@ class Store {
   Result<WriteLease> Reserve(const BlockKey& key, bool wait = true);
   Result<ReadLease> Acquire(const BlockKey& key);
 
-  const BlockPool& pool() const { return *pool_; }
+  const BlockPool& pool() const;
 
  private:
-  friend class WriteLease;
-  friend class ReadLease;
-  struct Counters;
-  Store() = default;
-
-  using TimePoint = std::chrono::steady_clock::time_point;
-  // All *Locked helpers run with mu_ held; the ones taking the lock may drop it while waiting.
-  // Without a deadline they never wait. A writer also waits for leases to be given back; a
-  // promotion does not (it reads through a staging buffer instead).
-  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
-                                     bool wait_for_leases);
-  Result<IndexEntry*> ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
-                                  std::optional<TimePoint> deadline);
-  std::optional<TimePoint> WriteDeadline() const { return std::chrono::steady_clock::now() + write_wait_; }
-  std::optional<uint32_t> AcquireExtentLocked();
-  void DropDramLocked(IndexEntry& e);
-  void MaybeStartWritebackLocked();
-  void StartDemotionLocked(IndexEntry& e);
-  Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
-  Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
-  Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out,
-                       std::optional<TimePoint> deadline);
-  void RecordErrorLocked(const Status& st);
-  void IoLoop(std::stop_token stop);
-  void CommitLease(WriteLease& lease, uint64_t length, Status* result);
-  void AbortLease(WriteLease& lease);
-  void ReleaseRead(const BlockKey& key);
-
-  std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<DiskTier> disk_;  // null without a disk tier
-  uint32_t writeback_low_ = 0;      // free-slot count that starts write-behind
-  uint32_t max_pending_ = 0;        // demotions in flight at most
-  std::chrono::milliseconds write_wait_{0};
-
-  mutable std::mutex mu_;
-  std::condition_variable_any cv_;     // slot freed, demotion or promotion done, work queued
-  BlockIndex index_;                   // guarded by mu_
-  std::deque<BlockKey> demote_queue_;  // guarded by mu_
-  std::deque<BlockKey> promote_queue_;  // guarded by mu_: read-ahead of batched gets
-  size_t read_ahead_ = 0;               // disk blocks a get asks the io threads to read ahead
-  uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
-  uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
-  uint32_t leases_ = 0;                // guarded by mu_: write and read leases outstanding
-  uint64_t tick_ = 0;                  // guarded by mu_
-  uint64_t seq_ = 0;                   // guarded by mu_
-  Status flush_error_;                 // guarded by mu_
-  std::unique_ptr<Counters> c_;        // guarded by mu_
-  std::vector<std::jthread> io_threads_;
+  explicit Store(std::unique_ptr<StoreImpl> impl);
+  std::unique_ptr<StoreImpl> impl_;
 };
 
 }  // namespace tpusync

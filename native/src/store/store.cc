@@ -1,6 +1,10 @@
 #include "tpusync/store.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -11,7 +15,79 @@
 
 namespace tpusync {
 
-struct Store::Counters {
+// The implementation behind Store: its lock, queues and index stay out of the public header.
+class StoreImpl {
+ public:
+  static Result<std::unique_ptr<StoreImpl>> Open(const StoreOptions& options);
+  ~StoreImpl();
+
+  Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
+  Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
+  LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
+  Status Pin(std::span<const BlockKey> keys);
+  Status Release(std::span<const BlockKey> keys);
+  Status Evict(std::span<const BlockKey> keys);
+  Status Flush();
+  StoreStats Stats() const;
+
+  Result<WriteLease> Reserve(const BlockKey& key, bool wait);
+  Result<ReadLease> Acquire(const BlockKey& key);
+
+  const BlockPool& pool() const { return *pool_; }
+
+ private:
+  friend class Store;
+  friend class WriteLease;
+  friend class ReadLease;
+  struct Counters;
+  StoreImpl() = default;
+
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // All *Locked helpers run with mu_ held; the ones taking the lock may drop it while waiting.
+  // Without a deadline they never wait. A writer also waits for leases to be given back; a
+  // promotion does not (it reads through a staging buffer instead).
+  Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
+                                     bool wait_for_leases);
+  Result<IndexEntry*> ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
+                                  std::optional<TimePoint> deadline);
+  std::optional<TimePoint> WriteDeadline() const { return std::chrono::steady_clock::now() + write_wait_; }
+  std::optional<uint32_t> AcquireExtentLocked();
+  void DropDramLocked(IndexEntry& e);
+  void MaybeStartWritebackLocked();
+  void StartDemotionLocked(IndexEntry& e);
+  Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
+  Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
+  Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out,
+                       std::optional<TimePoint> deadline);
+  void RecordErrorLocked(const Status& st);
+  void IoLoop(std::stop_token stop);
+  void CommitLease(WriteLease& lease, uint64_t length, Status* result);
+  void AbortLease(WriteLease& lease);
+  void ReleaseRead(const BlockKey& key);
+
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<DiskTier> disk_;  // null without a disk tier
+  uint32_t writeback_low_ = 0;      // free-slot count that starts write-behind
+  uint32_t max_pending_ = 0;        // demotions in flight at most
+  std::chrono::milliseconds write_wait_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;     // slot freed, demotion or promotion done, work queued
+  BlockIndex index_;                   // guarded by mu_
+  std::deque<BlockKey> demote_queue_;  // guarded by mu_
+  std::deque<BlockKey> promote_queue_;  // guarded by mu_: read-ahead of batched gets
+  size_t read_ahead_ = 0;               // disk blocks a get asks the io threads to read ahead
+  uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
+  uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
+  uint32_t leases_ = 0;                // guarded by mu_: write and read leases outstanding
+  uint64_t tick_ = 0;                  // guarded by mu_
+  uint64_t seq_ = 0;                   // guarded by mu_
+  Status flush_error_;                 // guarded by mu_
+  std::unique_ptr<Counters> c_;        // guarded by mu_
+  std::vector<std::jthread> io_threads_;
+};
+
+struct StoreImpl::Counters {
   uint64_t puts = 0, put_dedup = 0, bytes_put = 0;
   uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
   uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
@@ -20,8 +96,8 @@ struct Store::Counters {
   std::string last_error;
 };
 
-Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& o) {
-  std::unique_ptr<Store> s(new Store());
+Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
+  std::unique_ptr<StoreImpl> s(new StoreImpl());
   s->c_ = std::make_unique<Counters>();
   TPUSYNC_ASSIGN_OR_RETURN(s->pool_, BlockPool::Create(o.pool));
   if (o.disk_enabled) {
@@ -67,7 +143,7 @@ Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& o) {
   return s;
 }
 
-Store::~Store() {
+StoreImpl::~StoreImpl() {
   for (auto& t : io_threads_) t.request_stop();
   cv_.notify_all();
   io_threads_.clear();  // joins
@@ -75,7 +151,7 @@ Store::~Store() {
 
 // ---- slots and extents ----------------------------------------------------------------
 
-void Store::DropDramLocked(IndexEntry& e) {
+void StoreImpl::DropDramLocked(IndexEntry& e) {
   pool_->Free(e.slot);
   index_.ClearDram(e);
   ++c_->evictions;
@@ -83,7 +159,7 @@ void Store::DropDramLocked(IndexEntry& e) {
   cv_.notify_all();
 }
 
-Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
+Result<uint32_t> StoreImpl::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
                                          bool wait_for_leases) {
   for (;;) {
     if (auto slot = pool_->Allocate()) return *slot;
@@ -115,7 +191,7 @@ Result<uint32_t> Store::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, st
 // if the key is stored already. Another writer of the key is waited for until `deadline`:
 // if it gives up, the key is written here, so a write is never acknowledged on the strength
 // of a write that did not happen.
-Result<IndexEntry*> Store::ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
+Result<IndexEntry*> StoreImpl::ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
                                        std::optional<TimePoint> deadline) {
   for (;;) {
     IndexEntry* e = index_.Find(key);
@@ -142,7 +218,7 @@ Result<IndexEntry*> Store::ClaimLocked(std::unique_lock<std::mutex>& lock, const
   }
 }
 
-std::optional<uint32_t> Store::AcquireExtentLocked() {
+std::optional<uint32_t> StoreImpl::AcquireExtentLocked() {
   for (;;) {
     if (auto e = disk_->Allocate()) return e;
     IndexEntry* victim = index_.DiskVictim();
@@ -156,7 +232,7 @@ std::optional<uint32_t> Store::AcquireExtentLocked() {
 
 // ---- write-behind ---------------------------------------------------------------------
 
-void Store::StartDemotionLocked(IndexEntry& e) {
+void StoreImpl::StartDemotionLocked(IndexEntry& e) {
   e.demoting = true;
   e.drop_slot_after_demote = true;
   demote_queue_.push_back(e.key);
@@ -164,7 +240,7 @@ void Store::StartDemotionLocked(IndexEntry& e) {
   cv_.notify_all();
 }
 
-void Store::MaybeStartWritebackLocked() {
+void StoreImpl::MaybeStartWritebackLocked() {
   if (!disk_) return;
   uint32_t free = pool_->free_slots();
   while (free + pending_demotions_ < writeback_low_ && pending_demotions_ < max_pending_) {
@@ -180,7 +256,7 @@ void Store::MaybeStartWritebackLocked() {
 }
 
 // Writes one DRAM block to disk with the lock dropped; the caller set e.demoting.
-Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key) {
+Status StoreImpl::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key) {
   IndexEntry* e = index_.Find(key);
   if (e == nullptr) return Status::Ok();
   Status st = Status::Ok();
@@ -220,7 +296,7 @@ Status Store::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& k
   return st;
 }
 
-void Store::IoLoop(std::stop_token stop) {
+void StoreImpl::IoLoop(std::stop_token stop) {
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, stop, [&] { return !demote_queue_.empty() || !promote_queue_.empty(); });
@@ -241,7 +317,7 @@ void Store::IoLoop(std::stop_token stop) {
   }
 }
 
-Status Store::Flush() {
+Status StoreImpl::Flush() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return pending_demotions_ == 0; });
   return std::exchange(flush_error_, Status::Ok());
@@ -249,7 +325,7 @@ Status Store::Flush() {
 
 // ---- put / get ------------------------------------------------------------------------
 
-Status Store::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
+Status StoreImpl::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
   if (keys.size() != buffers.size()) {
     return InvalidArgument("put: " + std::to_string(keys.size()) + " keys but " + std::to_string(buffers.size()) +
                            " buffers");
@@ -287,7 +363,7 @@ Status Store::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> b
   return Status::Ok();
 }
 
-Status Store::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out) {
+Status StoreImpl::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out) {
   ++e.dram_readers;
   index_.TouchDram(e);
   pool_->Touch(e.slot, ++tick_);
@@ -308,7 +384,7 @@ Status Store::CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, c
 // Reads a disk block into a fresh DRAM slot, then copies it to `out` if given. When DRAM is
 // full of pinned blocks the read goes through a staging buffer instead, without promotion.
 // On a failed verification the disk copy is dropped and the error returned (a miss).
-Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out,
+Status StoreImpl::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entry, const MutableBuffer* out,
                             std::optional<TimePoint> deadline) {
   const BlockKey key = entry.key;
   entry.promoting = true;
@@ -354,7 +430,7 @@ Status Store::PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& entr
   return out != nullptr ? CopyOutLocked(lock, *e, *out) : Status::Ok();
 }
 
-Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found) {
+Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found) {
   if (keys.size() != out.size() || keys.size() != found.size()) {
     return InvalidArgument("get: " + std::to_string(keys.size()) + " keys but " + std::to_string(out.size()) +
                            " output buffers");
@@ -404,7 +480,7 @@ Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer>
 
 // ---- lookup, pins, eviction -------------------------------------------------------------
 
-LookupResult Store::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
+LookupResult StoreImpl::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
   LookupResult r;
   r.tiers.resize(keys.size(), Tier::kNone);
   std::lock_guard lock(mu_);
@@ -420,7 +496,7 @@ LookupResult Store::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
   return r;
 }
 
-Status Store::Pin(std::span<const BlockKey> keys) {
+Status StoreImpl::Pin(std::span<const BlockKey> keys) {
   std::lock_guard lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     IndexEntry* e = index_.Find(keys[i]);
@@ -434,7 +510,7 @@ Status Store::Pin(std::span<const BlockKey> keys) {
   return Status::Ok();
 }
 
-Status Store::Release(std::span<const BlockKey> keys) {
+Status StoreImpl::Release(std::span<const BlockKey> keys) {
   std::lock_guard lock(mu_);
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> need;  // a repeated key releases once per copy
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -451,7 +527,7 @@ Status Store::Release(std::span<const BlockKey> keys) {
   return Status::Ok();
 }
 
-Status Store::Evict(std::span<const BlockKey> keys) {
+Status StoreImpl::Evict(std::span<const BlockKey> keys) {
   std::unique_lock lock(mu_);
   Status result = Status::Ok();
   bool queued = false;
@@ -487,9 +563,9 @@ Status Store::Evict(std::span<const BlockKey> keys) {
   return result;
 }
 
-void Store::RecordErrorLocked(const Status& st) { c_->last_error = st.ToString(); }
+void StoreImpl::RecordErrorLocked(const Status& st) { c_->last_error = st.ToString(); }
 
-StoreStats Store::Stats() const {
+StoreStats StoreImpl::Stats() const {
   std::lock_guard lock(mu_);
   StoreStats s;
   s.block_bytes = pool_->block_bytes();
@@ -514,7 +590,7 @@ StoreStats Store::Stats() const {
 
 // ---- zero-copy leases -------------------------------------------------------------------
 
-Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) {
+Result<WriteLease> StoreImpl::Reserve(const BlockKey& key, bool wait) {
   std::unique_lock lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, key, wait ? WriteDeadline() : std::nullopt));
   if (e == nullptr) return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
@@ -522,7 +598,7 @@ Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) {
   return WriteLease(this, key, e->slot, pool_->data(e->slot), pool_->block_bytes(), pool_->file_offset(e->slot));
 }
 
-void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
+void StoreImpl::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
   if (length == 0 || length > lease.capacity_) {
     *result = InvalidArgument("commit: length " + std::to_string(length) + " outside 1.." +
                               std::to_string(lease.capacity_));
@@ -542,7 +618,7 @@ void Store::CommitLease(WriteLease& lease, uint64_t length, Status* result) {
   cv_.notify_all();
 }
 
-void Store::AbortLease(WriteLease& lease) {
+void StoreImpl::AbortLease(WriteLease& lease) {
   std::lock_guard lock(mu_);
   pool_->Free(lease.slot_);
   IndexEntry* e = index_.Find(lease.key_);
@@ -553,7 +629,7 @@ void Store::AbortLease(WriteLease& lease) {
   cv_.notify_all();
 }
 
-Result<ReadLease> Store::Acquire(const BlockKey& key) {
+Result<ReadLease> StoreImpl::Acquire(const BlockKey& key) {
   std::unique_lock lock(mu_);
   IndexEntry* e = index_.Find(key);
   while (e != nullptr && e->promoting) {
@@ -571,7 +647,7 @@ Result<ReadLease> Store::Acquire(const BlockKey& key) {
   return ReadLease(this, key, pool_->data(e->slot), e->length, pool_->file_offset(e->slot));
 }
 
-void Store::ReleaseRead(const BlockKey& key) {
+void StoreImpl::ReleaseRead(const BlockKey& key) {
   std::lock_guard lock(mu_);
   IndexEntry* e = index_.Find(key);
   --leases_;
@@ -600,5 +676,30 @@ ReadLease::ReadLease(ReadLease&& o) noexcept
 ReadLease::~ReadLease() {
   if (store_ != nullptr) store_->ReleaseRead(key_);
 }
+
+// ---- the public facade -------------------------------------------------------------------
+
+Store::Store(std::unique_ptr<StoreImpl> impl) : impl_(std::move(impl)) {}
+Store::~Store() = default;
+
+Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
+  TPUSYNC_ASSIGN_OR_RETURN(std::unique_ptr<StoreImpl> impl, StoreImpl::Open(options));
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+Status Store::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
+  return impl_->Put(keys, buffers);
+}
+Status Store::Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found) {
+  return impl_->Get(keys, out, found);
+}
+LookupResult Store::Lookup(std::span<const BlockKey> keys, bool pin_prefix) { return impl_->Lookup(keys, pin_prefix); }
+Status Store::Pin(std::span<const BlockKey> keys) { return impl_->Pin(keys); }
+Status Store::Release(std::span<const BlockKey> keys) { return impl_->Release(keys); }
+Status Store::Evict(std::span<const BlockKey> keys) { return impl_->Evict(keys); }
+Status Store::Flush() { return impl_->Flush(); }
+StoreStats Store::Stats() const { return impl_->Stats(); }
+Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) { return impl_->Reserve(key, wait); }
+Result<ReadLease> Store::Acquire(const BlockKey& key) { return impl_->Acquire(key); }
+const BlockPool& Store::pool() const { return impl_->pool(); }
 
 }  // namespace tpusync
