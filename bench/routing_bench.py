@@ -1,8 +1,10 @@
 """Routing by prefix: a shared-prefix multi-turn workload over reference servers with real
 sidecars, routed (a) at random, (b) by llm-d's KV-cache indexer fed by the engines' KV events
 (tests/llmd/indexer: llm-d-kv-cache v0.9.0 wired as the router's precise producer; the pod it
-scores first gets the request, ties at random), against the physical baseline measured in the
-same run: every prompt computed in full (no prefix cache).
+scores first gets the request, ties at random), and (c) by the same indexer when the blocks in
+host DRAM are not announced (upstream TPU Sync publishes no events for offloaded blocks; the
+reference engine keeps nothing in HBM between requests, so the index stays empty), against
+the physical baseline measured in the same run: every prompt computed in full (no prefix cache).
 
 Workload: system prompts shared by many users; each user's conversation comes back turn after
 turn (round-robin over users, so other traffic passes between turns), each turn the history
@@ -136,11 +138,11 @@ class Indexer:
 
 def run(mode: str, args, indexer_bin: str, work: Path) -> dict:
     fleet = Fleet(work, args.servers, prefix_cache=mode != "recompute")
-    ix = Indexer(indexer_bin, MODEL["page_size"]) if mode == "precise" else None
+    ix = Indexer(indexer_bin, MODEL["page_size"]) if mode.startswith("precise") else None
     pick = random.Random(1)
     hasher = BlockHasher(MODEL["page_size"])
     try:
-        if ix:
+        if mode == "precise":
             for s in fleet.servers:
                 ix.connect(s)
         system, messages = workload(args.systems, args.users, args.turns, args.system_tokens, args.message_tokens)
@@ -161,7 +163,7 @@ def run(mode: str, args, indexer_bin: str, work: Path) -> dict:
                 server = server or pick.choice(fleet.servers)
                 r = post(server["url"] + "/v1/completions", {"prompt": prompt, "max_tokens": args.answer_tokens})
                 st = r["tpusync"]
-                if ix and st["kv_events_seq"] >= 0:
+                if mode == "precise" and st["kv_events_seq"] >= 0:
                     assert ix.sync(server["pod"], st["kv_events_seq"])
                 keys = hasher.keys(prompt)
                 known = next((i for i, k in enumerate(keys) if k not in seen), len(keys))
@@ -198,7 +200,7 @@ def main() -> int:
                                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("recompute", "random", "precise"):
+        for mode in ("recompute", "random", "precise", "precise-unannounced"):
             results.append(run(mode, args, indexer, Path(tmp)))
     base = results[0]
     for r in results:
@@ -211,7 +213,8 @@ def main() -> int:
     report(Console(width=160), f"Routing: {args.servers} reference servers, {args.systems} system prompts x "
            f"{args.users} users x {args.turns} turns", results, columns, args.out,
            "recompute: no prefix cache (the physical baseline). random: uniform choice. precise: the pod llm-d's "
-           "indexer (v0.9.0, fed by the engines' KV events) scores first. Recomputed: computed minus never-seen tokens.")
+           "indexer (v0.9.0, fed by the engines' KV events) scores first; precise-unannounced: the same indexer "
+           "without events for DRAM/disk blocks. Recomputed: computed minus never-seen tokens.")
     return 0
 
 
