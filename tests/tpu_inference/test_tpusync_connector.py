@@ -84,3 +84,20 @@ def test_fresh_engine_served_from_the_dram_tier(cluster, reference):
     d = delta(engines["fresh"].stats(), before)
     assert d["loaded_blocks"] == 6 and d["load_error_blocks"] == 0
     assert got["token_ids"] == reference(p)
+
+
+def test_dead_prefill_peer_means_recompute(cluster, reference):
+    import socket
+
+    engines, _ = cluster
+    p = prompt(23, 150)
+    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        params["remote_port"] = s.getsockname()[1]
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
+    d = delta(engines["decode"].stats(), before)
+    assert d["peer_errors"] == 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
+    assert got["token_ids"] == reference(p)
