@@ -271,26 +271,28 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_slots", [](PyStore& s) { return s.get()->pool().num_slots(); })
       .def(
           "pull_from",
-          [](PyStore& s, net::PeerClient& peer, const pb::handle& keys, int timeout_ms) {
+          [](PyStore& s, net::PeerClient& peer, const pb::handle& keys, int timeout_ms, bool digests) -> pb::object {
             std::vector<BlockKey> k = ParseKeys(keys);
             std::shared_ptr<Store> in_use = s.get();
             Store& store = *in_use;
-            std::vector<uint8_t> held;
+            net::PullResult pulled;
             Status st;
             {
               pb::gil_scoped_release nogil;  // a network transfer into the pool
               st = net::PullIntoStore(peer, store, k, net::Deadline::After(std::chrono::milliseconds(timeout_ms)),
-                                      held);
+                                      pulled);
             }
-            // A peer that dies or misbehaves mid-transfer is reported per block (False), like the
-            // sidecar's control channel does; the blocks that arrived whole are kept.
-            if (held.size() != k.size()) ThrowIfError(st);
-            pb::list out(held.size());
-            for (size_t i = 0; i < held.size(); ++i) out[i] = pb::bool_(held[i] != 0);
+            // As through the sidecar: a peer that fails part-way raises, after the blocks that
+            // arrived whole were kept.
+            ThrowIfError(st);
+            if (digests) return LandedDigests(pulled.held, pulled.digests);
+            pb::list out(pulled.held.size());
+            for (size_t i = 0; i < pulled.held.size(); ++i) out[i] = pb::bool_(pulled.held[i] != 0);
             return out;
           },
-          pb::arg("peer"), pb::arg("keys"), pb::kw_only(), pb::arg("timeout_ms") = 120000,
-          "Pulls the blocks this store lacks from a peer; returns which are held afterwards.");
+          pb::arg("peer"), pb::arg("keys"), pb::kw_only(), pb::arg("timeout_ms") = 120000, pb::arg("digests") = false,
+          "Pulls the blocks this store lacks from a peer; returns which are held afterwards (with digests: "
+          "(held, landed, digests), the XXH3-64 of each block that landed).");
 
   BindNet(m);
 }

@@ -20,6 +20,9 @@ namespace pb = pybind11;
 std::vector<BlockKey> ParseKeys(const pb::handle& keys);
 BlockKey ParseKey(const pb::handle& key);
 pb::int_ KeyToInt(const BlockKey& key);
+// A pull's report as Python sees it: (held: list[bool], landed: list[bool], digests: uint64
+// array), from per-key held states (net::HeldState) and the digests of the landed blocks.
+pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests);
 
 // Holds Py_buffer views for the duration of a call (released with the GIL held).
 class Buffers {

@@ -21,6 +21,19 @@ pb::list Flags(const std::vector<uint8_t>& v) {
   return out;
 }
 
+}  // namespace
+
+// (held: list[bool], landed: list[bool], digests: uint64 array): what a pull reports.
+pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests) {
+  pb::list landed(held.size());
+  for (size_t i = 0; i < held.size(); ++i) landed[i] = pb::bool_(held[i] == net::kLanded);
+  pb::array_t<uint64_t> d(static_cast<ssize_t>(digests.size()));
+  std::copy(digests.begin(), digests.end(), d.mutable_data());
+  return pb::make_tuple(Flags(held), landed, d);
+}
+
+namespace {
+
 pb::array_t<uint8_t> TierArray(const std::vector<Tier>& tiers) {
   pb::array_t<uint8_t> a(static_cast<ssize_t>(tiers.size()));
   for (size_t i = 0; i < tiers.size(); ++i) a.mutable_data()[i] = static_cast<uint8_t>(tiers[i]);
@@ -56,7 +69,7 @@ class BufferSink : public net::BlockSink {
  public:
   explicit BufferSink(std::vector<MutableBuffer> out) : out_(std::move(out)) {}
   std::byte* Begin(size_t i, uint64_t length) override { return length <= out_[i].size ? out_[i].data : nullptr; }
-  void Finish(size_t, uint64_t, bool) override {}
+  void Finish(size_t, uint64_t, bool, uint64_t) override {}
 
  private:
   std::vector<MutableBuffer> out_;
@@ -175,6 +188,19 @@ void BindNet(pb::module_& m) {
             return Flags(Take(std::move(r)));
           },
           pb::arg("peer"), pb::arg("keys"), "Has the sidecar pull the blocks it lacks from a peer.")
+      .def(
+          "read_remote_digests",
+          [](SidecarClient& c, const std::string& peer, const pb::handle& keys) {
+            auto k = ParseKeys(keys);
+            std::vector<uint64_t> digests;
+            Result<std::vector<uint8_t>> r = [&] {
+              pb::gil_scoped_release nogil;  // a network transfer
+              return c.PullFrom(peer, k, &digests);
+            }();
+            return LandedDigests(Take(std::move(r)), digests);
+          },
+          pb::arg("peer"), pb::arg("keys"),
+          "read_remote, returning (held, landed, digests): the XXH3-64 of each block that landed in this pull.")
       .def(
           "push_remote",
           [](SidecarClient& c, const std::string& peer, const pb::handle& keys) {

@@ -180,15 +180,25 @@ class KVStore:
         locally afterwards. A dead peer raises UnavailableError after the blocks that did
         arrive were kept; nothing partial is ever stored.
         """
+        return self._pull(peer, keys, digests=False)
+
+    def read_remote_digests(self, peer: str, keys: Keys) -> tuple[list[bool], list[bool], np.ndarray]:
+        """read_remote, and what landed: (held, landed, digests). landed[i] is True for the
+        blocks that arrived in this pull, and digests[i] is then the XXH3-64 of the bytes that
+        landed, computed as they arrived, so they can be checked against known checksums
+        without a second pass over them."""
+        return self._pull(peer, keys, digests=True)
+
+    def _pull(self, peer: str, keys: Keys, *, digests: bool) -> Any:
         peer = peer.removeprefix("tpusync://")
         if isinstance(self._native, _native.SidecarClient):
-            return self._native.read_remote(peer, keys)
+            return self._native.read_remote_digests(peer, keys) if digests else self._native.read_remote(peer, keys)
         if isinstance(self._native, _RemoteBackend):
             raise errors.PreconditionError("read_remote needs a local store or the pod's sidecar, not a data-port client")
         if self._secret is None:
             raise errors.PreconditionError("read_remote needs the pool's secret: KVStore.local(secret=...)")
         try:
-            return self._native.pull_from(self._peer(peer), keys)
+            return self._native.pull_from(self._peer(peer), keys, digests=digests)
         except errors.UnavailableError:
             self._peers.pop(peer, None)  # reconnect next time
             raise

@@ -166,7 +166,7 @@ Result<FrameHeader> FramedConn::RecvBlockHeader(Deadline d) {
   return h;
 }
 
-Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d) {
+Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, uint64_t* digest) {
   StreamingChecksum sum;
   std::vector<std::byte> scratch(dst == nullptr ? std::min(kChunk, len) : 0);
   for (uint64_t off = 0; off < len; off += kChunk) {
@@ -180,6 +180,7 @@ Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d) {
   uint64_t want = 0;
   for (int i = 0; i < 8; ++i) want |= uint64_t{std::to_integer<uint8_t>(trailer[i])} << (8 * i);
   if (want != sum.Digest()) return BadFrame("block payload checksum mismatch");
+  if (digest != nullptr) *digest = want;
   return Status::Ok();
 }
 

@@ -53,8 +53,9 @@ class FramedConn {
   Status SendAbsent(uint32_t index, Deadline d);
   // The next kBlock or kEnd header (kError comes back as its Status).
   Result<FrameHeader> RecvBlockHeader(Deadline d);
-  // Reads a payload into dst (or drops it when dst is null) and verifies the trailer.
-  Status RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d);
+  // Reads a payload into dst (or drops it when dst is null) and verifies the trailer; the
+  // payload's XXH3-64, computed on the way in, goes to `digest` if given.
+  Status RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, uint64_t* digest = nullptr);
 
   Socket& socket() { return socket_; }
   uint64_t max_block() const { return max_block_; }

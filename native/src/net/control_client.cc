@@ -209,33 +209,42 @@ Result<std::string> SidecarClient::Stats() {
   return std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size());
 }
 
-Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys) {
+Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys,
+                                                     std::vector<uint64_t>* digests) {
   BodyWriter w;
   w.Str(peer);
   WriteKeyList(w, keys);
   std::lock_guard lock(mu_);
-  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(op, w.bytes(), static_cast<uint32_t>(keys.size())));
-  // A failed transfer's reply carries the error after the per-key bytes.
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(op, w.bytes(), static_cast<uint32_t>(keys.size()),
+                                          digests != nullptr ? kWantDigests : 0));
+  // The per-key bytes, the digests if asked for, and after a failure the error.
   const bool failed = f.header.status != 0;
-  if (f.header.op != Op::kTiers || f.body.size() < keys.size() || (!failed && f.body.size() != keys.size()) ||
-      f.body.size() > keys.size() + kMaxErrorBytes) {
+  const size_t fixed = keys.size() * (digests != nullptr ? 9 : 1);
+  if (f.header.op != Op::kTiers || f.body.size() < fixed || (!failed && f.body.size() != fixed) ||
+      f.body.size() > fixed + kMaxErrorBytes) {
     return InvalidArgument("bad frame: peer reply");
   }
   std::vector<uint8_t> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) out[i] = std::to_integer<uint8_t>(f.body[i]);
+  if (digests != nullptr) {
+    BodyReader r(std::span(f.body).subspan(keys.size(), keys.size() * 8));
+    digests->assign(keys.size(), 0);
+    for (uint64_t& v : *digests) r.U64(&v);
+  }
   if (failed) {  // what arrived before the failure is kept
     auto code = static_cast<StatusCode>(std::min<uint16_t>(f.header.status, static_cast<uint16_t>(StatusCode::kInternal)));
     if (code == StatusCode::kOk) code = StatusCode::kInternal;
-    size_t held = static_cast<size_t>(std::count(out.begin(), out.end(), uint8_t{1}));
-    std::string why(reinterpret_cast<const char*>(f.body.data()) + keys.size(), f.body.size() - keys.size());
+    size_t held = static_cast<size_t>(std::count_if(out.begin(), out.end(), [](uint8_t v) { return v != 0; }));
+    std::string why(reinterpret_cast<const char*>(f.body.data()) + fixed, f.body.size() - fixed);
     return Status(code, why + " (" + std::to_string(held) + " of " + std::to_string(keys.size()) +
                             " blocks held locally)");
   }
   return out;
 }
 
-Result<std::vector<uint8_t>> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys) {
-  return PeerCall(Op::kPullFrom, peer, keys);
+Result<std::vector<uint8_t>> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys,
+                                                     std::vector<uint64_t>* digests) {
+  return PeerCall(Op::kPullFrom, peer, keys, digests);
 }
 
 Result<std::vector<uint8_t>> SidecarClient::PushTo(const std::string& peer, std::span<const BlockKey> keys) {

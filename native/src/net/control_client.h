@@ -29,9 +29,13 @@ class SidecarClient {
   Status Evict(std::span<const BlockKey> keys);
   Status Flush();
   Result<std::string> Stats();
-  // Asks the sidecar to pull from / push to a peer ("host:port"). result[i] = 1 when block i
+  // Asks the sidecar to pull from / push to a peer ("host:port"). result[i] != 0 when block i
   // is held locally (pull) or by the peer (push) afterwards; exists gives the peer's tiers.
-  Result<std::vector<uint8_t>> PullFrom(const std::string& peer, std::span<const BlockKey> keys);
+  // A pull reports kLanded (2) for the blocks that arrived in it, and with `digests` the
+  // XXH3-64 of each of those as it landed (0 for the others), so a caller can check them
+  // against known checksums without reading the blocks again.
+  Result<std::vector<uint8_t>> PullFrom(const std::string& peer, std::span<const BlockKey> keys,
+                                        std::vector<uint64_t>* digests = nullptr);
   Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys);
   Result<std::vector<uint8_t>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys);
 
@@ -62,7 +66,8 @@ class SidecarClient {
   SidecarClient() = default;
   Result<Frame> Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status = 0);
   Result<Frame> CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status = 0);
-  Result<std::vector<uint8_t>> PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys);
+  Result<std::vector<uint8_t>> PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys,
+                                        std::vector<uint64_t>* digests = nullptr);
   struct Slot {
     uint8_t code;
     uint64_t offset, size;

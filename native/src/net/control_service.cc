@@ -247,6 +247,7 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, peers_.Get(peer));
   std::vector<uint8_t> result;
+  std::vector<uint64_t> digests;
   Status st;
   if (f.header.op == Op::kExistsAt) {
     Result<std::vector<Tier>> tiers = client->Exists(keys, d);
@@ -255,9 +256,11 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
       for (Tier t : *tiers) result.push_back(static_cast<uint8_t>(t));
     }
   } else if (f.header.op == Op::kPullFrom) {
-    uint64_t bytes = 0, blocks = 0;
-    st = PullIntoStore(*client, store_, keys, d, result, &bytes, &blocks);
-    metrics_.Moved(Direction::kIn, TransferOp::kPull, Tier::kDram, bytes, blocks);
+    PullResult pulled;
+    st = PullIntoStore(*client, store_, keys, d, pulled);
+    metrics_.Moved(Direction::kIn, TransferOp::kPull, Tier::kDram, pulled.bytes, pulled.blocks);
+    result = std::move(pulled.held);
+    if (f.header.status & kWantDigests) digests = std::move(pulled.digests);
   } else {
     st = PushFromStore(*client, store_, keys, d, result);
   }
@@ -267,13 +270,15 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
     Log(LogLevel::kWarning, "control", "peer " + peer + ": " + st.ToString());
     if (result.size() != keys.size()) return st;
   }
-  std::vector<std::byte> body(std::as_bytes(std::span(result)).begin(), std::as_bytes(std::span(result)).end());
+  BodyWriter body;
+  body.Bytes(std::as_bytes(std::span(result)));
+  for (uint64_t v : digests) body.U64(v);
   if (!st.ok()) {  // the error follows the per-key bytes, so the caller learns both
     std::string why = ("peer " + peer + ": " + st.message()).substr(0, kMaxErrorBytes);
-    body.insert(body.end(), reinterpret_cast<const std::byte*>(why.data()),
-                reinterpret_cast<const std::byte*>(why.data()) + why.size());
+    body.Bytes(std::as_bytes(std::span(why)));
   }
-  return c.Send(Op::kTiers, body, d, static_cast<uint32_t>(keys.size()), st.ok() ? 0 : static_cast<uint16_t>(st.code()));
+  return c.Send(Op::kTiers, body.bytes(), d, static_cast<uint32_t>(keys.size()),
+                st.ok() ? 0 : static_cast<uint16_t>(st.code()));
 }
 
 }  // namespace tpusync::net

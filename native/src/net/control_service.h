@@ -22,6 +22,8 @@ namespace tpusync::net {
 enum SlotResult : uint8_t { kSlotOk = 0, kSlotAlreadyStored = 1, kSlotNoRoom = 2, kSlotMissing = 3, kSlotBusy = 4 };
 // PIN / RELEASE header status flag: a pin held for the host, not the connection.
 constexpr uint16_t kPinForHost = 1;
+// PULL_FROM header status flag: reply with the XXH3-64 of each block that landed.
+constexpr uint16_t kWantDigests = 1;
 
 bool KeyLess(const BlockKey& a, const BlockKey& b);
 

@@ -120,8 +120,9 @@ Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<c
     if (h.status != 0) continue;  // the peer lost it since announcing it
     const size_t i = index[h.count];
     std::byte* dst = sink.Begin(i, h.body_len);
-    Status st = s.conn->RecvBlockPayload(dst, h.body_len, d);
-    sink.Finish(i, h.body_len, st.ok() && dst != nullptr);
+    uint64_t digest = 0;
+    Status st = s.conn->RecvBlockPayload(dst, h.body_len, d, &digest);
+    sink.Finish(i, h.body_len, st.ok() && dst != nullptr, digest);
     if (!st.ok()) return st;
     received[i] = dst != nullptr;
   }
@@ -177,7 +178,8 @@ namespace {
 
 class StoreSink : public BlockSink {
  public:
-  StoreSink(Store& store, std::span<const BlockKey> keys) : store_(store), keys_(keys), leases_(keys.size()) {}
+  StoreSink(Store& store, std::span<const BlockKey> keys)
+      : store_(store), keys_(keys), leases_(keys.size()), digests_(keys.size()) {}
   std::byte* Begin(size_t i, uint64_t length) override {
     if (length > store_.pool().block_bytes()) return nullptr;
     Result<WriteLease> l = store_.Reserve(keys_[i]);  // fails if another writer stored it meanwhile
@@ -185,14 +187,16 @@ class StoreSink : public BlockSink {
     leases_[i].emplace(std::move(l).value());
     return leases_[i]->data();
   }
-  void Finish(size_t i, uint64_t length, bool ok) override {
+  void Finish(size_t i, uint64_t length, bool ok, uint64_t digest) override {
     if (ok && leases_[i] && leases_[i]->Commit(length).ok()) {
       bytes_ += length;
       ++blocks_;
+      digests_[i] = digest;  // each index is written by one stream only
     }
     leases_[i].reset();  // an uncommitted lease gives its slot back: nothing partial is published
   }
   std::atomic<uint64_t> bytes_{0}, blocks_{0};
+  std::vector<uint64_t> digests_;
 
  private:
   Store& store_;
@@ -218,15 +222,15 @@ class StoreSource : public BlockSource {
 
 }  // namespace
 
-Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
-                     std::vector<uint8_t>& held, uint64_t* bytes, uint64_t* blocks) {
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out) {
   LookupResult local = store.Lookup(keys, false);
   std::vector<BlockKey> missing;
   std::vector<size_t> where;
-  held.assign(keys.size(), 0);
+  out.held.assign(keys.size(), kAbsent);
+  out.digests.assign(keys.size(), 0);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (local.tiers[i] != Tier::kNone) {
-      held[i] = 1;
+      out.held[i] = kHeld;
     } else {
       missing.push_back(keys[i]);
       where.push_back(i);
@@ -236,10 +240,18 @@ Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> k
   StoreSink sink(store, missing);
   std::vector<uint8_t> received;
   Status st = peer.Pull(missing, sink, d, received);
-  if (bytes != nullptr) *bytes = sink.bytes_;
-  if (blocks != nullptr) *blocks = sink.blocks_;
+  out.bytes = sink.bytes_;
+  out.blocks = sink.blocks_;
   LookupResult after = store.Lookup(missing, false);  // a block another writer stored meanwhile counts too
-  for (size_t j = 0; j < missing.size(); ++j) held[where[j]] = received[j] || after.tiers[j] != Tier::kNone;
+  for (size_t j = 0; j < missing.size(); ++j) {
+    const size_t i = where[j];
+    if (received[j]) {
+      out.held[i] = kLanded;
+      out.digests[i] = sink.digests_[j];
+    } else if (after.tiers[j] != Tier::kNone) {
+      out.held[i] = kHeld;
+    }
+  }
   return st;
 }
 

@@ -22,8 +22,9 @@ class BlockSink {
   virtual ~BlockSink() = default;
   // The destination for block `index` (`length` bytes), or nullptr to drop it.
   virtual std::byte* Begin(size_t index, uint64_t length) = 0;
-  // ok: every byte arrived and matched its checksum. A sink must not publish a block otherwise.
-  virtual void Finish(size_t index, uint64_t length, bool ok) = 0;
+  // ok: every byte arrived and matched its checksum (`digest`, the payload's XXH3-64). A sink
+  // must not publish a block otherwise.
+  virtual void Finish(size_t index, uint64_t length, bool ok, uint64_t digest) = 0;
 };
 
 // Where pushed blocks come from. Open/Close run on stream threads, never twice for one index.
@@ -91,9 +92,16 @@ class PeerPool {
 };
 
 // Prefix-aware pull into the local store: only the blocks the store lacks travel.
-// held[i] = 1 if block i is in the local store afterwards; bytes/blocks count what travelled.
-Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
-                     std::vector<uint8_t>& held, uint64_t* bytes = nullptr, uint64_t* blocks = nullptr);
+// held[i] = kLanded if block i arrived in this pull (digests[i] is then the XXH3-64 of the
+// bytes that landed, computed as they arrived), kHeld if it was in the store already or was
+// stored by another writer meanwhile, 0 if it is absent. bytes/blocks count what travelled.
+enum HeldState : uint8_t { kAbsent = 0, kHeld = 1, kLanded = 2 };
+struct PullResult {
+  std::vector<uint8_t> held;
+  std::vector<uint64_t> digests;
+  uint64_t bytes = 0, blocks = 0;
+};
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out);
 // Pushes local blocks; the peer skips the ones it holds. stored[i] = 1 if the peer holds block i.
 Status PushFromStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
                      std::vector<uint8_t>& stored);

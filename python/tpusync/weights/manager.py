@@ -32,6 +32,7 @@ from typing import Any
 
 from tpusync import errors
 from tpusync.store import KVStore
+from tpusync.weights import land
 from tpusync.weights import manifest as mf
 from tpusync.weights import plan as planmod
 
@@ -269,12 +270,7 @@ class WeightSynchronizerManager:
                         raise errors.DeadlineExceededError(f"chunk {c} of {source} did not reach {up} in time")
                     state.cond.wait(left)
             try:
-                ok = all(store.read_remote(up, [b.key for b in blocks]))
-                if ok and self.verify:
-                    bad = mf.verify_blocks(store, blocks, state.checksum)
-                    if bad:
-                        store.evict([b.key for b in bad])
-                        ok = False
+                ok = land.pull_chunk(store, up, blocks, state.checksum, verify=self.verify)
             except errors.TpuSyncError:  # refused, reset, cut mid-handshake: the peer or we are gone
                 ok = False
             if ok:

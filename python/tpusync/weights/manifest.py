@@ -59,6 +59,10 @@ except ImportError:  # pragma: no cover - depends on the environment
         return int.from_bytes(hashlib.blake2b(_bytes_view(buf), digest_size=8).digest(), "little")
 
 
+# What the transfer engine computes over every block that lands (XXH3-64, seed 0).
+WIRE_CHECKSUM = "xxh3-64"
+
+
 def checksum_with(algo: str, buf: Any) -> int:
     if algo == CHECKSUM:
         return checksum(buf)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from tpusync import errors
 from tpusync.store import KVStore
+from tpusync.weights import land
 from tpusync.weights import manifest as mf
 from tpusync.weights import plan as planmod
 from tpusync.weights.polling import backoff
@@ -74,12 +75,8 @@ def receive_version(store: KVStore, model: str, version: int, *, host: str, sour
             up = planmod.live_parent(plan, source, host, dead)
             stall = deadline if up == source else min(deadline, time.monotonic() + stall_seconds)
             try:
-                ok = _wait_held(store, up, keys, stall) and all(store.read_remote(up, keys))
-                if ok and verify:
-                    bad = mf.verify_blocks(store, chunks[source][c], whole.checksum)
-                    if bad:
-                        store.evict([b.key for b in bad])
-                        ok = False
+                ok = _wait_held(store, up, keys, stall) and land.pull_chunk(store, up, chunks[source][c],
+                                                                            whole.checksum, verify=verify)
             except errors.UnavailableError:
                 ok = False
             if ok:

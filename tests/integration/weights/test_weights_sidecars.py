@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 import urllib.request
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from tpusync.errors import UnavailableError
 from tpusync.weights import WeightSynchronizer
 from tpusync.weights import manifest as mf
 
@@ -162,3 +165,23 @@ def test_tree_plan_delivers_to_every_host(hosts):
         s = WeightSynchronizer(engine(h), "m")
         s.bind_weights(params(0))
         assert s.poll() == 1 and digest(s.params) == digest(params(9))
+
+
+def test_a_block_changed_in_the_sources_pool_is_never_committed(hosts):
+    """Blocks that land are checked against the manifest by the digest computed as they
+    arrived: a block whose bytes changed in the source's DRAM after publishing is caught on
+    the first hop, and no host commits the version."""
+    trainer, a, b = hosts(3)
+    manifest = publish(trainer, seed=5, version=1)
+    victim = manifest.blocks()[len(manifest.blocks()) // 2]
+    with engine(trainer).acquire_many([victim.key]) as views:  # flip one byte in place
+        addr = np.frombuffer(views[0], np.uint8).__array_interface__["data"][0]
+        ctypes.memset(addr + 7, views[0][7] ^ 0xFF, 1)
+    mgr = manager_for(trainer, [a, b])
+    with pytest.raises(UnavailableError, match="failed to deliver"):
+        mgr.transfer(["trainer"], None, "m")
+    for h in (a, b):
+        s = WeightSynchronizer(engine(h), "m")
+        s.bind_weights(params(0))
+        assert s.poll() is None
+        assert engine(h).lookup([victim.key]).prefix_len == 0  # the bad copy was evicted
