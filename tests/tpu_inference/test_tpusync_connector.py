@@ -101,3 +101,16 @@ def test_dead_prefill_peer_means_recompute(cluster, reference):
     d = delta(engines["decode"].stats(), before)
     assert d["peer_errors"] == 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
     assert got["token_ids"] == reference(p)
+
+
+def test_params_from_an_engine_that_keyed_differently_mean_recompute(cluster, reference):
+    engines, _ = cluster
+    p = prompt(24, 150)
+    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    params["tpusync_last_key"] = f"{int(params['tpusync_last_key'], 16) ^ 1:032x}"  # another hash seed's key
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
+    d = delta(engines["decode"].stats(), before)
+    assert d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
+    assert got["token_ids"] == reference(p)
