@@ -146,7 +146,6 @@ SERVING_CASES = [
     ("connector-enum", "spec.kvTransfer.connector", "nixl", "spec.kvTransfer.connector"),
     ("prefix-cache-quantity", "spec.prefixCache.hostDram", "1 GB", "spec.prefixCache.hostDram"),
     ("model-uri-scheme", "spec.model.uri", "s3://bucket/m", "spec.model.uri"),
-    ("model-gs-needs-vllm", "spec.model.uri", "gs://bucket/m", "gs:// models are streamed by vLLM"),
     ("revision-needs-hf", "spec.model", {"name": "m", "uri": "/models/m", "revision": "v1"},
      "spec.model.revision applies only to hf:// models"),
     ("weights-ephemeral-needs-class", "spec.storage", {"weights": {"size": "1Ti", "medium": "EphemeralVolume"}},
@@ -231,3 +230,11 @@ def test_serving_engine_type_is_immutable(cluster, tpusync_crds, namespace):
                     "-p", json.dumps({"spec": {"engine": {"type": "reference", "image": "r.example/x:1"}}}))
     got = cluster.kubectl_json("get", "disaggregatedserving", "s", "-n", namespace)
     assert (got["spec"]["engine"]["type"], got["spec"]["engine"]["image"]) == ("reference", "r.example/x:1")
+
+
+def test_gs_models_only_with_vllm(cluster, tpusync_crds, namespace):
+    """gs:// weights are streamed by vLLM (engine vllm-tpu, the default): another engine is refused."""
+    gs = variant(SERVING, "spec.model.uri", "gs://bucket/m")
+    assert server_dry_run(cluster, namespace, variant(gs, "spec.engine", {"type": "vllm-tpu"})).returncode == 0
+    res = server_dry_run(cluster, namespace, variant(gs, "spec.engine", {"type": "reference"}))
+    assert res.returncode != 0 and "gs:// models are streamed by vLLM" in res.stderr, res.stderr

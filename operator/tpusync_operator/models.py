@@ -270,9 +270,10 @@ class VolumeSpec(Model):
     with the pod and deleted with it; PersistentVolumeClaim: an existing claim (claimName),
     e.g. pre-staged weights, mounted read-only when it holds weights."""
     model_config = ConfigDict(json_schema_extra=cel(
-        ("self.medium != 'EphemeralVolume' || has(self.storageClassName)",
+        # has(): the API server also checks the rules against the field's default value.
+        ("!has(self.medium) || self.medium != 'EphemeralVolume' || has(self.storageClassName)",
          "spec.storage.weights/compileCache: storageClassName is required when medium is EphemeralVolume"),
-        ("self.medium != 'PersistentVolumeClaim' || has(self.claimName)",
+        ("!has(self.medium) || self.medium != 'PersistentVolumeClaim' || has(self.claimName)",
          "spec.storage.weights/compileCache: claimName is required when medium is PersistentVolumeClaim"),
     ))
     size: Quantity
@@ -288,12 +289,12 @@ class Storage(Model):
         description="Model weights, mounted at /models (HF_HOME=/models/huggingface). Size it for the checkpoint "
                     "plus headroom: a 235B bf16 model is ~470 GB. On TPU nodes prefer EphemeralVolume with a "
                     "Hyperdisk storage class over EmptyDir (the node's boot disk).",
-        json_schema_extra={"default": {"size": "256Gi"}})
+        json_schema_extra={"default": {"size": "256Gi", "medium": "EmptyDir"}})
     compile_cache: VolumeSpec = Field(
         default_factory=lambda: VolumeSpec(size="32Gi"),
         description="XLA/JAX compile cache, mounted at /cache/xla (VLLM_XLA_CACHE_PATH, JAX_COMPILATION_CACHE_DIR): "
                     "compiled programs for every bucket size, several GiB per model and topology.",
-        json_schema_extra={"default": {"size": "32Gi"}})
+        json_schema_extra={"default": {"size": "32Gi", "medium": "EmptyDir"}})
 
 
 class EngineSpec(Model):
@@ -356,7 +357,8 @@ class Routing(Model):
     """llm-d routing: endpoint picker, InferencePool, InferenceObjective, HTTPRoute."""
     model_config = ConfigDict(json_schema_extra=cel(
         ("!has(self.gatewayRef) || self.enabled", "spec.routing.gatewayRef requires spec.routing.enabled"),
-        ("!self.gkeGatewayPolicies || self.enabled", "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
+        ("!has(self.gkeGatewayPolicies) || !self.gkeGatewayPolicies || self.enabled",
+         "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
     ))
     enabled: bool = True
     scorer_weights: ScorerWeights = sub(ScorerWeights, "Scheduling profile scorer weights.")
