@@ -179,7 +179,7 @@ namespace {
 class StoreSink : public BlockSink {
  public:
   StoreSink(Store& store, std::span<const BlockKey> keys)
-      : store_(store), keys_(keys), leases_(keys.size()), digests_(keys.size()) {}
+      : digests_(keys.size()), store_(store), keys_(keys), leases_(keys.size()) {}
   std::byte* Begin(size_t i, uint64_t length) override {
     if (length > store_.pool().block_bytes()) return nullptr;
     Result<WriteLease> l = store_.Reserve(keys_[i]);  // fails if another writer stored it meanwhile
