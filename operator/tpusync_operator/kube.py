@@ -31,6 +31,8 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("inference.networking.k8s.io/v1", "InferencePool"): ("inferencepools", True),
     ("llm-d.ai/v1alpha2", "InferenceObjective"): ("inferenceobjectives", True),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("httproutes", True),
+    ("networking.gke.io/v1", "HealthCheckPolicy"): ("healthcheckpolicies", True),
+    ("networking.gke.io/v1", "GCPBackendPolicy"): ("gcpbackendpolicies", True),
     ("tpusync.dev/v1alpha1", "TPUSyncPool"): ("tpusyncpools", True),
     ("tpusync.dev/v1alpha1", "DisaggregatedServing"): ("disaggregatedservings", True),
 }

@@ -365,7 +365,10 @@ class Routing(Model):
     pd_threshold_tokens: Annotated[int, Field(ge=0)] = Field(
         16, description="prefix-based-pd-decider nonCachedTokens: disaggregate above this many uncached tokens.")
     precise_prefix_cache: bool = Field(True, description="Route on KV events from the sidecars (port 5557).")
-    block_size_tokens: Annotated[int, Field(ge=1)] = 64
+    block_size_tokens: Annotated[int, Field(ge=1)] = Field(
+        16, description="llm-d's block size in tokens. It must divide the page size of every engine the serving "
+                        "runs (the reference engine's pages are 32 tokens, sglang-jax's 128), or prefixes drop out of "
+                        "llm-d's index (docs/block-keys.md).")
     gateway_ref: GatewayRef | None = None
     objective: Objective = sub(Objective, "InferenceObjective priority.")
     gke_gateway_policies: bool = Field(

@@ -85,6 +85,14 @@ def engine_image(spec: DisaggregatedServingSpec) -> str:
     return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
 
 
+def kv_events_topic(spec: DisaggregatedServingSpec) -> str:
+    """The KV-event topic in the form llm-d's pod discovery expects, kv@<pod ip>:<port>@<model>:
+    llm-d names a pod by the address and port it routes to, the InferencePool's target port
+    (spec.port), not the engine's own port behind a decode pod's routing proxy
+    (docs/block-keys.md)."""
+    return f"kv@$(POD_IP):{spec.port}@{spec.model.name}"
+
+
 def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, tensor_parallel: int,
                    data_port: int, kv_events_port: int, multi_host: MultiHost = None) -> tuple[list[str], list[str]]:
     """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
@@ -101,6 +109,7 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
         args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", src.ref,
                 "--served-model-name", m.name, "--control-socket", CONTROL_SOCKET,
                 "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
+                "--kv-events-topic", kv_events_topic(spec),
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
@@ -138,10 +147,9 @@ def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, po
             # A block that cannot be loaded after all is recomputed, not a failed request.
             "kv_load_failure_policy": "recompute",
         }
-    # KV events for llm-d's precise prefix-cache scoring, in the topic form its pod
-    # discovery expects (kv@<pod ip>:<port>@<model>).
+    # KV events for llm-d's precise prefix-cache scoring.
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
-              "topic": f"kv@$(POD_IP):{port}@{m.name}"}
+              "topic": kv_events_topic(spec)}
     args = [src.ref, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
             "--tensor-parallel-size", str(tensor_parallel),
             "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),

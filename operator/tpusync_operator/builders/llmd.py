@@ -22,6 +22,9 @@ from .common import (LLMD_SERVING_LABEL, SERVING_LABEL, Owner, base_labels, cont
                      metadata, pod_security_context)
 
 EPP_GRPC_PORT = 9002
+# How llm-d weighs a prefix block by the tier an engine holds it on: the accelerator's own
+# cache, then host DRAM, then disk (what it costs the engine to load it).
+TIER_WEIGHTS = (("gpu", 1.0), ("cpu", 0.8), ("disk", 0.5))
 EPP_HEALTH_PORT = 9003
 EPP_METRICS_PORT = 9090
 EPP_CONFIG_KEY = "config.yaml"
@@ -64,7 +67,11 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_por
                      "podDiscoveryConfig": {"podLabelSelector": selector, "podNamespace": owner.namespace,
                                             "socketPort": kv_events_port},
                  },
-                 "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True}},
+                 # Unlisted tiers weigh 1.0 in llm-d: without these, a block on disk would
+                 # outrank one in host DRAM (llm-d-kv-cache v0.9.0 pkg/kvcache/backend.go).
+                 "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True},
+                                   "kvCacheBackendConfigs": [{"name": name, "weight": weight}
+                                                             for name, weight in TIER_WEIGHTS]},
              }},
             {"type": "prefix-cache-scorer",
              "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}},

@@ -131,10 +131,11 @@ def test_vllm_kv_transfer_config():
     dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
     assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert dargs[dargs.index("--port") + 1] == "8200"
-    # KV events for precise prefix-cache routing, on the pool's port, topic naming the pod
+    # KV events for precise prefix-cache routing, on the pool's port; the topic names the pod as
+    # llm-d routes to it: the serving port (8000), not the engine's behind the routing proxy
     events = json.loads(dargs[dargs.index("--kv-events-config") + 1])
     assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
-                      "topic": "kv@$(POD_IP):8200@m"}
+                      "topic": "kv@$(POD_IP):8000@m"}
     env = {e["name"] for e in pods["llm-decode/leader"]["spec"]["containers"][0]["env"]}
     assert "POD_IP" in env   # what $(POD_IP) expands from
 

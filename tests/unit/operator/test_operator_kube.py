@@ -12,6 +12,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tpusync_operator.kube import ApiKube, KubeError, path
+from tpusync_operator.planner import OPTIONAL_KINDS
 
 
 class Server:
@@ -87,6 +88,13 @@ def test_paths():
     assert path("v1", "Node", None) == "/api/v1/nodes"
     assert path("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ns") == \
         "/apis/leaderworkerset.x-k8s.io/v1/namespaces/ns/leaderworkersets"
+
+
+def test_every_optional_kind_the_planner_applies_has_a_rest_path():
+    # The planner applies these when their CRDs are served (GKE's Gateway policies among them):
+    # the real client must know where they live, not only the test fakes.
+    for kind, (api_version, plural) in OPTIONAL_KINDS.items():
+        assert path(api_version, kind, "ns") == f"/apis/{api_version}/namespaces/ns/{plural}"
 
 
 def test_server_side_apply_wire_format(api_server):
