@@ -100,7 +100,6 @@ const std::vector<FlagDef>& Defs() {
       {"hugepages", Bool(&SidecarFlags::hugepages), "ask for transparent huge pages"},
       {"mlock", Bool(&SidecarFlags::mlock), "lock the pool in RAM"},
       {"peers-dns", Str(&SidecarFlags::peers_dns), "headless Service of the pool, reported on /readyz"},
-      {"kv-events-endpoint", Str(&SidecarFlags::kv_events_endpoint), "accepted for compatibility; this build publishes no KV events (the engines do)"},
       {"help", Bool(&SidecarFlags::help), "print this help"},
   };
   return defs;

@@ -31,7 +31,6 @@ struct SidecarFlags {
   bool hugepages = false;
   bool mlock = false;
   std::string peers_dns;           // headless Service name of the pool, reported on /readyz
-  std::string kv_events_endpoint;  // ZMQ endpoint for KV events (not published by this build)
   bool help = false;
 };
 

@@ -64,9 +64,6 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
         net::ServerLimits{.max_admitted = 1024, .max_pending = 1024});
     s->control_->Start();
   }
-  if (!f.kv_events_endpoint.empty()) {
-    Log(LogLevel::kWarning, "sidecar", "--kv-events-endpoint is accepted but this build publishes no KV events yet");
-  }
   s->data_->Start();
   s->http_->Start();
   s->ready_ = true;
