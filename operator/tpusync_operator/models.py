@@ -141,16 +141,9 @@ class DiskTier(Model):
     storage_class_name: str | None = None
 
 
-class SharedTier(Model):
-    """Optional shared storage (an existing ReadWriteMany PersistentVolumeClaim)."""
-    claim_name: DNSName
-    mount_path: str = "/mnt/tpusync-shared"
-
-
 class Tiers(Model):
     dram: Quantity = Field("16Gi", description="Host DRAM each sidecar lends to the pool (/dev/shm).")
     disk: DiskTier | None = None
-    shared: SharedTier | None = None
     block_bytes: Quantity = Field("1Mi", description="Transfer block size.")
 
 

@@ -59,8 +59,6 @@ def build_config_map(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[st
         "TPUSYNC_TPU_TOPOLOGY": tpu.topology,
         "TPUSYNC_AUTH_SECRET": names.pool_auth(owner.name, spec),
     }
-    if spec.tiers.shared is not None:
-        data["TPUSYNC_SHARED_DIR"] = spec.tiers.shared.mount_path
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": metadata(owner, names.pool_config(owner.name), pool_labels(owner, "config")),
             "data": data}

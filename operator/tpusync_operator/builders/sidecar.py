@@ -43,9 +43,6 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         args += [f"--disk-dir={DISK_DIR}", f"--disk-bytes={to_bytes(disk.size)}"]
         mounts.append({"name": "tpusync-disk", "mountPath": DISK_DIR})
     env = env_from_fields() + [{"name": "TPUSYNC_POOL", "value": pool}]
-    if spec.tiers.shared is not None:
-        mounts.append({"name": "tpusync-shared", "mountPath": spec.tiers.shared.mount_path})
-        env.append({"name": "TPUSYNC_SHARED_DIR", "value": spec.tiers.shared.mount_path})
 
     def probe(path: str, **extra: Any) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "sidecar-http"}, "periodSeconds": 5, **extra}
@@ -91,7 +88,4 @@ def build_sidecar_volumes(pool: str, spec: TPUSyncPoolSpec, *, shm_bytes: int,
                 "resources": {"requests": {"storage": disk.size}}}}}})
         else:
             volumes.append({"name": "tpusync-disk", "emptyDir": {"sizeLimit": disk.size}})
-    if spec.tiers.shared is not None:
-        volumes.append({"name": "tpusync-shared",
-                        "persistentVolumeClaim": {"claimName": spec.tiers.shared.claim_name}})
     return volumes

@@ -21,8 +21,7 @@ def setup(body):
 
 CASES = {
     "pool-existing-v6e": PoolBody(),
-    "pool-disk-shared": PoolBody().spec(tiers={"dram": "8Gi", "disk": {"size": "100Gi"},
-                                               "shared": {"claimName": "filestore"}}),
+    "pool-disk": PoolBody().spec(tiers={"dram": "8Gi", "disk": {"size": "100Gi"}}),
     "pool-store-statefulset": PoolBody().store(replicas=2, dram="4Gi",
                                                disk={"size": "1Ti", "medium": "EphemeralVolume",
                                                      "storageClassName": "premium-rwo"}),
