@@ -455,9 +455,10 @@ def test_missing_optional_crd_degrades_then_recovers(cluster, operator, module_n
         for kind, suffix in SERVING_CHILDREN[:-2]:
             assert get(cluster, kind, ns, VLLM + suffix) is not None, (kind, suffix)
         assert operator.alive()
-        events = items(cluster, "events", ns)
-        assert any(e["reason"] == "MissingCRD" and e["involvedObject"]["name"] == VLLM
-                   for e in events)
+        # Events follow the status write: wait for it rather than read once.
+        wait_for("the MissingCRD event", lambda: any(
+            e["reason"] == "MissingCRD" and e["involvedObject"]["name"] == VLLM
+            for e in items(cluster, "events", ns)), 30)
     finally:
         cluster.install_crds([crd_file])
     ds = wait_condition(cluster, "disaggregatedservings", ns, VLLM, timeout=CONVERGE)
