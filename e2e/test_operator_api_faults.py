@@ -12,6 +12,8 @@ so this one alone reconciles, and restarted afterwards.
   connection closed), it is tried again until written, and the retried pass runs.
 - Every connection dropped for a while (watches included): afterwards the operator repairs
   a child deleted meanwhile, and the pool's status never showed zeros.
+- A watch answered 404 (what the API server answers while a watched CRD is removed, or not
+  established yet) does not stop the operator, as it stops kopf by default.
 """
 
 from __future__ import annotations
@@ -163,3 +165,21 @@ def test_every_connection_dropped_for_a_while(cluster, faulty, proxy, namespace)
     for field in OBSERVED:
         assert after[field] == before[field], (field, after)
     assert op.alive()
+
+
+def test_a_watch_answered_404_lists_again_and_the_operator_keeps_running(cluster, faulty, proxy, namespace):
+    """Every watch reconnects and InferencePool's is answered 404 until cleared: the operator
+    lists it again every few seconds (removed_crds.py) and goes on reconciling."""
+    op, _ = faulty
+    ns, name = namespace, "unserved"
+    ready_pool(cluster, ns, name)
+    unserved = proxy.fail("GET", r"/apis/inference\.networking\.k8s\.io/v1/(namespaces/[^/]+/)?inferencepools",
+                          status=404, watch=True)
+    proxy.drop_all()
+    proxy.restore()
+    wait_for("the InferencePool watch to be refused twice", lambda: unserved.hits >= 2, 60)
+    assert op.alive()
+    cluster.kubectl("delete", "configmap", f"{name}-config", "-n", ns)
+    wait_for("the deleted ConfigMap put back", lambda: get(cluster, "configmap", ns, f"{name}-config"), 120)
+    proxy.clear()
+    assert op.alive() and "Traceback" not in op.log_text(), op.tail()

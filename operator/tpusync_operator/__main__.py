@@ -26,7 +26,6 @@ import random
 import sys
 
 
-
 def _priority(value: str) -> int:
     if value == "auto":
         return random.SystemRandom().randrange(1, 1 << 30)
@@ -43,24 +42,6 @@ class _QuietWatchHandlers(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not (msg.startswith("Handler '") and "_seen" in msg and msg.endswith("' succeeded."))
-
-
-class _RemovedCRDWatch(logging.Filter):
-    """When a watched CRD (an optional one: LeaderWorkerSet, InferencePool...) is deleted, the
-    API server ends its watches; kopf's watcher may reconnect before kopf's CRD observer stops
-    it, gets 404 and logs a traceback. The observer then drops that watcher and starts a new
-    one when the CRD is installed again, so this is a warning, not an error."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from kopf._cogs.clients.errors import APINotFoundError
-        exc = record.exc_info[1] if record.exc_info else None
-        msg = record.getMessage()
-        if isinstance(exc, APINotFoundError) and msg.startswith("Watcher for "):
-            record.msg, record.args = msg.split(" has failed")[0] + \
-                " ended: the API server no longer serves the resource (its CRD was removed)", None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.exc_info = record.exc_text = None
-        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
-    logging.getLogger("kopf._core.reactor.orchestration").addFilter(_RemovedCRDWatch())
     os.environ["TPUSYNC_METRICS_PORT"] = str(args.metrics_port)
     os.environ["TPUSYNC_METRICS_ADDRESS"] = args.metrics_address
     import kopf
 
+    from .removed_crds import tolerate_removed_crds
+    tolerate_removed_crds()
     from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 
     kopf.run(

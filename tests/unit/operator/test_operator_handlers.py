@@ -203,20 +203,45 @@ def test_priority_auto_differs_per_process(monkeypatch):
         entry.main(["--priority", "high"])
 
 
-def test_a_watch_ended_by_a_removed_crd_is_logged_as_a_warning_without_traceback():
+def test_a_watch_of_a_removed_crd_waits_and_lists_again_instead_of_stopping_kopf(monkeypatch, caplog):
+    """kopf stops the whole operator when a watch stream fails; a 404 (the CRD was removed, or
+    is not served yet) must instead make the stream list again, as a new watcher would."""
+    import inspect
+
+    from kopf._cogs.clients import watching
+    from kopf._core.reactor import queueing
     from kopf._cogs.clients.errors import APINotFoundError
-    try:
-        raise APINotFoundError("404 page not found", status=404, headers={})
-    except APINotFoundError:
-        import sys
-        exc_info = sys.exc_info()
-    record = logging.LogRecord("kopf._core.reactor.orchestration", logging.ERROR, __file__, 1,
-                               "Watcher for inferencepools.v1.inference.networking.k8s.io@None has failed: %s",
-                               ("404 page not found",), exc_info)
-    assert entry._RemovedCRDWatch().filter(record)
-    assert record.levelname == "WARNING" and record.exc_info is None
-    assert record.getMessage() == ("Watcher for inferencepools.v1.inference.networking.k8s.io@None ended: "
-                                   "the API server no longer serves the resource (its CRD was removed)")
-    other = logging.LogRecord("kopf._core.reactor.orchestration", logging.ERROR, __file__, 1,
-                              "Watcher for x has failed: boom", None, (RuntimeError, RuntimeError("boom"), None))
-    assert entry._RemovedCRDWatch().filter(other) and other.levelno == logging.ERROR and other.exc_info
+    from tpusync_operator.removed_crds import tolerate_removed_crds
+
+    # kopf's watcher must reach the stream through the module attribute that is wrapped.
+    assert "watching.infinite_watch(" in inspect.getsource(queueing.watcher)
+    calls: list[dict] = []
+
+    async def kopf_stream(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            yield {"type": "ADDED", "object": {"n": 1}}
+            raise APINotFoundError("404 page not found", status=404, headers={})
+        yield {"type": "ADDED", "object": {"n": 2}}
+
+    monkeypatch.setattr(watching, "infinite_watch", kopf_stream)
+    tolerate_removed_crds(retry_seconds=0)
+    tolerate_removed_crds(retry_seconds=0)      # idempotent: wrapped once
+
+    async def consume():
+        return [e async for e in watching.infinite_watch(resource="inferencepools", namespace=None)]
+
+    with caplog.at_level(logging.WARNING, logger="tpusync_operator.removed_crds"):
+        events = asyncio.run(consume())
+    assert [e["object"]["n"] for e in events] == [1, 2]
+    assert len(calls) == 2 and calls[1] == {"resource": "inferencepools", "namespace": None}
+    assert "does not serve inferencepools" in caplog.text
+
+    async def broken(**kwargs):
+        raise RuntimeError("other errors still stop kopf")
+        yield
+
+    monkeypatch.setattr(watching, "infinite_watch", broken)
+    tolerate_removed_crds(retry_seconds=0)
+    with pytest.raises(RuntimeError):
+        asyncio.run(consume())
