@@ -242,3 +242,13 @@ def test_ray_start_options_are_the_pinned_rays():
         assert long_options(args) <= versions.RAY.flags, long_options(args) - versions.RAY.flags
     assert "ray start " + " ".join(engine.RAY_HEAD_ARGS) in engine.RAY_LEADER_SCRIPT
     assert "exec ray start " + " ".join(engine.RAY_WORKER_ARGS) in engine.RAY_WORKER_SCRIPT
+
+
+def test_the_e2e_control_plane_installs_the_versions_the_operator_names():
+    """e2e installs CRDs from the module versions in e2e/versions.env: they must be the ones the
+    version table pins, or the e2e tier checks the operator against other schemas."""
+    env_file = Path(__file__).resolve().parents[3] / "e2e" / "versions.env"
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines()
+               if line and not line.startswith("#"))
+    assert env["GATEWAY_API_INFERENCE_EXTENSION_VERSION"] == versions.GATEWAY_API_INFERENCE_EXTENSION.version
+    assert env["LWS_VERSION"] == versions.LWS.version
