@@ -317,12 +317,15 @@ class RoleSpec(Model):
 
 class KVTransfer(Model):
     connector: Literal["tpusync", "tpu-inference", "sglang-jax"] = Field(
-        "tpusync", description="tpusync: tpusync's connector (the reference engine's; vLLM's TPUSyncConnector, "
-                               "which runs on CPU/GPU vLLM and turns itself off on TPU). tpu-inference: the "
-                               "TPUConnector of tpu_inference (vllm-tpu only), for P/D transfer on TPU today. "
+        "tpusync", description="tpusync: tpusync's data path (the reference engine's; for vllm-tpu, tpusync's "
+                               "connector for tpu-inference: P/D and the DRAM/disk prefix tiers through the "
+                               "pool's sidecars; tensor parallelism 1 only for now: on a sharded engine it turns itself off and "
+                               "decode recomputes). tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
+                               "P/D only, with the fix vLLM 0.32 needs for correct decode tokens). "
                                "sglang-jax: sglang-jax's own P/D (a bootstrap registry per serving, "
                                "jax.experimental.transfer); required by, and only for, engine sglang-jax.")
-    layerwise: bool = Field(True, description="Send KV layer by layer while prefill runs.")
+    layerwise: bool = Field(True, description="Reference engine: send KV layer by layer while prefill runs. "
+                                              "vllm-tpu loads a request's blocks in one update either way.")
 
 
 class PrefixCache(Model):

@@ -69,9 +69,9 @@ def engines(model_dir, tmp_path_factory):
         plain          no connector
         prefill        TPUConnector kv_producer            } in one network namespace,
         decode         TPUConnector kv_consumer, as shipped } talking over its loopback
-        decode-fixed   TPUConnector kv_consumer with tpu_connector_fix
+        decode-fixed   TPUConnector kv_consumer with tpusync.tpu_inference.upstream_fix
     """
-    from tpu_harness import EngineSpec, NetNs, TpuEngine
+    from tpu_harness import EngineSpec, NetNs, TpuEngine, rendered_kv_transfer_config
 
     logs = tmp_path_factory.mktemp("tpu-inference-logs")
     base = EngineSpec(str(model_dir), logs)
@@ -80,12 +80,16 @@ def engines(model_dir, tmp_path_factory):
         return EngineSpec(base.model, logs, {"kv_connector": "TPUConnector", "kv_connector_module_path": module,
                                              "kv_role": role, "kv_load_failure_policy": "recompute"})
 
+    # decode-fixed: what the operator renders for connector tpu-inference (the fixed class).
+    fixed = rendered_kv_transfer_config("tpu-inference", "decode")
+    assert fixed["kv_connector_module_path"] == "tpusync.tpu_inference.upstream_fix"
+
     netns = NetNs()
     started = {}
     try:
         started["plain"] = TpuEngine("plain", base)
         specs = {"prefill": tpu_connector("kv_producer"), "decode": tpu_connector("kv_consumer"),
-                 "decode-fixed": tpu_connector("kv_consumer", "tpu_connector_fix")}
+                 "decode-fixed": EngineSpec(base.model, logs, fixed)}
         for name, spec in specs.items():
             started[name] = TpuEngine(name, spec, netns=netns.name,
                                       env={"VLLM_HOST_IP": "127.0.0.1", "TPU_KV_TRANSFER_PORT": KV_PORTS[name],

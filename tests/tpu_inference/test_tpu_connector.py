@@ -6,8 +6,8 @@ asynchronous and inserts the pulled KV inside `start_load_kv`, which vLLM 0.32 n
 the forward pass unless the scheduler output marks the step's loads synchronous
 (`SchedulerOutput.has_sync_kv_loads`). The first forward of the request then reads KV pages
 that are not filled yet, and the decode tokens are wrong. Setting the flag whenever the
-connector has loads (tpu_connector_fix.py) makes the tokens right. The operator's
-`connector: tpu-inference` needs that fix until upstream has it.
+connector has loads (tpusync.tpu_inference.upstream_fix) makes the tokens right. The operator's
+`connector: tpu-inference` renders that fixed class.
 """
 
 from __future__ import annotations

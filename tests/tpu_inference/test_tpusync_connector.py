@@ -1,7 +1,8 @@
 """tpusync's connector for tpu-inference (`tpusync.tpu_inference.connector`) in real engines on
-real sidecars: a prefill/decode pair in two processes, the decode engine pulling from the
-prefill pod's sidecar; a fresh engine served from the sidecar's DRAM tier. Tokens equal HF
-transformers'; the pool's blocks equal the engine's pages."""
+real sidecars, configured with the --kv-transfer-config the operator renders for a vllm-tpu
+serving (connector tpusync): a prefill/decode pair in two processes, the decode engine pulling
+from the prefill pod's sidecar; a fresh engine served from the sidecar's DRAM tier. Tokens
+equal HF transformers'; the pool's blocks equal the engine's pages."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def cluster(model_dir, tmp_path_factory):
     """Sidecars p (prefill pod) and d (decode pod); engines prefill (kv_producer on p),
     decode (kv_consumer on d), fresh (kv_both on p, started after prefill saved)."""
     from tinymodel import BLOCK_BYTES
-    from tpu_harness import EngineSpec, TpuEngine
+    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
     from tpusync import sidecar as sidecar_mod
 
@@ -30,10 +31,9 @@ def cluster(model_dir, tmp_path_factory):
     secret.write_bytes(SECRET + b"\n")
     sidecars, pools, engines = {}, [], {}
 
-    def connector(role: str, **extra):
-        return EngineSpec(str(model_dir), work, {
-            "kv_connector": "TPUConnector", "kv_connector_module_path": "tpusync.tpu_inference.connector",
-            "kv_role": role, "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra})
+    def connector(role: str, sidecar, kv_role: str | None = None):
+        return EngineSpec(str(model_dir), work, rendered_kv_transfer_config(
+            "tpusync", role, kv_role=kv_role, control_socket=sidecar.control_socket, data_address=sidecar.address))
 
     try:
         for name in ("p", "d"):
@@ -42,11 +42,9 @@ def cluster(model_dir, tmp_path_factory):
             sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=32 << 20,
                                                 block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
                                                 stderr=subprocess.DEVNULL)
-        engines["prefill"] = TpuEngine("tpusync-prefill", connector(
-            "kv_producer", control_socket=sidecars["p"].control_socket, data_address=sidecars["p"].address))
-        engines["decode"] = TpuEngine("tpusync-decode", connector(
-            "kv_consumer", control_socket=sidecars["d"].control_socket))
-        engines["fresh"] = TpuEngine("tpusync-fresh", connector("kv_both", control_socket=sidecars["p"].control_socket))
+        engines["prefill"] = TpuEngine("tpusync-prefill", connector("prefill", sidecars["p"]))
+        engines["decode"] = TpuEngine("tpusync-decode", connector("decode", sidecars["d"]))
+        engines["fresh"] = TpuEngine("tpusync-fresh", connector("decode", sidecars["p"], kv_role="kv_both"))
         for e in engines.values():
             e.wait_ready()
         yield engines, sidecars

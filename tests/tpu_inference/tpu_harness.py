@@ -23,7 +23,28 @@ from harness import Engine, EngineSpec  # tests/vllm (conftest puts it on sys.pa
 
 ENGINE_SCRIPT = Path(__file__).with_name("tpu_engine_proc.py")
 
-__all__ = ["EngineSpec", "NetNs", "TpuEngine"]
+__all__ = ["EngineSpec", "NetNs", "TpuEngine", "rendered_kv_transfer_config"]
+
+
+def rendered_kv_transfer_config(connector: str, role: str, *, kv_role: str | None = None,
+                                control_socket: str | None = None, data_address: str = "127.0.0.1:7600") -> dict:
+    """The --kv-transfer-config the operator renders for `role` of a vllm-tpu serving with
+    `connector`, with what the pod fills in: $(POD_IP) and the data port (from `data_address`,
+    the test sidecar's), and the control socket's path (test sidecars do not live in
+    /run/tpusync). `kv_role` overrides the role's (a test engine that both saves and loads)."""
+    from tpusync_operator.builders.engine import kv_transfer_config
+    from tpusync_operator.models import DisaggregatedServingSpec
+
+    spec = DisaggregatedServingSpec.model_validate({
+        "model": {"name": "m", "uri": "/models/m"}, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
+        "kvTransfer": {"connector": connector}})
+    ip, port = data_address.rsplit(":", 1)
+    kv = json.loads(json.dumps(kv_transfer_config(spec, role, int(port))).replace("$(POD_IP)", ip))
+    if control_socket is not None:
+        kv["kv_connector_extra_config"]["control_socket"] = control_socket
+    if kv_role is not None:
+        kv["kv_role"] = kv_role
+    return kv
 
 
 @dataclass

@@ -22,12 +22,16 @@ DEFAULT_IMAGES = {
     "reference": versions.SERVING_IMAGE,
     "vllm-tpu": versions.VLLM.image,
 }
-# tpusync's vLLM KV connector (python/tpusync); the name vLLM loads through kv_transfer_config.
-VLLM_CONNECTOR = "TPUSyncConnector"
-VLLM_CONNECTOR_MODULE = "tpusync.vllm.connector"
-# tpu_inference's own connector (vLLM on TPU), with its KV transfer and side-channel ports.
-TPU_INFERENCE_CONNECTOR = "TPUConnector"
-TPU_INFERENCE_CONNECTOR_MODULE = "tpu_inference.distributed.tpu_connector"
+# vLLM on TPU runs through tpu-inference, whose platform accepts only a few kv_connector names
+# (tpu_inference 0.32.0 platforms/tpu_platform.py, check_and_update_config), TPUConnector among
+# them; vLLM takes the class of that name from kv_connector_module_path (its kv_connector/factory.py).
+TPU_CONNECTOR_NAME = "TPUConnector"
+# connector tpusync: tpusync's connector for tpu-inference (python/tpusync/tpu_inference).
+TPUSYNC_CONNECTOR_MODULE = "tpusync.tpu_inference.connector"
+# connector tpu-inference: tpu_inference's own TPUConnector, with the fix vLLM 0.32 needs for
+# correct decode tokens (python/tpusync/tpu_inference/upstream_fix.py), and its KV transfer and
+# side-channel ports.
+TPU_INFERENCE_CONNECTOR_MODULE = "tpusync.tpu_inference.upstream_fix"
 TPU_INFERENCE_PORTS = {"tpu-kv": 9100, "tpu-kv-side": 9600}
 
 # Engine pod volumes (spec.storage): weights and the XLA/JAX compile cache.
@@ -72,7 +76,7 @@ class ModelSource:
     ref: str                      # a Hugging Face repo id, a gs:// URI, or a path
 
     @classmethod
-    def of(cls, model: ModelRef) -> "ModelSource":
+    def of(cls, model: ModelRef) -> ModelSource:
         uri = model.uri
         if uri.startswith("hf://"):
             return cls("hf", uri[len("hf://"):])
@@ -128,25 +132,23 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
     return ["python", "-m", "sgl_jax.launch_server"], args + sglang_pd.engine_args(owner, role) + extra
 
 
+def kv_transfer_config(spec: DisaggregatedServingSpec, role: str, data_port: int) -> dict[str, Any]:
+    """vLLM's --kv-transfer-config of one role (tests/tpu_inference runs real engines with it)."""
+    kv = {"kv_connector": TPU_CONNECTOR_NAME, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+          # A block that cannot be loaded after all is recomputed, not a failed request.
+          "kv_load_failure_policy": "recompute"}
+    if spec.kv_transfer.connector == "tpu-inference":
+        return kv | {"kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE}
+    return kv | {"kv_connector_module_path": TPUSYNC_CONNECTOR_MODULE,
+                 "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
+                                               "data_address": f"$(POD_IP):{data_port}"}}
+
+
 def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, port: int, tensor_parallel: int,
               data_port: int, kv_events_port: int) -> list[str]:
     """`vllm serve` arguments (after the subcommand) of one role."""
     m = spec.model
-    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
-    if spec.kv_transfer.connector == "tpu-inference":
-        kv: dict[str, Any] = {"kv_connector": TPU_INFERENCE_CONNECTOR,
-                              "kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE, "kv_role": kv_role}
-    else:
-        kv = {
-            "kv_connector": VLLM_CONNECTOR,
-            "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
-            "kv_role": kv_role,
-            "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
-                                          "data_address": f"$(POD_IP):{data_port}",
-                                          "layerwise": spec.kv_transfer.layerwise},
-            # A block that cannot be loaded after all is recomputed, not a failed request.
-            "kv_load_failure_policy": "recompute",
-        }
+    kv = kv_transfer_config(spec, role, data_port)
     # KV events for llm-d's precise prefix-cache scoring.
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
               "topic": kv_events_topic(spec)}

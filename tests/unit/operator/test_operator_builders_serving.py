@@ -121,7 +121,9 @@ def test_vllm_kv_transfer_config():
     pods = dict(_pods(plan(serving, pool).apply))
     args = pods["llm-prefill/leader"]["spec"]["containers"][0]["args"]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
-    assert kv["kv_role"] == "kv_producer" and kv["kv_connector_extra_config"]["layerwise"] is True
+    # vLLM on TPU: tpusync's connector for tpu-inference, under the one name its platform accepts.
+    assert (kv["kv_connector"], kv["kv_connector_module_path"]) == ("TPUConnector", "tpusync.tpu_inference.connector")
+    assert kv["kv_role"] == "kv_producer"
     # The prefill engine advertises its sidecar's data port to decode engines.
     assert kv["kv_connector_extra_config"]["data_address"] == "$(POD_IP):7600"
     assert kv["kv_load_failure_policy"] == "recompute"
@@ -235,13 +237,15 @@ def test_lws_shape():
 
 
 def test_vllm_tpu_inference_connector():
-    """On TPU, tpu_inference's own TPUConnector does the P/D transfer; its ports are declared."""
+    """connector tpu-inference: tpu_inference's own TPUConnector with the fix vLLM 0.32 needs
+    (tests/tpu_inference/test_tpu_connector.py shows the shipped one decodes wrong tokens); its
+    ports are declared."""
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-inference"})
     c = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
     kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
-    assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpu_inference.distributed.tpu_connector",
-                  "kv_role": "kv_consumer"}
+    assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpusync.tpu_inference.upstream_fix",
+                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"tpu-kv": 9100, "tpu-kv-side": 9600}.items()
 
 

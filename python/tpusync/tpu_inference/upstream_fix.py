@@ -1,4 +1,4 @@
-"""tpu-inference 0.32.0's TPUConnector with the one-line fix for vLLM 0.32 (test support).
+"""tpu-inference 0.32.0's TPUConnector with the one-line fix for vLLM 0.32.
 
 The defect: the decode side reports its pulls as asynchronous (`get_num_new_matched_tokens`
 returns `(n, True)`) and, once a pull is done, inserts the pulled KV into the cache inside
