@@ -1,6 +1,6 @@
 """Operator scale check on the e2e control plane (a benchmark, not a test).
 
-Starts its own control plane (e2e/cluster.py: etcd, kube-apiserver, controller-manager,
+Starts its own control plane (tests/support/cluster.py: etcd, kube-apiserver, controller-manager,
 scheduler, kwok), installs the CRDs and the Helm chart, runs the operator as a process with
 the chart's ServiceAccount token (as the e2e suite does), creates one TPUSyncPool and N
 DisaggregatedServing objects (reference engine, cpuOnly, routing on: 15 children and 3
@@ -32,14 +32,16 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "e2e"))
-sys.path.insert(0, str(REPO / "bench"))
+REPO = Path(__file__).resolve().parents[1]
+# Run as `python bench/operator_bench.py`: bench/ is on sys.path (report); the repository
+# root goes there too, for tests.support.
+sys.path.insert(0, str(REPO))
 
-from cluster import Cluster, wait_for  # noqa: E402
-from conftest import llmd_objective_crd  # noqa: E402
-from operator_proc import OperatorProcess, helm_install_operator  # noqa: E402
 from report import report  # noqa: E402
+
+from tests.support.cluster import Cluster, llmd_objective_crd  # noqa: E402
+from tests.support.operator_process import OperatorProcess, helm_install_operator  # noqa: E402
+from tests.support.polling import wait_for  # noqa: E402
 
 API = "tpusync.dev/v1alpha1"
 NS = "bench"

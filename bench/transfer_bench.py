@@ -23,18 +23,21 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import rawtcp
+from report import RATE_COLUMNS, report
 from rich.console import Console
 
-import rawtcp
 import tpusync
-from report import RATE_COLUMNS, report
 from tpusync import sidecar
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))
-from tests.support import fabric as fab  # noqa: E402
+# Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
+# root goes there too, for tests.support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import fabric as fab
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 QWEN3_235B_TOKEN_BYTES = 94 * 2 * 4 * 128 * 2
@@ -161,8 +164,8 @@ def bench_shm(workdir, secret_file, total, block, reps) -> list[dict]:
         puts, gets = [], []
         for r in range(reps):
             keys = keys_for(10 + r, n)
-            puts.append(_timed(lambda: pair.ea.put(keys, bufs)))
-            gets.append(_timed(lambda: pair.ea.get(keys, outs)))
+            puts.append(_timed(partial(pair.ea.put, keys, bufs)))
+            gets.append(_timed(partial(pair.ea.get, keys, outs)))
             assert np.array_equal(src, dst)
             pair.ea.evict(keys)
     finally:

@@ -1,22 +1,22 @@
 """pytest fixtures for the e2e suite: one real control plane (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok) per test session. See e2e/cluster.py and
-docs/e2e.md. Run with `make e2e` (builds the control plane first) or
-`.venv/bin/python -m pytest e2e` after `make controlplane`."""
+kube-controller-manager, kube-scheduler, kwok) per test session. The machinery is in
+tests/support/ (cluster.py, lws.py, operator_process.py); see docs/e2e.md. Run with
+`make e2e` (builds the control plane first) or `.venv/bin/python -m pytest e2e` after
+`make controlplane`."""
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cluster import Cluster, ControlPlaneError  # noqa: E402
-from lws import LWSController  # noqa: E402
-from operator_proc import REPO, OperatorProcess, helm_install_operator  # noqa: E402
+from tests.support import REPO
+from tests.support.cluster import Cluster
+from tests.support.controlplane import ControlPlaneError
+from tests.support.lws import LWSController
+from tests.support.operator_process import OperatorProcess, helm_install_operator
+from tests.support.polling import WaitTimeout
+from tests.support.processes import ProcessExited
 
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
 # google.com/tpu=present:NoSchedule).
@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
     try:
         cl = Cluster.create(workdir=workdir)
         cl.start()
-    except ControlPlaneError as err:
+    except (ControlPlaneError, ProcessExited, WaitTimeout) as err:
         error = str(err)
     if error is not None:
         pytest.fail(error, pytrace=False)
@@ -124,18 +124,7 @@ def llmd_crds(cluster, crds):
     """InferenceObjective as llm-d serves it (llm-d.ai/v1alpha2, what the operator writes):
     the published Gateway API Inference Extension CRD with its group renamed; schema
     unchanged. See docs/e2e.md."""
-    src = cluster.crd_dir / "inference.networking.x-k8s.io_inferenceobjectives.yaml"
-    path = cluster.workdir / "llm-d.ai_inferenceobjectives.yaml"
-    path.write_text(yaml.safe_dump(llmd_objective_crd(src)))
-    return cluster.install_crds([path])
-
-
-def llmd_objective_crd(published: Path) -> dict:
-    doc = next(d for d in yaml.safe_load_all(published.read_text())
-               if d and d.get("kind") == "CustomResourceDefinition")
-    doc["spec"]["group"] = "llm-d.ai"
-    doc["metadata"] = {"name": f"{doc['spec']['names']['plural']}.llm-d.ai"}
-    return doc
+    return cluster.install_llmd_crds()
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +135,7 @@ def operator_nodes(cluster):
 
 @pytest.fixture(scope="session")
 def lws(cluster, crds, tmp_path_factory):
-    """The LeaderWorkerSet controller and its webhooks (e2e/lws.py)."""
+    """The LeaderWorkerSet controller and its webhooks (tests/support/lws.py)."""
     controller = LWSController(cluster, tmp_path_factory.mktemp("lws"))
     try:
         controller.start()

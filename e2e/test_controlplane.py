@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cluster import TPU_TAINT, read_versions
+from tests.support.cluster import TPU_TAINT
+from tests.support.controlplane import read_versions
 
 
 def test_version_is_pinned(cluster):

@@ -10,8 +10,8 @@ import json
 import pytest
 import yaml
 
-from cluster import wait_for
-from operator_proc import REPO
+from tests.support import REPO
+from tests.support.polling import wait_for
 
 API = "tpusync.dev/v1alpha1"
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import yaml
 
-from cluster import wait_for
-from operator_proc import REPO, helm_install_operator
+from tests.support import REPO
+from tests.support.operator_process import helm_install_operator
+from tests.support.polling import wait_for
 
 RELEASE = "e2e-helm"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"

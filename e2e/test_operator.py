@@ -15,7 +15,7 @@ import json
 
 import yaml
 
-from cluster import wait_for
+from tests.support.polling import wait_for
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 
 API = "tpusync.dev/v1alpha1"

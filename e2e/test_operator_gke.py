@@ -1,5 +1,5 @@
 """A TPUSyncPool in mode gke on the real control plane, with the operator process talking to
-the GKE API contract server (tests/unit/operator/gke_api_server.py: the documented
+the GKE API contract server (tests/support/gke_api.py: the documented
 nodePools/operations API and the metadata server's token, on 127.0.0.1; it is not GKE).
 
 The operator creates the node pool through the API; the test plays GKE's part of bringing
@@ -10,16 +10,12 @@ goes. GKE completes operations on its own, so the server completes them after a 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-from cluster import wait_for
 from test_operator import FINALIZER, apply, get, wait_condition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "operator"))
-from gke_api_server import PARENT, serve  # noqa: E402
+from tests.support.gke_api import PARENT, serve
+from tests.support.polling import wait_for
 
 NODE_POOL = "e2e-gke-v6e"
 

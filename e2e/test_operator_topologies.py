@@ -1,14 +1,14 @@
 """More of the operator on the real control plane: store nodes as a DaemonSet (and a switch
 of kind, which prunes the old one), a multi-host role as a LeaderWorkerSet run by the real LWS
-controller (e2e/lws.py: its webhooks label the group's pods and inject the TPU environment),
+controller (tests/support/lws.py: its webhooks label the group's pods and inject the TPU environment),
 and two live operators sharing one peering, of which only one acts.
 """
 
 from __future__ import annotations
 
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
-from cluster import wait_for
-from operator_proc import OperatorProcess
+from tests.support.operator_process import OperatorProcess
+from tests.support.polling import wait_for
 from test_operator import (CONVERGE, apply, container, get, items, owned_by, pool_obj,
                            serving_obj, wait_condition)
 

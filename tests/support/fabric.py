@@ -39,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -451,11 +450,3 @@ class Fabric:
     def counters(self) -> dict[str, Counters]:
         return {h.name: h.counters() for h in self.hosts}
 
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, pause: float = 0.02) -> None:
-    """Polls `predicate` until it holds; raises TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout} s")
-        time.sleep(pause)

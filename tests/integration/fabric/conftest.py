@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # tests.support, shared with bench/
-
-from tests.support import fabric as fab  # noqa: E402
-
-import tpusync  # noqa: E402
+import tpusync
+from tests.support import REPO as ROOT
+from tests.support import fabric as fab
 
 SECRET = b"fabric-integration-secret-0123456789"
 BLOCK = 256 << 10

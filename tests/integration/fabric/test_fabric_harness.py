@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 from tests.support import fabric as fab
+from tests.support.polling import wait_for
 
 from .conftest import ROOT
 
 CRASHING = """
-import sys, time
-sys.path.append(sys.argv[1])
+import time
 from tests.support import fabric
 f = fabric.Fabric(2)
 f.start()
@@ -38,7 +38,8 @@ def test_addresses_exist_only_inside_the_fabric(make_fabric):
 def test_a_crashed_harness_is_cleaned_up_by_the_next_one(make_fabric):
     """A harness killed with SIGKILL leaves its namespaces, a process in one and its work
     directory; the next Fabric's start removes them (and leaves other live fabrics alone)."""
-    proc = subprocess.Popen([sys.executable, "-c", CRASHING, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # python -c: the working directory is on sys.path
     name, sleeper = proc.stdout.readline().split()
     proc.kill()
     proc.wait()
@@ -49,7 +50,8 @@ def test_a_crashed_harness_is_cleaned_up_by_the_next_one(make_fabric):
     live = make_fabric(1)
     assert not [n for n in namespaces() if n.startswith(name)]
     assert not os.path.exists(os.path.join(fab.WORK_ROOT, name))
-    fab.wait_until(lambda: not os.path.exists(f"/proc/{sleeper}") or _zombie(sleeper), 10, "the stale process dies")
+    wait_for("the stale process to die", lambda: not os.path.exists(f"/proc/{sleeper}") or _zombie(sleeper), 10,
+             interval=0.02)
     assert live.hosts[0].ns in namespaces()
 
 

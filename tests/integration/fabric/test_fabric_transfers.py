@@ -4,13 +4,13 @@ over shaped links with a round-trip time (tests/support/fabric.py)."""
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 
 import numpy as np
 
 from tests.support import fabric as fab
+from tests.support.polling import wait_for
 
 from .conftest import BLOCK, engine
 
@@ -107,7 +107,7 @@ def test_a_pull_survives_a_link_that_drops_for_a_second(sidecars):
 
     t = threading.Thread(target=pull)
     t.start()
-    fab.wait_until(lambda: f.hosts[1].counters().rx_bytes - start > 4 * MIB, 30, "4 MiB arrive")
+    wait_for("4 MiB to arrive", lambda: f.hosts[1].counters().rx_bytes - start > 4 * MIB, 30, interval=0.02)
     f.hosts[0].link_down()
     time.sleep(1.0)   # the outage itself, not a synchronisation
     dropped = f.hosts[0].dropped_packets()

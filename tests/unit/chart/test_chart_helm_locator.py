@@ -1,19 +1,22 @@
-"""The chart tests find helm where the e2e suite finds it, and fail (never skip) without it."""
+"""The chart tests find helm where the e2e cluster finds its binaries, and fail (never skip)
+without it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-import chart_helm
+from tests.support import controlplane, helm as helm_support
+from tests.support.helm import Helm
 
 
-def test_missing_helm_says_to_run_make_controlplane(monkeypatch, tmp_path):
+def test_missing_helm_says_to_run_make_controlplane(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TPUSYNC_CONTROLPLANE_DIR", str(tmp_path / "nowhere"))
-    with pytest.raises(chart_helm.HelmNotBuilt, match="make controlplane"):
-        chart_helm.helm_binary()
+    with pytest.raises(helm_support.HelmNotBuilt, match="make controlplane"):
+        helm_support.helm_binary()
 
 
-def test_same_directory_as_e2e(helm):
-    cluster = chart_helm._e2e_cluster()
-    assert helm.binary == cluster.controlplane_dir() / "bin" / "helm"
+def test_same_directory_as_e2e(helm: Helm) -> None:
+    assert helm.binary == controlplane.controlplane_dir() / "bin" / "helm"
     assert "v4." in helm.run("version", "--short").stdout

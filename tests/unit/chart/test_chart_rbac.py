@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from chart_helm import find, kinds
+from tests.support.helm import find, kinds
 from tpusync_operator.builders.llmd import EPP_RULES
 from tpusync_operator.kube import RESOURCES
 from tpusync_operator.planner import OPTIONAL_KINDS

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chart_helm import CHART, ROOT, find, kinds
+from tests.support import REPO as ROOT
+from tests.support.helm import CHART, find, kinds
 
 CI_VALUES = CHART / "ci" / "ci-values.yaml"
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())

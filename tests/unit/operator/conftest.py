@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gke_api_server import FakeGKEState, serve
+from tests.support.gke_api import FakeGKEState, serve
 from op_helpers import Clock, FakeKube
 
 
@@ -20,7 +20,7 @@ def kube() -> FakeKube:
 
 @pytest.fixture
 def gke_server() -> tuple[FakeGKEState, str]:
-    """The documented GKE REST API on 127.0.0.1 (gke_api_server.py): (state, base URL)."""
+    """The documented GKE REST API on 127.0.0.1 (tests/support/gke_api.py): (state, base URL)."""
     state, url, stop = serve()
     yield state, url
     stop()

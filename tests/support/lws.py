@@ -1,5 +1,5 @@
 """The real LeaderWorkerSet controller (sigs.k8s.io/lws, built by e2e/build-lws.sh) as a
-process beside the control plane, with its admission webhooks.
+process beside the control plane (tests/support/cluster.py), with its admission webhooks.
 
 In a cluster LWS runs as a pod behind a Service and rotates its own webhook certificate.
 Here it serves its webhooks on 127.0.0.1 with a certificate made for that address, and the
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from cluster import LOOPBACK, Cluster, Component, ControlPlaneError, free_port, wait_for
+from tests.support.cluster import Cluster
+from tests.support.controlplane import ControlPlaneError
+from tests.support.polling import wait_for
+from tests.support.processes import LOOPBACK, Component, free_port
 
 LWS_SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
 # (name, path, kind, resource, operations): LWS v0.8's config/webhook/manifests.yaml.
@@ -84,12 +87,13 @@ class LWSController:
         }
         (self.workdir / "config.yaml").write_text(yaml.safe_dump(config))
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        self.component = Component("lws-controller", [str(lws_binary()), f"--config={self.workdir / 'config.yaml'}"],
-                                   self.workdir / "logs" / "lws-controller.log", env=env)
-        self.component.start()
+        component = Component("lws-controller", [str(lws_binary()), f"--config={self.workdir / 'config.yaml'}"],
+                              self.workdir / "logs" / "lws-controller.log", env=env)
+        self.component = component
+        component.start()
         self.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
             _webhook_configurations(f"https://{LOOPBACK}:{webhook_port}", ca)))
-        self.cluster._wait_http(self.component, f"http://{LOOPBACK}:{health_port}/readyz", timeout)
+        self.cluster.wait_http(component, f"http://{LOOPBACK}:{health_port}/readyz", timeout)
         # The webhooks answer once the certificate is loaded: a dry-run LWS goes through both.
         probe = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
                  "metadata": {"name": "lws-webhook-probe", "namespace": "default"},
@@ -97,7 +101,7 @@ class LWSController:
                      {"name": "c", "image": "registry.example/none:0"}]}}}}}
         wait_for("the LWS webhooks", lambda: self.cluster.kubectl(
             "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False).returncode == 0,
-            timeout, interval=0.5, on_timeout=lambda: f"\n{self.component.tail()}")
+            timeout, interval=0.5, on_timeout=lambda: f"\n{component.tail()}")
 
     def stop(self) -> None:
         self.cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration",

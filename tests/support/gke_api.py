@@ -1,6 +1,6 @@
-"""A local HTTP server on 127.0.0.1 implementing the documented GKE REST API (container.googleapis.com
-v1) that the operator uses, for contract tests. It is written from the documentation, not
-from GKE's behaviour, and is not GKE:
+"""The GKE API contract server: a local HTTP server on 127.0.0.1 implementing the documented
+GKE REST API (container.googleapis.com v1) that the operator uses, for contract tests. It is
+written from the documentation, not from GKE's behaviour, and is not GKE:
 
 - projects.locations.clusters.nodePools create / get / delete / setSize / setAutoscaling
   return long-running Operations; projects.locations.operations get polls them, and an

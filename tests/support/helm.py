@@ -1,57 +1,42 @@
 """The pinned helm binary (helm v4, built by `make controlplane` into the e2e control-plane
-cache), found exactly as the e2e suite finds it: e2e/cluster.py's controlplane_dir() and
-check_controlplane(), so both agree on ~/.cache/tpusync/controlplane/<key>/bin and on
-TPUSYNC_CONTROLPLANE_DIR. Plus small wrappers to render and lint the chart."""
+cache) found where the e2e cluster finds its binaries (tests/support/controlplane.py: the
+same ~/.cache/tpusync/controlplane/<key>/bin, the same TPUSYNC_CONTROLPLANE_DIR), and small
+wrappers to render the chart and pick objects out of what it renders."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3]
-CHART = ROOT / "charts" / "tpusync-operator"
-E2E_CLUSTER = ROOT / "e2e" / "cluster.py"
+from tests.support import REPO
+from tests.support.controlplane import ControlPlaneError, check_controlplane, controlplane_dir
+
+CHART = REPO / "charts" / "tpusync-operator"
 
 
 class HelmNotBuilt(RuntimeError):
     pass
 
 
-def _e2e_cluster() -> ModuleType:
-    """e2e/cluster.py as a module (e2e/ is not a package; a private name avoids clashing with
-    the `cluster` module that e2e/conftest.py imports)."""
-    name = "_tpusync_e2e_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, E2E_CLUSTER)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module   # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def helm_binary() -> Path:
     """Path of the pinned helm; raises HelmNotBuilt (saying to run `make controlplane`)."""
-    cluster = _e2e_cluster()
     try:
-        cp_dir = cluster.controlplane_dir()
-        cluster.check_controlplane(cp_dir)
-    except (cluster.ControlPlaneError, subprocess.CalledProcessError) as e:
+        cp_dir = controlplane_dir()
+        check_controlplane(cp_dir)
+    except (ControlPlaneError, subprocess.CalledProcessError) as e:
         raise HelmNotBuilt(f"helm is not built: {e}\nRun `make controlplane` (the chart tests use the "
                            "pinned helm from the e2e control-plane cache).") from e
     return cp_dir / "bin" / "helm"
 
 
 class HelmFailed(AssertionError):
-    def __init__(self, args: list[str], proc: subprocess.CompletedProcess):
+    def __init__(self, args: list[str], proc: subprocess.CompletedProcess[str]):
         super().__init__(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
         self.proc = proc
         self.output = proc.stdout + proc.stderr
@@ -62,7 +47,7 @@ class Helm:
     binary: Path
     home: Path          # HELM_CACHE_HOME / HELM_CONFIG_HOME / HELM_DATA_HOME: nothing under ~
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.home),
                "HELM_CACHE_HOME": str(self.home / "cache"), "HELM_CONFIG_HOME": str(self.home / "config"),
                "HELM_DATA_HOME": str(self.home / "data")}

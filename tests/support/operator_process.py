@@ -14,10 +14,15 @@ import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from cluster import LOOPBACK, Cluster, Component, free_port, wait_for
+import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+from tests.support.cluster import Cluster
+from tests.support.polling import wait_for
+from tests.support.processes import LOOPBACK, Component, free_port
+
 PEER_ID = "e2e-operator"   # fixed kopf peer id: a restarted process is the same peer
 
 
@@ -66,13 +71,15 @@ class OperatorProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as f:
             f.write(f"\n===== start #{self.starts + 1}: {' '.join(argv)}\n")
-        self.component = Component("tpusync-operator", argv, self.log, env=env)
-        self.component.start()
+        component = Component("tpusync-operator", argv, self.log, env=env)
+        self.component = component
+        component.start()
         self.starts += 1
         wait_for("the operator's liveness endpoint", self._healthy, timeout,
-                 on_timeout=lambda: "\n" + self.component.tail())
+                 on_timeout=lambda: "\n" + component.tail())
 
     def _healthy(self) -> bool:
+        assert self.component is not None
         self.component.check()
         url = f"http://{LOOPBACK}:{self.health_port}/healthz"
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -116,25 +123,21 @@ class OperatorProcess:
 
     # ----- resource usage (bench) ---------------------------------------------------------
     def cpu_seconds(self) -> float:
-        """User + system CPU seconds of the process so far (/proc/<pid>/stat)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        """User + system CPU seconds of the process so far."""
+        assert self.component is not None
+        return self.component.cpu_seconds()
 
     def peak_rss_bytes(self) -> int:
         """Peak resident set size (VmHWM) of the process."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        assert self.component is not None
+        return self.component.peak_rss_bytes()
 
 
 def helm_install_operator(cluster: Cluster, release: str, namespace: str, *,
-                          values: dict | None = None, wait: bool = True,
-                          timeout: str = "120s") -> subprocess.CompletedProcess:
+                          values: dict[str, Any] | None = None, wait: bool = True,
+                          timeout: str = "120s") -> subprocess.CompletedProcess[str]:
     """`helm install` the repo's chart with its CI values; kwok plays the operator pods
     (they tolerate the fake nodes' TPU taint), so --wait checks the Deployment too."""
-    import yaml
     chart = REPO / "charts" / "tpusync-operator"
     vals = {"tolerations": [{"key": "google.com/tpu", "operator": "Exists",
                              "effect": "NoSchedule"}], **(values or {})}

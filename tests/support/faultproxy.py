@@ -31,7 +31,8 @@ import aiohttp
 import yaml
 from aiohttp import web
 
-LOOPBACK = "127.0.0.1"
+from tests.support.processes import LOOPBACK
+
 # Not forwarded either way (RFC 9110 7.6.1), plus what the two HTTP stacks set themselves.
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade", "host", "content-length"}
