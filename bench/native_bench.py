@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report import RATE_COLUMNS, report
 from rich.console import Console
 
 import tpusync
-from report import RATE_COLUMNS, report
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 LOOKUP_KEYS = 10_000
@@ -154,7 +154,7 @@ def bench_lookup(reps: int = 50) -> list[dict]:
         out = []
         for name, k in (("lookup-10k-array", keys), ("lookup-10k-ints", as_ints)):
             assert s.lookup(k).prefix_len == LOOKUP_KEYS
-            t = median_time(lambda _: s.lookup(k), reps)
+            t = median_time(lambda _, k=k: s.lookup(k), reps)
             out.append({"case": name, "bytes": 0, "seconds": t, "gbps": None,
                         "baseline_gbps": None, "ratio": t / LOOKUP_TARGET_S})
         return out

@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from report import report
 from rich.console import Console
 
-from report import report
 from tpusync import KVStore, Tier, sidecar
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig

@@ -39,19 +39,21 @@ import textwrap
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))
-import rawtcp  # noqa: E402
-from report import report  # noqa: E402
-from tests.support import fabric as fab  # noqa: E402
+# Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
+# root goes there too, for tests.support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rawtcp
+from report import report
 
-from tpusync import KVStore, sidecar  # noqa: E402
-from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager, plan  # noqa: E402
+from tests.support import fabric as fab
+from tpusync import KVStore, sidecar
+from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager, plan
 
 MIB, GIB = 1 << 20, 1 << 30
 BLOCK = 16 * MIB  # a leaf fits one block: CPU samplers use the pool slot in place (see docs/weights.md)
@@ -189,14 +191,14 @@ def chain(workdir, secret_file, total: int, hops: int) -> tuple[float, float]:
 
 def naive(workdir, secret_file, total: int, samplers: int) -> float:
     """Every sampler host pulls its own whole copy from the trainer host, all at once."""
-    from tpusync.weights import manifest as mf
+    from tpusync.weights.storage import read_manifest, version_keys
 
     cl = Cluster(workdir, secret_file, total)
     try:
         trainer = cl.host()
         hosts = [cl.host() for _ in range(samplers)]
         publish(trainer, total, 1)
-        keys = mf.version_keys(mf.read_manifest(engine(trainer), "bench", 1))
+        keys = version_keys(read_manifest(engine(trainer), "bench", 1))
         stores = [engine(h) for h in hosts]
         errors: list[BaseException] = []
 
@@ -256,11 +258,11 @@ class FabricCluster:
 
     def publish(self, total: int) -> list[int]:
         """Publishes version 1 on the trainer's host; returns the version's block keys."""
-        from tpusync.weights import manifest as mf
+        from tpusync.weights.storage import read_manifest, version_keys
 
         sync = WeightSynchronizer(engine(self.trainer), "bench", blocks_per_chunk=FABRIC_CHUNK_BLOCKS)
         sync.publish(weights(total, 1), 1)
-        return mf.version_keys(mf.read_manifest(engine(self.trainer), "bench", 1))
+        return version_keys(read_manifest(engine(self.trainer), "bench", 1))
 
     def close(self) -> None:
         self.fabric.close()
@@ -334,15 +336,15 @@ def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list
         return case(name, total, seconds, baseline, cpu) | {"line_rate_seconds": line_rate,
                                                              "vs_line_rate": seconds / line_rate}
 
-    hop, hop_cpu = median_of(reps, lambda: fabric_transfer(profile, secret_file, total, 1, plan.CHAIN))
-    pull, _ = median_of(reps, lambda: fabric_naive(profile, secret_file, total, 1))
+    hop, hop_cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, 1, plan.CHAIN))
+    pull, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, 1))
     out = [fcase(f"fabric-hop-1-{tag}", hop, hop, hop_cpu), fcase(f"fabric-pull-1-{tag}", pull, hop),
            case(f"hop-vs-pull-fabric-{tag}", total, hop, pull) | {"ratio": pull / hop, "pull_seconds": pull}]
     for n in hosts:
         for topology in (plan.CHAIN, plan.TREE):
-            s, cpu = median_of(reps, lambda: fabric_transfer(profile, secret_file, total, n, topology))
+            s, cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, n, topology))
             out.append(fcase(f"fabric-{topology}-{n}-{tag}", s, hop, cpu))
-        s, _ = median_of(reps, lambda: fabric_naive(profile, secret_file, total, n))
+        s, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, n))
         out.append(fcase(f"fabric-naive-{n}-{tag}", s, hop))
     return out
 
@@ -368,20 +370,20 @@ def main() -> None:
             tag = f"{gib:g}g"
             raw = rawtcp.run(total, 4, reps)
             results.append(case(f"tcp-raw-{tag}", total, raw.seconds, raw.seconds, raw.cpu_seconds))
-            one, _ = median_of(reps, lambda: onehost(workdir, secret_file, total, 1))
+            one, _ = median_of(reps, partial(onehost, workdir, secret_file, total, 1))
             results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
             for n in args.samplers:
-                s, _ = median_of(reps, lambda: onehost(workdir, secret_file, total, n))
+                s, _ = median_of(reps, partial(onehost, workdir, secret_file, total, n))
                 results.append(case(f"onehost-{n}-samplers-{tag}", total, s, one))
-            hop, hop_cpu = median_of(reps, lambda: chain(workdir, secret_file, total, 1))
+            hop, hop_cpu = median_of(reps, partial(chain, workdir, secret_file, total, 1))
             results.append(case(f"chain-1-hops-{tag}", total, hop, hop, hop_cpu))
             for n in args.samplers:
-                seconds, cpu = median_of(reps, lambda: chain(workdir, secret_file, total, n))
+                seconds, cpu = median_of(reps, partial(chain, workdir, secret_file, total, n))
                 results.append(case(f"chain-{n}-hops-{tag}", total, seconds, hop, cpu))
-            base, _ = median_of(reps, lambda: naive(workdir, secret_file, total, 1))
+            base, _ = median_of(reps, partial(naive, workdir, secret_file, total, 1))
             results.append(case(f"naive-1-samplers-{tag}", total, base, base))
             for n in args.samplers:
-                s, _ = median_of(reps, lambda: naive(workdir, secret_file, total, n))
+                s, _ = median_of(reps, partial(naive, workdir, secret_file, total, n))
                 results.append(case(f"naive-{n}-samplers-{tag}", total, s, base))
             hvp = case(f"hop-vs-pull-loopback-{tag}", total, hop, base, hop_cpu)
             hvp |= {"ratio": base / hop, "pull_seconds": base, "raw_cpu_s_per_gb": raw.cpu_seconds / (total / 1e9),

@@ -14,4 +14,4 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 FIELD_MANAGER = "tpusync-operator"
 
-__all__ = ["GROUP", "VERSION", "API_VERSION", "FIELD_MANAGER"]
+__all__ = ["API_VERSION", "FIELD_MANAGER", "GROUP", "VERSION"]

@@ -24,8 +24,7 @@ import yaml
 from pydantic import BaseModel
 
 from . import GROUP, VERSION
-from .models import (DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec,
-                     TPUSyncPoolStatus)
+from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
 
 _DROP = {"title", "examples"}
 _FORBIDDEN = {"anyOf", "oneOf", "allOf", "$ref", "not", "$defs"}
@@ -93,7 +92,7 @@ def _check_structural(node: Any, path: str) -> None:
 def structural_schema(model: type[BaseModel], path: str) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    schema = _inline(raw, defs, path)
+    schema: dict[str, Any] = _inline(raw, defs, path)
     _check_structural(schema, path)
     return schema
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -177,7 +178,7 @@ class GKEClient:
         return await self._call("GET", cluster.operation(name))
 
     async def wait_operation(self, cluster: ClusterRef, name: str, *, interval: float = 5.0,
-                             timeout: float = 1800.0) -> dict[str, Any]:
+                             timeout: float = 1800.0) -> dict[str, Any]:  # noqa: ASYNC109 - counts injected sleeps
         """Poll a long-running operation until DONE (used outside the reconcile loop, e.g. CLI)."""
         waited = 0.0
         while True:

@@ -3,7 +3,7 @@ manager, get/list/delete, status patches, and discovery of optional CRDs. No dec
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 from typing import Any, Protocol
 
@@ -97,24 +97,23 @@ class ApiKube:
             data = await response.read()
         except ApiException as e:   # raised by older clients even without preloading
             raise KubeError(e.status or 0, str(e.reason), request) from e
-        except asyncio.TimeoutError as e:
+        except TimeoutError as e:
             raise KubeError(0, f"no answer within {self.timeout:g} s", request) from e
         except (aiohttp.ClientError, OSError) as e:
             raise KubeError(0, f"{type(e).__name__}: {e}", request) from e
         if not 200 <= response.status <= 299:
             message = data.decode("utf-8", "replace")
-            try:
+            with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
                 message = json.loads(message).get("message", message)
-            except (ValueError, AttributeError):
-                pass
             raise KubeError(response.status, message, request)
         return json.loads(data) if data else None
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-        return await self._call("PATCH", url, body=obj, content_type="application/apply-patch+yaml",
-                                query=[("fieldManager", self.field_manager), ("force", "true")])
+        applied: dict[str, Any] = await self._call("PATCH", url, body=obj, content_type="application/apply-patch+yaml",
+                                                   query=[("fieldManager", self.field_manager), ("force", "true")])
+        return applied
 
     async def create(self, obj: dict[str, Any]) -> bool:
         meta = obj["metadata"]
@@ -129,11 +128,12 @@ class ApiKube:
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
-            return await self._call("GET", path(api_version, kind, namespace, name))
+            found: dict[str, Any] | None = await self._call("GET", path(api_version, kind, namespace, name))
         except KubeError as e:
             if e.status == 404:
                 return None
             raise
+        return found
 
     async def list(self, api_version: str, kind: str, namespace: str | None,
                    selector: dict[str, str]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from .quantity import QUANTITY_PATTERN
 from .versions import EPP, ROUTING_PROXY, SIDECAR_IMAGE
@@ -187,7 +188,7 @@ class TPUSyncPoolSpec(Model):
     auth: AuthSpec = sub(AuthSpec, "Shared secret for the data plane.")
 
 
-_MAP_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+_MAP_LIST: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 
 
 class Condition(Model):
@@ -319,7 +320,8 @@ class KVTransfer(Model):
     connector: Literal["tpusync", "tpu-inference", "sglang-jax"] = Field(
         "tpusync", description="tpusync: tpusync's data path (the reference engine's; for vllm-tpu, tpusync's "
                                "connector for tpu-inference: P/D and the DRAM/disk prefix tiers through the "
-                               "pool's sidecars; tensor parallelism 1 only for now: on a sharded engine it turns itself off and "
+                               "pool's sidecars; tensor parallelism 1 only for now: on a sharded engine it turns "
+                               "itself off and "
                                "decode recomputes). tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
                                "P/D only, with the fix vLLM 0.32 needs for correct decode tokens). "
                                "sglang-jax: sglang-jax's own P/D (a bootstrap registry per serving, "

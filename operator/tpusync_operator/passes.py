@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 import kopf
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)  # the key of one object
 
 
 @dataclass
@@ -32,28 +35,28 @@ class _Slot:
 
 
 @dataclass
-class PassQueue:
+class PassQueue(Generic[K]):
     """`run(key)` performs one pass for the object `key` (a no-op when it is gone). At most
     `limit` triggered passes run at once: a burst (a rollout of many objects) then queues
     here instead of crowding the API server, and passes of new objects (their own create
     handlers, outside this queue) are not starved."""
-    run: Callable[[Hashable], Awaitable[None]]
-    touch: Callable[[Hashable], Awaitable[None]]
+    run: Callable[[K], Awaitable[None]]
+    touch: Callable[[K], Awaitable[None]]
     limit: int = 8
     error_delay: float = 60.0       # kopf's default backoff after an unexpected error
     touch_backoff: float = 1.0      # first wait after a failed touch
-    _slots: dict[Hashable, _Slot] = field(default_factory=dict)
+    _slots: dict[K, _Slot] = field(default_factory=dict)
     _running: asyncio.Semaphore | None = None
-    _retries: dict[Hashable, asyncio.Task[None]] = field(default_factory=dict)
+    _retries: dict[K, asyncio.Task[None]] = field(default_factory=dict)
 
-    def request(self, key: Hashable) -> None:
+    def request(self, key: K) -> None:
         slot = self._slots.get(key)
         if slot is not None:
             slot.again = True
         else:
             self._slots[key] = _Slot(asyncio.create_task(self._loop(key), name=f"reconcile {key}"))
 
-    async def _loop(self, key: Hashable) -> None:
+    async def _loop(self, key: K) -> None:
         if self._running is None:
             self._running = asyncio.Semaphore(self.limit)
         try:
@@ -76,7 +79,7 @@ class PassQueue:
         finally:
             del self._slots[key]
 
-    def _retry_later(self, key: Hashable, delay: float) -> None:
+    def _retry_later(self, key: K, delay: float) -> None:
         async def later() -> None:
             wait, backoff = delay, self.touch_backoff
             while True:
@@ -93,7 +96,7 @@ class PassQueue:
         self._cancel_retry(key)
         self._retries[key] = asyncio.create_task(later(), name=f"retry {key}")
 
-    def _cancel_retry(self, key: Hashable) -> None:
+    def _cancel_retry(self, key: K) -> None:
         task = self._retries.pop(key, None)
         if task is not None:
             task.cancel()

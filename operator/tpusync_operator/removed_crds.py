@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -43,4 +44,4 @@ def tolerate_removed_crds(retry_seconds: float = RETRY_SECONDS) -> None:
                 await asyncio.sleep(retry_seconds)
 
     infinite_watch.tolerates_removed_crds = True  # type: ignore[attr-defined]
-    watching.infinite_watch = infinite_watch  # type: ignore[assignment]
+    watching.infinite_watch = infinite_watch

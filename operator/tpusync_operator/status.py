@@ -4,9 +4,10 @@ The clock is passed in."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from .builders.common import DISK_ANNOTATION, DRAM_ANNOTATION
 from .builders.sidecar import CONTAINER_NAME
@@ -15,11 +16,11 @@ Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _ts(now: datetime) -> str:
-    return now.astimezone(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ def merge_conditions(old: list[dict[str, Any]] | None, new: list[Cond], generati
         out.append({
             "type": c.type, "status": status, "reason": c.reason, "message": c.message,
             "observedGeneration": generation,
-            "lastTransitionTime": _ts(now) if changed or "lastTransitionTime" not in prior
-            else prior["lastTransitionTime"],
+            "lastTransitionTime": prior["lastTransitionTime"]
+            if prior is not None and not changed and "lastTransitionTime" in prior else _ts(now),
         })
     return out
 

@@ -194,7 +194,8 @@ class KVStore:
         if isinstance(self._native, _native.SidecarClient):
             return self._native.read_remote_digests(peer, keys) if digests else self._native.read_remote(peer, keys)
         if isinstance(self._native, _RemoteBackend):
-            raise errors.PreconditionError("read_remote needs a local store or the pod's sidecar, not a data-port client")
+            raise errors.PreconditionError(
+                "read_remote needs a local store or the pod's sidecar, not a data-port client")
         if self._secret is None:
             raise errors.PreconditionError("read_remote needs the pool's secret: KVStore.local(secret=...)")
         try:
@@ -357,7 +358,8 @@ class _RemoteBackend:
 
     def lookup(self, keys: Keys, *, pin: bool = False) -> tuple[int, np.ndarray]:
         if pin:
-            raise errors.PreconditionError("pins are held through the pod's control socket (unix://), not the data port")
+            raise errors.PreconditionError(
+                "pins are held through the pod's control socket (unix://), not the data port")
         tiers = self._client.exists(keys)
         missing = np.flatnonzero(tiers == Tier.NONE)
         return (int(missing[0]) if missing.size else len(tiers)), tiers

@@ -27,7 +27,7 @@ class Owner:
     uid: str
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> "Owner":
+    def from_body(cls, body: dict[str, Any]) -> Owner:
         meta = body["metadata"]
         return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
 

@@ -18,8 +18,15 @@ import yaml
 from .. import versions
 from ..models import DisaggregatedServingSpec
 from . import names
-from .common import (LLMD_SERVING_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context,
-                     metadata, pod_security_context)
+from .common import (
+    LLMD_SERVING_LABEL,
+    SERVING_LABEL,
+    Owner,
+    base_labels,
+    container_security_context,
+    metadata,
+    pod_security_context,
+)
 
 EPP_GRPC_PORT = 9002
 # How llm-d weighs a prefix block by the tier an engine holds it on: the accelerator's own
@@ -51,10 +58,11 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_por
     data_layer: dict[str, Any] | None = None
     if r.precise_prefix_cache:
         selector = ",".join(f"{k}={v}" for k, v in serving_pod_labels(owner).items())
+        decode_url = f"http://{names.role(owner.name, 'decode')}.{owner.namespace}.svc:{spec.port}"
         plugins += [
             {"type": "token-producer",
              "parameters": {"modelName": spec.model.name,
-                            "vllm": {"url": f"http://{names.role(owner.name, 'decode')}.{owner.namespace}.svc:{spec.port}"}}},
+                            "vllm": {"url": decode_url}}},
             {"type": "endpoint-notification-source"},
             {"type": "metrics-data-source"},
             {"type": "core-metrics-extractor"},

@@ -10,8 +10,16 @@ from ..models import TPUSyncPoolSpec
 from ..quantity import to_bytes
 from ..tpu import ACCELERATOR_LABEL, NODEPOOL_LABEL, TOPOLOGY_LABEL, Slice
 from . import names
-from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, POOL_LABEL, Owner, base_labels, metadata,
-                     pod_security_context, resources)
+from .common import (
+    DISK_ANNOTATION,
+    DRAM_ANNOTATION,
+    POOL_LABEL,
+    Owner,
+    base_labels,
+    metadata,
+    pod_security_context,
+    resources,
+)
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
 

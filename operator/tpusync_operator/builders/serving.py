@@ -11,11 +11,33 @@ from ..models import DisaggregatedServingSpec, DiskTier, TPUSyncPoolSpec, Volume
 from ..quantity import to_bytes
 from ..tpu import TPU_RESOURCE, Slice
 from . import names
-from .common import (DISK_ANNOTATION, DRAM_ANNOTATION, LLMD_ROLE_LABEL, LLMD_SERVING_LABEL, POOL_LABEL,
-                     ROLE_LABEL, SERVING_LABEL, Owner, base_labels, container_security_context, metadata,
-                     pod_security_context, resources)
-from .engine import (COMPILE_CACHE_DIR, WEIGHTS_DIR, ModelSource, engine_command, engine_env, engine_image,
-                     engine_ports, engine_probe_path, proxy_kv_connector)
+from .common import (
+    DISK_ANNOTATION,
+    DRAM_ANNOTATION,
+    LLMD_ROLE_LABEL,
+    LLMD_SERVING_LABEL,
+    POOL_LABEL,
+    ROLE_LABEL,
+    SERVING_LABEL,
+    Owner,
+    base_labels,
+    container_security_context,
+    metadata,
+    pod_security_context,
+    resources,
+)
+from .engine import (
+    COMPILE_CACHE_DIR,
+    WEIGHTS_DIR,
+    ModelSource,
+    MultiHost,
+    engine_command,
+    engine_env,
+    engine_image,
+    engine_ports,
+    engine_probe_path,
+    proxy_kv_connector,
+)
 from .pool import pool_node_selector, tpu_node_labels
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
@@ -116,7 +138,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
-    multi_host = None if plan.kind == "Deployment" else ("leader" if serving else "worker")
+    multi_host: MultiHost = None if plan.kind == "Deployment" else ("leader" if serving else "worker")
     command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
                                    data_port=pool.spec.sidecar.data_port,
                                    kv_events_port=pool.spec.sidecar.kv_events_port, multi_host=multi_host)

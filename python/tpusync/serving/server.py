@@ -72,7 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
         except errors.InvalidArgumentError as e:
             self._error(400, str(e))
             return
-        except Exception as e:  # noqa: BLE001 - the client gets a 500, the server keeps serving
+        except Exception as e:  # the client gets a 500, the server keeps serving
             log.exception("request failed")
             self._error(500, f"{type(e).__name__}: {e}")
             return
@@ -115,7 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
                      "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
                      "kv_transfer_params": result.kv_transfer_params, "tpusync": result.stats.as_dict()}
             self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
-        except Exception as e:  # noqa: BLE001 - reported in the stream, the server keeps serving
+        except Exception as e:  # reported in the stream, the server keeps serving
             log.exception("request failed")
             self.wfile.write(f"data: {json.dumps({'error': {'message': f'{type(e).__name__}: {e}'}})}\n\n".encode())
         self.close_connection = True

@@ -56,7 +56,7 @@ class Plan:
 
     def max_fanout(self) -> int:
         worst = 0
-        for source, parents in self.parents.items():
+        for parents in self.parents.values():
             counts: dict[str, int] = {}
             for p in parents.values():
                 counts[p] = counts.get(p, 0) + 1
@@ -80,10 +80,7 @@ def build_plan(sources: Sequence[str], destinations: Sequence[str], *, chunks: i
         raise ValueError("fanout must be at least 1")
     sources = tuple(dict.fromkeys(sources))
     dests = tuple(h for h in dict.fromkeys(destinations) if h not in sources)
-    if isinstance(chunks, int):
-        chunk_counts = {s: chunks for s in sources}
-    else:
-        chunk_counts = {s: chunks[s] for s in sources}
+    chunk_counts = dict.fromkeys(sources, chunks) if isinstance(chunks, int) else {s: chunks[s] for s in sources}
     if any(n < 1 for n in chunk_counts.values()):
         raise ValueError("every source needs at least one chunk")
     k = 1 if topology == CHAIN else fanout
