@@ -18,20 +18,30 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-import msgpack
 import zmq
 
 
+Event = list[Any]  # one positional event, as above
+
+
 def block_stored(block_hashes: Sequence[int], parent_hash: int | None, token_ids: Sequence[int], block_size: int,
-                 *, medium: str = "CPU", lora_id: int | None = None) -> list:
+                 *, medium: str = "CPU", lora_id: int | None = None) -> Event:
     return ["BlockStored", list(block_hashes), parent_hash, list(token_ids), block_size, lora_id, medium]
 
 
-def block_removed(block_hashes: Sequence[int], *, medium: str = "CPU") -> list:
+def block_removed(block_hashes: Sequence[int], *, medium: str = "CPU") -> Event:
     return ["BlockRemoved", list(block_hashes), medium]
+
+
+class EventSink(Protocol):
+    """Where a BlockAnnouncer sends its batches: a KVEventPublisher, or an engine's own publisher
+    through an adapter (tpusync.vllm.events). `send` returns the batch's sequence number if known."""
+
+    def send(self, events: list[Event]) -> int | None: ...
 
 
 class KVEventPublisher:
@@ -41,7 +51,10 @@ class KVEventPublisher:
     (to a central collector). `topic` is conventionally "kv@<pod-ip>:<port>@<model>".
     """
 
-    def __init__(self, endpoint: str, topic: str, *, dp_rank: int = 0):
+    def __init__(self, endpoint: str, topic: str, *, dp_rank: int = 0) -> None:
+        import msgpack  # here: engines that publish through their own publisher (vLLM's) lack msgpack
+
+        self._pack = msgpack.Packer(use_bin_type=True)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUB)
         host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0]
@@ -55,10 +68,10 @@ class KVEventPublisher:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def send(self, events: list[list]) -> int:
+    def send(self, events: list[Event]) -> int:
         """Publishes one batch of events; returns its sequence number."""
-        payload = msgpack.packb([time.time(), events, self.dp_rank], use_bin_type=True)
         with self._lock:
+            payload = self._pack.pack([time.time(), events, self.dp_rank])
             seq = self._seq
             self._sock.send_multipart([self.topic, struct.pack(">Q", seq), payload])
             self._seq += 1
@@ -98,6 +111,10 @@ class _Block:
 class BlockAnnouncer:
     """Keeps llm-d's index of one engine's blocks true to what its store holds. Thread-safe.
 
+    The one implementation of "what to announce" for every engine tpusync serves: the reference
+    server (`tpusync.serving`) sends its batches to a KVEventPublisher, vLLM's and tpu-inference's
+    connector to vLLM's own publisher (`tpusync.vllm.events`).
+
     After each request the engine passes the prompt's full blocks and where its store holds
     them (`tiers`: tpusync.store.Tier codes, `held`: the leading blocks it can load). Every held
     block is announced from the first one (BlockStored, one event per run of blocks on the same
@@ -110,18 +127,19 @@ class BlockAnnouncer:
     seconds) asks the store where the remembered blocks are now and announces the changes.
     """
 
-    def __init__(self, publisher: KVEventPublisher, block_size: int, *, remember: int = 1 << 16):
+    def __init__(self, publisher: EventSink, block_size: int, *, remember: int = 1 << 16) -> None:
         self.publisher, self.block_size, self.remember = publisher, block_size, remember
         self._blocks: dict[int, _Block] = {}  # event hash -> block, least recently served first
         self._lock = threading.Lock()
 
     def announce(self, hashes: Sequence[int], keys: Sequence[int], tokens: Sequence[int], tiers: Sequence[int],
                  held: int) -> int | None:
-        """Publishes the events for one prompt; returns the batch's sequence number (None: nothing to say)."""
+        """Publishes the events for one prompt; returns the batch's sequence number (None: nothing to
+        say, or a sink that does not number batches)."""
         media = [_media(tiers[i]) if i < held else frozenset() for i in range(len(hashes))]
-        events = []
+        events: list[tuple[int, Event]] = []
         for name, _ in _MEDIA_BITS:  # runs of consecutive held blocks on one medium
-            start = None
+            start: int | None = None
             for i in range(held + 1):
                 on = i < held and name in media[i]
                 if on and start is None:
@@ -147,27 +165,58 @@ class BlockAnnouncer:
                                          media[i])
             while len(self._blocks) > self.remember:
                 del self._blocks[next(iter(self._blocks))]
+            # Sent under the lock: batches leave in the order the announcer's state changed.
             return self.publisher.send(batch) if batch else None
 
-    def audit(self, lookup) -> int | None:
+    def audit(self, lookup: Callable[[list[int]], Sequence[int]]) -> int | None:
         """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key)
-        and announces what changed since; returns the batch's sequence number, None if nothing did."""
-        with self._lock:  # held across the lookup: an announce in between would be overwritten
+        and announces what changed since; returns the batch's sequence number, None if nothing did.
+
+        The lookup runs without the lock, so an engine announcing a request never waits for it;
+        a block announced again meanwhile is left to that newer announcement."""
+        with self._lock:
             items = list(self._blocks.items())
-            if not items:
-                return None
-            tiers = lookup([b.key for _, b in items])
-            batch = []
+        if not items:
+            return None
+        tiers = lookup([b.key for _, b in items])
+        with self._lock:
+            now = [(h, b, _media(t)) for (h, b), t in zip(items, tiers) if self._blocks.get(h) is b]
+            batch: list[Event] = []
             for name, _ in _MEDIA_BITS:
-                gone = []
-                for (h, b), t in zip(items, tiers):
-                    now = _media(t)
-                    if name in now and name not in b.media:  # e.g. written behind to disk
-                        batch.append(block_stored([h], b.parent, b.tokens.tolist(), self.block_size, medium=name))
-                    elif name in b.media and name not in now:  # evicted, or dropped by the store
-                        gone.append(h)
+                stored = {h: b for h, b, media in now if name in media and name not in b.media}  # e.g. demoted
+                for h in _parents_first(stored):
+                    b = stored[h]
+                    batch.append(block_stored([h], b.parent, b.tokens.tolist(), self.block_size, medium=name))
+                gone = [h for h, b, media in now if name in b.media and name not in media]  # evicted, dropped
                 if gone:
                     batch.append(block_removed(gone, medium=name))
-            for (h, b), t in zip(items, tiers):
-                b.media = _media(t)
+            for _, b, media in now:
+                b.media = media
             return self.publisher.send(batch) if batch else None
+
+    def forget_announced(self) -> None:
+        """The router dropped everything it knew of this engine (vLLM's AllBlocksCleared, a prefix
+        cache reset, clears every tier in llm-d): the next audit announces again every remembered
+        block the store still holds."""
+        with self._lock:
+            for b in self._blocks.values():
+                b.media = frozenset()
+
+
+def _parents_first(blocks: dict[int, _Block]) -> list[int]:
+    """The hashes of `blocks`, each after its parent when the parent is among them too: llm-d
+    resolves an event's parent when it reads the event, and may have forgotten a parent that
+    was removed everywhere until the parent is stored again."""
+    order: list[int] = []
+    done: set[int] = set()
+    for h in blocks:
+        chain = []
+        while h in blocks and h not in done:
+            chain.append(h)
+            done.add(h)
+            parent = blocks[h].parent
+            if parent is None:
+                break
+            h = parent
+        order.extend(reversed(chain))
+    return order

@@ -1,6 +1,6 @@
 """One vLLM engine (offline LLM API, in-process executor) driven over stdin/stdout.
 
-    python engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null}'
+    python engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null, "kv_events_config": {...}}'
 
 Reads one JSON command per line on stdin and answers one JSON line on stdout (vLLM's own
 output goes to stderr):
@@ -28,12 +28,16 @@ def main() -> int:
     spec = json.loads(sys.argv[1])
 
     from vllm import LLM, SamplingParams
+    from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
+
+    events = spec.get("kv_events_config")
 
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, block_size=BLOCK_SIZE,
               kv_cache_memory_bytes=16 << 20, distributed_executor_backend="uni", max_model_len=1024,
               max_num_seqs=4, max_num_batched_tokens=1024, enable_prefix_caching=True, seed=0,
-              kv_transfer_config=spec.get("kv_transfer_config"))
+              kv_transfer_config=spec.get("kv_transfer_config"),
+              kv_events_config=KVEventsConfig(**events) if events else None)
 
     def counters() -> dict:
         if not spec.get("kv_transfer_config"):

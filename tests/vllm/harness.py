@@ -41,11 +41,17 @@ class EngineSpec:
     model: str
     logs: Path
     kv_transfer_config: dict[str, Any] | None = None
+    kv_events_config: dict[str, Any] | None = None   # vLLM's --kv-events-config (engine processes only)
 
     def connector(self, role: str, **extra: Any) -> EngineSpec:
         kv = {"kv_connector": "TPUSyncConnector", "kv_connector_module_path": "tpusync.vllm.connector",
               "kv_role": role, "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
-        return EngineSpec(self.model, self.logs, kv)
+        return EngineSpec(self.model, self.logs, kv, self.kv_events_config)
+
+    def events(self, endpoint: str, topic: str) -> EngineSpec:
+        """Publishing KV events (vLLM's ZMQ publisher; an ipc:// or tcp://*: endpoint binds)."""
+        return EngineSpec(self.model, self.logs, self.kv_transfer_config,
+                          {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": topic})
 
     def start(self, name: str) -> Engine:
         return Engine(name, self)
@@ -66,7 +72,8 @@ class Engine:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
                    OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-        arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config})
+        arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
+                          "kv_events_config": self.spec.kv_events_config})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, str(ENGINE_SCRIPT), arg], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True)

@@ -36,5 +36,7 @@ $(VLLM_OVERLAY)/.ready: $(VLLM_ENV)/.complete $(VENV)/.installed
 	touch $@
 
 # --timeout: the first test also waits for the session's seven engines to start.
-vllm-test: $(VLLM_OVERLAY)/.ready
+# test_llmd_index.py feeds llm-d's indexer (tests/llmd/llmd.mk builds it once per version).
+vllm-test: $(VLLM_OVERLAY)/.ready llmd-indexer
+	TPUSYNC_LLMD_INDEXER=$$(bash tests/llmd/build-indexer.sh --print) \
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider --timeout=900 tests/vllm

@@ -14,22 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from tpusync import errors, pages
-from tpusync.vllm.common import COUNTERS, StoreLink, TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
+from tpusync.vllm.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
 from tpusync.vllm.config import ConnectorConfig
 
 
-class JaxWorkerSide:
-    """Called by the connector's worker-side methods on the model runner's thread."""
+class JaxWorkerSide(WorkerResults):
+    """Called by the connector's worker-side methods on the model runner's thread. tpu-inference
+    has no per-layer hooks: loads are whole before the forward, saves after it."""
 
-    def __init__(self, cfg: ConnectorConfig):
+    def __init__(self, cfg: ConnectorConfig) -> None:
+        super().__init__()
         self.cfg = cfg
         self.runner: Any = None
         self.block_bytes = 0
         self.link: StoreLink | None = None
-        self.errors: set[int] = set()
-        self.loaded: set[str] = set()
-        self.failed: dict[str, list[int]] = {}
-        self.interval: dict[str, int] = {}
 
     def register_runner(self, runner: Any) -> None:
         self.runner = runner
@@ -37,11 +35,6 @@ class JaxWorkerSide:
         self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
         log.info("tpusync connector (tpu-inference): %d layers of %s %s, %d bytes per block",
                  len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, self.block_bytes)
-
-    def _count(self, **counts: int) -> None:
-        COUNTERS.add(**counts)
-        for name, n in counts.items():
-            self.interval[name] = self.interval.get(name, 0) + n
 
     def _fail(self, req_id: str, keys: list[int], block_ids: list[int]) -> None:
         """These blocks were offered but are not loaded: vLLM recomputes them."""
@@ -72,8 +65,14 @@ class JaxWorkerSide:
                             len(t.keys) - n, len(t.keys))
                 self._fail(t.req_id, t.keys[n:], t.block_ids[n:])
 
-    def save(self, meta: TPUSyncConnectorMetadata | None) -> None:
-        if meta is None or not meta.saves or self.runner is None:
+    def wait_layer(self, layer_name: str) -> None:
+        pass  # loads are whole before the forward
+
+    def save_layer(self, layer_name: str, meta: TPUSyncConnectorMetadata) -> None:
+        pass  # saved after the forward, in wait_for_save
+
+    def wait_for_save(self, meta: TPUSyncConnectorMetadata | None) -> None:
+        if meta is None or not meta.saves or self.runner is None or self.link is None:
             return
         store = self.link.get()
         if store is None:
@@ -91,23 +90,6 @@ class JaxWorkerSide:
                 self.link.failed(e)
                 return
             self._count(saved_blocks=written // self.block_bytes)
-
-    def take_errors(self) -> set[int]:
-        out, self.errors = self.errors, set()
-        return out
-
-    def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
-        if not self.loaded and not self.failed:
-            return None
-        meta = TPUSyncWorkerMetadata(loaded=self.loaded, failed=self.failed)
-        self.loaded, self.failed = set(), {}
-        return meta
-
-    def take_stats(self) -> TPUSyncStats | None:
-        if not any(self.interval.values()):
-            return None
-        out, self.interval = self.interval, {}
-        return TPUSyncStats(data=out)
 
     def shutdown(self) -> None:
         if self.link is not None:

@@ -105,6 +105,42 @@ class TPUSyncWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
+# -- what a worker half reports after each step ------------------------------------------------
+
+class WorkerResults:
+    """The per-step results every worker half keeps and vLLM takes after each step: vLLM block
+    ids that could not be loaded, the requests whose loads ran and the keys that failed (for the
+    scheduler half), and the interval's counters."""
+
+    def __init__(self) -> None:
+        self.errors: set[int] = set()
+        self.loaded: set[str] = set()
+        self.failed: dict[str, list[int]] = {}
+        self.interval: dict[str, int] = {}
+
+    def _count(self, **counts: int) -> None:
+        COUNTERS.add(**counts)
+        for name, n in counts.items():
+            self.interval[name] = self.interval.get(name, 0) + n
+
+    def take_errors(self) -> set[int]:
+        out, self.errors = self.errors, set()
+        return out
+
+    def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
+        if not self.loaded and not self.failed:
+            return None
+        meta = TPUSyncWorkerMetadata(loaded=self.loaded, failed=self.failed)
+        self.loaded, self.failed = set(), {}
+        return meta
+
+    def take_stats(self) -> TPUSyncStats | None:
+        if not any(self.interval.values()):
+            return None
+        out, self.interval = self.interval, {}
+        return TPUSyncStats(data=out)
+
+
 # -- the store -----------------------------------------------------------------------------
 
 _LOCAL_STORES: dict[str | None, KVStore] = {}
@@ -129,7 +165,7 @@ class StoreLink:
     earlier store object are still held.
     """
 
-    def __init__(self, cfg: ConnectorConfig, block_bytes: int, purpose: str):
+    def __init__(self, cfg: ConnectorConfig, block_bytes: int, purpose: str) -> None:
         self._cfg, self._block_bytes, self._purpose = cfg, block_bytes, purpose
         self._store: KVStore | None = None
         self._down_until = 0.0

@@ -16,6 +16,8 @@
     peers            sidecar data addresses to look for prefixes in (list or comma-separated)
     timeout_s        control-socket and peer call timeout (default 30)
     retry_s          after a store failure, how long to run without it before reconnecting (default 5)
+    kv_events_audit_s  with vLLM's KV events enabled (--kv-events-config), how often to ask the
+                     store which announced blocks it demoted or evicted (default 2; 0: never)
 
 `kv_transfer_params` follow vLLM's NixlConnector conventions. The router (or a proxy) sends the
 prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finished` answers
@@ -58,6 +60,7 @@ class ConnectorConfig:
     peers: tuple[str, ...] = field(default_factory=tuple)
     timeout_s: float = 30.0
     retry_s: float = 5.0
+    kv_events_audit_s: float = 2.0
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> ConnectorConfig:
@@ -90,9 +93,11 @@ class ConnectorConfig:
             peers=tuple(p for p in peers if p),
             timeout_s=float(extra.get("timeout_s", cls.timeout_s)),
             retry_s=float(extra.get("retry_s", cls.retry_s)),
+            kv_events_audit_s=float(extra.get("kv_events_audit_s", cls.kv_events_audit_s)),
         )
-        if cfg.timeout_s <= 0 or cfg.retry_s < 0 or cfg.dram_bytes <= 0:
-            raise errors.InvalidArgumentError("timeout_s and dram_bytes must be positive, retry_s not negative")
+        if cfg.timeout_s <= 0 or cfg.retry_s < 0 or cfg.dram_bytes <= 0 or cfg.kv_events_audit_s < 0:
+            raise errors.InvalidArgumentError("timeout_s and dram_bytes must be positive, retry_s and "
+                                              "kv_events_audit_s not negative")
         return cfg
 
 

@@ -23,8 +23,10 @@ from tpusync.vllm.common import (
     log,
 )
 from tpusync.vllm.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
+from tpusync.vllm.events import ConnectorEvents
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import KVConnectorOutput
@@ -41,13 +43,14 @@ class _Request:
     pins: Pins = field(default_factory=Pins)
     load: tuple[int, int] | None = None  # (first block, blocks) offered by the last lookup
     saved: int = 0                  # leading prompt blocks in the store or being saved
+    plain: bool = True              # keyed by the tokens alone (no LoRA, no cache salt): llm-d keys them alike
 
 
 class SchedulerSide:
     """Called by TPUSyncConnector's scheduler-side methods, on vLLM's scheduler thread."""
 
     def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int, engine_id: str,
-                 save: bool, pull: bool):
+                 save: bool, pull: bool, kv_events: bool = False) -> None:
         self.cfg, self.block_size, self.engine_id = cfg, block_size, engine_id
         self.save, self.pull = save, pull
         self.hasher = BlockHasher(block_size, cfg.hash_seed)
@@ -61,6 +64,8 @@ class SchedulerSide:
         self.awaiting_load: dict[str, Pins] = {}
         self.kv_cache_manager: Any = None
         self._warned_no_address = False
+        # vLLM's KV events are on: announce the blocks the store holds for this engine.
+        self.events = ConnectorEvents(cfg, block_size=block_size, block_bytes=block_bytes) if kv_events else None
 
     def _track(self, request: Request) -> _Request | None:
         st = self.reqs.get(request.request_id)
@@ -75,7 +80,7 @@ class SchedulerSide:
         if request.cache_salt:
             extra.append(f"salt:{request.cache_salt}")
         st = _Request(keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
-                      remote=remote_peer(request.kv_transfer_params) if self.pull else None)
+                      remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=not extra)
         self.reqs[request.request_id] = st
         return st
 
@@ -254,6 +259,7 @@ class SchedulerSide:
         if st is None:
             return None
         self._unpin(st)
+        self._announce(request, st)
         params = request.kv_transfer_params
         if not (self.save and params and params.get("do_remote_decode")):
             return None
@@ -268,11 +274,32 @@ class SchedulerSide:
                                request_id=request.request_id, num_tokens=n * self.block_size,
                                block_size=self.block_size, last_key=st.keys[n - 1] if n else None)
 
+    def _announce(self, request: Request, st: _Request) -> None:
+        """Tells the router which of the prompt's blocks this engine can load from the store, and
+        from which tier: saved here, loaded, pulled from a peer or received by P/D alike."""
+        if self.events is None or not st.keys or not st.plain:
+            return  # LoRA and salted prompts: llm-d would key their tokens as plain text
+        store = self.link.get()
+        if store is None:
+            return  # no store, no claim: the router's index is left as it was
+        try:
+            found = store.lookup(st.keys)
+        except errors.TpuSyncError as e:
+            self.link.failed(e)
+            return
+        tokens = list(request.prompt_token_ids or ())[:len(st.keys) * self.block_size]
+        self.events.announce(st.keys, tokens, list(found.tiers), found.prefix_len)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.events.take() if self.events is not None else []
+
     def _unpin(self, st: _Request) -> None:
         pins, st.pins, st.load = st.pins, Pins(), None
         release_pins(self.link, pins)
 
     def shutdown(self) -> None:
+        if self.events is not None:
+            self.events.shutdown()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.link.close()
         self.pull_link.close()

@@ -14,15 +14,7 @@ from typing import Any
 import torch
 
 from tpusync import errors
-from tpusync.vllm.common import (
-    COUNTERS,
-    TPUSyncConnectorMetadata,
-    TPUSyncStats,
-    TPUSyncWorkerMetadata,
-    Transfer,
-    StoreLink,
-    log,
-)
+from tpusync.vllm.common import StoreLink, TPUSyncConnectorMetadata, Transfer, WorkerResults, log
 from tpusync.vllm.config import ConnectorConfig
 
 # Pool views of present blocks are read-only; torch warns when it wraps one (we only read them).
@@ -50,21 +42,18 @@ def _block_view(kv: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-class WorkerSide:
+class WorkerSide(WorkerResults):
     """Called by TPUSyncConnector's worker-side methods, on the model runner's thread, every step:
     start_load, wait_layer and save_layer (per layer), wait_for_save, then the take_* results."""
 
-    def __init__(self, cfg: ConnectorConfig):
+    def __init__(self, cfg: ConnectorConfig) -> None:
+        super().__init__()
         self.cfg = cfg
         self.layers: list[_Layer] = []
         self.index: dict[str, int] = {}
         self.block_bytes = 0
         self.link: StoreLink | None = None
         self.loader: ThreadPoolExecutor | None = None  # layerwise loads into a CPU cache run on a thread
-        self.errors: set[int] = set()
-        self.loaded: set[str] = set()
-        self.failed: dict[str, list[int]] = {}
-        self.interval: dict[str, int] = {}
         # this step's transfers
         self._load_stack: contextlib.ExitStack | None = None
         self._load_jobs: list[tuple[list[memoryview], list[int]]] = []
@@ -88,11 +77,6 @@ class WorkerSide:
             self.loader = ThreadPoolExecutor(1, thread_name_prefix="tpusync-load")
         log.info("TPUSyncConnector: %d layers, %d bytes per block, layerwise=%s", len(self.layers), offset,
                  self.cfg.layerwise)
-
-    def _count(self, **counts: int) -> None:
-        COUNTERS.add(**counts)
-        for name, n in counts.items():
-            self.interval[name] = self.interval.get(name, 0) + n
 
     # loads
 
@@ -287,25 +271,6 @@ class WorkerSide:
                     self._count(save_errors=1)
                     if self.link is not None:
                         self.link.failed(e)
-
-    # step results
-
-    def take_errors(self) -> set[int]:
-        out, self.errors = self.errors, set()
-        return out
-
-    def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
-        if not self.loaded and not self.failed:
-            return None
-        meta = TPUSyncWorkerMetadata(loaded=self.loaded, failed=self.failed)
-        self.loaded, self.failed = set(), {}
-        return meta
-
-    def take_stats(self) -> TPUSyncStats | None:
-        if not any(self.interval.values()):
-            return None
-        out, self.interval = self.interval, {}
-        return TPUSyncStats(data=out)
 
     def shutdown(self) -> None:
         self._finish_load()

@@ -1,0 +1,101 @@
+"""KV events for the blocks tpusync holds for a vLLM engine, on vLLM's own event publisher.
+
+vLLM publishes its GPU cache (medium "GPU") through the publisher `--kv-events-config`
+configures. Blocks in the pod's sidecar (host DRAM, disk) are the connector's to announce: the
+scheduler collects them with `KVConnectorBase_V1.take_events()` after every step and publishes
+them in the same batch as its own, on the same ZMQ socket and topic (vLLM 0.32.0:
+`Scheduler.update_from_output`, "collect KV cache events from connector"; vLLM's
+OffloadingConnector announces its CPU tier the same way).
+
+What to announce is `tpusync.kv_events.BlockAnnouncer`'s job, the same one the reference
+server uses: after a request finishes, the prompt's full blocks the sidecar holds, from the
+first one, per tier ("CPU" for host DRAM, "DISK"); every `kv_events_audit_s` seconds, what the
+sidecar demoted or evicted since. This module only turns its positional events into vLLM's
+`BlockStored` / `BlockRemoved` and queues them until the scheduler takes them.
+
+The engine publishes only when it steps: an audit's findings while the engine is idle go out
+with its next step (vLLM's engine loop sleeps on its input queue until a request comes).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+
+from tpusync import errors
+from tpusync.kv_events import BlockAnnouncer, Event
+from tpusync.vllm.common import StoreLink, log
+
+if TYPE_CHECKING:
+    from tpusync.vllm.config import ConnectorConfig
+
+_LOW64 = (1 << 64) - 1
+
+
+def event_hash(key: int) -> int:
+    """The engine key llm-d reads for a store key: its low 64 bits (docs/block-keys.md)."""
+    return key & _LOW64
+
+
+def to_vllm(event: Event) -> KVCacheEvent:
+    """One of BlockAnnouncer's positional events as vLLM's event struct."""
+    if event[0] == "BlockStored":
+        _, hashes, parent, tokens, block_size, lora_id, medium = event
+        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size,
+                           lora_id=lora_id, medium=medium, lora_name=None)
+    if event[0] == "BlockRemoved":
+        _, hashes, medium = event
+        return BlockRemoved(block_hashes=hashes, medium=medium)
+    raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")
+
+
+class ConnectorEvents:
+    """The scheduler half's KV events: announcements after requests, the store audit on a
+    thread of its own (its own store connection), and the queue `take()` drains. Thread-safe."""
+
+    def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int) -> None:
+        self._pending: list[KVCacheEvent] = []
+        self._lock = threading.Lock()
+        self.announcer = BlockAnnouncer(self, block_size)
+        self._audit_link = StoreLink(cfg, block_bytes, "KV event audits")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if cfg.kv_events_audit_s > 0:
+            self._thread = threading.Thread(target=self._audit_loop, args=(cfg.kv_events_audit_s,), daemon=True,
+                                            name="tpusync-kv-events-audit")
+            self._thread.start()
+
+    def send(self, events: list[Event]) -> None:
+        """BlockAnnouncer's sink: queued for the scheduler's next take_events()."""
+        converted = [to_vllm(e) for e in events]
+        with self._lock:
+            self._pending.extend(converted)
+
+    def take(self) -> list[KVCacheEvent]:
+        with self._lock:
+            out, self._pending = self._pending, []
+        return out
+
+    def announce(self, keys: list[int], tokens: list[int], tiers: list[int], held: int) -> None:
+        """A request's prompt blocks (store keys, their tokens) and where the store holds them."""
+        self.announcer.announce([event_hash(k) for k in keys], keys, tokens, tiers, held)
+
+    def _audit_loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):  # a period, not a synchronisation: nothing waits on it
+            store = self._audit_link.get()
+            if store is None:
+                continue
+            try:
+                self.announcer.audit(lambda keys: store.lookup(keys).tiers)
+            except errors.TpuSyncError as e:  # the sidecar is away: try again next period
+                self._audit_link.failed(e)
+            except Exception:  # never let the audit thread die
+                log.exception("tpusync KV event audit failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._audit_link.close()

@@ -1,0 +1,290 @@
+"""llm-d's own indexer (v0.9.0, tests/llmd/indexer) fed by real vLLM engines with
+TPUSyncConnector over real sidecars: vLLM publishes its GPU cache, the connector the blocks the
+sidecar holds for the engine (medium CPU for host DRAM, DISK), on vLLM's own ZMQ publisher
+(`take_events`). Every block an engine can load from tpusync is in the index for that pod at
+the tier the sidecar holds it; what the sidecar demotes or evicts is updated or removed.
+
+Engines: a (kv_both on host s, which has a disk tier), b (kv_both on s too: a fresh engine
+that loads what a saved), dec (kv_consumer on host d, pulls from s for P/D). Pods are the
+topics' names; events travel over ipc:// sockets (no network address). Each engine publishes
+only when it steps, so changes the connector finds by itself (its store audit, every 0.2 s
+here) reach the index with the engine's next request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Engine, EngineSpec, delta, prompt
+from tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
+
+from tpusync.hashing import BlockHasher
+from tpusync.launch import interrupt
+from tpusync.store import KVStore
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+AUDIT_S = 0.2
+WEIGHTS = [{"name": "gpu", "weight": 1.0}, {"name": "cpu", "weight": 0.8}, {"name": "disk", "weight": 0.5}]
+
+
+def indexer_binary() -> str:
+    """llm-d's indexer, built by tests/llmd/build-indexer.sh (`make vllm-test` builds it first)."""
+    path = os.environ.get("TPUSYNC_LLMD_INDEXER") or subprocess.run(
+        ["bash", str(ROOT / "tests/llmd/build-indexer.sh"), "--print"], check=True, capture_output=True,
+        text=True).stdout.strip().splitlines()[-1]
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"llm-d's indexer is not built at {path}: run `make llmd-indexer` (make vllm-test does)")
+    return path
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        result: dict[str, Any] = json.load(resp)
+        return result
+
+
+class Indexer:
+    """llmd-indexer: llm-d's indexer wired as the router's precise-prefix-cache-producer."""
+
+    def __init__(self, binary: str, block: int) -> None:
+        parameters = {"tokenProcessorConfig": {"blockSizeTokens": block},
+                      "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": False},
+                      "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": False},
+                                        "kvCacheBackendConfigs": WEIGHTS}}
+        self.block = block
+        self.process = subprocess.Popen([binary, "--config", json.dumps(parameters)], stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"llmd-indexer exited with {self.process.wait()}")
+        self.url = f"http://{json.loads(line)['listen']}"
+
+    def subscribe(self, pod: str, endpoint: str) -> None:
+        post(self.url + "/subscribe", {"pod": pod, "endpoint": endpoint})
+
+    def score(self, tokens: list[int]) -> dict[str, Any]:
+        return post(self.url + "/score", {"tokens": tokens, "model": MODEL, "pods": []})
+
+    def tiers(self, tokens: list[int], pod: str) -> dict[str, int]:
+        """Per tier, the pod's blocks of `tokens` from the first (llm-d's blocks)."""
+        tiers: dict[str, int] = self.score(tokens)["pods"].get(pod, {}).get("tiers", {})
+        return tiers
+
+    def stop(self) -> None:
+        interrupt(self.process, grace=10)
+
+
+class Pod:
+    """A vLLM engine and the pod name its KV-event topic carries."""
+
+    def __init__(self, name: str, spec: EngineSpec, work: Path, port: int) -> None:
+        self.pod = f"127.0.0.1:{port}"  # a name in the topic; nothing listens there
+        self.endpoint = f"ipc://{work}/events-{name}"
+        self.engine: Engine = spec.events(self.endpoint, f"kv@{self.pod}@{MODEL}").start(name)
+
+    def generate(self, tokens: list[int], max_tokens: int = 1, **kw: Any) -> dict[str, Any]:
+        return self.engine.generate(tokens, max_tokens, **kw)
+
+
+def eventually(check: Callable[[], Any], step: Callable[[], Any] | None = None, timeout_s: float = 60) -> Any:
+    """Polls `check()` (a request to the indexer) until it is truthy; the last value otherwise.
+    `step` runs before each poll: a request that makes the engine step, so it publishes what its
+    audit found (vLLM publishes events only from its step loop)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if step is not None:
+            step()
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)  # pacing the polls; the condition, not the pause, ends the wait
+
+
+def held(n_tokens: int, block: int) -> int:
+    """llm-d blocks of the full vLLM blocks of an n-token prompt (what a store of them serves)."""
+    return n_tokens // BLOCK_SIZE * BLOCK_SIZE // block
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tpusync import sidecar as sidecar_mod
+
+    binary = indexer_binary()
+    work = tmp_path_factory.mktemp("llmd-vllm")
+    secret = work / "secret"
+    secret.write_bytes(uuid.uuid4().hex.encode() * 2 + b"\n")
+    sidecars, pools, pods, indexers = {}, [], {}, {}
+    try:
+        for name, disk in (("s", True), ("d", False)):
+            pool = f"/dev/shm/tpusync-vllm-llmd-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pools.append(pool)
+            sidecars[name] = sidecar_mod.launch(
+                pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK_BYTES,
+                control_socket=str(work / f"{name}.sock"), disk_dir=str(work / f"disk-{name}") if disk else None,
+                disk_bytes=128 << 20 if disk else 0, stderr=subprocess.DEVNULL)
+        base = EngineSpec(str(build(work / "model")), work)
+        s, d = sidecars["s"], sidecars["d"]
+        pods["a"] = Pod("a", base.connector("kv_both", control_socket=s.control_socket, data_address=s.address,
+                                            kv_events_audit_s=AUDIT_S), work, 8001)
+        pods["b"] = Pod("b", base.connector("kv_both", control_socket=s.control_socket,
+                                            kv_events_audit_s=AUDIT_S), work, 8002)
+        pods["dec"] = Pod("dec", base.connector("kv_consumer", control_socket=d.control_socket,
+                                                kv_events_audit_s=AUDIT_S), work, 8003)
+        for p in pods.values():
+            p.engine.wait_ready()
+        for block in (16, 32):
+            ix = indexers[block] = Indexer(binary, block)
+            for i, p in enumerate(pods.values()):
+                connect(ix, p, seed=1000 + 100 * block + 10 * i)
+        yield pods, indexers, sidecars
+    finally:
+        for p in pods.values():
+            p.engine.stop()
+        for ix in indexers.values():
+            ix.stop()
+        for sc in sidecars.values():
+            if sc.process.poll() is None:
+                sc.kill()
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)
+
+
+def connect(ix: Indexer, p: Pod, seed: int) -> None:
+    """Subscribes and waits until the index has the engine's events: a ZMQ PUB drops what it
+    publishes before the subscription arrives, so probe prompts are served until one shows."""
+    ix.subscribe(p.pod, p.endpoint)
+    for i in range(40):
+        probe = prompt(seed + i, 64)
+        p.generate(probe)
+        if eventually(lambda: ix.tiers(probe, p.pod), timeout_s=1):
+            return
+    raise AssertionError(f"{ix.url} never received {p.pod}'s events")
+
+
+def sidecar_keys(tokens: list[int]) -> list[int]:
+    return BlockHasher(BLOCK_SIZE).keys(tokens)  # the connector's keys (default hash_seed)
+
+
+def test_computed_blocks_are_in_the_index_at_cpu_for_prompts_of_many_lengths(fleet: Any) -> None:
+    pods, indexers, _ = fleet
+    a = pods["a"]
+    for i, n in enumerate((31, 32, 33, 64, 100, 255, 256, 300, 511)):
+        tokens = prompt(100 + i, n)
+        a.generate(tokens)
+        for block, ix in indexers.items():
+            want = held(n, block)
+            if want:
+                def announced(ix: Indexer = ix, tokens: list[int] = tokens, want: int = want) -> bool:
+                    return ix.tiers(tokens, a.pod).get("cpu") == want
+                assert eventually(announced), (n, block, ix.tiers(tokens, a.pod))
+            else:  # not one full block: nothing to announce, nothing in the index
+                assert "cpu" not in ix.tiers(tokens, a.pod), (n, block)
+
+
+def test_blocks_evicted_from_vllm_stay_in_the_index_while_the_sidecar_serves_them(fleet: Any) -> None:
+    """vLLM evicts a prompt from its GPU cache (BlockRemoved GPU); the sidecar still holds it, so
+    the pod keeps it at cpu, matched blocks equal the blocks the engine then loads, and it scores
+    first."""
+    pods, indexers, _ = fleet
+    a, ix = pods["a"], indexers[16]
+    tokens = prompt(200, 330)  # 10 full blocks
+    a.generate(tokens)
+    for i in range(10):  # 300 blocks through a GPU cache of 256
+        a.generate(prompt(210 + i, 960))
+    got = eventually(lambda: "gpu" not in ix.tiers(tokens, a.pod) and ix.score(tokens))
+    assert got, f"vLLM never evicted the prompt: {ix.tiers(tokens, a.pod)}"
+    holder = got["pods"].get(a.pod, {})
+    assert holder.get("tiers") == {"cpu": held(330, 16)}, got
+    assert holder["matchedBlocks"] == held(330, 16)
+    assert got["order"][0] == a.pod
+    before = a.engine.stats()
+    a.generate(tokens)
+    assert delta(a.engine.stats(), before)["loaded_blocks"] * BLOCK_SIZE // 16 == held(330, 16)
+
+
+def test_blocks_loaded_after_a_prefix_cache_reset_and_by_a_fresh_engine(fleet: Any) -> None:
+    """A prefix-cache reset publishes AllBlocksCleared, which llm-d applies to every tier of the
+    pod; the request that then loads the prompt from the sidecar announces it again. Engine b,
+    which never computed the prompt, loads it from the same sidecar and announces it for itself."""
+    pods, indexers, _ = fleet
+    a, b, ix = pods["a"], pods["b"], indexers[16]
+    tokens = prompt(300, 300)  # 9 full blocks
+    a.generate(tokens)
+    assert eventually(lambda: ix.tiers(tokens, a.pod).get("cpu") == held(300, 16))
+    a.engine.call("reset_prefix_cache")
+    before = a.engine.stats()
+    a.generate(tokens)
+    assert delta(a.engine.stats(), before)["loaded_blocks"] == 9  # from the sidecar, not vLLM's cache
+    assert eventually(lambda: ix.tiers(tokens, a.pod).get("cpu") == held(300, 16)), ix.tiers(tokens, a.pod)
+
+    assert "cpu" not in ix.tiers(tokens, b.pod)
+    before = b.engine.stats()
+    b.generate(tokens)
+    assert delta(b.engine.stats(), before)["loaded_blocks"] == 9
+    assert eventually(lambda: ix.tiers(tokens, b.pod).get("cpu") == held(300, 16)), ix.tiers(tokens, b.pod)
+
+
+def test_blocks_received_by_pd_are_in_the_index_for_the_decode_pod(fleet: Any) -> None:
+    pods, indexers, _ = fleet
+    a, dec = pods["a"], pods["dec"]
+    tokens = prompt(400, 330)  # 10 full blocks
+    params = a.generate(tokens, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
+    before = dec.engine.stats()
+    dec.generate(tokens, max_tokens=3, kv_transfer_params=params)
+    assert delta(dec.engine.stats(), before)["pulled_blocks"] == 10
+    for block, ix in indexers.items():
+        def received(ix: Indexer = ix, want: int = held(330, block)) -> bool:
+            return ix.tiers(tokens, dec.pod).get("cpu") == want
+        assert eventually(received), (block, ix.tiers(tokens, dec.pod))
+        assert ix.tiers(tokens, a.pod).get("cpu") == held(330, block)
+
+
+def test_demotion_and_eviction_by_the_sidecar_reach_the_index_for_every_engine_on_the_host(fleet: Any) -> None:
+    """The sidecar writes the blocks behind to disk, then drops them: both engines of the host
+    that announced them say so (their store audits), at their next step."""
+    pods, indexers, sidecars = fleet
+    a, b, ix = pods["a"], pods["b"], indexers[16]
+    tokens = prompt(500, 300)  # 9 full blocks
+    want = held(300, 16)
+    a.generate(tokens)
+    b.generate(tokens)
+    for p in (a, b):
+        assert eventually(lambda p=p: ix.tiers(tokens, p.pod).get("cpu") == want), ix.tiers(tokens, p.pod)
+    keys = sidecar_keys(tokens)
+    seeds = itertools.count(10_000)
+
+    def stepped() -> None:  # something unrelated for each engine to serve: it steps and publishes
+        for p in (a, b):
+            p.generate(prompt(next(seeds), 40))
+
+    def on_disk(p: Pod) -> bool:
+        tiers = ix.tiers(tokens, p.pod)
+        return "cpu" not in tiers and tiers.get("disk") == want
+
+    def gone(p: Pod) -> bool:
+        tiers = ix.tiers(tokens, p.pod)
+        return "cpu" not in tiers and "disk" not in tiers
+
+    with KVStore.connect(f"unix://{sidecars['s'].control_socket}") as store:
+        store.evict(keys)  # DRAM -> disk (written behind)
+        assert all(int(t) == 2 for t in store.lookup(keys).tiers)
+        for p in (a, b):
+            assert eventually(lambda p=p: on_disk(p), stepped), (p.pod, ix.tiers(tokens, p.pod))
+        store.evict(keys)  # disk -> gone
+        assert not any(int(t) for t in store.lookup(keys).tiers)
+    for p in (a, b):
+        assert eventually(lambda p=p: gone(p), stepped), (p.pod, ix.tiers(tokens, p.pod))
