@@ -1,6 +1,8 @@
 """Weight synchronization for RL: trainers publish versioned pytrees, samplers receive them.
 
-See docs/weights.md. `plan` is pure (no I/O, no JAX); `manifest` holds the storage format.
+See docs/weights.md. `plan` is pure (no I/O, no JAX); `manifest` is the data model of a
+version, `codec` its stored form, `keys` its block keys, `storage` reading and writing it
+through a KVStore, `head` the host's current version.
 """
 
 from tpusync.weights.manager import TransferReport, WeightSynchronizerManager, WorkUnit

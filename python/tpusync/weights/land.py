@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from tpusync.store import KVStore
-from tpusync.weights import manifest as mf
+from tpusync.weights.checksums import WIRE_CHECKSUM
+from tpusync.weights.manifest import BlockRef
+from tpusync.weights.storage import verify_blocks
 
 
-def pull_chunk(store: KVStore, peer: str, blocks: list[mf.BlockRef], algo: str, *, verify: bool) -> bool:
+def pull_chunk(store: KVStore, peer: str, blocks: list[BlockRef], algo: str, *, verify: bool) -> bool:
     """Pulls the chunk's blocks this host lacks from `peer`; True when all are held (and, with
     verify, match the manifest). A block that landed in this pull is checked by the digest the
     sidecar computed as it arrived, when the manifest uses the same XXH3-64, so checking costs
@@ -18,11 +20,11 @@ def pull_chunk(store: KVStore, peer: str, blocks: list[mf.BlockRef], algo: str, 
     held, landed, digests = store.read_remote_digests(peer, keys)
     if not all(held):
         return False
-    by_wire = algo == mf.WIRE_CHECKSUM
+    by_wire = algo == WIRE_CHECKSUM
     bad = [b for b, now, d in zip(blocks, landed, digests) if by_wire and now and int(d) != b.checksum]
     rest = [b for b, now in zip(blocks, landed) if not (by_wire and now)]
     if rest:
-        bad += mf.verify_blocks(store, rest, algo)
+        bad += verify_blocks(store, rest, algo)
     if bad:
         store.evict([b.key for b in bad])
     return not bad

@@ -33,7 +33,10 @@ from typing import Any
 from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import land
-from tpusync.weights import manifest as mf
+from tpusync.weights.checksums import CHECKSUM
+from tpusync.weights.head import read_head, read_part_head
+from tpusync.weights.manifest import BlockRef, Manifest, merge_parts, source_chunks
+from tpusync.weights.storage import commit_on_host, read_manifest, write_manifest
 from tpusync.weights import plan as planmod
 
 TRAINER = "trainer"
@@ -168,18 +171,18 @@ class WeightSynchronizerManager:
         return self.start_transfer(*args, **kw).result()
 
     def _source_manifests(self, src: list[WorkUnit], model: str,
-                          version: int | None) -> tuple[int, dict[str, mf.Manifest], mf.Manifest]:
+                          version: int | None) -> tuple[int, dict[str, Manifest], Manifest]:
         """The version to send, what each source host holds of it, and the whole manifest."""
         stores = {u.host: self._store(u) for u in src}
-        parts = {u.host: mf.read_part_head(stores[u.host].pool_path, model) for u in src}
+        parts = {u.host: read_part_head(stores[u.host].pool_path, model) for u in src}
         if len(src) == 1 and (parts[src[0].host] is None
-                              or mf.read_head(stores[src[0].host].pool_path, model) is not None):
+                              or read_head(stores[src[0].host].pool_path, model) is not None):
             host = src[0].host
             if version is None:
-                version = mf.read_head(stores[host].pool_path, model)
+                version = read_head(stores[host].pool_path, model)
                 if version is None:
                     raise errors.NotFoundError(f"no committed version of {model!r} on {host}")
-            manifest = mf.read_manifest(stores[host], model, version)
+            manifest = read_manifest(stores[host], model, version)
             if manifest is None:
                 raise errors.NotFoundError(f"version {version} of {model!r} is not committed on {host}")
             return version, {host: manifest}, manifest
@@ -197,18 +200,18 @@ class WeightSynchronizerManager:
         held = {}
         for u in src:
             part = parts[u.host][1]
-            m = mf.read_manifest(stores[u.host], model, version, part)
+            m = read_manifest(stores[u.host], model, version, part)
             if m is None:
                 raise errors.NotFoundError(f"part {part[0]} of {part[1]} of version {version} of {model!r} "
                                            f"is not committed on {u.host}")
             held[u.host] = m
-        return version, held, mf.merge_parts(list(held.values()))
+        return version, held, merge_parts(list(held.values()))
 
     def _run(self, src: list[WorkUnit], dst: list[WorkUnit], model: str, version: int | None,
              on_chunk: ChunkCallback | None) -> TransferReport:
         start = time.perf_counter()
         version, held, whole = self._source_manifests(src, model, version)
-        chunks = mf.source_chunks(held, self.chunk_blocks or whole.blocks_per_chunk)
+        chunks = source_chunks(held, self.chunk_blocks or whole.blocks_per_chunk)
         counts = {h: len(c) for h, c in chunks.items()}
         plan = planmod.build_plan(list(held), [u.host for u in dst], chunks=counts, topology=self.topology,
                                   fanout=self.fanout)
@@ -226,8 +229,8 @@ class WeightSynchronizerManager:
                         on_chunk(host, done, len(order), sum(b.length for b in chunks[source][c]))
                 # Everything is here: the whole version's manifest, then its commit record.
                 store = self._store(by_host[host])
-                mf.write_manifest(store, whole)
-                mf.commit_on_host(store, whole)
+                write_manifest(store, whole)
+                commit_on_host(store, whole)
                 with state.cond:
                     report.committed.append(host)
             except Exception as e:  # noqa: BLE001 - the host is out of this transfer; others go on
@@ -255,7 +258,7 @@ class WeightSynchronizerManager:
         return report
 
     def _land_chunk(self, state: _State, report: TransferReport, unit: WorkUnit, source: str, c: int,
-                    blocks: list[mf.BlockRef], deadline: float) -> None:
+                    blocks: list[BlockRef], deadline: float) -> None:
         """Pulls chunk c of `source` from this host's live parent in that source's tree."""
         host = unit.host
         while True:
@@ -329,11 +332,11 @@ class WeightSynchronizerManager:
 class _State:
     """Who holds how many chunks of each source, and who is dead; guarded by `cond`."""
 
-    def __init__(self, plan: planmod.Plan, checksum: str = mf.CHECKSUM):
+    def __init__(self, plan: planmod.Plan, checksum: str = CHECKSUM):
         self.plan = plan
         self.checksum = checksum
         self.cond = threading.Condition()
-        self.ready = {s: {**{h: 0 for h in plan.destinations}, s: plan.chunks[s]} for s in plan.sources}
+        self.ready = {s: {**dict.fromkeys(plan.destinations, 0), s: plan.chunks[s]} for s in plan.sources}
         self.dead: set[str] = set()
 
     def parent(self, source: str, host: str) -> str:

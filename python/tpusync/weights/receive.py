@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import land
-from tpusync.weights import manifest as mf
+from tpusync.weights.keys import Part, ref_key
+from tpusync.weights.manifest import Manifest, merge_parts, source_chunks
+from tpusync.weights.storage import commit_on_host, read_commit, read_manifest, write_manifest
 from tpusync.weights import plan as planmod
 from tpusync.weights.polling import backoff
 
@@ -59,8 +61,8 @@ def receive_version(store: KVStore, model: str, version: int, *, host: str, sour
     n = len(sources)
     held = {s: _fetch_manifest(store, model, version, s, (i, n) if n > 1 else None, deadline)
             for i, s in enumerate(sources)}
-    whole = mf.merge_parts(list(held.values())) if n > 1 else held[sources[0]]
-    chunks = mf.source_chunks(held, chunk_blocks or whole.blocks_per_chunk)
+    whole = merge_parts(list(held.values())) if n > 1 else held[sources[0]]
+    chunks = source_chunks(held, chunk_blocks or whole.blocks_per_chunk)
     counts = {s: len(c) for s, c in chunks.items()}
     plan = planmod.build_plan(sources, [d.removeprefix("tpusync://") for d in destinations], chunks=counts,
                               topology=topology, fanout=fanout)
@@ -89,23 +91,23 @@ def receive_version(store: KVStore, model: str, version: int, *, host: str, sour
             report.rerouted.append((source, up, planmod.live_parent(plan, source, host, dead)))
         if on_chunk is not None:
             on_chunk(done, len(order), sum(b.length for b in chunks[source][c]))
-    mf.write_manifest(store, whole)
-    mf.commit_on_host(store, whole)
+    write_manifest(store, whole)
+    commit_on_host(store, whole)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _fetch_manifest(store: KVStore, model: str, version: int, source: str, part: mf.Part | None,
-                    deadline: float) -> mf.Manifest:
+def _fetch_manifest(store: KVStore, model: str, version: int, source: str, part: Part | None,
+                    deadline: float) -> Manifest:
     """The manifest (or part manifest) `source` publishes for `version`, waiting for it."""
-    ref = mf.ref_key(model, version, part)
+    ref = ref_key(model, version, part)
     if not (_wait_held(store, source, [ref], deadline) and all(store.read_remote(source, [ref]))):
         what = f"part {part[0]} of {part[1]} of version" if part else "version"
         raise errors.DeadlineExceededError(f"{what} {version} of {model!r} was not published on {source} in time")
-    record = mf.read_commit(store, model, version, part, key=ref)
+    record = read_commit(store, model, version, part, key=ref)
     if record is None or not all(store.read_remote(source, list(record.parts))):
         raise errors.UnavailableError(f"the manifest of version {version} of {model!r} left {source}")
-    manifest = mf.read_manifest(store, model, version, part, record=record)
+    manifest = read_manifest(store, model, version, part, record=record)
     if manifest is None:
         raise errors.UnavailableError(f"the manifest of version {version} of {model!r} left this host's pool")
     return manifest

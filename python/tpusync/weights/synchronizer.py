@@ -15,6 +15,7 @@ Slow calls have `_async` forms returning `concurrent.futures.Future`s (wrap them
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -27,9 +28,13 @@ import numpy as np
 
 from tpusync import _native, errors
 from tpusync.store import KVStore
-from tpusync.weights import manifest as mf
+from tpusync.weights.checksums import CHECKSUM, checksum
+from tpusync.weights.head import read_head
+from tpusync.weights.keys import commit_key, weight_key
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
 from tpusync.weights.polling import backoff
+from tpusync.weights.pytree import iter_leaf_names
+from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
 
 _GROUP = 16  # blocks reserved or acquired at once
 
@@ -113,7 +118,7 @@ class WeightSynchronizer:
 
     def d2h(self, params: Any) -> list[HostLeaf]:
         """Host copies of this process's shards of every leaf (zero-copy on the CPU backend)."""
-        return [_leaf_to_host(name, leaf) for name, leaf in mf.iter_leaf_names(params)]
+        return [_leaf_to_host(name, leaf) for name, leaf in iter_leaf_names(params)]
 
     def publish(self, params: Any, version: int, *, on_block: Callable[[int, int], None] | None = None) -> Manifest:
         """Stores a version in this host's pool and commits it; returns its manifest.
@@ -129,7 +134,7 @@ class WeightSynchronizer:
         import jax
 
         part = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
-        if mf.read_block(self.store, mf.commit_key(self.model, version, part)) is not None:
+        if read_block(self.store, commit_key(self.model, version, part)) is not None:
             raise errors.PreconditionError(f"version {version} of {self.model!r} is already committed")
         start = time.perf_counter()
         leaves = self.d2h(params)
@@ -146,8 +151,8 @@ class WeightSynchronizer:
                 refs = []
                 for g in range(0, len(pieces), _GROUP):
                     group = pieces[g:g + _GROUP]
-                    sums = [mf.checksum(p) for p in group]
-                    keys = [mf.weight_key(self.model, version, "data", leaf.name, [list(d) for d in shard.index],
+                    sums = [checksum(p) for p in group]
+                    keys = [weight_key(self.model, version, "data", leaf.name, [list(d) for d in shard.index],
                                           g + i, c) for i, c in enumerate(sums)]
                     if any(p.size == 0 for p in group):
                         raise errors.InvalidArgumentError(f"leaf {leaf.name!r} is empty; blocks hold 1 byte or more")
@@ -164,13 +169,13 @@ class WeightSynchronizer:
                             on_block(done, total)
                 shard_entries.append(ShardEntry(shard.index, tuple(refs)))
             entries.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype.name, leaf.sharding, tuple(shard_entries)))
-        manifest = Manifest(self.model, int(version), bb, self.blocks_per_chunk, mf.CHECKSUM, tuple(entries), treedef)
+        manifest = Manifest(self.model, int(version), bb, self.blocks_per_chunk, CHECKSUM, tuple(entries), treedef)
         missing = len(manifest.blocks()) - self.store.lookup([b.key for b in manifest.blocks()]).prefix_len
         if missing:
             raise errors.CapacityError(f"{missing} blocks of version {version} were evicted before the commit: "
                                        "the pool must hold two versions")
-        mf.write_manifest(self.store, manifest, part)
-        mf.commit_on_host(self.store, manifest, part)
+        write_manifest(self.store, manifest, part)
+        commit_on_host(self.store, manifest, part)
         with self._lock:
             self._metrics["versions_published"] += 1
             self._metrics["bytes_published"] += manifest.nbytes
@@ -194,10 +199,10 @@ class WeightSynchronizer:
             v = self.latest_version() if version is None else version
             if v is None:
                 raise errors.NotFoundError(f"no committed version of {self.model!r} on this host")
-            manifest = mf.read_manifest(self.store, self.model, v)
+            manifest = read_manifest(self.store, self.model, v)
             if manifest is None:
                 raise VersionGoneError(f"version {v} of {self.model!r} is not committed on this host")
-            keys = mf.version_keys(manifest)
+            keys = version_keys(manifest)
             for peer in peers:
                 for part in (keys[:-1], keys[-1:]):  # the commit record only after everything else
                     stored = native.push_remote(peer.removeprefix("tpusync://"), part)
@@ -214,12 +219,12 @@ class WeightSynchronizer:
         sharding is the target layout) or numpy arrays (received as host arrays)."""
         import jax
 
-        self._template = list(mf.iter_leaf_names(template))
+        self._template = list(iter_leaf_names(template))
         self._treedef = jax.tree_util.tree_structure(template)
 
     def latest_version(self) -> int | None:
         """The newest version committed on this host (the host's head)."""
-        return mf.read_head(self.store.pool_path, self.model)
+        return read_head(self.store.pool_path, self.model)
 
     def poll(self) -> int | None:
         """Loads the host's current version if it is newer than ours; returns it, else None."""
@@ -239,9 +244,9 @@ class WeightSynchronizer:
             if head is not None and head >= version:
                 return self._load_newest(head)
             # Pushed by a peer (push_weights): the commit record is here but no head yet.
-            manifest = mf.read_manifest(self.store, self.model, version)
+            manifest = read_manifest(self.store, self.model, version)
             if manifest is not None:
-                mf.commit_on_host(self.store, manifest)
+                commit_on_host(self.store, manifest)
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise errors.DeadlineExceededError(
@@ -277,7 +282,7 @@ class WeightSynchronizer:
         if self._template is None:
             raise errors.PreconditionError("bind_weights(template) first")
         start = time.perf_counter()
-        manifest = mf.read_manifest(self.store, self.model, version)
+        manifest = read_manifest(self.store, self.model, version)
         if manifest is None:
             raise VersionGoneError(f"version {version} of {self.model!r} is not committed on this host")
         self.check_template(manifest)
@@ -308,7 +313,8 @@ class WeightSynchronizer:
             if shape != entry.shape:
                 raise TemplateMismatchError(f"leaf {name!r}: the template has shape {shape}, {where} has {entry.shape}")
             if dtype != np.dtype(entry.dtype):
-                raise TemplateMismatchError(f"leaf {name!r}: the template has dtype {dtype.name}, {where} has {entry.dtype}")
+                raise TemplateMismatchError(
+                    f"leaf {name!r}: the template has dtype {dtype.name}, {where} has {entry.dtype}")
         extra = sorted(set(published) - bound)
         if extra:
             raise TemplateMismatchError(f"leaf {extra[0]!r} is in version {manifest.version} of {self.model!r} "
@@ -335,7 +341,7 @@ class WeightSynchronizer:
             view, release = self._lease(ref.key)
             if view is None:
                 raise VersionGoneError(f"leaf {entry.name!r}: block missing from this host's pool")
-            if self.verify and mf.checksum(np.frombuffer(view, np.uint8, count=ref.length)) != ref.checksum:
+            if self.verify and checksum(np.frombuffer(view, np.uint8, count=ref.length)) != ref.checksum:
                 release()
                 raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
             host = np.frombuffer(view, dtype, count=int(np.prod(entry.shape, dtype=np.int64))).reshape(entry.shape)
@@ -369,7 +375,7 @@ class WeightSynchronizer:
                     if view is None or len(view) < ref.length:
                         raise VersionGoneError(f"leaf {leaf!r}: a block is missing from this host's pool")
                     src = np.frombuffer(view, np.uint8, count=ref.length)
-                    if self.verify and mf.checksum(src) != ref.checksum:
+                    if self.verify and checksum(src) != ref.checksum:
                         raise errors.CorruptionError(f"leaf {leaf!r}: block {g} fails its checksum")
                     out[off:off + ref.length] = src
                     off += ref.length
@@ -460,7 +466,5 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> 
 
 
 def _quiet(fn: Callable[..., Any], *args: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # a finalizer at exit: the sidecar may be gone already
         fn(*args)
-    except Exception:  # noqa: BLE001 - a finalizer at exit: the sidecar may be gone already
-        pass

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import fabric as fab
 from tpusync.weights import WeightSynchronizer, plan
-from tpusync.weights import manifest as mf
+from tpusync.weights.head import read_head
 
 from .conftest import ROOT, engine
 
@@ -74,7 +74,7 @@ def test_weights_reach_every_host_one_copy_per_link(sidecars, topology, hosts):
         assert "rerouted: none" in committed(p)
     crossed = {name: c - before[name] for name, c in f.counters().items()}
     for car in cars:
-        assert mf.read_head(car.pool_path, "m") == 1
+        assert read_head(car.pool_path, "m") == 1
         assert same(params, loaded(car, params))
     the_plan = plan.build_plan([trainer.address], [c.address for c in cars], chunks={trainer.address: 1},
                                topology=topology, fanout=2)

@@ -9,7 +9,9 @@ import pytest
 
 from tpusync import errors
 from tpusync.weights import WeightSynchronizerManager
-from tpusync.weights import manifest as mf
+from tpusync.weights.head import read_head
+from tpusync.weights.manifest import merge_parts
+from tpusync.weights.storage import read_manifest
 
 from .conftest import engine, line, sampler_result
 from .model import digest, params
@@ -29,9 +31,9 @@ def test_two_host_trainer_publishes_one_version(hosts, procs, trainer):
     t0, t1, s0, s1 = hosts(4)
     for p in trainer([t0, t1], version=1, seed=5):
         assert line(p) == "COMMITTED"
-    parts = [mf.read_manifest(engine(t), "m", 1, (i, 2)) for i, t in enumerate((t0, t1))]
-    assert all(parts) and mf.read_head(t0.pool_path, "m") is None      # a part is not a version
-    whole = mf.merge_parts(parts)
+    parts = [read_manifest(engine(t), "m", 1, (i, 2)) for i, t in enumerate((t0, t1))]
+    assert all(parts) and read_head(t0.pool_path, "m") is None      # a part is not a version
+    whole = merge_parts(parts)
     assert all(p.blocks() for p in parts) and \
         len(whole.blocks()) == len(parts[0].blocks()) + len(parts[1].blocks())
 
@@ -42,7 +44,7 @@ def test_two_host_trainer_publishes_one_version(hosts, procs, trainer):
         assert [pulled_out(t) for t in (t0, t1)] == [len(p.blocks()) for p in parts]
         want = digest(params(5))
         for h in (s0, s1):
-            assert mf.read_manifest(engine(h), "m", 1) == whole
+            assert read_manifest(engine(h), "m", 1) == whole
             assert sampler_result(procs("sampler", h, 1)) == {"version": 1, "digest": want}
 
         with pytest.raises(errors.InvalidArgumentError, match="part 0 of 2"):
@@ -63,5 +65,5 @@ def test_a_missing_part_commits_nothing(hosts, procs, trainer):
         with pytest.raises(errors.NotFoundError, match="part 1 of 2 of version 2"):
             mgr.transfer(None, None, "m", version=2)
         assert mgr.transfer(None, None, "m").version == 1      # the newest version every part host has
-    assert mf.read_head(s0.pool_path, "m") == 1
+    assert read_head(s0.pool_path, "m") == 1
     assert sampler_result(procs("sampler", s0, 0)) == {"version": 1, "digest": digest(params(1))}

@@ -7,7 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tpusync.weights import manifest as mf
+from tpusync.weights.codec import manifest_blocks
+
+from tpusync.weights.head import read_head
 
 from .conftest import ROOT, line, publish, sampler_result
 from .model import digest, params
@@ -42,10 +44,10 @@ def test_each_host_receives_on_its_own(hosts, procs):
         assert "rerouted: none" in committed(p)
     want = digest(params(11))
     for h in (a, b, c):
-        assert mf.read_head(h.pool_path, "m") == 1
+        assert read_head(h.pool_path, "m") == 1
         assert sampler_result(procs("sampler", h, 1)) == {"version": 1, "digest": want}
     # The data once; each host fetched the small manifest (its reference and parts) itself.
-    _, parts = mf.manifest_blocks(manifest)
+    _, parts = manifest_blocks(manifest)
     assert pulled_out(t) == len(manifest.blocks()) + 3 * (len(parts) + 1)
 
 
@@ -73,5 +75,5 @@ def test_dead_or_stalled_relays_are_routed_around(hosts, procs):
     publish(t, seed=3, version=1)
     out = committed(receivers([t], [a, b], only=[b], stall=1.0)[b.address])
     assert f"('{t.address}', '{a.address}', '{t.address}')" in out
-    assert mf.read_head(a.pool_path, "m") is None
+    assert read_head(a.pool_path, "m") is None
     assert sampler_result(procs("sampler", b, 1)) == {"version": 1, "digest": digest(params(3))}

@@ -13,7 +13,8 @@ import pytest
 
 from tpusync.errors import UnavailableError
 from tpusync.weights import WeightSynchronizer
-from tpusync.weights import manifest as mf
+from tpusync.weights.head import read_head
+from tpusync.weights.storage import read_commit, read_manifest, version_keys
 
 from .conftest import engine, line, manager_for, publish, sampler_result
 from .model import digest, params
@@ -130,13 +131,13 @@ def test_trainer_killed_mid_publish_leaves_the_previous_version(hosts, procs):
     dying.kill()
     dying.wait()
     et = engine(trainer)
-    assert mf.read_head(et.pool_path, "m") == 1 and mf.read_commit(et, "m", 2) is None
+    assert read_head(et.pool_path, "m") == 1 and read_commit(et, "m", 2) is None
     # The current version stays pinned on the host though the processes that wrote it are gone.
-    assert et.stats()["pinned"] == len(mf.version_keys(mf.read_manifest(et, "m", 1)))
+    assert et.stats()["pinned"] == len(version_keys(read_manifest(et, "m", 1)))
     report = mgr.transfer(["trainer"], None, "m")  # the current version: 1
     assert report.ok and report.version == 1
     assert sampler_result(procs("sampler", host, 0)) == {"version": 1, "digest": digest(params(1))}
-    assert mf.read_commit(engine(host), "m", 2) is None
+    assert read_commit(engine(host), "m", 2) is None
     again = procs("trainer", trainer, 2, 2)  # the restarted trainer publishes version 2 whole
     assert line(again) == "COMMITTED"
     assert mgr.transfer(["trainer"], None, "m").version == 2

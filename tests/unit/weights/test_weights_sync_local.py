@@ -16,7 +16,11 @@ import pytest
 
 import tpusync
 from tpusync.weights import TemplateMismatchError, WeightSynchronizer
-from tpusync.weights import manifest as mf
+from tpusync.weights.codec import decode_manifest, encode_manifest, manifest_blocks
+from tpusync.weights.head import advance_head, read_head
+from tpusync.weights.keys import commit_key, weight_key
+from tpusync.weights.manifest import Manifest
+from tpusync.weights.storage import read_commit, read_manifest, version_keys
 
 BLOCK = 64 << 10
 
@@ -57,31 +61,31 @@ def assert_tree_equal(want, got):
 
 
 def test_keys_never_collide_across_models_versions_leaves():
-    keys = {mf.weight_key(m, v, "data", leaf, 0, 0) for m in ("a", "b") for v in (1, 2) for leaf in ("x", "y")}
-    keys |= {mf.commit_key(m, v) for m in ("a", "b") for v in (1, 2)}
+    keys = {weight_key(m, v, "data", leaf, 0, 0) for m in ("a", "b") for v in (1, 2) for leaf in ("x", "y")}
+    keys |= {commit_key(m, v) for m in ("a", "b") for v in (1, 2)}
     assert len(keys) == 12 and all(0 <= k < 1 << 128 for k in keys)
 
 
 def test_manifest_round_trips_and_splits_over_blocks(store):
     m = WeightSynchronizer(store, "m", blocks_per_chunk=2).publish(params(0), 1)
-    assert mf.Manifest.decode(m.encode()) == m
-    record, parts = mf.manifest_blocks(m)
+    assert decode_manifest(encode_manifest(m)) == m
+    record, parts = manifest_blocks(m)
     assert len(parts) == 1 and record.parts == (parts[0][0],)
-    small = mf.Manifest(m.model, m.version, 64, 2, m.checksum, m.leaves, m.treedef)
-    _, small_parts = mf.manifest_blocks(small)
+    small = Manifest(m.model, m.version, 64, 2, m.checksum, m.leaves, m.treedef)
+    _, small_parts = manifest_blocks(small)
     assert len(small_parts) > 10 and all(len(p) <= 64 for _, p in small_parts)
-    assert mf.read_manifest(store, "m", 1) == m
+    assert read_manifest(store, "m", 1) == m
     assert [len(c) for c in m.chunks()][:1] == [2] and sum(len(c) for c in m.chunks()) == len(m.blocks())
     assert {leaf.name for leaf in m.leaves} == {"embed", "layers/0/w", "layers/0/b", "layers/1/w", "layers/1/b", "host"}
     assert m.leaf("embed").dtype == "bfloat16" and len(m.leaf("embed").shards[0].blocks) == 3
 
 
 def test_head_only_moves_forward(shm_path):
-    assert mf.read_head(shm_path, "m") is None
-    assert mf.advance_head(shm_path, "m", 3) is None
-    assert mf.advance_head(shm_path, "m", 2) == 3 and mf.read_head(shm_path, "m") == 3
-    assert mf.advance_head(shm_path, "m", 5) == 3 and mf.read_head(shm_path, "m") == 5
-    assert mf.read_head(shm_path, "other") is None
+    assert read_head(shm_path, "m") is None
+    assert advance_head(shm_path, "m", 3) is None
+    assert advance_head(shm_path, "m", 2) == 3 and read_head(shm_path, "m") == 3
+    assert advance_head(shm_path, "m", 5) == 3 and read_head(shm_path, "m") == 5
+    assert read_head(shm_path, "other") is None
     import shutil
 
     shutil.rmtree(shm_path + ".weights")
@@ -100,7 +104,7 @@ def test_publish_then_receive_byte_exact_with_bf16(store):
     assert same_bytes(host["embed"], p1["embed"]) and not host["embed"].flags.writeable
     m = sampler.get_metrics()
     assert m["version"] == 1 and m["versions_loaded"] == 1 and m["zero_copy_leaves"] >= 4
-    assert m["host"]["pinned"] == len(mf.version_keys(mf.read_manifest(store, "m", 1)))
+    assert m["host"]["pinned"] == len(version_keys(read_manifest(store, "m", 1)))
 
 
 def test_versions_swap_and_old_pins_are_released(store):
@@ -110,7 +114,7 @@ def test_versions_swap_and_old_pins_are_released(store):
         trainer.publish(params(v), v)
         assert sampler.wait_for_version(v, timeout=5) == v
         assert_tree_equal(params(v), sampler.params)
-    assert store.stats()["pinned"] == len(mf.version_keys(mf.read_manifest(store, "m", 3)))
+    assert store.stats()["pinned"] == len(version_keys(read_manifest(store, "m", 3)))
 
 
 def test_republishing_a_committed_version_is_refused(store):
@@ -130,7 +134,7 @@ def test_an_interrupted_publish_leaves_the_previous_version_in_force(store):
 
     with pytest.raises(KeyboardInterrupt):
         trainer.publish(params(2), 2, on_block=die)
-    assert trainer.latest_version() == 1 and mf.read_commit(store, "m", 2) is None
+    assert trainer.latest_version() == 1 and read_commit(store, "m", 2) is None
     sampler.bind_weights(params(0))
     assert sampler.poll() == 1
     assert_tree_equal(params(1), sampler.params)
@@ -205,7 +209,6 @@ def test_resharding_between_meshes_through_host_buffers(tmp_path):
         import jax, jax.numpy as jnp, numpy as np, ml_dtypes, tpusync
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
         from tpusync.weights import WeightSynchronizer
-        from tpusync.weights import manifest as mf
         devs = np.array(jax.devices())
         store = tpusync.KVStore.local(dram_bytes=32 << 20, block_bytes={BLOCK})
         x = np.random.default_rng(0).standard_normal((64, 1024)).astype(ml_dtypes.bfloat16)
