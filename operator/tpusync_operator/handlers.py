@@ -17,20 +17,23 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from . import GROUP, VERSION
-from . import metrics
-from .gke import GKEClient, MetadataServerToken
+from . import GROUP, VERSION, metrics
 from .builders.common import MANAGED_BY, POOL_LABEL
 from .builders.pool import pool_node_selector
+from .gke import GKEClient, MetadataServerToken
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
 from .passes import PassQueue, owner_key
 from .planner import OPTIONAL_KINDS, check_pool
-from .reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
+from .nodepools import delete_pool
+from .reconcile import Deps
+from .reconcile_pool import reconcile_pool
+from .reconcile_serving import reconcile_serving
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
 FINALIZER = "tpusync.dev/operator"
@@ -60,7 +63,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.objects = {}      # (kind, namespace, name) -> latest body, from the watch streams
     memo.selectors = {}    # pool key -> its node selector
     memo.pool_views = {}   # pool key -> (generation, Ready) its servings last saw
-    memo.passes = PassQueue(lambda key: _triggered(key, memo), lambda key: _touch(key, memo))
+    memo.passes = PassQueue[tuple[str, str, str]](lambda key: _triggered(key, memo), lambda key: _touch(key, memo))
     settings.persistence.finalizer = FINALIZER
     # Keep kopf's bookkeeping out of .status (ours is written by the reconcilers).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tpusync.dev")
@@ -141,11 +144,11 @@ async def _touch(key: tuple[str, str, str], memo: kopf.Memo) -> None:
             raise
 
 
-def _retry_mark(body: dict[str, Any]) -> str | None:
+def _retry_mark(body: Mapping[str, Any]) -> str | None:
     return (body["metadata"].get("annotations") or {}).get(RETRY_ANNOTATION)
 
 
-def _remember(kind: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo) -> tuple[str, str, str]:
+def _remember(kind: str, event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo) -> tuple[str, str, str]:
     """Keep the latest body; a new retry mark (a touch, by any replica) requests a pass."""
     key = (kind, body["metadata"]["namespace"], body["metadata"]["name"])
     old = memo.objects.get(key)
@@ -184,7 +187,7 @@ async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "tpusyncpools")
-async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remember the pool. When its spec or its Ready condition changes, derive its node
     selector again and trigger its servings: they read those, not its capacity figures, which
     change with every sidecar that becomes ready."""
@@ -202,7 +205,7 @@ async def pool_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
         try:
             spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
             memo.selectors[key] = pool_node_selector(key[2], key[1], spec, check_pool(spec))
-        except Exception:       # an invalid spec: its own pass reports it
+        except ValueError:      # an invalid spec (ValidationError, PlanError): its own pass reports it
             pass
     for kind, ns, name in list(memo.objects):
         if kind == "DisaggregatedServing" and ns == key[1] and \
@@ -233,7 +236,7 @@ async def serving_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, "disaggregatedservings")
-async def serving_seen(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def serving_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _remember("DisaggregatedServing", event, body, memo)
 
 

@@ -1,8 +1,15 @@
 """Pure planning: from (spec, observed state) to the children to apply, the children to
-delete, and the next step for the GKE node pool. No I/O; the reconcilers execute plans."""
+delete, and the next step for the GKE node pool. No I/O; the reconcilers execute plans.
+
+Plans are typed: `PoolPlan` and `ServingPlan` hold the children to server-side apply
+(Kubernetes objects, as the builders render them) and `Ref`s of the children to delete;
+`NodePoolStep` says which one call (`NodePoolAction`) to make to GKE next, if any, with
+what it needs. Invariants: a plan only names children of its owner; at most one GKE call
+per node pool per pass (none while an operation runs)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +24,9 @@ from .tpu import Slice, TopologyError, slice_for
 
 class PlanError(ValueError):
     """The spec is valid for the schema but cannot be realised; the message names the field."""
+
+
+Child = dict[str, Any]   # a Kubernetes object, as the API server takes it
 
 
 @dataclass(frozen=True)
@@ -46,15 +56,23 @@ def missing_crd_message(kinds: list[str]) -> str:
 
 # ------------------------------------------------------------------ pool
 
+@dataclass(frozen=True)
+class NodePoolRequest:
+    """The GKE node pool of one slice: its name and the body of its create call
+    (`{"nodePool": {...}}`, GKE's JSON), which is also what it must look like."""
+    name: str
+    body: dict[str, Any]
+
+
 @dataclass
 class PoolPlan:
     tpu: Slice
     desired_hosts: int
     min_ready_hosts: int
-    apply: list[dict[str, Any]]
+    apply: list[Child]
     delete: list[Ref]
     node_selector: dict[str, str]
-    node_pool_requests: list[dict[str, Any]]     # mode gke: one per node pool (slice)
+    node_pool_requests: list[NodePoolRequest]    # mode gke: one per node pool (slice)
     store_replicas: int                           # desired store pods; -1 for a DaemonSet
 
 
@@ -66,7 +84,8 @@ def check_pool(spec: TPUSyncPoolSpec) -> Slice:
         raise PlanError(str(e)) from None
     cap = spec.capacity
     if spec.provisioning.mode == "gke" and tpu.multi_host:
-        if tpu.tpu_type == "v7x" and not spec.provisioning.gke.workload_policy:
+        gke = spec.provisioning.gke
+        if tpu.tpu_type == "v7x" and not (gke and gke.workload_policy):
             raise PlanError(f"spec.provisioning.gke.workloadPolicy is required for the v7x multi-host "
                             f"topology {tpu.topology} ({tpu.hosts} hosts)")
         if cap.hosts is not None and cap.hosts % tpu.hosts:
@@ -107,8 +126,9 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
     else:
         delete += [Ref("apps/v1", "StatefulSet", store_name), Ref("apps/v1", "DaemonSet", store_name)]
         replicas = 0
-    requests = [pool_builders.build_node_pool_request(owner, spec, tpu, i)
-                for i in range(pool_builders.gke_slices(spec, tpu))] if spec.provisioning.mode == "gke" else []
+    bodies = [pool_builders.build_node_pool_request(owner, spec, tpu, i)
+              for i in range(pool_builders.gke_slices(spec, tpu))] if spec.provisioning.mode == "gke" else []
+    requests = [NodePoolRequest(b["nodePool"]["name"], b) for b in bodies]
     return PoolPlan(tpu=tpu, desired_hosts=desired, min_ready_hosts=minimum, apply=apply, delete=delete,
                     node_selector=pool_builders.pool_node_selector(owner.name, owner.namespace, spec, tpu),
                     node_pool_requests=requests, store_replicas=replicas)
@@ -116,16 +136,30 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
 
 # ------------------------------------------------------------- node pool
 
+class NodePoolAction(enum.Enum):
+    """The one GKE call a pass makes about a node pool (or none)."""
+    CREATE = "create"                    # nodePools.create with the request body
+    SET_SIZE = "set_size"                # nodePools.setSize to NodePoolStep.node_count
+    SET_AUTOSCALING = "set_autoscaling"  # nodePools.setAutoscaling to NodePoolStep.autoscaling
+    WAIT = "wait"                        # an operation runs, or the node pool is in transition
+    NONE = "none"                        # nothing to change
+
+    @property
+    def calls_gke(self) -> bool:
+        """Whether the action starts a GKE operation."""
+        return self in (NodePoolAction.CREATE, NodePoolAction.SET_SIZE, NodePoolAction.SET_AUTOSCALING)
+
+
 @dataclass(frozen=True)
 class NodePoolStep:
     """What to do next about the GKE node pool, and how to report it."""
-    action: str          # "create" | "set_size" | "set_autoscaling" | "wait" | "none"
+    action: NodePoolAction
     state: str           # shown in status.nodePool.state
     ready: bool
     degraded_reason: str | None = None
     message: str = ""
-    body: dict[str, Any] | None = None   # set_size / set_autoscaling: the request body
-    node_count: int | None = None        # status.nodePool.nodeCount once this step is taken
+    autoscaling: dict[str, Any] | None = None   # SET_AUTOSCALING: GKE's NodePoolAutoscaling
+    node_count: int | None = None        # status.nodePool.nodeCount once this step is taken (SET_SIZE: the size)
     updating: bool = False               # an edit of a serving node pool is in flight (Progressing)
 
 
@@ -147,11 +181,18 @@ def node_pool_drift(request: dict[str, Any], observed: dict[str, Any]) -> list[s
     return drift
 
 
+class SizeAction(enum.Enum):
+    NONE = "none"                        # the size and autoscaling match the spec
+    SET_SIZE = "set_size"                # resize to SizeChange.node_count
+    SET_AUTOSCALING = "set_autoscaling"  # set SizeChange.autoscaling
+    IMMUTABLE = "immutable"              # a multi-host slice the spec would resize: reported, never sent
+
+
 @dataclass(frozen=True)
 class SizeChange:
     """How the node pool's size or autoscaling must change to match the spec."""
-    action: str                          # "none" | "set_size" | "set_autoscaling" | "immutable"
-    body: dict[str, Any] | None = None   # the request body of the call
+    action: SizeAction
+    autoscaling: dict[str, Any] | None = None   # SET_AUTOSCALING: GKE's NodePoolAutoscaling
     node_count: int | None = None        # status.nodePool.nodeCount once the change is made
     message: str = ""
 
@@ -186,26 +227,26 @@ def node_pool_size_change(request: dict[str, Any], observed: dict[str, Any], nod
         have = got_range[1] if got_range else int(observed.get("initialNodeCount", 0) or 0)
         need = want_range[1] if want_range else want_count
         if need != have:
-            return SizeChange("immutable", node_count=node_count, message=(
+            return SizeChange(SizeAction.IMMUTABLE, node_count=node_count, message=(
                 f"spec.tpu.topology needs {need} hosts but GKE node pool {name} is a multi-host TPU slice "
                 f"of {have}; GKE creates and scales a multi-host slice atomically and cannot resize it: "
                 f"restore the topology, or delete the node pool so that the operator recreates it"))
         if want_range is None and got_range is not None:
-            return SizeChange("immutable", node_count=node_count, message=(
+            return SizeChange(SizeAction.IMMUTABLE, node_count=node_count, message=(
                 f"spec.capacity.autoscaling was removed but GKE node pool {name} is a multi-host TPU slice "
                 f"that only GKE's autoscaler can size (0 or {have} nodes): keep the slice up with "
                 f"spec.capacity.autoscaling {{minHosts: {have}, maxHosts: {have}}}, or delete the node pool "
                 f"so that the operator recreates it"))
     if want_range != got_range:
         if want_range is None:
-            return SizeChange("set_autoscaling", {"autoscaling": {"enabled": False}}, None,
+            return SizeChange(SizeAction.SET_AUTOSCALING, {"enabled": False}, None,
                               f"turning autoscaling of GKE node pool {name} off")
-        return SizeChange("set_autoscaling", {"autoscaling": dict(want["autoscaling"])}, None,
+        return SizeChange(SizeAction.SET_AUTOSCALING, dict(want["autoscaling"]), None,
                           f"autoscaling GKE node pool {name} between {want_range[0]} and {want_range[1]} nodes")
     if want_count is not None and not multi_host and node_count != want_count:
-        return SizeChange("set_size", {"nodeCount": want_count}, want_count,
+        return SizeChange(SizeAction.SET_SIZE, None, want_count,
                           f"resizing GKE node pool {name} to {want_count} nodes")
-    return SizeChange("none", node_count=want_count)
+    return SizeChange(SizeAction.NONE, node_count=want_count)
 
 
 def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
@@ -219,44 +260,47 @@ def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
         running = f"GKE operation {operation.get('name')} ({kind}) is {operation.get('status')}"
         if observed is not None and observed.get("status") != "PROVISIONING" and kind != "CREATE_NODE_POOL":
             # An edit of a node pool that keeps serving: Progressing, still ready.
-            return NodePoolStep("wait", observed.get("status", "RUNNING"), True, message=running,
+            return NodePoolStep(NodePoolAction.WAIT, observed.get("status", "RUNNING"), True, message=running,
                                 node_count=node_count, updating=True)
-        return NodePoolStep("wait", observed.get("status", "PROVISIONING") if observed else "PROVISIONING",
+        return NodePoolStep(NodePoolAction.WAIT, observed.get("status", "PROVISIONING") if observed else "PROVISIONING",
                             False, message=running, node_count=node_count)
-    op_error = (operation or {}).get("error")
+    operation = operation or {}
+    op_error = operation.get("error")
     if observed is None:
         want = request["nodePool"]
         created = None if want.get("autoscaling") else want.get("initialNodeCount")
         if op_error:
-            return NodePoolStep("create", "ERROR", False, "NodePoolOperationFailed",
+            return NodePoolStep(NodePoolAction.CREATE, "ERROR", False, "NodePoolOperationFailed",
                                 f"GKE operation {operation.get('name')} failed: "
                                 f"{op_error.get('message', op_error)}; retrying", node_count=created)
-        return NodePoolStep("create", "CREATING", False, message="creating the GKE node pool", node_count=created)
+        return NodePoolStep(NodePoolAction.CREATE, "CREATING", False, message="creating the GKE node pool", node_count=created)
     state = observed.get("status", "STATUS_UNSPECIFIED")
     if state in _TRANSIENT_STATES:
-        return NodePoolStep("wait", state, False, message=f"node pool is {state}", node_count=node_count)
+        return NodePoolStep(NodePoolAction.WAIT, state, False, message=f"node pool is {state}", node_count=node_count)
     if state in ("ERROR", "RUNNING_WITH_ERROR"):
-        return NodePoolStep("none", state, state == "RUNNING_WITH_ERROR", "NodePoolError",
+        return NodePoolStep(NodePoolAction.NONE, state, state == "RUNNING_WITH_ERROR", "NodePoolError",
                             observed.get("statusMessage") or f"node pool is {state}", node_count=node_count)
     drift = node_pool_drift(request, observed)
     if drift:
-        return NodePoolStep("none", state, True, "NodePoolDrift",
+        return NodePoolStep(NodePoolAction.NONE, state, True, "NodePoolDrift",
                             "node pool differs in " + ", ".join(drift)
                             + "; GKE cannot change these in place: delete the node pool to recreate it",
                             node_count=node_count)
     if op_error:
         # A resize or autoscaling change failed: report it; the next pass sends it again
         # (the size is not known any more).
-        return NodePoolStep("none", state, True, "NodePoolUpdateFailed",
+        return NodePoolStep(NodePoolAction.NONE, state, True, "NodePoolUpdateFailed",
                             f"GKE operation {operation.get('name')} failed: {op_error.get('message', op_error)}; "
                             f"retrying", node_count=None)
     change = node_pool_size_change(request, observed, node_count, multi_host)
-    if change.action == "immutable":
-        return NodePoolStep("none", state, True, "NodePoolImmutable", change.message, node_count=change.node_count)
-    if change.action != "none":
-        return NodePoolStep(change.action, state, True, message=change.message, body=change.body,
+    if change.action is SizeAction.IMMUTABLE:
+        return NodePoolStep(NodePoolAction.NONE, state, True, "NodePoolImmutable", change.message,
+                            node_count=change.node_count)
+    if change.action is not SizeAction.NONE:
+        action = NodePoolAction.SET_SIZE if change.action is SizeAction.SET_SIZE else NodePoolAction.SET_AUTOSCALING
+        return NodePoolStep(action, state, True, message=change.message, autoscaling=change.autoscaling,
                             node_count=change.node_count, updating=True)
-    return NodePoolStep("none", state, True, node_count=change.node_count)
+    return NodePoolStep(NodePoolAction.NONE, state, True, node_count=change.node_count)
 
 
 # ---------------------------------------------------------------- serving
@@ -264,7 +308,7 @@ def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
 @dataclass
 class ServingPlan:
     roles: list[RolePlan]
-    apply: list[dict[str, Any]]
+    apply: list[Child]
     delete: list[Ref]
     missing_kinds: list[str] = field(default_factory=list)
     required_kinds: list[str] = field(default_factory=list)
@@ -320,7 +364,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         if spec.routing.gke_gateway_policies:
             required |= set(GKE_POLICY_KINDS)
     missing = sorted(required - available_kinds)
-    apply: list[dict[str, Any]] = []
+    apply: list[Child] = []
     delete: list[Ref] = []
     for p in roles:
         name = names.role(owner.name, p.role)

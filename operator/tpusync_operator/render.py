@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import base64
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 import yaml
+from pydantic import BaseModel
 
 from .builders import sglang_pd
 from .builders.common import Owner
@@ -63,7 +65,7 @@ def _owner(doc: dict[str, Any]) -> Owner:
     return Owner(GROUP_VERSION, doc["kind"], meta["name"], meta.get("namespace") or "default", UID)
 
 
-def _spec(model: type, doc: dict[str, Any]) -> Any:
+def _spec(model: type[BaseModel], doc: dict[str, Any]) -> Any:
     try:
         return model.model_validate(doc.get("spec") or {})
     except ValueError as e:
@@ -83,7 +85,7 @@ def render_pool(doc: dict[str, Any]) -> tuple[PoolInfo, list[Rendered]]:
         cluster = ClusterRef(gke.project, gke.location, gke.cluster)
         for request in plan.node_pool_requests:
             out.append(Rendered([f"{where}: GKE node pool request (not a Kubernetes object)",
-                                 f"POST {gke.api_endpoint}{cluster.parent}/nodePools"], request))
+                                 f"POST {gke.api_endpoint}{cluster.parent}/nodePools"], request.body))
     if not spec.auth.secret_name:
         secret = build_auth_secret(owner, spec, b"")
         secret["data"] = {"token": base64.b64encode(GENERATED.encode()).decode()}

@@ -14,7 +14,9 @@ import pytest
 
 from op_helpers import FakeKube, PoolBody, ServingBody
 from tpusync_operator.kube import KubeError
-from tpusync_operator.reconcile import Deps, reconcile_pool, reconcile_serving
+from tpusync_operator.reconcile import Deps
+from tpusync_operator.reconcile_pool import reconcile_pool
+from tpusync_operator.reconcile_serving import reconcile_serving
 
 GiB = 2**30
 

@@ -21,7 +21,8 @@ import pytest
 from tests.support.gke_api import PARENT
 from op_helpers import PoolBody
 from tpusync_operator.gke import ClusterRef, GKEClient, GKEConflict, GKEError, StaticToken
-from tpusync_operator.reconcile import Deps, reconcile_pool
+from tpusync_operator.reconcile import Deps
+from tpusync_operator.reconcile_pool import reconcile_pool
 
 CLUSTER = ClusterRef("proj", "us-central1", "c1")
 SET_SIZE = ("POST", f"{PARENT}/nodePools/pool:setSize")

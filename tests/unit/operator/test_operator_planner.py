@@ -9,6 +9,8 @@ from op_helpers import PoolBody, ServingBody
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
+from tpusync_operator.planner import NodePoolAction as A
+from tpusync_operator.planner import SizeAction as S
 from tpusync_operator.planner import (PlanError, Ref, capacity_shortfall, check_pool, missing_crd_message,
                                       node_pool_size_change, node_pool_step, plan_pool, plan_roles,
                                       plan_serving)
@@ -76,18 +78,18 @@ GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-stan
 
 
 @pytest.mark.parametrize("op,observed,action,state,ready,reason", [
-    (None, None, "create", "CREATING", False, None),
-    ({"name": "op1", "status": "RUNNING"}, None, "wait", "PROVISIONING", False, None),
-    ({"name": "op1", "status": "RUNNING"}, {**GOOD, "status": "PROVISIONING"}, "wait", "PROVISIONING", False, None),
-    ({"name": "op1", "status": "DONE", "error": {"message": "quota"}}, None, "create", "ERROR", False,
+    (None, None, A.CREATE, "CREATING", False, None),
+    ({"name": "op1", "status": "RUNNING"}, None, A.WAIT, "PROVISIONING", False, None),
+    ({"name": "op1", "status": "RUNNING"}, {**GOOD, "status": "PROVISIONING"}, A.WAIT, "PROVISIONING", False, None),
+    ({"name": "op1", "status": "DONE", "error": {"message": "quota"}}, None, A.CREATE, "ERROR", False,
      "NodePoolOperationFailed"),
-    ({"name": "op1", "status": "DONE"}, GOOD, "none", "RUNNING", True, None),
-    (None, GOOD, "none", "RUNNING", True, None),
-    (None, {**GOOD, "status": "RECONCILING"}, "wait", "RECONCILING", False, None),
-    (None, {**GOOD, "status": "ERROR", "statusMessage": "boom"}, "none", "ERROR", False, "NodePoolError"),
-    (None, {**GOOD, "status": "RUNNING_WITH_ERROR"}, "none", "RUNNING_WITH_ERROR", True, "NodePoolError"),
-    (None, {**GOOD, "config": {"machineType": "other"}}, "none", "RUNNING", True, "NodePoolDrift"),
-    (None, {**GOOD, "placementPolicy": {"type": "COMPACT", "policyName": "x"}}, "none", "RUNNING", True,
+    ({"name": "op1", "status": "DONE"}, GOOD, A.NONE, "RUNNING", True, None),
+    (None, GOOD, A.NONE, "RUNNING", True, None),
+    (None, {**GOOD, "status": "RECONCILING"}, A.WAIT, "RECONCILING", False, None),
+    (None, {**GOOD, "status": "ERROR", "statusMessage": "boom"}, A.NONE, "ERROR", False, "NodePoolError"),
+    (None, {**GOOD, "status": "RUNNING_WITH_ERROR"}, A.NONE, "RUNNING_WITH_ERROR", True, "NodePoolError"),
+    (None, {**GOOD, "config": {"machineType": "other"}}, A.NONE, "RUNNING", True, "NodePoolDrift"),
+    (None, {**GOOD, "placementPolicy": {"type": "COMPACT", "policyName": "x"}}, A.NONE, "RUNNING", True,
      "NodePoolDrift"),
 ])
 def test_node_pool_step(op, observed, action, state, ready, reason):
@@ -114,37 +116,37 @@ def seen(initial, autoscaling=None, **extra):
     return np
 
 
-@pytest.mark.parametrize("want,observed,recorded,multi,action,body,count", [
+@pytest.mark.parametrize("want,observed,recorded,multi,action,autoscaling,count", [
     # nothing differs: no call
-    (single(3), seen(3), 3, False, "none", None, 3),
-    (single(autoscaling=(0, 4)), seen(0, (0, 4)), None, False, "none", None, None),
-    (single(autoscaling=(1, 4)), seen(1, (1, 4)), None, False, "none", None, None),
+    (single(3), seen(3), 3, False, S.NONE, None, 3),
+    (single(autoscaling=(0, 4)), seen(0, (0, 4)), None, False, S.NONE, None, None),
+    (single(autoscaling=(1, 4)), seen(1, (1, 4)), None, False, S.NONE, None, None),
     # resize: compared with the size last set, not initialNodeCount (GKE never updates it)
-    (single(5), seen(3), 3, False, "set_size", {"nodeCount": 5}, 5),
-    (single(1), seen(3), 3, False, "set_size", {"nodeCount": 1}, 1),
-    (single(3), seen(1), 3, False, "none", None, 3),
-    (single(3), seen(3), None, False, "set_size", {"nodeCount": 3}, 3),        # size not known
+    (single(5), seen(3), 3, False, S.SET_SIZE, None, 5),
+    (single(1), seen(3), 3, False, S.SET_SIZE, None, 1),
+    (single(3), seen(1), 3, False, S.NONE, None, 3),
+    (single(3), seen(3), None, False, S.SET_SIZE, None, 3),        # size not known
     # autoscaling enabled, changed, disabled (then resized on a later pass: count unknown)
-    (single(autoscaling=(0, 4)), seen(3), 3, False, "set_autoscaling",
-     {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}}, None),
-    (single(autoscaling=(1, 6)), seen(0, (0, 4)), None, False, "set_autoscaling",
-     {"autoscaling": {"enabled": True, "minNodeCount": 1, "maxNodeCount": 6}}, None),
-    (single(2), seen(0, (0, 4)), None, False, "set_autoscaling", {"autoscaling": {"enabled": False}}, None),
-    (single(2), seen(0, {}), None, False, "set_size", {"nodeCount": 2}, 2),
+    (single(autoscaling=(0, 4)), seen(3), 3, False, S.SET_AUTOSCALING,
+     {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}, None),
+    (single(autoscaling=(1, 6)), seen(0, (0, 4)), None, False, S.SET_AUTOSCALING,
+     {"enabled": True, "minNodeCount": 1, "maxNodeCount": 6}, None),
+    (single(2), seen(0, (0, 4)), None, False, S.SET_AUTOSCALING, {"enabled": False}, None),
+    (single(2), seen(0, {}), None, False, S.SET_SIZE, None, 2),
     # multi-host slices: never resized; autoscaling of the whole slice may change
-    (single(4), seen(4), 4, True, "none", None, 4),
-    (single(4), seen(4), None, True, "none", None, 4),
-    (single(autoscaling=(0, 4)), seen(4), 4, True, "set_autoscaling",
-     {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}}, None),
-    (single(autoscaling=(4, 4)), seen(0, (0, 4)), None, True, "set_autoscaling",
-     {"autoscaling": {"enabled": True, "minNodeCount": 4, "maxNodeCount": 4}}, None),
-    (single(8), seen(4), 4, True, "immutable", None, 4),
-    (single(autoscaling=(0, 8)), seen(0, (0, 4)), None, True, "immutable", None, None),
-    (single(4), seen(0, (0, 4)), None, True, "immutable", None, None),
+    (single(4), seen(4), 4, True, S.NONE, None, 4),
+    (single(4), seen(4), None, True, S.NONE, None, 4),
+    (single(autoscaling=(0, 4)), seen(4), 4, True, S.SET_AUTOSCALING,
+     {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}, None),
+    (single(autoscaling=(4, 4)), seen(0, (0, 4)), None, True, S.SET_AUTOSCALING,
+     {"enabled": True, "minNodeCount": 4, "maxNodeCount": 4}, None),
+    (single(8), seen(4), 4, True, S.IMMUTABLE, None, 4),
+    (single(autoscaling=(0, 8)), seen(0, (0, 4)), None, True, S.IMMUTABLE, None, None),
+    (single(4), seen(0, (0, 4)), None, True, S.IMMUTABLE, None, None),
 ])
-def test_node_pool_size_change(want, observed, recorded, multi, action, body, count):
+def test_node_pool_size_change(want, observed, recorded, multi, action, autoscaling, count):
     change = node_pool_size_change(want, observed, recorded, multi)
-    assert (change.action, change.body, change.node_count) == (action, body, count)
+    assert (change.action, change.autoscaling, change.node_count) == (action, autoscaling, count)
 
 
 @pytest.mark.parametrize("want,observed,field,advice", [
@@ -153,24 +155,24 @@ def test_node_pool_size_change(want, observed, recorded, multi, action, body, co
 ])
 def test_immutable_multi_host_edits_name_the_field(want, observed, field, advice):
     step = node_pool_step(want, None, observed, node_count=4, multi_host=True)
-    assert (step.action, step.degraded_reason, step.ready) == ("none", "NodePoolImmutable", True)
+    assert (step.action, step.degraded_reason, step.ready) == (A.NONE, "NodePoolImmutable", True)
     assert field in step.message and advice in step.message and "multi-host" in step.message
 
 
 def test_edits_wait_for_the_running_operation():
     resizing = {"name": "op2", "status": "RUNNING", "operationType": "SET_NODE_POOL_SIZE"}
     step = node_pool_step(single(5), resizing, seen(3), node_count=4)
-    assert (step.action, step.ready, step.updating, step.node_count) == ("wait", True, True, 4)
+    assert (step.action, step.ready, step.updating, step.node_count) == (A.WAIT, True, True, 4)
     assert "SET_NODE_POOL_SIZE" in step.message
     creating = {"name": "op1", "status": "RUNNING", "operationType": "CREATE_NODE_POOL"}
     step = node_pool_step(single(5), creating, {**seen(3), "status": "PROVISIONING"}, node_count=3)
-    assert (step.action, step.ready, step.updating) == ("wait", False, False)
+    assert (step.action, step.ready, step.updating) == (A.WAIT, False, False)
 
 
 def test_edit_steps_carry_the_request():
     step = node_pool_step(single(5), {"name": "op1", "status": "DONE"}, seen(3), node_count=3)
-    assert (step.action, step.body, step.node_count, step.ready, step.updating) == (
-        "set_size", {"nodeCount": 5}, 5, True, True)
+    assert (step.action, step.autoscaling, step.node_count, step.ready, step.updating) == (
+        A.SET_SIZE, None, 5, True, True)
     assert step.degraded_reason is None and "to 5 nodes" in step.message
     assert node_pool_step(single(3), None, None).node_count == 3                  # created with its size
     assert node_pool_step(single(autoscaling=(0, 4)), None, None).node_count is None
@@ -180,10 +182,10 @@ def test_failed_edit_is_reported_then_sent_again():
     failed = {"name": "op2", "status": "DONE", "operationType": "SET_NODE_POOL_SIZE",
               "error": {"message": "quota exceeded"}}
     step = node_pool_step(single(5), failed, seen(3), node_count=5)
-    assert (step.action, step.degraded_reason, step.node_count) == ("none", "NodePoolUpdateFailed", None)
+    assert (step.action, step.degraded_reason, step.node_count) == (A.NONE, "NodePoolUpdateFailed", None)
     assert "quota exceeded" in step.message
     again = node_pool_step(single(5), None, seen(3), node_count=step.node_count)
-    assert (again.action, again.body) == ("set_size", {"nodeCount": 5})
+    assert (again.action, again.node_count) == (A.SET_SIZE, 5)
 
 
 def test_drift_message_names_fields():
@@ -297,15 +299,16 @@ def test_capacity_shortfall(pool, serving, want):
 def test_a_gke_pool_of_several_multi_host_slices_is_a_node_pool_per_slice():
     owner = Owner("tpusync.dev/v1alpha1", "TPUSyncPool", "pool", "ns", "uid")
     one = plan_pool(owner, pool_spec(PoolBody().spec(tpu={"topology": "4x4"}).gke()))
-    assert [r["nodePool"]["name"] for r in one.node_pool_requests] == ["pool"]
+    assert [r.name for r in one.node_pool_requests] == ["pool"]
+    assert [r.body["nodePool"]["name"] for r in one.node_pool_requests] == ["pool"]
     assert one.node_selector == {"cloud.google.com/gke-nodepool": "pool"}
     three = plan_pool(owner, pool_spec(PoolBody().spec(tpu={"topology": "4x4"}).gke().spec(capacity={"hosts": 12})))
-    assert [r["nodePool"]["name"] for r in three.node_pool_requests] == ["pool", "pool-1", "pool-2"]
-    assert {r["nodePool"]["initialNodeCount"] for r in three.node_pool_requests} == {4}
-    assert {r["nodePool"]["placementPolicy"]["tpuTopology"] for r in three.node_pool_requests} == {"4x4"}
+    assert [r.name for r in three.node_pool_requests] == ["pool", "pool-1", "pool-2"]
+    assert {r.body["nodePool"]["initialNodeCount"] for r in three.node_pool_requests} == {4}
+    assert {r.body["nodePool"]["placementPolicy"]["tpuTopology"] for r in three.node_pool_requests} == {"4x4"}
     # The slices' nodes carry the pool's labels (the node pools' config labels).
     assert three.node_selector == {"tpusync.dev/pool": "pool", "tpusync.dev/namespace": "ns"}
-    assert three.node_selector.items() <= three.node_pool_requests[2]["nodePool"]["config"]["labels"].items()
+    assert three.node_selector.items() <= three.node_pool_requests[2].body["nodePool"]["config"]["labels"].items()
     assert three.desired_hosts == 12
 
 

@@ -14,7 +14,10 @@ import pytest
 from op_helpers import FakeKube, PoolBody, ServingBody
 from tpusync_operator.gke import GKEAuthError, GKETransientError
 from tpusync_operator.kube import KubeError
-from tpusync_operator.reconcile import Deps, delete_pool, reconcile_pool, reconcile_serving
+from tpusync_operator.nodepools import delete_pool
+from tpusync_operator.reconcile import Deps
+from tpusync_operator.reconcile_pool import reconcile_pool
+from tpusync_operator.reconcile_serving import reconcile_serving
 
 
 def run(fn, body, d):

@@ -1,0 +1,105 @@
+"""The TPUSyncPool pass: its GKE node pools (mode gke), auth Secret, children, and status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .builders import names
+from .builders.common import POOL_LABEL, Owner
+from .builders.pool import build_auth_secret
+from .kube import Kube, KubeError
+from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
+from .nodepools import reconcile_node_pools
+from .planner import PlanError, plan_pool
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, validation_message
+from .status import (
+    Capacity,
+    PoolObservation,
+    held_conditions,
+    merge_conditions,
+    node_ready,
+    pool_capacity,
+    pool_conditions,
+)
+
+
+async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
+    """Reconcile one TPUSyncPool; returns the status written."""
+    p = Pass(body)
+    owner = Owner.from_body(body)
+    gen = body["metadata"].get("generation")
+    old = body.get("status") or {}
+    try:
+        spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
+        plan = plan_pool(owner, spec)
+    except ValidationError as e:
+        await invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, validation_message(e))
+    except PlanError as e:
+        await invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, str(e))
+    kube = deps.kube
+
+    node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
+    node_pools: list[dict[str, Any]] | None = None
+    node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
+    if spec.provisioning.mode == "gke":
+        report = await reconcile_node_pools(deps, p, spec, plan, old)
+        node_pools, node_pool = report.entries, report.entries[0]
+        node_pool_ready, node_pool_message, node_pool_updating = report.ready, report.message, report.updating
+    else:
+        existing = spec.provisioning.existing
+        node_pool["name"] = existing.node_pool_name if existing else None
+
+    try:
+        secret_name = names.pool_auth(owner.name, spec)
+        if spec.auth.secret_name:
+            if await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+                p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
+        elif await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+            # Created once, never re-applied: re-applying would rotate the token under running pods.
+            if await kube.create(build_auth_secret(owner, spec, deps.token())):
+                p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
+        await apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        nodes = await kube.list("v1", "Node", None, plan.node_selector) if plan.node_selector else []
+        pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})
+        store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
+    except KubeError as e:
+        p.request_failed(e)
+        # Node pool entries are written even so: they record GKE operations started this pass.
+        return await finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
+            **kept(old, "observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes",
+                   "diskBytes", "peersService"),
+            "conditions": held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now()),
+            "nodePool": node_pool, "nodePools": node_pools,
+        })
+    ready_hosts = sum(1 for n in nodes if node_ready(n))
+    cap: Capacity = pool_capacity(pods)
+    obs = PoolObservation(mode=spec.provisioning.mode, desired_hosts=plan.desired_hosts,
+                          min_ready_hosts=plan.min_ready_hosts, ready_hosts=ready_hosts, capacity=cap,
+                          store_desired=store_desired, store_ready=store_ready,
+                          node_pool_state=node_pool["state"], node_pool_ready=node_pool_ready,
+                          node_pool_message=node_pool_message, node_pool_updating=node_pool_updating,
+                          issues=p.issues)
+    if p.failures:      # GKE did not answer: whether its node pools are ready is not known
+        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+    else:
+        conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
+    return await finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
+        "observedGeneration": old.get("observedGeneration") if p.failures else gen, "conditions": conds,
+        "nodePool": node_pool, "nodePools": node_pools,
+        "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
+        "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,
+        "peersService": names.peers_dns(owner.name, owner.namespace),
+    })
+
+
+async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired: int) -> tuple[int, int]:
+    """(ready, desired) store pods; desired -1 for a DaemonSet not scheduled yet."""
+    if not spec.store_nodes.enabled:
+        return 0, 0
+    obj = await kube.get("apps/v1", spec.store_nodes.kind, owner.namespace, names.pool_store(owner.name))
+    st = (obj or {}).get("status", {})
+    if spec.store_nodes.kind == "DaemonSet":
+        return int(st.get("numberReady", 0) or 0), int(st.get("desiredNumberScheduled", 0) or 0) or -1
+    return int(st.get("readyReplicas", 0) or 0), desired

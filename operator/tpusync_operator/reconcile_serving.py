@@ -1,0 +1,133 @@
+"""The DisaggregatedServing pass: its pool, the optional CRDs served, children, and status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .builders import names, sglang_pd
+from .builders.common import Owner
+from .builders.serving import PoolInfo
+from .kube import Kube, KubeError
+from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
+from .planner import OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message, plan_serving
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, validation_message
+from .status import (
+    RoleObservation,
+    ServingObservation,
+    held_conditions,
+    merge_conditions,
+    serving_conditions,
+    workload_ready_replicas,
+)
+
+
+async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
+    """Reconcile one DisaggregatedServing; returns the status written."""
+    p = Pass(body)
+    owner = Owner.from_body(body)
+    gen = body["metadata"].get("generation")
+    old = body.get("status") or {}
+    kube = deps.kube
+    try:
+        spec = DisaggregatedServingSpec.model_validate(body.get("spec") or {})
+    except ValidationError as e:
+        await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, validation_message(e))
+
+    async def finish_blocked(reason: str, message: str, delay: float) -> dict[str, Any]:
+        p.issue(reason, message, retry=delay)
+        obs = ServingObservation(roles=[], routing_enabled=spec.routing.enabled, routing_ready=False,
+                                 pool_ready=False, issues=p.issues)
+        conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
+        return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus,
+                            {"observedGeneration": gen, "conditions": conds, "routingReady": False})
+
+    async def finish_held(e: KubeError) -> dict[str, Any]:
+        p.request_failed(e)
+        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+        return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
+            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady"),
+            "conditions": conds})
+
+    try:
+        pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, spec.pool_ref.name)
+    except KubeError as e:
+        return await finish_held(e)
+    if pool_body is None:
+        return await finish_blocked("PoolNotFound", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
+                                    f"not found in namespace {owner.namespace}", 30)
+    try:
+        pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
+        pool = PoolInfo(spec.pool_ref.name, pool_spec, check_pool(pool_spec))
+    except (ValidationError, PlanError) as e:
+        return await finish_blocked("PoolInvalid", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
+                                    f"is invalid: {e}", 60)
+    pool_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in (pool_body.get("status") or {}).get("conditions", []))
+
+    try:
+        available = await kube.served_kinds(OPTIONAL_KINDS)
+    except KubeError as e:
+        return await finish_held(e)
+    try:
+        plan = plan_serving(owner, spec, pool, available)
+    except PlanError as e:
+        await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, str(e))
+    shortfall = capacity_shortfall(plan.roles, pool)
+    if shortfall:
+        p.issue("InsufficientCapacity", shortfall)
+    roles: list[RoleObservation] = []
+    epp_ready = False
+    bootstrap_ready = spec.engine.type != "sglang-jax"
+    try:
+        if spec.engine.type == "sglang-jax":
+            await _pd_secret(kube, p, owner, deps)
+        await apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        for rp in plan.roles:
+            obj = None
+            if rp.kind not in plan.missing_kinds:
+                api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
+                obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
+            roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
+        if spec.routing.enabled:
+            epp_ready = await _available(kube, owner.namespace, names.epp(owner.name))
+        if spec.engine.type == "sglang-jax":
+            bootstrap_ready = await _available(kube, owner.namespace, names.pd_bootstrap(owner.name))
+    except KubeError as e:
+        return await finish_held(e)
+    if plan.missing_kinds:
+        p.again(60, missing_crd_message(plan.missing_kinds))
+    routing_ready = spec.routing.enabled and epp_ready and "InferencePool" not in plan.missing_kinds
+    obs = ServingObservation(roles=roles, routing_enabled=spec.routing.enabled, routing_ready=routing_ready,
+                             pool_ready=pool_ready,
+                             missing_kinds_message=missing_crd_message(plan.missing_kinds) if plan.missing_kinds else "",
+                             issues=p.issues, pd_bootstrap_ready=bootstrap_ready)
+    conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
+    role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
+    return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
+        "observedGeneration": gen, "conditions": conds,
+        "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
+        "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
+    })
+
+
+async def _available(kube: Kube, namespace: str, deployment: str) -> bool:
+    obj = await kube.get("apps/v1", "Deployment", namespace, deployment)
+    return int(((obj or {}).get("status") or {}).get("availableReplicas", 0) or 0) > 0
+
+
+async def _pd_secret(kube: Kube, p: Pass, owner: Owner, deps: Deps) -> None:
+    """sglang-jax's P/D shared secret, created once (like a pool's auth Secret)."""
+    name = names.pd_secret(owner.name)
+    if await kube.get("v1", "Secret", owner.namespace, name) is None and \
+            await kube.create(sglang_pd.build_secret(owner, deps.token().hex())):
+        p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {name}")
+
+
+def _endpoint(owner: Owner, spec: DisaggregatedServingSpec) -> str:
+    gw = spec.routing.gateway_ref
+    if gw is not None and spec.routing.enabled:
+        return f"gateway/{gw.namespace or owner.namespace}/{gw.name}"
+    role = "decode" if spec.decode.replicas > 0 else "prefill"
+    return f"http://{names.role(owner.name, role)}.{owner.namespace}.svc:{spec.port}"
