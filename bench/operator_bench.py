@@ -9,7 +9,11 @@ kwok pods each) and reports:
 - time until all N are Ready (from the moment they were created);
 - reconcile latency: create -> first status write (observedGeneration) per object, p50/p99,
   and the operator's own per-pass histogram (tpusync_operator_reconcile_seconds) p50/p99;
-- operator CPU seconds (user+system over the run) and peak RSS (VmHWM).
+- operator CPU seconds (user+system over the run) and peak RSS (VmHWM);
+- the baseline, in the same run on the same control plane: the same N servings' objects as the
+  operator renders them (`python -m tpusync_operator render`), applied straight with `kubectl
+  apply --server-side` into another namespace with no operator, until all their Deployments
+  are available. `ratio` = the operator's all-Ready time over that.
 
     .venv/bin/python bench/operator_bench.py [--count 200]
 
@@ -42,9 +46,11 @@ from report import report  # noqa: E402
 from tests.support.cluster import Cluster, llmd_objective_crd  # noqa: E402
 from tests.support.operator_process import OperatorProcess, helm_install_operator  # noqa: E402
 from tests.support.polling import wait_for  # noqa: E402
+from tpusync_operator.render import render  # noqa: E402
 
 API = "tpusync.dev/v1alpha1"
 NS = "bench"
+BASELINE_NS = "bench-direct"
 NODE_POOL = "bench-cpu"
 
 
@@ -79,13 +85,43 @@ def _ts(value: str) -> float:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
-def serving(i: int) -> dict:
+def serving(i: int, ns: str = NS) -> dict:
     return {"apiVersion": API, "kind": "DisaggregatedServing",
-            "metadata": {"name": f"s{i:04d}", "namespace": NS},
+            "metadata": {"name": f"s{i:04d}", "namespace": ns},
             "spec": {"model": {"name": "m", "uri": "hf://org/m"},
                      "engine": {"type": "reference", "cpuOnly": True},
                      "poolRef": {"name": "pool"}, "prefill": {"replicas": 1},
                      "decode": {"replicas": 1}, "prefixCache": {"hostDram": "1Gi"}}}
+
+
+def pool_doc(ns: str, hosts: int) -> dict:
+    return {"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": "pool", "namespace": ns},
+            "spec": {"tpu": {"type": "v6e", "topology": "2x2"}, "capacity": {"hosts": hosts},
+                     "provisioning": {"mode": "existing", "existing": {"nodePoolName": NODE_POOL}}}}
+
+
+def baseline_seconds(cl: Cluster, count: int, hosts: int, timeout: float) -> tuple[float | None, int]:
+    """(seconds until every Deployment of `count` servings' rendered objects, applied with no
+    operator, is available; how many objects that was). Owner references are dropped: their
+    owners do not exist here, and the garbage collector would delete what they own."""
+    docs = [pool_doc(BASELINE_NS, hosts)] + [serving(i, BASELINE_NS) for i in range(count)]
+    objs = []
+    for r in render(docs):
+        body = r.body
+        if any(ref.get("kind") != "DisaggregatedServing" for ref in body["metadata"].get("ownerReferences", [{}])):
+            continue    # the pool's objects: the operator's run made its pool before its clock started
+        body["metadata"].pop("ownerReferences", None)
+        objs.append(body)
+    cl.kubectl("create", "namespace", BASELINE_NS)
+    t0 = time.monotonic()
+    cl.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objs), timeout=600)
+    want = sum(1 for o in objs if o["kind"] == "Deployment")
+    while time.monotonic() < t0 + timeout:
+        deps = cl.kubectl_json("get", "deployments", "-n", BASELINE_NS)["items"]
+        if sum(1 for d in deps if (d.get("status") or {}).get("availableReplicas", 0) >= d["spec"]["replicas"]) == want:
+            return time.monotonic() - t0, len(objs)
+        time.sleep(1)   # sampling period of the measurement, not synchronisation
+    return None, len(objs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                  workdir=cl.workdir)
             op.start()
             cl.kubectl("create", "namespace", NS)
-            cl.apply({"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": "pool", "namespace": NS},
-                      "spec": {"tpu": {"type": "v6e", "topology": "2x2"}, "capacity": {"hosts": nodes},
-                               "provisioning": {"mode": "existing",
-                                                "existing": {"nodePoolName": NODE_POOL}}}})
+            cl.apply(pool_doc(NS, nodes))
             wait_for("the pool Ready", lambda: any(
                 c["type"] == "Ready" and c["status"] == "True" for c in cl.kubectl_json(
                     "get", "tpusyncpool", "pool", "-n", NS).get("status", {}).get("conditions", [])), 120)
@@ -162,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 if conds.get("Ready", {}).get("status") == "True":
                     to_ready.append(_ts(conds["Ready"]["lastTransitionTime"]) - created)
             op.stop()
+            base_s, base_objs = baseline_seconds(cl, args.count, nodes, args.timeout)
             result = {
                 "case": f"{args.count} DisaggregatedServing",
                 "count": args.count, "ready": len(ready_at),
@@ -174,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 "pass_p50_s": round(p50_pass, 3), "pass_p99_s": round(p99_pass, 3),
                 "passes": passes, "cpu_seconds": round(cpu, 1),
                 "peak_rss_mib": round(rss / 2**20, 1),
+                "baseline_all_ready_seconds": round(base_s, 1) if base_s is not None else None,
+                "baseline_objects": base_objs,
+                "ratio": round(all_ready / base_s, 2) if all_ready is not None and base_s else None,
                 "nodes": nodes, "cpus": os.cpu_count(), "load_avg_at_start": load_at_start,
             }
     finally:
@@ -181,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(cl.workdir, ignore_errors=True)
     report(console, "tpusync operator at scale (e2e control plane, kwok)", [result], [
         ("case", "case", ""), ("Ready", "ready", "d"), ("all Ready s", "all_ready_seconds", ".1f"),
+        ("no operator s", "baseline_all_ready_seconds", ".1f"), ("ratio", "ratio", ".2f"),
         ("1st status p50 s", "first_status_p50_s", ".0f"), ("1st status p99 s", "first_status_p99_s", ".0f"),
         ("Ready p50 s", "ready_p50_s", ".0f"), ("Ready p99 s", "ready_p99_s", ".0f"),
         ("pass p50 s", "pass_p50_s", ".3f"), ("pass p99 s", "pass_p99_s", ".3f"), ("passes", "passes", "d"),
@@ -190,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         "creationTimestamp -> first status write / Ready (server timestamps, 1 s resolution, "
         "queueing behind the other objects included); pass: wall time of one reconcile pass "
         "(operator histogram, bucket-interpolated, top bucket 300 s; passes run concurrently); "
-        "Ready follows the workloads' readiness events (kwok pods) through the passes they trigger.")
+        "Ready follows the workloads' readiness events (kwok pods) through the passes they trigger. "
+        "no operator: the same servings' rendered objects applied server-side with no operator, until "
+        "every Deployment is available (same control plane, same run); ratio = all Ready s / that.")
     return 0 if len(ready_at) == args.count else 1
 
 
