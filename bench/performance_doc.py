@@ -26,7 +26,14 @@ COLUMNS = [
     ("ratio", "ratio", ".2f"), ("baseline", "baseline", ""), ("line_rate_gbps", "line rate GB/s", ".3f"),
     ("vs_line_rate", "vs line rate", ".2f"), ("cores_busy", "cores busy", ".2f"), ("cpu_s_per_gb", "CPU s/GB", ".2f"),
     ("baseline_cpu_s_per_gb", "baseline CPU s/GB", ".2f"), ("raw_cpu_s_per_gb", "raw TCP CPU s/GB", ".2f"),
-    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("pull_seconds", "pull s", ".3f"), ("load_avg_1m", "load avg", ".1f"),
+    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("pull_seconds", "pull s", ".3f"),
+    # routing
+    ("requests", "requests", "d"), ("prompt_tokens", "prompt tokens", "d"),
+    ("prefix_hit_rate", "prefix hit rate", ".1%"),
+    ("computed_tokens", "computed tokens", "d"), ("recomputed_tokens", "recomputed tokens", "d"),
+    ("recomputed_vs_random", "recomputed vs random", ".3f"), ("ttft_p50_s", "TTFT p50 s", ".4f"),
+    ("ttft_p90_s", "TTFT p90 s", ".4f"), ("ttft_p50_vs_recompute", "TTFT p50 vs recompute", ".2f"),
+    ("load_avg_1m", "load avg", ".1f"),
 ]
 
 SECTIONS = [
@@ -61,10 +68,23 @@ SECTIONS = [
      "(cores busy: CPU seconds of every sidecar and the executor per wall second). A fan-out-2 tree puts two "
      "copies on each relay's uplink, so its floor is twice the line-rate time of the bytes; a naive fan-out "
      "puts one copy per host on the trainer's uplink."),
+    ("routing", "Routing by prefix", "bench/routing_bench.py",
+     "Reference servers with real sidecars under a shared-prefix multi-turn workload (system prompts shared by "
+     "many users, conversations that come back turn after turn), one request at a time. recompute: no prefix "
+     "cache, every prompt computed in full (the physical baseline). random: the server picked uniformly. "
+     "precise: the server llm-d's own indexer (llm-d-kv-cache v0.9.0, wired as the router's precise "
+     "prefix-cache producer, tests/llmd/indexer) scores first, fed by the engines' KV events for the blocks "
+     "their sidecars hold in DRAM and on disk. precise-unannounced: the same indexer without events for the "
+     "DRAM/disk tiers (upstream TPU Sync publishes none for offloaded blocks), so it routes blind. Prefix hit "
+     "rate: prompt tokens loaded instead of computed. Recomputed tokens: computed tokens minus those no server "
+     "had seen before (the novel part of each prompt, in whole pages); recomputed vs random is the target's "
+     "ratio."),
     ("operator", "Operator", "bench/operator_bench.py",
      "One TPUSyncPool and N DisaggregatedServing objects on the e2e control plane, everything on the same "
      "cores: time until all are Ready, reconcile latencies, the operator's CPU and memory. A pass's wall time "
-     "is mostly waiting on an API server that shares the cores."),
+     "is mostly waiting on an API server that shares the cores. The baseline, in the same run: the same "
+     "servings' objects as the operator renders them, applied server-side with no operator, until every "
+     "Deployment is available; ratio = the operator's all-Ready time over that."),
 ]
 
 PLOTS = "performance"  # folder next to the document
@@ -128,14 +148,19 @@ def targets(res: dict) -> list[Target]:
           lambda r: r["ratio"] <= 1.3, secs)
     check("fabric tree over 8 hosts <= 2 x one hop", cases(res, "weight_sync", r"fabric-tree-8-.*"),
           lambda r: r["ratio"] <= 2.0, secs)
-    check("fabric naive fan-out to N hosts ~ N x one hop (within 25 %)", cases(res, "weight_sync", r"fabric-naive-\d+-.*"),
+    check("fabric naive fan-out to N hosts ~ N x one hop (within 25 %)",
+          cases(res, "weight_sync", r"fabric-naive-\d+-.*"),
           lambda r: abs(r["ratio"] / int(r["case"].split("-")[2]) - 1) <= 0.25, secs)
     check("a weight-sync hop >= 0.9 x a plain pull's throughput", cases(res, "weight_sync", r"hop-vs-pull-.*"),
-          lambda r: r["ratio"] >= 0.9, lambda r: f"{r['ratio']:.2f} ({r['seconds']:.2f} s vs {r['pull_seconds']:.2f} s)")
+          lambda r: r["ratio"] >= 0.9,
+          lambda r: f"{r['ratio']:.2f} ({r['seconds']:.2f} s vs {r['pull_seconds']:.2f} s)")
     check("CPU s/GB of a hop <= 1.3 x raw TCP's", [r for r in cases(res, "weight_sync", r"hop-vs-pull-.*")
                                                   if "cpu_vs_raw" in r],
           lambda r: r["cpu_vs_raw"] <= 1.3,
           lambda r: f"{r['cpu_vs_raw']:.2f} ({r['cpu_s_per_gb']:.2f} vs {r['raw_cpu_s_per_gb']:.2f} CPU s/GB)")
+    check("precise routing recomputes <= 0.1 x the tokens random routing does",
+          cases(res, "routing", r"precise"), lambda r: r["recomputed_vs_random"] <= 0.1,
+          lambda r: f"{r['recomputed_vs_random']:.3f} ({r['recomputed_tokens']} tokens)")
     return out
 
 
@@ -192,7 +217,8 @@ def plot_weights(res: dict, out: Path) -> str | None:
     tag = hop[0]["case"].removeprefix("fabric-hop-1-")
     fig, ax = plt.subplots(figsize=(7, 4))
     for kind in ("chain", "tree", "naive"):
-        pts = sorted((int(r["case"].split("-")[2]), r["seconds"]) for r in cases(res, "weight_sync", rf"fabric-{kind}-\d+-{tag}"))
+        pts = sorted((int(r["case"].split("-")[2]), r["seconds"])
+                     for r in cases(res, "weight_sync", rf"fabric-{kind}-\d+-{tag}"))
         if pts:
             ax.plot([1] + [n for n, _ in pts], [hop[0]["seconds"]] + [s for _, s in pts], marker="o",
                     label=kind if kind != "tree" else "tree, fan-out 2")

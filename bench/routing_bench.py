@@ -34,9 +34,9 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from report import report
 from rich.console import Console
 
-from report import report
 from tpusync import sidecar
 from tpusync.hashing import BlockHasher
 from tpusync.launch import interrupt
@@ -177,7 +177,8 @@ def run(mode: str, args, indexer_bin: str, work: Path) -> dict:
         return {"case": mode, "requests": len(ttfts), "prompt_tokens": prompt_tokens,
                 "prefix_hit_rate": cached / prompt_tokens, "computed_tokens": computed,
                 "recomputed_tokens": computed - novel, "ttft_p50_s": statistics.median(ttfts),
-                "ttft_p90_s": float(np.percentile(ttfts, 90))}
+                "ttft_p90_s": float(np.percentile(ttfts, 90)),
+                "load_avg_1m": os.getloadavg()[0]}  # this machine is shared: how busy it was, beside each figure
     finally:
         if ix:
             ix.stop()
@@ -209,7 +210,8 @@ def main() -> int:
     columns = [("routing", "case", ""), ("requests", "requests", "d"), ("prefix hit rate", "prefix_hit_rate", ".1%"),
                ("computed tok", "computed_tokens", "d"), ("recomputed tok", "recomputed_tokens", "d"),
                ("recomputed / random", "recomputed_vs_random", ".3f"), ("TTFT p50 s", "ttft_p50_s", ".4f"),
-               ("TTFT p90 s", "ttft_p90_s", ".4f"), ("p50 / recompute", "ttft_p50_vs_recompute", ".2f")]
+               ("TTFT p90 s", "ttft_p90_s", ".4f"), ("p50 / recompute", "ttft_p50_vs_recompute", ".2f"),
+               ("load avg", "load_avg_1m", ".1f")]
     report(Console(width=160), f"Routing: {args.servers} reference servers, {args.systems} system prompts x "
            f"{args.users} users x {args.turns} turns", results, columns, args.out,
            "recompute: no prefix cache (the physical baseline). random: uniform choice. precise: the pod llm-d's "

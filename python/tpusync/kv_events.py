@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import zmq
 
-
 Event = list[Any]  # one positional event, as above
 
 
@@ -55,7 +54,7 @@ class KVEventPublisher:
         import msgpack  # here: engines that publish through their own publisher (vLLM's) lack msgpack
 
         self._pack = msgpack.Packer(use_bin_type=True)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUB)
         host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0]
         if host in ("*", "0.0.0.0", "127.0.0.1", "[::]"):
@@ -104,7 +103,7 @@ def _media(tier: int) -> frozenset[str]:
 class _Block:
     key: int                  # the store key, to ask the store where the block is
     parent: int | None        # the event hash of the block before it
-    tokens: array             # its token ids, to announce it again on another tier
+    tokens: array[int]        # its token ids, to announce it again on another tier
     media: frozenset[str]     # where llm-d was last told it is
 
 
@@ -209,14 +208,12 @@ def _parents_first(blocks: dict[int, _Block]) -> list[int]:
     was removed everywhere until the parent is stored again."""
     order: list[int] = []
     done: set[int] = set()
-    for h in blocks:
+    for first in blocks:
         chain = []
-        while h in blocks and h not in done:
+        h: int | None = first
+        while h is not None and h in blocks and h not in done:
             chain.append(h)
             done.add(h)
-            parent = blocks[h].parent
-            if parent is None:
-                break
-            h = parent
+            h = blocks[h].parent
         order.extend(reversed(chain))
     return order

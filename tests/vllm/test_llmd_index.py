@@ -170,7 +170,7 @@ def connect(ix: Indexer, p: Pod, seed: int) -> None:
     for i in range(40):
         probe = prompt(seed + i, 64)
         p.generate(probe)
-        if eventually(lambda: ix.tiers(probe, p.pod), timeout_s=1):
+        if eventually(lambda probe=probe: ix.tiers(probe, p.pod), timeout_s=1):
             return
     raise AssertionError(f"{ix.url} never received {p.pod}'s events")
 

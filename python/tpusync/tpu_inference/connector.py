@@ -5,9 +5,9 @@ Everything but the worker half is `tpusync.vllm`'s (`tpusync.vllm.base.Connector
 same block keys (the chained prefix hash of the prompt's tokens), lookups and pins, background
 pulls from the prefill pod's sidecar of only the blocks this engine lacks, and the same
 `kv_transfer_params`, and the same KV events for the tiers tpusync holds, on vLLM's own
-publisher when --kv-events-config enables them (docs/vllm.md). One store block is one vLLM block of every layer: the bytes
-of page `block_id` of each layer's cache, layer after layer, in tpu-inference's own layout. The
-worker half (`tpusync.tpu_inference.worker`) moves pages with `tpusync.pages`.
+publisher when --kv-events-config enables them (docs/vllm.md). One store block is one vLLM
+block of every layer: the bytes of page `block_id` of each layer's cache, layer after layer,
+in tpu-inference's own layout. The worker half (`tpusync.tpu_inference.worker`) moves pages with `tpusync.pages`.
 
 Steps with loads are marked synchronous (`SchedulerOutput.has_sync_kv_loads`), so vLLM 0.32
 runs `start_load_kv` before the forward that reads the loaded pages; tpu-inference has no

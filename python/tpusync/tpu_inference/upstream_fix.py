@@ -18,11 +18,13 @@ from `kv_connector_module_path` when one is given (kv_connector/factory.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from tpu_inference.distributed import tpu_connector as upstream
 
 
 class TPUConnector(upstream.TPUConnector):
-    def build_connector_meta(self, scheduler_output) -> upstream.TPUConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: Any) -> upstream.TPUConnectorMetadata:
         meta = super().build_connector_meta(scheduler_output)
         if meta.reqs_to_load:
             scheduler_output.has_sync_kv_loads = True  # insert before this step's forward

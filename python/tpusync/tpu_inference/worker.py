@@ -56,7 +56,8 @@ class JaxWorkerSide(WorkerResults):
             try:
                 self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
             except (errors.TpuSyncError, OSError) as e:
-                self.link.failed(e)
+                if self.link is not None:
+                    self.link.failed(e)
                 store = None
                 n = 0
             self._count(loaded_blocks=n)

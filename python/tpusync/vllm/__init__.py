@@ -12,7 +12,7 @@ kv_transfer_params contract: `tpusync.vllm.config`; usage and what is tested: do
 __all__ = ["TPUSyncConnector"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "TPUSyncConnector":
         from tpusync.vllm.connector import TPUSyncConnector
 

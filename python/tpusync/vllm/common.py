@@ -56,7 +56,7 @@ class TPUSyncStats(KVConnectorStats):
     """Per-interval worker counters for vLLM's KV transfer metrics log."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, int] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name, n in other.data.items():

@@ -67,7 +67,7 @@ class ConnectorConfig:
         """Reads `kv_connector_extra_config`, with environment defaults. InvalidArgumentError on bad values."""
         extra = dict(extra or {})
         env = os.environ if env is None else env
-        unknown = set(extra) - {f for f in cls.__dataclass_fields__}
+        unknown = set(extra) - set(cls.__dataclass_fields__)
         if unknown:
             raise errors.InvalidArgumentError(f"unknown kv_connector_extra_config keys: {sorted(unknown)}")
         control_socket = extra.get("control_socket") or env.get("TPUSYNC_CONTROL_SOCKET") or None

@@ -97,12 +97,13 @@ class TPUSyncConnector(ConnectorBase):
             return
         try:
             worker.register(kv_caches)
-        except Exception as e:  # e.g. caches that are not torch tensors with blocks along dim 0
+        except Exception as e:  # noqa: BLE001 - e.g. caches that are not torch tensors with blocks along dim 0
             log.warning("TPUSyncConnector cannot reach these KV caches (%s): it loads and saves nothing, and "
                         "vLLM recomputes what its scheduler side offered", e)
             worker.layers, worker.index = [], {}
 
     def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
         if self._sched is None:
-            return super().get_external_cache_hit_sources(request, num_external_tokens)
+            default: dict[CacheHitSource, int] = super().get_external_cache_hit_sources(request, num_external_tokens)
+            return default
         return self._sched.hit_sources(request, num_external_tokens)

@@ -20,6 +20,7 @@ with its next step (vLLM's engine loop sleeps on its input queue until a request
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
@@ -29,6 +30,7 @@ from tpusync.kv_events import BlockAnnouncer, Event
 from tpusync.vllm.common import StoreLink, log
 
 if TYPE_CHECKING:
+    from tpusync.store import KVStore
     from tpusync.vllm.config import ConnectorConfig
 
 _LOW64 = (1 << 64) - 1
@@ -49,6 +51,10 @@ def to_vllm(event: Event) -> KVCacheEvent:
         _, hashes, medium = event
         return BlockRemoved(block_hashes=hashes, medium=medium)
     raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")
+
+
+def _tiers(store: KVStore, keys: list[int]) -> list[int]:
+    return [int(t) for t in store.lookup(keys).tiers]
 
 
 class ConnectorEvents:
@@ -88,10 +94,10 @@ class ConnectorEvents:
             if store is None:
                 continue
             try:
-                self.announcer.audit(lambda keys: store.lookup(keys).tiers)
+                self.announcer.audit(partial(_tiers, store))
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 self._audit_link.failed(e)
-            except Exception:  # never let the audit thread die
+            except Exception:  # noqa: BLE001 - never let the audit thread die
                 log.exception("tpusync KV event audit failed")
 
     def shutdown(self) -> None:

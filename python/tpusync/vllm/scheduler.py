@@ -14,13 +14,13 @@ from tpusync import errors
 from tpusync.hashing import BlockHasher
 from tpusync.vllm.common import (
     COUNTERS,
+    Pins,
+    StoreLink,
     TPUSyncConnectorMetadata,
     TPUSyncWorkerMetadata,
     Transfer,
-    Pins,
-    release_pins,
-    StoreLink,
     log,
+    release_pins,
 )
 from tpusync.vllm.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
 from tpusync.vllm.events import ConnectorEvents
@@ -38,7 +38,7 @@ class _Request:
     keys: list[int]                 # the prompt's full blocks
     usable: int                     # leading blocks that may be loaded: the last prompt token is computed
     remote: RemotePrefill | None
-    pull: Future | None = None      # the peer pull, once per request
+    pull: Future[int] | None = None  # the peer pull, once per request
     pulled: int = 0                 # blocks that pull brought
     pins: Pins = field(default_factory=Pins)
     load: tuple[int, int] | None = None  # (first block, blocks) offered by the last lookup
@@ -166,7 +166,7 @@ class SchedulerSide:
                 local = max(local, now)
             COUNTERS.add(pulled_blocks=arrived)
             return arrived
-        except Exception:  # never let a pull take the scheduler down
+        except Exception:  # noqa: BLE001 - never let a pull take the scheduler down
             log.exception("tpusync pull failed")
             return 0
 
@@ -305,7 +305,7 @@ class SchedulerSide:
         self.pull_link.close()
 
 
-def _done(value: Any) -> Future:
-    f: Future = Future()
+def _done(value: int) -> Future[int]:
+    f: Future[int] = Future()
     f.set_result(value)
     return f

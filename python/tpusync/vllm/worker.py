@@ -29,7 +29,7 @@ class _Layer:
 
     @property
     def nbytes(self) -> int:
-        return self.blocks.shape[1]
+        return int(self.blocks.shape[1])
 
 
 def _block_view(kv: torch.Tensor) -> torch.Tensor:
@@ -56,9 +56,9 @@ class WorkerSide(WorkerResults):
         self.loader: ThreadPoolExecutor | None = None  # layerwise loads into a CPU cache run on a thread
         # this step's transfers
         self._load_stack: contextlib.ExitStack | None = None
-        self._load_jobs: list[tuple[list[memoryview], list[int]]] = []
+        self._load_jobs: list[tuple[list[memoryview | None], list[int]]] = []
         self._layer_ready: list[threading.Event] = []
-        self._load_future: Future | None = None
+        self._load_future: Future[None] | None = None
         self._waited: list[bool] = []  # layerwise: which layers' attention has waited for its blocks
         self._save_stack: contextlib.ExitStack | None = None
         self._save_slots: list[tuple[Any, torch.Tensor, int]] | None = None
@@ -96,7 +96,8 @@ class WorkerSide(WorkerResults):
             views = dict(zip(keys, stack.enter_context(store.acquire_many(keys))))
         except errors.TpuSyncError as e:
             stack.close()
-            self.link.failed(e)
+            if self.link is not None:
+                self.link.failed(e)
             self._fail_loads(meta.loads)
             return
         jobs = []
@@ -124,7 +125,7 @@ class WorkerSide(WorkerResults):
             try:
                 for i in range(len(self.layers)):
                     self._copy_layer(i)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a copy failed however it failed: vLLM recomputes the blocks
                 log.exception("tpusync load failed; vLLM recomputes the blocks")
                 self._fail_jobs()
             self._finish_load()
@@ -163,7 +164,7 @@ class WorkerSide(WorkerResults):
         elif not self._waited[i]:  # a device cache: copy on this thread, in the order of vLLM's stream
             try:
                 self._copy_layer(i)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a copy failed however it failed: vLLM recomputes the blocks
                 log.exception("tpusync load of %s failed; vLLM recomputes the blocks", layer_name)
                 self._fail_jobs()
         self._waited[i] = True
@@ -173,7 +174,7 @@ class WorkerSide(WorkerResults):
         if self._load_future is not None:
             try:
                 self._load_future.result()
-            except Exception:
+            except Exception:  # noqa: BLE001 - a copy failed however it failed: vLLM recomputes the blocks
                 log.exception("tpusync layerwise load failed; vLLM recomputes the blocks")
                 self._fail_jobs()
             self._load_future = None
@@ -187,7 +188,7 @@ class WorkerSide(WorkerResults):
             stack, self._load_stack = self._load_stack, None
             try:
                 stack.close()
-            except Exception as e:  # a dead sidecar: its leases went with it
+            except Exception as e:  # noqa: BLE001 - a dead sidecar: its leases went with it
                 if self.link is not None:
                     self.link.failed(e)
 
@@ -232,7 +233,8 @@ class WorkerSide(WorkerResults):
                 continue
             except errors.TpuSyncError as e:
                 self._count(save_errors=1)
-                self.link.failed(e)
+                if self.link is not None:
+                    self.link.failed(e)
                 return
             for slot, (_, block_id) in zip(slots, pairs):
                 if slot is not None:  # None: already stored
@@ -255,10 +257,11 @@ class WorkerSide(WorkerResults):
                     self._reserve(meta)
                 for i in range(len(self.layers)):  # every layer not copied by save_kv_layer
                     self._copy_out(i)
-                for slot, _, _ in self._save_slots:
+                slots = self._save_slots or []
+                for slot, _, _ in slots:
                     slot.commit(self.block_bytes)
-                self._count(saved_blocks=len(self._save_slots))
-        except Exception:  # uncommitted slots are given back: the blocks are just not cached
+                self._count(saved_blocks=len(slots))
+        except Exception:  # noqa: BLE001 - uncommitted slots are given back: the blocks are just not cached
             self._count(save_errors=1)
             log.exception("tpusync save failed")
         finally:
@@ -267,7 +270,7 @@ class WorkerSide(WorkerResults):
                 stack, self._save_stack = self._save_stack, None
                 try:
                     stack.close()  # publishes the committed slots
-                except Exception as e:  # a dead sidecar: the blocks are simply not cached
+                except Exception as e:  # noqa: BLE001 - a dead sidecar: the blocks are simply not cached
                     self._count(save_errors=1)
                     if self.link is not None:
                         self.link.failed(e)
