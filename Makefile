@@ -81,6 +81,7 @@ bench: install
 	$(PY) bench/transfer_bench.py
 	$(PY) bench/serving_bench.py
 	$(PY) bench/weight_sync_bench.py
+	$(PY) bench/routing_bench.py
 	$(MAKE) performance-doc
 
 # docs/performance.md and its plots, generated from bench/results/*.json (matplotlib in a
