@@ -11,6 +11,7 @@ One job per module:
 - `helm`: the pinned helm binary and chart rendering;
 - `faultproxy`: a fault-injecting proxy in front of kube-apiserver;
 - `gke_api`: a server for the documented GKE REST API (a contract server, not GKE);
+- `gke_schema`: Google's published schema of that API (the container v1 discovery document);
 - `fabric`: simulated hosts in network namespaces over shaped links.
 
 The repository root must be on sys.path: pytest's `pythonpath` setting puts it there; scripts

@@ -12,6 +12,9 @@ written from the documentation, not from GKE's behaviour, and is not GKE:
   with 400 FAILED_PRECONDITION ("Cluster is running incompatible operation ...");
 - a multi-host TPU slice node pool (placementPolicy with tpuTopology or policyName) is
   atomic: setSize is refused;
+- request bodies are held against Google's published schema of the API (gke_schema.py, the
+  container v1 discovery document): an unknown field, a wrong JSON type or a value outside
+  an enum is refused with 400 INVALID_ARGUMENT, as GKE refuses it;
 - bearer tokens are checked (401 UNAUTHENTICATED), errors are Google JSON errors
   {"error": {"code", "message", "status"}}, and `faults` are served first to inject
   429/5xx/403/... (optionally only to paths containing a given string);
@@ -27,6 +30,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+
+from tests.support.gke_schema import problems, schemas
 
 PARENT = "/v1/projects/proj/locations/us-central1/clusters/c1"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
@@ -120,6 +125,13 @@ def make_handler(state: FakeGKEState):
             state.bodies.append(body)
             return body
 
+        def _invalid(self, schema: str, body: dict) -> bool:
+            """Answers 400 INVALID_ARGUMENT if the body breaks the API's schema."""
+            found = problems(schema, body)
+            if found:
+                self._error(400, "INVALID_ARGUMENT", "Invalid JSON payload received. " + "; ".join(found))
+            return bool(found)
+
         def _fault(self) -> tuple | None:
             for i, fault in enumerate(state.faults):
                 if len(fault) < 4 or fault[3] in self.path:
@@ -151,7 +163,8 @@ def make_handler(state: FakeGKEState):
                     return self._error(400, "FAILED_PRECONDITION",
                                        f"Cluster is running incompatible operation {busy}.")
                 if path == PARENT + "/nodePools" and method == "POST":
-                    return self._create(self._body())
+                    body = self._body()
+                    return None if self._invalid("CreateNodePoolRequest", body) else self._create(body)
                 name, _, verb = path[len(PARENT + "/nodePools/"):].partition(":")
                 if name not in state.pools:
                     return self._error(404, "NOT_FOUND", f"Not found: {name}")
@@ -163,9 +176,12 @@ def make_handler(state: FakeGKEState):
                     return self._send(200, state.start("DELETE_NODE_POOL", target,
                                                        lambda: (state.pools.pop(name, None), state.sizes.pop(name, None))))
                 if method == "POST" and verb == "setSize":
-                    return self._set_size(name, target, self._body())
+                    body = self._body()
+                    return None if self._invalid("SetNodePoolSizeRequest", body) else self._set_size(name, target, body)
                 if method == "POST" and verb == "setAutoscaling":
-                    return self._set_autoscaling(name, target, self._body())
+                    body = self._body()
+                    return None if self._invalid("SetNodePoolAutoscalingRequest", body) else \
+                        self._set_autoscaling(name, target, body)
                 return self._error(404, "NOT_FOUND", f"no route for {method} {path}")
 
         def _get_operation(self, name: str):
@@ -236,6 +252,7 @@ def make_handler(state: FakeGKEState):
 
 def serve() -> tuple[FakeGKEState, str, Callable[[], None]]:
     """Start a server; returns (state, base URL, stop)."""
+    schemas()   # the discovery document, downloaded now if not cached, not in a request
     state = FakeGKEState()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

@@ -96,13 +96,71 @@ def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+Path_ = tuple[str, ...]
+
+
+def field_paths(obj: dict[str, Any], prefix: Path_ = ()) -> set[Path_]:
+    """The leaf fields of an object: a map's keys are walked into, a list or scalar is a leaf."""
+    out: set[Path_] = set()
+    for k, v in obj.items():
+        if isinstance(v, dict) and v:
+            out |= field_paths(v, (*prefix, k))
+        else:
+            out.add((*prefix, k))
+    return out
+
+
+def without_fields(obj: dict[str, Any], paths: set[Path_]) -> dict[str, Any]:
+    """A copy of obj without the given leaf fields (maps they leave empty go too)."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if (k,) in paths:
+            continue
+        below = {p[1:] for p in paths if p[0] == k and len(p) > 1}
+        if isinstance(v, dict) and below:
+            v = without_fields(v, below)
+            if not v:
+                continue
+        out[k] = copy.deepcopy(v)
+    return out
+
+
+def merge_fields(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """new over base: maps merged key by key, everything else replaced."""
+    out = copy.deepcopy(base)
+    for k, v in new.items():
+        out[k] = merge_fields(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else copy.deepcopy(v)
+    return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386): maps merged, null deletes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
 class FakeKube:
     """In-memory API server for the reconcilers. `log` records every write and event in order.
     `faults[(operation, kind)]` is raised by every such call until removed (kind None for
-    served_kinds); `fail_next` by the next apply."""
+    served_kinds); `fail_next` by the next apply.
+
+    Writes merge as the API server merges them. `apply` is server-side apply by one field
+    manager with force: the applied fields are set, fields this manager applied before and
+    no longer applies are removed, and fields others set (tests' `put`, direct edits) stay;
+    the status subresource is left alone. Simplification: lists are atomic here, where the
+    API server merges some (containers, env) by key. `patch_status` is a JSON merge patch."""
 
     def __init__(self, served: set[str] | None = None):
         self.objects: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
+        self.applied: dict[tuple[str, str, str | None, str], set[Path_]] = {}   # fields our manager owns
         self.served = set(served) if served is not None else {
             "LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute", "HealthCheckPolicy",
             "GCPBackendPolicy"}
@@ -133,12 +191,18 @@ class FakeKube:
         if self.fail_next:
             raise self.fail_next.pop(0)
         self.log.append(("apply", obj["kind"], obj["metadata"]["name"]))
-        prior = self.objects.get(self.key(obj), {})
-        stored = copy.deepcopy(obj)
+        key = self.key(obj)
+        prior = self.objects.get(key, {})
+        spec_fields = {k: v for k, v in obj.items() if k != "status"}
+        applied = field_paths(spec_fields)
+        stale = self.applied.get(key, set()) - applied
+        stored = merge_fields(without_fields({k: v for k, v in prior.items() if k != "status"}, stale),
+                              spec_fields)
         if "status" in prior:
             stored["status"] = prior["status"]
-        self.objects[self.key(obj)] = stored
-        return stored
+        self.objects[key] = stored
+        self.applied[key] = applied
+        return copy.deepcopy(stored)
 
     async def create(self, obj: dict[str, Any]) -> bool:
         self._fault("create", obj["kind"])
@@ -161,6 +225,7 @@ class FakeKube:
 
     async def delete(self, api_version, kind, namespace, name):
         self._fault("delete", kind)
+        self.applied.pop((api_version, kind, namespace, name), None)
         if self.objects.pop((api_version, kind, namespace, name), None) is None:
             return False
         self.log.append(("delete", kind, name))
@@ -173,7 +238,7 @@ class FakeKube:
         if obj is None:
             raise KubeError(404, f"{kind} {name} not found")
         self.log.append(("status", kind, name))
-        obj["status"] = copy.deepcopy(status)
+        obj["status"] = merge_patch(obj.get("status"), status)
 
     async def served_kinds(self, kinds):
         self._fault("served_kinds", None)

@@ -7,6 +7,7 @@ import base64
 import pytest
 
 from op_helpers import PoolBody, assert_golden
+from tests.support.gke_schema import problems
 from tpusync_operator.builders import pool as b
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.models import TPUSyncPoolSpec
@@ -69,7 +70,20 @@ def test_node_pool_request(case):
     assert np["config"]["machineType"] == want["machineType"]
     assert np["initialNodeCount"] == want["initialNodeCount"]
     assert np.get("placementPolicy") == want["placement"]
+    assert problems("CreateNodePoolRequest", req) == []     # Google's published schema of the API
     assert_golden(case, req)
+
+
+def test_the_schema_check_refuses_what_gke_refuses():
+    """gke_schema.problems against the discovery document: a misspelt field, an enum value in
+    the wrong spelling, a wrong JSON type."""
+    bad = {"nodePool": {"name": "p", "initialNodeCount": "3", "config": {
+        "machineType": "ct6e-standard-4t", "tpuTopolgy": "2x2",
+        "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]}}}
+    found = problems("CreateNodePoolRequest", bad)
+    assert len(found) == 3, found
+    assert any("tpuTopolgy" in p for p in found) and any("NO_SCHEDULE" in p for p in found)
+    assert any("initialNodeCount" in p for p in found)
 
 
 def test_reservation_affinity_and_autoscaling():

@@ -216,3 +216,23 @@ def test_metadata_server_token_is_cached_until_expiry():
 
     run(scenario())
     assert len(calls) == 3
+
+
+def test_a_body_the_published_schema_refuses_is_refused(gke_server):
+    """The server holds bodies against the container v1 discovery document (gke_schema.py):
+    what our builders send passes (test_create_poll_get_delete); a misspelt field does not."""
+    state, url = gke_server
+    bad = request_body()
+    bad["nodePool"]["config"]["machinetype"] = bad["nodePool"]["config"].pop("machineType")
+
+    async def scenario():
+        client = GKEClient(StaticToken("good"), url, sleep=Sleeps())
+        try:
+            with pytest.raises(GKEError) as e:
+                await client.create_node_pool(CLUSTER, bad)
+            assert e.value.status == 400 and e.value.reason == "INVALID_ARGUMENT"
+            assert "unknown field 'machinetype'" in e.value.message
+            assert state.pools == {}
+        finally:
+            await client.aclose()
+    run(scenario())

@@ -106,7 +106,7 @@ def test_resize_is_applied_once(gke_server, kube, clock):
     async def scenario(op: Operator, state):
         await op.settle()
         assert state.mutations() == [CREATE]
-        assert op.status["nodePool"] == {"name": "pool", "state": "RUNNING", "operation": None, "nodeCount": 3}
+        assert op.status["nodePool"] == {"name": "pool", "state": "RUNNING", "nodeCount": 3}  # operation: null, removed
         assert await op.reconcile() == []                     # nothing differs: no call
         op.edit(capacity={"hosts": 1})
         assert await op.reconcile() == [SET_SIZE]
@@ -136,7 +136,7 @@ def test_autoscaling_enabled_changed_disabled(gke_server, kube, clock):
         await op.settle()
         # GKE's JSON: minNodeCount 0 left out, its default locationPolicy added; no change seen.
         assert state.pools["pool"]["autoscaling"]["locationPolicy"] == "BALANCED"
-        assert op.status["nodePool"]["nodeCount"] is None
+        assert "nodeCount" not in op.status["nodePool"]   # null in the merge patch: removed
         assert await op.reconcile() == []
 
         op.edit(capacity={"autoscaling": {"minHosts": 1, "maxHosts": 6}})
@@ -182,7 +182,7 @@ def test_another_operation_on_the_cluster_is_waited_for(gke_server, kube, clock)
         op.edit(capacity={"hosts": 2})
         assert await op.reconcile() == [SET_SIZE]                    # refused: 400 FAILED_PRECONDITION
         assert op.retry is not None and op.retry.delay == 15
-        assert op.status["nodePool"] == {"name": "pool", "state": "RUNNING", "operation": None, "nodeCount": 1}
+        assert op.status["nodePool"] == {"name": "pool", "state": "RUNNING", "nodeCount": 1}  # operation: null, removed
         cond = op.conditions()
         assert cond["Degraded"]["status"] == "False"
         assert cond["Progressing"]["status"] == "True" and upgrade in cond["Progressing"]["message"]
@@ -211,7 +211,7 @@ def test_multi_host_resize_is_reported_not_sent(gke_server, kube, clock, capacit
             cond = op.conditions()["Degraded"]
             assert (cond["status"], cond["reason"]) == ("True", "NodePoolImmutable")
             assert field in cond["message"] and "multi-host" in cond["message"]
-            assert op.status["nodePool"]["operation"] is None
+            assert "operation" not in op.status["nodePool"]
         assert [e[:2] for e in op.events].count(("Warning", "NodePoolImmutable")) == 1
         assert state.mutations() == [CREATE]
 

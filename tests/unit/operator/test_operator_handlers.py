@@ -1,54 +1,44 @@
-"""kopf wiring: one reconcile for create/update/resume and for watch events of what an object
-depends on, a timer and a delete handler (so a finalizer) only for GKE-provisioned pools, and
-the `python -m tpusync_operator` entry point."""
+"""kopf wiring: what the handlers do with watch events of what an object depends on, which
+pools are GKE pools (a timer and a delete handler, so a finalizer), the kinds watched, and
+the `python -m tpusync_operator` entry point.
+
+That kopf calls the handlers as registered is not read from kopf's private registries here:
+the e2e suite runs the real kopf against the real API server (create, update, resume after
+a restart, drift of children, the finalizer only on GKE pools: e2e/test_operator.py,
+e2e/test_operator_gke.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import kopf
 import pytest
+import yaml
 from kubernetes_asyncio import config
 
 from tpusync_operator import __main__ as entry
-from tpusync_operator import handlers
+from tpusync_operator import handlers, render
+from tpusync_operator.kube import RESOURCES
+
+REPO = Path(__file__).resolve().parents[3]
+SAMPLES = sorted((REPO / "samples").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
 
 
-def changing_handlers():
-    return kopf.get_default_registry()._changing.get_all_handlers()
-
-
-def test_same_reconcile_for_create_update_resume():
-    by_fn = {}
-    for h in changing_handlers():
-        by_fn.setdefault(h.fn.__name__, set()).add(h.reason if h.reason else ("resume" if h.initial else None))
-    assert by_fn["pool_changed"] == {"create", "update", "resume"}
-    assert by_fn["serving_changed"] == {"create", "update", "resume"}
-
-
-def test_only_gke_pools_have_a_timer():
-    """kopf puts its finalizer on every object a timer matches: only GKE pools need one."""
-    (timer,) = kopf.get_default_registry()._spawning.get_all_handlers()
-    assert timer.fn.__name__ == "pool_timer" and timer.when is handlers._is_gke
-
-
-def watched():
-    return {(h.selector.group, h.selector.any_name): h for h in kopf.get_default_registry()._watching.get_all_handlers()}
-
-
-def test_every_child_kind_is_watched():
-    """Drift of any child the builders create triggers a pass of its owner (the auth Secret,
-    created once and never re-applied, is the documented exception)."""
-    from tpusync_operator.planner import OPTIONAL_KINDS
-    kinds = {"configmaps", "services", "serviceaccounts", "deployments", "statefulsets", "daemonsets",
-             "networkpolicies", "roles", "rolebindings", *(plural for _, plural in OPTIONAL_KINDS.values())}
-    w = watched()
-    for plural in kinds:
-        (h,) = [h for (g, p), h in w.items() if p == plural]
-        assert h.fn is handlers.child_seen and h.labels == {"app.kubernetes.io/managed-by": "tpusync-operator"}
-    assert {"pods", "nodes", "tpusyncpools", "disaggregatedservings", "customresourcedefinitions"} <= \
-        {p for _, p in w}
+def test_every_kind_the_builders_create_is_watched():
+    """Drift of any child triggers a pass of its owner: every kind in the rendered samples and
+    golden cases is in CHILD_RESOURCES, except the pool's auth Secret (created once, never
+    re-applied)."""
+    rendered = [r.body for r in render.render(render.load([str(p) for p in SAMPLES]))]
+    golden = [d for f in GOLDEN.glob("*.yaml") for d in yaml.safe_load_all(f.read_text()) if d]
+    kinds = {(o["apiVersion"], o["kind"]) for o in rendered + golden if "kind" in o} - {("v1", "Secret")}
+    watched = {(f"{g}/{v}" if g else v, plural) for g, v, plural in handlers.CHILD_RESOURCES}
+    for api_version, kind in sorted(kinds):
+        plural, _ = RESOURCES[(api_version, kind)]
+        assert (api_version, plural) in watched, kind
+    assert len(kinds) >= 12   # the samples and cases render most kinds (not a vacuous loop)
 
 
 class FakeQueue:
@@ -120,11 +110,7 @@ def test_a_retry_touch_requests_a_pass_of_the_touched_object():
     assert memo.passes.requested == [("DisaggregatedServing", "ns", "s")]
 
 
-def test_delete_handler_only_for_gke_pools():
-    deletes = [h for h in changing_handlers() if h.reason == "delete"]
-    assert [h.fn.__name__ for h in deletes] == ["pool_deleted"]
-    (d,) = deletes
-    assert d.when is handlers._is_gke and d.requires_finalizer
+def test_gke_pools_are_told_apart_by_their_provisioning_mode():
     assert handlers._is_gke(spec={"provisioning": {"mode": "gke"}})
     assert not handlers._is_gke(spec={"provisioning": {"mode": "existing"}})
     assert not handlers._is_gke(spec={})

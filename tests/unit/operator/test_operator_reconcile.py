@@ -247,7 +247,40 @@ def test_pool_delete_waits_for_gke(kube, clock):
 
 
 def test_delete_of_existing_pool_touches_no_cloud(kube, clock):
-    run(delete_pool, PoolBody().build(), deps(kube, clock, None))
+    """With a GKE client at hand (as the operator always has one), a pool in mode existing
+    makes no call: the node pool is not the operator's to delete."""
+    gke = FakeGKE()
+    gke.pools["tpu-np"] = {"name": "tpu-np", "status": "RUNNING"}
+    run(delete_pool, PoolBody().build(), deps(kube, clock, gke))
+    assert gke.calls == [] and gke.pools["tpu-np"]["status"] == "RUNNING"
+    run(delete_pool, PoolBody().gke().build(), deps(kube, clock, gke))     # a gke pool: asked about
+    assert gke.calls == [("get", "pool")]
+
+
+def test_children_are_applied_not_replaced(kube, clock):
+    """Server-side apply, as the API server does it: a field another manager set on a child
+    stays across passes; a field the operator applied is put back when edited."""
+    kube.put(node("n1"))
+    body = PoolBody().build()
+    run(reconcile_pool, body, deps(kube, clock))
+    cm = kube.find("ConfigMap", "pool-config")
+    cm["metadata"]["annotations"] = {"example.com/owner": "team-a"}      # e.g. `kubectl annotate`
+    cm["data"]["TPUSYNC_DRAM_BYTES"] = "1"
+    run(reconcile_pool, stored(kube, body), deps(kube, clock))
+    cm = kube.find("ConfigMap", "pool-config")
+    assert cm["metadata"]["annotations"] == {"example.com/owner": "team-a"}
+    assert cm["data"]["TPUSYNC_DRAM_BYTES"] == str(16 * 2**30)
+
+
+def test_fake_apply_drops_what_the_manager_stopped_applying(kube):
+    """The fake's apply: fields this manager applied before and no longer applies go, others'
+    fields stay (the API server's managedFields semantics, lists atomic)."""
+    def cm(data):
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}, "data": data}
+    asyncio.run(kube.apply(cm({"a": "1", "b": "2"})))
+    kube.find("ConfigMap", "c")["data"]["other"] = "kept"
+    asyncio.run(kube.apply(cm({"a": "3"})))
+    assert kube.find("ConfigMap", "c")["data"] == {"a": "3", "other": "kept"}
 
 
 # ---------------------------------------------------------------- serving
