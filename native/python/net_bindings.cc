@@ -164,7 +164,8 @@ void BindNet(pb::module_& m) {
              Status st = c.Evict(k);
              pb::gil_scoped_acquire gil;
              ThrowIfError(st);
-           })
+           },
+           pb::arg("keys"), "Drops the blocks from the sidecar's DRAM and disk tiers.")
       .def("flush",
            [](SidecarClient& c) {
              Status st;
@@ -258,7 +259,9 @@ void BindNet(pb::module_& m) {
             ThrowIfError(c.Commit(ParseKeys(keys), lengths));
           },
           pb::arg("keys"), pb::arg("lengths"))
-      .def("abort", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Abort(ParseKeys(keys))); })
+      .def(
+          "abort", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Abort(ParseKeys(keys))); },
+          pb::arg("keys"), "Gives back reserved slots without committing them.")
       .def(
           "acquire",
           [](SidecarClient& c, const pb::handle& keys) {
@@ -270,8 +273,9 @@ void BindNet(pb::module_& m) {
             return SlotViews(Take(std::move(r)), true);
           },
           pb::arg("keys"), "Read-only views of present blocks (None where absent).")
-      .def("unacquire",
-           [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Unacquire(ParseKeys(keys))); })
+      .def(
+          "unacquire", [](SidecarClient& c, const pb::handle& keys) { ThrowIfError(c.Unacquire(ParseKeys(keys))); },
+          pb::arg("keys"), "Releases blocks held by acquire.")
       .def_property_readonly("block_bytes", &SidecarClient::block_bytes)
       .def_property_readonly("pool_path", &SidecarClient::pool_path);
 

@@ -116,7 +116,9 @@ std::string EnvName(const std::string& flag) {
 Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
   SidecarFlags f;
   for (const FlagDef& d : Defs()) {  // environment first, flags override
-    if (const char* v = std::getenv(EnvName(d.name).c_str())) TPUSYNC_RETURN_IF_ERROR(d.set(f, d.name, v));
+    // Flags are parsed at startup, before any thread exists.
+    const char* v = std::getenv(EnvName(d.name).c_str());  // NOLINT(concurrency-mt-unsafe)
+    if (v != nullptr) TPUSYNC_RETURN_IF_ERROR(d.set(f, d.name, v));
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

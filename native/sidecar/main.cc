@@ -1,14 +1,17 @@
 // tpusync-sidecar: serves this host's block tiers to peers and to engines in the pod.
-#include <signal.h>
+#include <signal.h>  // NOLINT(modernize-deprecated-headers): POSIX sigset_t, sigwait
 
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "log.h"
 #include "sidecar/sidecar.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Run(int argc, char** argv) {
   using namespace tpusync;
   Result<SidecarFlags> flags = ParseSidecarFlags(std::vector<std::string>(argv + 1, argv + argc));
   if (!flags.ok()) {
@@ -40,4 +43,15 @@ int main(int argc, char** argv) {
   Log(LogLevel::kInfo, "sidecar", std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT"));
   (*sidecar)->Stop();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // std::bad_alloc, say: exit with a message, not std::terminate
+    std::fprintf(stderr, "tpusync-sidecar: %s\n", e.what());
+    return 1;
+  }
 }

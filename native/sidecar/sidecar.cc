@@ -12,7 +12,8 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
   std::optional<net::Secret> secret;
   if (!f.auth_secret_file.empty()) {
     TPUSYNC_ASSIGN_OR_RETURN(secret, net::Secret::FromFile(f.auth_secret_file));
-  } else if (const char* env = std::getenv("TPUSYNC_AUTH_SECRET"); env != nullptr && std::string(env).size() >= 16) {
+  } else if (const char* env = std::getenv("TPUSYNC_AUTH_SECRET");  // NOLINT(concurrency-mt-unsafe): at startup
+             env != nullptr && std::string(env).size() >= 16) {
     secret.emplace(env);
   } else {
     return FailedPrecondition("no shared secret: set --auth-secret-file or TPUSYNC_AUTH_SECRET (16+ bytes); "

@@ -101,6 +101,7 @@ TEST(BlockPool, ConcurrentAllocateAndFreeKeepEverySlot) {
   auto pool = BlockPool::Create(Opts(p, 64));
   ASSERT_TRUE(pool.ok());
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 2000; ++i) {

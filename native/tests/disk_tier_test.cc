@@ -153,7 +153,7 @@ TEST(DiskTier, ReopeningWithAnotherBlockSizeIsRefusedAndLosesNothing) {
     ASSERT_TRUE(t.ok());
     WriteBlock(**t, 7, kBlock);
   }
-  auto other = DiskTier::Open({.dir = d.path(), .capacity_bytes = 4 * 2 * kBlock, .block_bytes = 2 * kBlock});
+  auto other = DiskTier::Open({.dir = d.path(), .capacity_bytes = 8 * kBlock, .block_bytes = 2 * kBlock});
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(other.status().message().find("block_bytes 8192"), std::string::npos) << other.status().ToString();
   auto t = DiskTier::Open(Opts(d));

@@ -8,10 +8,10 @@ namespace tpusync {
 namespace {
 
 TEST(SidecarFlags, ParsesValuesSuffixesAndEnvironment) {
-  ::setenv("TPUSYNC_STREAMS", "3", 1);
+  ::setenv("TPUSYNC_STREAMS", "3", 1);  // NOLINT(concurrency-mt-unsafe): a single-threaded test
   auto f = ParseSidecarFlags({"--dram-bytes=2Gi", "--block-bytes", "256Ki", "--data-port=0", "--mlock",
                               "--disk-dir=/d", "--disk-bytes=10Gi"});
-  ::unsetenv("TPUSYNC_STREAMS");
+  ::unsetenv("TPUSYNC_STREAMS");  // NOLINT(concurrency-mt-unsafe): a single-threaded test
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->dram_bytes, 2ull << 30);
   EXPECT_EQ(f->block_bytes, 256u << 10);

@@ -75,7 +75,7 @@ TEST(Frame, BlockPayloadIsBoundedByTheBlockSize) {
 }
 
 TEST(Frame, KeyListsMustMatchTheirCount) {
-  std::vector<std::byte> body(16 * 3);
+  std::vector<std::byte> body(size_t{16} * 3);  // three 16-byte keys
   EXPECT_TRUE(ParseKeyList(body, 3).ok());
   EXPECT_FALSE(ParseKeyList(body, 4).ok());
   EXPECT_FALSE(ParseKeyList(std::span(body).first(47), 3).ok());

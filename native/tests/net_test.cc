@@ -29,7 +29,11 @@ using testing::ShmPath;
 using testing::TempDir;
 
 constexpr uint64_t kBlock = 8192;
-const Secret kSecret("0123456789abcdef-test-secret");
+// A function-local static: a namespace-scope Secret could throw before main, uncaught.
+const Secret& TestSecret() {
+  static const Secret secret("0123456789abcdef-test-secret");
+  return secret;
+}
 
 Deadline Soon() { return Deadline::After(std::chrono::seconds(5)); }
 
@@ -57,14 +61,14 @@ class NetTest : public ::testing::Test {
     auto [client, server] = SocketPair();
     server_socket_ = std::move(server);
     client_socket_ = std::move(client);
-    service_.emplace(*store_, kSecret, metrics_, PeerServiceOptions{});
+    service_.emplace(*store_, TestSecret(), metrics_, PeerServiceOptions{});
     thread_ = std::thread([this] {
       Connection conn(server_socket_, stop_, "test", [] { return true; });
       service_->Serve(conn);
       server_socket_.Close();
     });
     client_.emplace(client_socket_, kBlock);
-    EXPECT_TRUE(ClientHandshake(*client_, kSecret, Soon()).ok());
+    EXPECT_TRUE(ClientHandshake(*client_, TestSecret(), Soon()).ok());
     return *client_;
   }
   void TearDown() override {
@@ -179,6 +183,7 @@ class BudgetTest : public ::testing::Test {
 TEST_F(BudgetTest, IdleConnectionsFromOneSourceCannotLockOutOthers) {
   Start({.max_admitted = 4, .max_pending = 16, .max_pending_per_source = 3, .pending_grace = std::chrono::hours(1)});
   std::vector<Socket> idle;
+  idle.reserve(3);
   for (int i = 0; i < 3; ++i) idle.push_back(ConnectFrom("127.0.0.2", server_->port()));
   Socket over = ConnectFrom("127.0.0.2", server_->port());
   EXPECT_EQ(Authenticate(over), 'E');  // the fourth from that address is refused
@@ -202,6 +207,7 @@ TEST_F(BudgetTest, WhenThePendingBudgetIsFullTheOldestPendingIsCut) {
 TEST_F(BudgetTest, UnauthenticatedConnectionsNeverTakeAdmittedSlots) {
   Start({.max_admitted = 2, .max_pending = 8, .max_pending_per_source = 8, .pending_grace = std::chrono::hours(1)});
   std::vector<Socket> idle;
+  idle.reserve(6);
   for (int i = 0; i < 6; ++i) idle.push_back(ConnectFrom("127.0.0.2", server_->port()));
   Socket a = ConnectFrom("127.0.0.1", server_->port());
   EXPECT_EQ(Authenticate(a), 'A');
@@ -246,7 +252,7 @@ class ControlTest : public NetTest {
   void SetUp() override {
     NetTest::SetUp();
     path_ = dir_.file("control.sock");
-    peers_ = std::make_unique<PeerPool>(kSecret, PeerClientOptions{.streams = 1});
+    peers_ = std::make_unique<PeerPool>(TestSecret(), PeerClientOptions{.streams = 1});
     control_ = std::make_unique<ControlService>(*store_, *peers_, metrics_, std::chrono::seconds(10));
     server_ = std::make_unique<ConnectionServer>(
         "control", std::move(Listener::ListenUnix(path_)).value(),
@@ -315,7 +321,7 @@ class DyingSource {
       Result<Socket> s = listener_->Accept(stop_.fd());
       if (!s.ok() || !s->valid()) return;
       FramedConn c(*s, kBlock);
-      if (!ServerHandshake(c, kSecret, kBlock, Soon()).ok()) return;
+      if (!ServerHandshake(c, TestSecret(), kBlock, Soon()).ok()) return;
       Result<Frame> f = c.RecvKeyRequest(std::array{Op::kPull}, Soon());
       if (!f.ok()) return;
       auto keys = std::move(ParseKeyList(f->body, f->header.count)).value();

@@ -184,6 +184,7 @@ TEST_F(StoreTest, BatchedGetReadsAheadFromDiskAndReturnsEveryByte) {
   std::vector<BlockKey> keys = Keys(0, 200);
   std::vector<std::vector<std::byte>> out(200, std::vector<std::byte>(kBlock));
   std::vector<MutableBuffer> bufs;
+  bufs.reserve(out.size());
   for (auto& o : out) bufs.push_back({o.data(), o.size()});
   std::vector<uint8_t> found(200);
   ASSERT_TRUE(s->Get(keys, bufs, found).ok());
@@ -292,6 +293,7 @@ TEST_F(StoreTest, ConcurrentWritersAndReadersSeeWholeBlocks) {
   auto s = Open(32, 256);
   std::atomic<int> bad{0};
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (uint64_t i = 0; i < 100; ++i) {

@@ -9,7 +9,7 @@
 namespace tpusync::testing {
 
 TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
+  const char* base = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe): nothing sets it meanwhile
   std::string tmpl = std::string(base ? base : "/tmp") + "/tpusync-test-XXXXXX";
   path_ = ::mkdtemp(tmpl.data());
 }

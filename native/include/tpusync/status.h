@@ -82,10 +82,14 @@ class [[nodiscard]] Result {
     if (!_st.ok()) return _st;                 \
   } while (0)
 
+// `lhs` may be a declaration (`auto x`), which parentheses would break; `tmp` is a name the
+// macro below makes.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define TPUSYNC_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                  \
   if (!tmp.ok()) return tmp.status();                 \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #define TPUSYNC_ASSIGN_OR_RETURN(lhs, expr) \
   TPUSYNC_ASSIGN_OR_RETURN_IMPL(TPUSYNC_CONCAT(_result_, __LINE__), lhs, expr)

@@ -105,6 +105,7 @@ Status SidecarClient::PutBatch(std::span<const BlockKey> keys, std::span<const C
   for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
   while (!todo.empty()) {
     std::vector<BlockKey> ask;
+    ask.reserve(todo.size());
     for (size_t i : todo) ask.push_back(keys[i]);
     TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(Op::kReserve, ask));
     BodyWriter w;

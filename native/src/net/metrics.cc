@@ -56,10 +56,10 @@ std::string Metrics::Render(const StoreStats& s) const {
   std::string out;
   Meta(out, "tpusync_transfer_bytes_total", "counter", "Block bytes moved over the network.");
   Meta(out, "tpusync_transfer_blocks_total", "counter", "Blocks moved over the network.");
-  for (int d = 0; d < 2; ++d) {
-    for (int op = 0; op < 2; ++op) {
-      for (int disk = 0; disk < 2; ++disk) {
-        size_t i = static_cast<size_t>(d * 4 + op * 2 + disk);
+  for (size_t d = 0; d < 2; ++d) {
+    for (size_t op = 0; op < 2; ++op) {
+      for (size_t disk = 0; disk < 2; ++disk) {
+        size_t i = d * 4 + op * 2 + disk;
         std::string labels = std::string("direction=\"") + (d ? "out" : "in") + "\",op=\"" + (op ? "push" : "pull") +
                              "\",tier=\"" + (disk ? "disk" : "dram") + "\"";
         Line(out, "tpusync_transfer_bytes_total", labels, static_cast<double>(bytes_[i].load()));

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace tpusync::net {
 namespace {
@@ -23,8 +24,9 @@ void Tune(int fd, bool tcp) {
   if (tcp) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-Status PeerGone(const char* what, int err) {
-  return {StatusCode::kUnavailable, std::string(what) + ": " + (err ? std::strerror(err) : "peer closed the connection")};
+Status PeerGone(std::string_view what, int err) {
+  return {StatusCode::kUnavailable,
+          std::string(what) + ": " + (err ? ErrnoMessage(err) : "peer closed the connection")};
 }
 
 }  // namespace
@@ -116,6 +118,7 @@ Result<Socket> Socket::ConnectTcp(const std::string& host, uint16_t port, Deadli
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* res = nullptr;
   std::string port_s = std::to_string(port);
+  const std::string target = "connect " + host + ":" + port_s;
   if (int err = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res); err != 0) {
     return Status(StatusCode::kUnavailable, "resolve " + host + ": " + ::gai_strerror(err));
   }
@@ -136,7 +139,7 @@ Result<Socket> Socket::ConnectTcp(const std::string& host, uint16_t port, Deadli
         continue;
       }
       if (err != 0) {
-        last = PeerGone(("connect " + host + ":" + port_s).c_str(), err);
+        last = PeerGone(target, err);
         continue;
       }
       rc = 0;
@@ -145,7 +148,7 @@ Result<Socket> Socket::ConnectTcp(const std::string& host, uint16_t port, Deadli
       ::freeaddrinfo(res);
       return s;
     }
-    last = PeerGone(("connect " + host + ":" + port_s).c_str(), errno);
+    last = PeerGone(target, errno);
   }
   ::freeaddrinfo(res);
   return last;
@@ -160,7 +163,8 @@ Result<Socket> Socket::ConnectUnix(const std::string& path, Deadline deadline) {
   if (!fd.valid()) return ErrnoStatus(errno, "socket");
   Socket s(std::move(fd));
   if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) return PeerGone(("connect " + path).c_str(), errno);
+    int err = errno;  // before the message's allocation
+    if (err != EINPROGRESS && err != EAGAIN) return PeerGone("connect " + path, err);
     TPUSYNC_RETURN_IF_ERROR(s.Wait(POLLOUT, deadline));
   }
   return s;

@@ -4,9 +4,15 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace tpusync {
+
+std::string ErrnoMessage(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));  // GNU strerror_r: returns the message, in buf or static
+}
 
 Mapping& Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {

@@ -13,6 +13,9 @@
 
 namespace tpusync {
 
+// strerror(err), thread-safe (std::strerror may share one buffer between threads).
+std::string ErrnoMessage(int err);
+
 class UniqueFd {
  public:
   UniqueFd() = default;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "posix_io.h"
 #include "tpusync/block_key.h"
 
 namespace tpusync {
@@ -31,7 +32,7 @@ std::string Status::ToString() const {
 }
 
 Status ErrnoStatus(int err, std::string_view what) {
-  std::string msg = std::string(what) + ": " + std::strerror(err);
+  std::string msg = std::string(what) + ": " + ErrnoMessage(err);
   if (err == ENOSPC || err == EDQUOT) return ResourceExhausted(std::move(msg));
   return {StatusCode::kIoError, std::move(msg)};
 }

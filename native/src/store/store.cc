@@ -60,7 +60,7 @@ class StoreImpl {
   Status PromoteLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer* out,
                        std::optional<TimePoint> deadline);
   void RecordErrorLocked(const Status& st);
-  void IoLoop(std::stop_token stop);
+  void IoLoop(const std::stop_token& stop);
   void CommitLease(WriteLease& lease, uint64_t length, Status* result);
   void AbortLease(WriteLease& lease);
   void ReleaseRead(const BlockKey& key);
@@ -137,7 +137,7 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
       ++s->c_->recovered_disk;
     }
     for (uint32_t i = 0; i < o.io_threads; ++i) {
-      s->io_threads_.emplace_back([p = s.get()](std::stop_token st) { p->IoLoop(st); });
+      s->io_threads_.emplace_back([p = s.get()](const std::stop_token& st) { p->IoLoop(st); });
     }
   }
   return s;
@@ -296,7 +296,7 @@ Status StoreImpl::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKe
   return st;
 }
 
-void StoreImpl::IoLoop(std::stop_token stop) {
+void StoreImpl::IoLoop(const std::stop_token& stop) {
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, stop, [&] { return !demote_queue_.empty() || !promote_queue_.empty(); });
