@@ -110,7 +110,8 @@ async def _node_pool(p: Pass, client: GKEClient, cluster: ClusterRef, request: N
             started: dict[str, Any] | None = None
             if step.action is NodePoolAction.CREATE:
                 started = await client.create_node_pool(cluster, request.body)
-                p.event("Normal", "NodePoolCreating", f"creating GKE node pool {name} (operation {started.get('name')})")
+                p.event("Normal", "NodePoolCreating",
+                        f"creating GKE node pool {name} (operation {started.get('name')})")
             elif step.action is NodePoolAction.SET_SIZE:
                 assert step.node_count is not None
                 started = await client.set_node_pool_size(cluster, name, step.node_count)

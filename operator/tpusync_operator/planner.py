@@ -273,7 +273,8 @@ def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
             return NodePoolStep(NodePoolAction.CREATE, "ERROR", False, "NodePoolOperationFailed",
                                 f"GKE operation {operation.get('name')} failed: "
                                 f"{op_error.get('message', op_error)}; retrying", node_count=created)
-        return NodePoolStep(NodePoolAction.CREATE, "CREATING", False, message="creating the GKE node pool", node_count=created)
+        return NodePoolStep(NodePoolAction.CREATE, "CREATING", False, message="creating the GKE node pool",
+                            node_count=created)
     state = observed.get("status", "STATUS_UNSPECIFIED")
     if state in _TRANSIENT_STATES:
         return NodePoolStep(NodePoolAction.WAIT, state, False, message=f"node pool is {state}", node_count=node_count)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import kopf
 from pydantic import BaseModel, ValidationError
@@ -33,7 +33,8 @@ Emit = Callable[[dict[str, Any], str, str, str], None]   # (body, type, reason, 
 
 
 def _kopf_emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message)
+    # The handlers pass kopf's Body (a mapping view of the object) as the dict the passes read.
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
 def _token() -> bytes:

@@ -56,10 +56,10 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         if spec.auth.secret_name:
             if await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
                 p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
-        elif await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+        elif await kube.get("v1", "Secret", owner.namespace, secret_name) is None and \
+                await kube.create(build_auth_secret(owner, spec, deps.token())):
             # Created once, never re-applied: re-applying would rotate the token under running pods.
-            if await kube.create(build_auth_secret(owner, spec, deps.token())):
-                p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
+            p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
         await apply_all(kube, owner.namespace, plan.apply, plan.delete)
         nodes = await kube.list("v1", "Node", None, plan.node_selector) if plan.node_selector else []
         pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})

@@ -101,7 +101,8 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     routing_ready = spec.routing.enabled and epp_ready and "InferencePool" not in plan.missing_kinds
     obs = ServingObservation(roles=roles, routing_enabled=spec.routing.enabled, routing_ready=routing_ready,
                              pool_ready=pool_ready,
-                             missing_kinds_message=missing_crd_message(plan.missing_kinds) if plan.missing_kinds else "",
+                             missing_kinds_message=(missing_crd_message(plan.missing_kinds)
+                                                    if plan.missing_kinds else ""),
                              issues=p.issues, pd_bootstrap_ready=bootstrap_ready)
     conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}

@@ -99,13 +99,13 @@ class Cluster:
 
     # ----- lifecycle ----------------------------------------------------------------------
     @classmethod
-    def create(cls, cp_dir: Path | None = None, workdir: Path | None = None) -> "Cluster":
+    def create(cls, cp_dir: Path | None = None, workdir: Path | None = None) -> Cluster:
         cp_dir = Path(cp_dir) if cp_dir else controlplane_dir()
         check_controlplane(cp_dir)
         workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tpusync-e2e-"))
         return cls(cp_dir=cp_dir, workdir=workdir, versions=read_versions())
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         self.start()
         return self
 
@@ -366,7 +366,7 @@ class Cluster:
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Runs the pinned kubectl against this cluster (admin credentials)."""
         argv = [str(kubectl_binary(self.cp_dir)), f"--kubeconfig={self.kubeconfig}", *args]
-        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
         if check and res.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({res.returncode}):\n"
                                     f"{res.stdout}{res.stderr}")
@@ -383,7 +383,7 @@ class Cluster:
         self.kubectl(*args, input=yaml.safe_dump_all(docs))
 
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run([str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args],
+        res = subprocess.run([str(self.bin / "helm"), f"--kubeconfig={self.kubeconfig}", *args], check=False,
                              capture_output=True, text=True, env=self.env(), timeout=timeout)
         if check and res.returncode != 0:
             raise ControlPlaneError(f"helm {' '.join(args)} failed ({res.returncode}):\n"
@@ -508,8 +508,9 @@ def _pem_blocks(text: str) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m tests.support.cluster [--keep]` (`make e2e-cluster`) starts a cluster with two TPU node pools and runs until
-    SIGINT/SIGTERM, then tears it down (and removes its work directory unless --keep)."""
+    """`python -m tests.support.cluster [--keep]` (`make e2e-cluster`) starts a cluster with two
+    TPU node pools and runs until SIGINT/SIGTERM, then tears it down (and removes its work
+    directory unless --keep)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     cl = Cluster.create()
     try:

@@ -27,8 +27,8 @@ class ControlPlaneError(RuntimeError):
 def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
     """e2e/versions.env as a dict (KEY=value lines; # comments)."""
     out: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             k, v = line.split("=", 1)
             out[k.strip()] = v.strip()

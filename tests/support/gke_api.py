@@ -28,8 +28,9 @@ import copy
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from tests.support.gke_schema import problems, schemas
 
@@ -177,7 +178,8 @@ def make_handler(state: FakeGKEState):
                                                        lambda: (state.pools.pop(name, None), state.sizes.pop(name, None))))
                 if method == "POST" and verb == "setSize":
                     body = self._body()
-                    return None if self._invalid("SetNodePoolSizeRequest", body) else self._set_size(name, target, body)
+                    return None if self._invalid("SetNodePoolSizeRequest", body) else \
+                        self._set_size(name, target, body)
                 if method == "POST" and verb == "setAutoscaling":
                     body = self._body()
                     return None if self._invalid("SetNodePoolAutoscalingRequest", body) else \
@@ -227,7 +229,7 @@ def make_handler(state: FakeGKEState):
             total = "totalMinNodeCount" in a or "totalMaxNodeCount" in a
             lo, hi = (a.get("totalMinNodeCount", 0), a.get("totalMaxNodeCount", 0)) if total else \
                 (a.get("minNodeCount", 0), a.get("maxNodeCount", 0))
-            if a.get("enabled") and (per_zone and total or lo < 0 or hi < max(lo, 1)):
+            if a.get("enabled") and ((per_zone and total) or lo < 0 or hi < max(lo, 1)):
                 return self._error(400, "INVALID_ARGUMENT", "invalid autoscaling limits")
             if a.get("enabled"):
                 applied = {**a, "locationPolicy": a.get("locationPolicy", "BALANCED")}

@@ -91,9 +91,7 @@ def _check(spec: dict[str, Any], value: Any, where: str, out: list[str]) -> None
     elif kind == "integer":
         if not isinstance(value, int) or isinstance(value, bool):
             out.append(f"{where}: {value!r} is not an integer")
-    elif kind == "boolean":
-        if not isinstance(value, bool):
-            out.append(f"{where}: {value!r} is not a boolean")
-    elif kind == "number":
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            out.append(f"{where}: {value!r} is not a number")
+    elif kind == "boolean" and not isinstance(value, bool):
+        out.append(f"{where}: {value!r} is not a boolean")
+    elif kind == "number" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        out.append(f"{where}: {value!r} is not a number")

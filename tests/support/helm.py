@@ -51,7 +51,8 @@ class Helm:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.home),
                "HELM_CACHE_HOME": str(self.home / "cache"), "HELM_CONFIG_HOME": str(self.home / "config"),
                "HELM_DATA_HOME": str(self.home / "data")}
-        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=env, timeout=120,
+                              check=False)
         if check and proc.returncode != 0:
             raise HelmFailed(list(args), proc)
         return proc

@@ -41,7 +41,8 @@ class Component:
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=logf,
                                          stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only, no locks
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -60,7 +60,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             car = sidecar.launch(pool_path=pool, secret_file=secret, dram_bytes=2 * total + 64 * MIB,
                                  block_bytes=4 * MIB, control_socket=os.path.join(workdir, f"h{i}.sock"),
                                  stderr=subprocess.DEVNULL)
-            car.pool_path = pool
             cars.append(car)
         rng = np.random.default_rng(0)
         leaf = 8 * MIB // 2

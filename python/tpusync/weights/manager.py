@@ -33,11 +33,11 @@ from typing import Any
 from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import land
+from tpusync.weights import plan as planmod
 from tpusync.weights.checksums import CHECKSUM
 from tpusync.weights.head import read_head, read_part_head
 from tpusync.weights.manifest import BlockRef, Manifest, merge_parts, source_chunks
 from tpusync.weights.storage import commit_on_host, read_manifest, write_manifest
-from tpusync.weights import plan as planmod
 
 TRAINER = "trainer"
 SAMPLER = "sampler"
@@ -152,7 +152,8 @@ class WeightSynchronizerManager:
     # -- running ----------------------------------------------------------------------------
 
     def start_transfer(self, src_units: Sequence[str | WorkUnit] | None, dst_units: Sequence[str | WorkUnit] | None,
-                       model: str, version: int | None = None, *, on_chunk: ChunkCallback | None = None) -> Future:
+                       model: str, version: int | None = None, *,
+                       on_chunk: ChunkCallback | None = None) -> Future[TransferReport]:
         """Sends a committed version (default: the sources' current one) to every destination
         host. The sources are one trainer host holding whole versions, or every host of a
         multi-process trainer, each holding its part: then each part streams over its own
@@ -186,20 +187,21 @@ class WeightSynchronizerManager:
             if manifest is None:
                 raise errors.NotFoundError(f"version {version} of {model!r} is not committed on {host}")
             return version, {host: manifest}, manifest
-        missing = [h for h, p in parts.items() if p is None]
+        found = {h: p for h, p in parts.items() if p is not None}
+        missing = [h for h in parts if h not in found]
         if missing:
             raise errors.NotFoundError(f"no published part of {model!r} on {', '.join(missing)}")
         if version is None:
-            version = min(v for v, _ in parts.values())    # the newest version every part host has
-        count = {p[1] for _, p in parts.values()}
-        indexes = sorted(p[0] for _, p in parts.values())
+            version = min(v for v, _ in found.values())    # the newest version every part host has
+        count = {p[1] for _, p in found.values()}
+        indexes = sorted(p[0] for _, p in found.values())
         if len(count) != 1 or indexes != list(range(count.pop())):
-            got = ", ".join(f"{h}: part {p[0]} of {p[1]}" for h, (_, p) in parts.items())
+            got = ", ".join(f"{h}: part {p[0]} of {p[1]}" for h, (_, p) in found.items())
             raise errors.InvalidArgumentError(f"the sources must be every trainer host of one layout, "
                                               f"each holding one part of {model!r}; got {got}")
         held = {}
         for u in src:
-            part = parts[u.host][1]
+            part = found[u.host][1]
             m = read_manifest(stores[u.host], model, version, part)
             if m is None:
                 raise errors.NotFoundError(f"part {part[0]} of {part[1]} of version {version} of {model!r} "

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import land
+from tpusync.weights import plan as planmod
 from tpusync.weights.keys import Part, ref_key
 from tpusync.weights.manifest import Manifest, merge_parts, source_chunks
-from tpusync.weights.storage import commit_on_host, read_commit, read_manifest, write_manifest
-from tpusync.weights import plan as planmod
 from tpusync.weights.polling import backoff
+from tpusync.weights.storage import commit_on_host, read_commit, read_manifest, write_manifest
 
 ChunkCallback = Callable[[int, int, int], None]  # (chunks done, chunks total, bytes landed)
 

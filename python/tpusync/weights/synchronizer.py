@@ -62,7 +62,7 @@ class HostLeaf:
     shards: list[HostShard]
 
 
-def _norm_index(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def _norm_index(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     out = []
     for sl, n in zip(index, shape):
         start, stop, step = sl.indices(n)
@@ -182,10 +182,10 @@ class WeightSynchronizer:
             self._metrics["last_publish_seconds"] = time.perf_counter() - start
         return manifest
 
-    def publish_async(self, params: Any, version: int, **kw: Any) -> Future:
+    def publish_async(self, params: Any, version: int, **kw: Any) -> Future[Manifest]:
         return self._pool.submit(self.publish, params, version, **kw)
 
-    def push_weights(self, peers: Sequence[str], version: int | None = None) -> Future:
+    def push_weights(self, peers: Sequence[str], version: int | None = None) -> Future[int]:
         """Pushes a committed version from this host's sidecar to peer sidecars ("host:port").
 
         Data first, then the manifest, then the commit record, so a peer commits only a whole
@@ -253,10 +253,10 @@ class WeightSynchronizer:
                     f"version {version} of {self.model!r} did not arrive within {timeout} s (host has {head})")
             pause()     # waiting on another process's commit
 
-    def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future:
+    def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future[int]:
         return self._pool.submit(self.wait_for_version, version, timeout)
 
-    def poll_async(self) -> Future:
+    def poll_async(self) -> Future[int | None]:
         return self._pool.submit(self.poll)
 
     def _load_newest(self, head: int) -> int:
@@ -301,6 +301,8 @@ class WeightSynchronizer:
 
     def check_template(self, manifest: Manifest) -> None:
         """Raises TemplateMismatchError naming the first leaf that differs."""
+        if self._template is None:
+            raise errors.PreconditionError("bind_weights(template) first")
         published = {leaf.name: leaf for leaf in manifest.leaves}
         bound = {name for name, _ in self._template}
         for name, tmpl in self._template:
@@ -335,7 +337,7 @@ class WeightSynchronizer:
                      and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
                      and jax.devices()[0].platform == "cpu")
         whole = len(entry.shards) == 1 and entry.shards[0].shape == entry.shape
-        if local_cpu and whole and len(entry.shards[0].blocks) == 1:
+        if local_cpu and whole and sharding is not None and len(entry.shards[0].blocks) == 1:
             # The pool slot is the buffer: hold a read lease for as long as the array lives.
             ref = entry.shards[0].blocks[0]
             view, release = self._lease(ref.key)
@@ -423,8 +425,7 @@ class WeightSynchronizer:
         for name, tmpl in self._template:
             sharding = getattr(tmpl, "sharding", None)
             buf = host[name]
-            out.append(buf if sharding is None else jax.make_array_from_callback(buf.shape, sharding,
-                                                                                 lambda idx, b=buf: b[idx]))
+            out.append(buf if sharding is None else jax.make_array_from_callback(buf.shape, sharding, buf.__getitem__))
         return jax.tree_util.tree_unflatten(self._treedef, out)
 
     def get_host_buffer(self) -> dict[str, np.ndarray]:
@@ -435,7 +436,7 @@ class WeightSynchronizer:
     def get_metrics(self) -> dict[str, Any]:
         """This end's counters, plus the host pool's (the sidecar's) occupancy and traffic."""
         with self._lock:
-            out = dict(self._metrics, model=self.model, version=self._version)
+            out: dict[str, Any] = dict(self._metrics, model=self.model, version=self._version)
         try:
             out["host"] = self.store.stats()
         except errors.TpuSyncError as e:  # the sidecar is gone: report it, do not fail metrics

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import controlplane, helm as helm_support
+from tests.support import controlplane
+from tests.support import helm as helm_support
 from tests.support.helm import Helm
 
 

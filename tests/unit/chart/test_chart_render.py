@@ -4,7 +4,6 @@ assertions on the rendered objects. One section per template."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml

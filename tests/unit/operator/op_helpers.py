@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +50,22 @@ class PoolBody:
                      "provisioning": {"mode": "existing", "existing": {"nodePoolName": "tpu-np"}}},
         }
 
-    def spec(self, **patch: Any) -> "PoolBody":
+    def spec(self, **patch: Any) -> PoolBody:
         self.body["spec"] = merge(self.body["spec"], patch)
         return self
 
-    def v7x(self, topology: str = "2x2x1") -> "PoolBody":
+    def v7x(self, topology: str = "2x2x1") -> PoolBody:
         return self.spec(tpu={"type": "v7x", "topology": topology})
 
-    def gke(self, **extra: Any) -> "PoolBody":
+    def gke(self, **extra: Any) -> PoolBody:
         self.body["spec"]["provisioning"] = {"mode": "gke", "gke": {
             "project": "proj", "location": "us-central1", "cluster": "c1", **extra}}
         return self
 
-    def store(self, **store: Any) -> "PoolBody":
+    def store(self, **store: Any) -> PoolBody:
         return self.spec(storeNodes={"enabled": True, **store})
 
-    def ready(self) -> "PoolBody":
+    def ready(self) -> PoolBody:
         self.body["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "PoolReady",
                                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
         return self
@@ -83,7 +83,7 @@ class ServingBody:
                      "engine": {"type": "reference"}},
         }
 
-    def spec(self, **patch: Any) -> "ServingBody":
+    def spec(self, **patch: Any) -> ServingBody:
         self.body["spec"] = merge(self.body["spec"], patch)
         return self
 
@@ -117,11 +117,10 @@ def without_fields(obj: dict[str, Any], paths: set[Path_]) -> dict[str, Any]:
         if (k,) in paths:
             continue
         below = {p[1:] for p in paths if p[0] == k and len(p) > 1}
-        if isinstance(v, dict) and below:
-            v = without_fields(v, below)
-            if not v:
-                continue
-        out[k] = copy.deepcopy(v)
+        kept = without_fields(v, below) if isinstance(v, dict) and below else copy.deepcopy(v)
+        if isinstance(v, dict) and below and not kept:
+            continue
+        out[k] = kept
     return out
 
 
@@ -247,7 +246,7 @@ class FakeKube:
 
 class Clock:
     def __init__(self) -> None:
-        self.t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+        self.t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
     def __call__(self) -> datetime:
         return self.t
