@@ -134,7 +134,7 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps) -> lis
                 assert all(held)
                 pair.eb.evict(keys)  # no disk tier: dropped, so the next rep moves everything again
             pair.eb.put(keys_for(2, n), bufs)
-            for r in range(reps):
+            for _r in range(reps):
                 raws.append(rawtcp.run(total, streams, 1))
                 t0 = time.perf_counter()
                 stored = pair.eb._native.push_remote(pair.a.address, keys_for(2, n))
@@ -205,8 +205,8 @@ def bench_fabric(secret_file, profile: fab.Profile, total: int, block: int, stre
             raw = rawtcp.run(total, streams, reps, bind_ip=dst_host.ip, recv_popen=dst_host.popen,
                              send_popen=src_host.popen)
             port = fab.DATA_PORT + 10 * streams
-            a, b = (h.sidecar(secret_file=secret_file, dram_bytes=total + 64 * block, block_bytes=block, streams=streams,
-                              data_port=port, http_port=port + 1) for h in (src_host, dst_host))
+            a, b = (h.sidecar(secret_file=secret_file, dram_bytes=total + 64 * block, block_bytes=block,
+                              streams=streams, data_port=port, http_port=port + 1) for h in (src_host, dst_host))
             ea, eb = (tpusync.KVStore.connect(f"unix://{c.control_socket}") for c in (a, b))
             n = total // block
             src = np.ones(total, np.uint8)

@@ -103,7 +103,6 @@ class Cluster:
         car = sidecar.launch(pool_path=pool, secret_file=self.secret_file, dram_bytes=self.total + 64 * MIB,
                              block_bytes=BLOCK, control_socket=f"{self.workdir}/h{i}.sock", streams=4,
                              stderr=subprocess.DEVNULL)
-        car.pool_path = pool
         self.cars.append(car)
         return car
 
@@ -351,7 +350,8 @@ def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, nargs="*", default=[1.0], help="weight sizes in GiB (e.g. 1 2); none: skip loopback")
+    ap.add_argument("--gib", type=float, nargs="*", default=[1.0],
+                    help="weight sizes in GiB (e.g. 1 2); none: skip loopback")
     ap.add_argument("--samplers", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--reps", type=int, default=3, help="runs per case; the median is reported")
     ap.add_argument("--fabric-hosts", type=int, nargs="*", default=[4, 8], help="destination hosts; none: skip")

@@ -1,5 +1,7 @@
 """tpusync: move KV-cache blocks and weights between accelerators, host DRAM, disk and hosts."""
 
+from typing import Any
+
 from tpusync import errors
 from tpusync.errors import (
     CapacityError,
@@ -33,7 +35,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The JAX-facing API loads JAX only when asked for: the block store needs numpy alone.
     if name in ("KVCacheManager", "KVCacheStore", "TransferStatus"):
         from tpusync import kv_cache

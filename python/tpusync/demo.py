@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -28,15 +29,16 @@ from tpusync import sidecar
 from tpusync.launch import start_server
 from tpusync.serving.model import ModelConfig
 
-MODEL = {"max_seq": 2048}
+MODEL: dict[str, Any] = {"max_seq": 2048}
 SHARED_PREFIX, SUFFIX, MAX_TOKENS, REQUESTS = 1536, 256, 16, 6
 
 
-def post(url: str, body: dict) -> tuple[dict, float, list[int]]:
+def post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float, list[int]]:
     """POSTs a streaming completion; returns the final chunk, the time to first token, the tokens."""
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
-    t0, ttft, tokens, final = time.perf_counter(), None, [], {}
+    t0, ttft, final = time.perf_counter(), None, {}
+    tokens: list[int] = []
     with urllib.request.urlopen(req, timeout=300) as resp:
         for raw in resp:
             line = raw.decode().strip()
@@ -50,6 +52,8 @@ def post(url: str, body: dict) -> tuple[dict, float, list[int]]:
                 ttft = time.perf_counter() - t0
             tokens += ids
             final = chunk
+    if ttft is None:
+        raise RuntimeError("the server streamed no tokens")
     return final, ttft, tokens
 
 
@@ -60,7 +64,7 @@ def main() -> int:
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, cfg.vocab, SHARED_PREFIX).tolist()
     prompts = [prefix + rng.integers(0, cfg.vocab, SUFFIX).tolist() for _ in range(REQUESTS)]
-    started: list = []
+    started: list[Any] = []
     pools = [f"/dev/shm/tpusync-demo-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     failures = 0
     with tempfile.TemporaryDirectory() as work, Progress(console=console, transient=True) as progress:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import numpy as np
@@ -36,7 +37,7 @@ class TransferStatus(enum.Enum):
     FAILED = "failed"
 
 
-def _status(handle: Future) -> TransferStatus:
+def _status(handle: Future[Any]) -> TransferStatus:
     if not handle.done():
         return TransferStatus.PENDING
     return TransferStatus.FAILED if handle.exception() is not None else TransferStatus.DONE
@@ -45,7 +46,7 @@ def _status(handle: Future) -> TransferStatus:
 class KVCacheStore:
     """Host KV-cache blocks by hash: lookup with pins, save/load with polled status, remote reads."""
 
-    def __init__(self, store: KVStore, *, workers: int = 2):
+    def __init__(self, store: KVStore, *, workers: int = 2) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tpusync-kvstore")
         self._pins: dict[int, int] = {}  # pins this object holds, by key
@@ -64,13 +65,13 @@ class KVCacheStore:
         """Stores host buffers under their hashes now (blocking; see save for the async form)."""
         self.store.put(hashes, blocks)
 
-    def save(self, hashes: Sequence[int], src: Sequence[object] | None, dst: str | None = None) -> Future:
+    def save(self, hashes: Sequence[int], src: Sequence[object] | None, dst: str | None = None) -> Future[None]:
         """Stores host buffers under their hashes (src), then, with dst="host:port", pushes the
         blocks to that peer sidecar (src=None pushes blocks stored earlier)."""
         hashes = list(hashes)
         return self._pool.submit(self._save, hashes, src, dst)
 
-    def _save(self, hashes, src, dst):
+    def _save(self, hashes: list[int], src: Sequence[object] | None, dst: str | None) -> None:
         if src is not None:
             self.store.put(hashes, src)
         if dst is not None:
@@ -83,11 +84,11 @@ class KVCacheStore:
                 raise errors.UnavailableError(f"{dst} stored {sum(stored)} of {len(stored)} blocks")
         self._consume(hashes)
 
-    def load(self, hashes: Sequence[int], dst: Sequence[object]) -> Future:
+    def load(self, hashes: Sequence[int], dst: Sequence[object]) -> Future[None]:
         """Copies blocks into host buffers; the handle fails if any block is missing."""
         hashes = list(hashes)
 
-        def run():
+        def run() -> None:
             found = self.store.get(hashes, dst)
             if not all(found):
                 raise errors.NotFoundError(f"{found.count(False)} of {len(found)} blocks are not cached")
@@ -95,11 +96,11 @@ class KVCacheStore:
 
         return self._pool.submit(run)
 
-    def read_remote(self, peer: str, hashes: Sequence[int]) -> Future:
+    def read_remote(self, peer: str, hashes: Sequence[int]) -> Future[list[bool]]:
         """Pulls the blocks this host lacks from a peer; the handle's result is the per-block flags."""
         hashes = list(hashes)
 
-        def run():
+        def run() -> list[bool]:
             held = self.store.read_remote(peer, hashes)
             if not all(held):
                 raise errors.UnavailableError(f"{peer} delivered {sum(held)} of {len(held)} blocks")
@@ -134,7 +135,7 @@ class _Read:
     peer: str
     hashes: list[int]
     block_ids: list[int]
-    future: Future | None = None
+    future: Future[None] | None = None
 
 
 @dataclass
@@ -152,7 +153,7 @@ class KVCacheManager:
     a request shows up in `poll_stats().done_recving`.
     """
 
-    def __init__(self, store: KVStore, k: jax.Array, v: jax.Array, *, workers: int = 2):
+    def __init__(self, store: KVStore, k: jax.Array, v: jax.Array, *, workers: int = 2) -> None:
         self.store = store
         self.k, self.v = k, v
         self._cache_lock = threading.Lock()
@@ -164,11 +165,11 @@ class KVCacheManager:
 
     # -- device <-> host ----------------------------------------------------------------------
 
-    def d2h(self, block_ids: Sequence[int], hashes: Sequence[int], *, request_id: str | None = None) -> Future:
+    def d2h(self, block_ids: Sequence[int], hashes: Sequence[int], *, request_id: str | None = None) -> Future[int]:
         """Saves device pages to the host pool under their hashes (already stored ones are skipped)."""
         block_ids, hashes = list(block_ids), list(hashes)
 
-        def run():
+        def run() -> int:
             # Under the lock: a concurrent h2d donates the arrays, and on the CPU backend the
             # save reads their buffers in place.
             with self._cache_lock:
@@ -181,16 +182,16 @@ class KVCacheManager:
         return self._pool.submit(run)
 
     def d2h_auto_allocate(self, block_ids: Sequence[int], hashes: Sequence[int], *,
-                          request_id: str | None = None) -> Future:
+                          request_id: str | None = None) -> Future[int]:
         """d2h that evicts cold host blocks as needed instead of failing when the pool is full."""
         return self.d2h(block_ids, hashes, request_id=request_id)  # the store's LRU always makes room
 
-    def h2d(self, block_ids: Sequence[int], hashes: Sequence[int], *, request_id: str | None = None) -> Future:
+    def h2d(self, block_ids: Sequence[int], hashes: Sequence[int], *, request_id: str | None = None) -> Future[int]:
         """Loads host blocks into device pages; the handle's result is the count of leading pages loaded."""
         block_ids, hashes = list(block_ids), list(hashes)
         return self._pool.submit(self._h2d, block_ids, hashes, request_id)
 
-    def _h2d(self, block_ids, hashes, request_id):
+    def _h2d(self, block_ids: list[int], hashes: list[int], request_id: str | None) -> int:
         with self._cache_lock:
             self.k, self.v, loaded = load_pages(self.store, hashes, self.k, self.v, block_ids)
         if request_id is not None:
@@ -206,14 +207,14 @@ class KVCacheManager:
             raise errors.InvalidArgumentError(f"{len(hashes)} hashes for {len(block_ids)} blocks")
         self._reads[request_id] = _Read(peer, list(hashes), list(block_ids))
 
-    def start_read(self, request_id: str) -> Future:
+    def start_read(self, request_id: str) -> Future[None]:
         """Starts a registered read: pull what the host lacks, then load it into the device pages.
         The request shows up in poll_stats() when done; the handle completes then too."""
         read = self._reads.get(request_id)
         if read is None:
             raise errors.NotFoundError(f"no read registered for request {request_id!r}")
 
-        def run():
+        def run() -> None:
             try:
                 held = self.store.read_remote(read.peer, read.hashes)
                 n = next((i for i, h in enumerate(held) if not h), len(held))

@@ -7,13 +7,14 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import IO, Any
 
 from tpusync import errors
 
 
 @dataclass
 class ServerProcess:
-    process: subprocess.Popen
+    process: subprocess.Popen[str]
     port: int
     role: str
 
@@ -27,7 +28,7 @@ class ServerProcess:
             self.process.stdout.close()
 
 
-def interrupt(process: subprocess.Popen, grace: float) -> None:
+def interrupt(process: subprocess.Popen[Any], grace: float) -> None:
     """SIGINT (a server's clean shutdown), then SIGKILL if it has not exited within `grace` s."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
@@ -38,8 +39,9 @@ def interrupt(process: subprocess.Popen, grace: float) -> None:
             process.wait()
 
 
-def start_server(role: str, *, model_config: dict, control_socket: str | None = None, data_address: str | None = None,
-                 peers: list[str] | None = None, prefix_cache: bool = True, stderr=None) -> ServerProcess:
+def start_server(role: str, *, model_config: dict[str, Any], control_socket: str | None = None,
+                 data_address: str | None = None, peers: list[str] | None = None, prefix_cache: bool = True,
+                 stderr: int | IO[str] | None = None) -> ServerProcess:
     """Starts `python -m tpusync.serving` on 127.0.0.1 and returns once it is warmed up and listening."""
     args = [sys.executable, "-m", "tpusync.serving", "--role", role, "--port", "0",
             "--model-config", json.dumps(model_config)]
@@ -52,6 +54,7 @@ def start_server(role: str, *, model_config: dict, control_socket: str | None = 
     if not prefix_cache:
         args.append("--no-prefix-cache")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if not line:
         raise errors.UnavailableError(f"the {role} server exited with {proc.wait()} before listening")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -111,7 +112,7 @@ def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, 
 
 
 @partial(jax.jit, donate_argnums=(0, 1))
-def _set_pages(k, v, blocks, page_ids):
+def _set_pages(k: jax.Array, v: jax.Array, blocks: np.ndarray, page_ids: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """blocks: [_GROUP, 2, layers, page_size, kv_heads, head_dim]; page_ids: [_GROUP] int32."""
     for i in range(_GROUP):
         k = jax.lax.dynamic_update_slice_in_dim(k, blocks[i, 0][:, None], page_ids[i], axis=1)
@@ -138,7 +139,8 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
             # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
             staging = np.empty((_GROUP,) + shape, k.dtype)
             for i in range(present):
-                np.copyto(staging[i], np.frombuffer(views[i], dtype=k.dtype, count=count).reshape(shape))
+                view = cast(memoryview, views[i])  # i < present: not None
+                np.copyto(staging[i], np.frombuffer(view, dtype=k.dtype, count=count).reshape(shape))
         staging[present:] = staging[present - 1]  # pad: rewriting the last page is harmless
         pids = group_pages[:present] + [group_pages[present - 1]] * (_GROUP - present)
         k, v = _set_pages(k, v, staging, np.asarray(pids, np.int32))
@@ -148,7 +150,8 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
     return k, v, loaded
 
 
-def _load_pages_sharded(store, keys, k, v, page_ids):
+def _load_pages_sharded(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
+                        page_ids: Sequence[int]) -> tuple[jax.Array, jax.Array, int]:
     """Each host loads its own shards: builds per-shard page arrays and reassembles the global
     array. Loads the prefix every local shard has (a block evicted meanwhile shortens it)."""
     total, k_shards = _local_shards(k)
@@ -183,7 +186,8 @@ def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     if _is_sharded(k):
         return k, v
     block = np.asarray(jnp.stack([k[:, 0], v[:, 0]]))
-    return _set_pages(k, v, np.stack([block] * _GROUP), np.zeros(_GROUP, np.int32))
+    compiled: tuple[jax.Array, jax.Array] = _set_pages(k, v, np.stack([block] * _GROUP), np.zeros(_GROUP, np.int32))
+    return compiled
 
 
 # -- list-of-layers caches: one jax.Array per layer, the page axis first ------------------------
@@ -196,7 +200,8 @@ def compile_loads(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _layer_shards(layers: Sequence[jax.Array]) -> tuple[int, dict[int, list[jax.Array]]]:
     """(shards per layer, {global shard number: that shard of every layer}) for this host."""
-    total, numbered = None, {}
+    total: int | None = None
+    numbered: dict[int, list[jax.Array]] = {}
     for layer in layers:
         shard_shape = layer.sharding.shard_shape(layer.shape)
         if shard_shape[0] != layer.shape[0]:
@@ -264,7 +269,7 @@ def save_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.A
 
 
 @partial(jax.jit, donate_argnums=(0,))
-def _set_layer_pages(layers, blocks, page_ids):
+def _set_layer_pages(layers: list[jax.Array], blocks: list[np.ndarray], page_ids: np.ndarray) -> list[jax.Array]:
     """layers: [pages, ...] each; blocks: one [_GROUP, ...] array per layer; page_ids: [_GROUP]."""
     return [layer.at[page_ids].set(block) for layer, block in zip(layers, blocks)]
 
@@ -291,7 +296,7 @@ def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.A
                 break
             # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
             for i in range(present):
-                src = np.frombuffer(views[i], dtype=np.uint8, count=nbytes)
+                src = np.frombuffer(cast(memoryview, views[i]), dtype=np.uint8, count=nbytes)  # i < present
                 offset = 0
                 for st, size in zip(staging, sizes):
                     st[i].reshape(-1).view(np.uint8)[:] = src[offset:offset + size]
@@ -304,10 +309,11 @@ def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.A
         loaded += present
         if present < len(group_keys):
             break
-    return layers, loaded
+    return list(layers), loaded
 
 
-def _load_layer_pages_sharded(store, keys, layers, page_ids):
+def _load_layer_pages_sharded(store: KVStore, keys: Sequence[int], layers: list[jax.Array],
+                              page_ids: Sequence[int]) -> tuple[list[jax.Array], int]:
     """Each host loads its own shards of every layer and reassembles the global arrays."""
     total, shards = _layer_shards(layers)
     loaded = min(store.lookup([shard_key(key, n, total) for key in keys]).prefix_len for n in shards)
@@ -331,7 +337,7 @@ def _load_layer_pages_sharded(store, keys, layers, page_ids):
         host[n] = arrays
     if loaded == 0:
         return layers, 0
-    out = []
+    out: list[jax.Array] = []
     for li, layer in enumerate(layers):
         shard_shape = layer.sharding.shard_shape(layer.shape)
         parts = [jax.device_put(host[shard_number(s.index, layer.shape, shard_shape)][li], s.device)

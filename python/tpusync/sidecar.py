@@ -14,6 +14,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from tpusync import errors
 
@@ -34,11 +35,12 @@ def sidecar_binary() -> str:
 class Sidecar:
     """A running sidecar process. Use as a context manager, or call stop()."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[str]
     data_port: int
     http_port: int
     control_socket: str | None
     args: list[str] = field(default_factory=list)
+    pool_path: str = ""  # its shared-memory pool file
 
     @property
     def address(self) -> str:
@@ -74,7 +76,7 @@ class Sidecar:
 def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: int,
            control_socket: str | None = None, disk_dir: str | None = None, disk_bytes: int = 0,
            data_port: int = 0, http_port: int = 0, streams: int = 4, extra: list[str] | None = None,
-           stderr=None) -> Sidecar:
+           stderr: int | IO[str] | None = None) -> Sidecar:
     """Starts a sidecar on 127.0.0.1 and waits until it listens (it prints one JSON line)."""
     args = [
         sidecar_binary(), "--bind=127.0.0.1", f"--data-port={data_port}", f"--http-port={http_port}",
@@ -88,9 +90,10 @@ def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: in
     args += extra or []
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if not line:
         code = proc.wait()
         raise errors.UnavailableError(f"tpusync-sidecar exited with {code} before listening: {' '.join(args)}")
     ready = json.loads(line)
-    return Sidecar(proc, ready["data_port"], ready["http_port"], control_socket, args)
+    return Sidecar(proc, ready["data_port"], ready["http_port"], control_socket, args, pool_path=pool_path)

@@ -52,7 +52,7 @@ class KVStore:
     """
 
     def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4,
-                 private_pool: str | None = None):
+                 private_pool: str | None = None) -> None:
         self._native = native
         self._private_pool = private_pool  # a pool file of our own, removed (with its side files) on close
         self._secret = secret
@@ -138,7 +138,8 @@ class KVStore:
 
         A disk block that fails its checksum is reported in stats() and counted as a miss.
         """
-        return self._native.get(keys, buffers)
+        found: list[bool] = self._native.get(keys, buffers)
+        return found
 
     def lookup(self, keys: Keys, *, pin: bool = False) -> LookupResult:
         """Returns the present prefix length and per-key tiers; pins the prefix if asked."""
@@ -169,7 +170,8 @@ class KVStore:
 
     def stats(self) -> dict[str, Any]:
         """Occupancy, hit and eviction counters, integrity and I/O error counts."""
-        return self._native.stats()
+        stats: dict[str, Any] = self._native.stats()
+        return stats
 
     # -- peers ----------------------------------------------------------------------------
 
@@ -180,14 +182,16 @@ class KVStore:
         locally afterwards. A dead peer raises UnavailableError after the blocks that did
         arrive were kept; nothing partial is ever stored.
         """
-        return self._pull(peer, keys, digests=False)
+        held: list[bool] = self._pull(peer, keys, digests=False)
+        return held
 
     def read_remote_digests(self, peer: str, keys: Keys) -> tuple[list[bool], list[bool], np.ndarray]:
         """read_remote, and what landed: (held, landed, digests). landed[i] is True for the
         blocks that arrived in this pull, and digests[i] is then the XXH3-64 of the bytes that
         landed, computed as they arrived, so they can be checked against known checksums
         without a second pass over them."""
-        return self._pull(peer, keys, digests=True)
+        landed: tuple[list[bool], list[bool], np.ndarray] = self._pull(peer, keys, digests=True)
+        return landed
 
     def _pull(self, peer: str, keys: Keys, *, digests: bool) -> Any:
         peer = peer.removeprefix("tpusync://")
@@ -206,6 +210,8 @@ class KVStore:
 
     def _peer(self, peer: str) -> Any:
         client = self._peers.get(peer)
+        if self._secret is None:  # the callers check first, with their own message
+            raise errors.PreconditionError("a peer needs the pool's secret: KVStore.local(secret=...)")
         if client is None:
             client = self._peers[peer] = _native.PeerClient(peer, secret=self._secret, streams=self._streams)
         return client
@@ -227,11 +233,13 @@ class KVStore:
 
     def reserve(self, key: int | bytes) -> _native.WriteLease:
         """Reserves a DRAM slot to write in place (``memoryview(lease)``), then ``lease.commit(n)``."""
-        return self._native.reserve(key)
+        lease: _native.WriteLease = self._native.reserve(key)
+        return lease
 
     def acquire(self, key: int | bytes) -> _native.ReadLease:
         """Holds a block in DRAM and exposes it read-only in place; drop the lease to release."""
-        return self._native.acquire(key)
+        lease: _native.ReadLease = self._native.acquire(key)
+        return lease
 
     @contextlib.contextmanager
     def reserve_many(self, keys: Sequence[int | bytes]) -> Iterator[list[_Slot | None]]:
@@ -299,11 +307,13 @@ class KVStore:
 
     @property
     def block_bytes(self) -> int:
-        return self._native.block_bytes
+        block_bytes: int = self._native.block_bytes
+        return block_bytes
 
     @property
     def pool_path(self) -> str:
-        return self._native.pool_path
+        path: str = self._native.pool_path
+        return path
 
     def close(self) -> None:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""

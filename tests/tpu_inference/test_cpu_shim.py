@@ -102,7 +102,7 @@ def test_shim_is_registered_and_pinned():
 
 def test_shim_refuses_another_tpu_inference(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.33.0")
-    with pytest.raises(tpusync_cpu_shim.ShimError, match="0.33.0"):
+    with pytest.raises(tpusync_cpu_shim.ShimError, match=r"0\.33\.0"):
         tpusync_cpu_shim.check_version()
 
 

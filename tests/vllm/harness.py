@@ -162,9 +162,10 @@ class ApiServer:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     self._ready = r.status == 200
-            except OSError:
+            except OSError as e:
                 if time.monotonic() > deadline:
-                    raise EngineError(f"server {self.name}: not healthy in {START_TIMEOUT_S} s\n{self.log_tail()}")
+                    raise EngineError(
+                        f"server {self.name}: not healthy in {START_TIMEOUT_S} s\n{self.log_tail()}") from e
                 time.sleep(1)
         return self
 

@@ -13,6 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+import vllm
+from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from tpusync_operator import versions
 from tpusync_operator.builders.common import Owner
@@ -22,12 +27,6 @@ from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.render import load, render
 from tpusync_operator.tpu import slice_for
-
-import vllm
-from vllm.config import KVEventsConfig, KVTransferConfig
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.yaml"))
 POD_IP = "127.0.0.1"   # what Kubernetes substitutes for $(POD_IP) in args
@@ -151,7 +150,6 @@ def test_render_flag_registers_what_the_token_producer_calls():
     (vLLM's own router registration); without it the route answers 403."""
     from fastapi import FastAPI
     from fastapi.routing import APIRoute
-
     from vllm.entrypoints.scale_out.factories import register_scale_out_api_routers
 
     decode = next(args for ident, args in CASES if ident.startswith("samples/") and versions.VLLM_RENDER_FLAG in args)

@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
-from tpusync.kv_events import BlockAnnouncer
+from tpusync.kv_events import BlockAnnouncer, EventSink
 from tpusync.pages import compile_loads, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.store import KVStore
@@ -46,21 +48,21 @@ class RequestStats:
     store_error: str = ""
     kv_events_seq: int = -1         # the KV-event batch this request published, -1 if none
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 @dataclass
 class Result:
     tokens: list[int]
-    kv_transfer_params: dict | None
+    kv_transfer_params: dict[str, Any] | None
     stats: RequestStats = field(default_factory=RequestStats)
 
 
 class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
-                 prefix_cache: bool = True, kv_events=None, kv_events_audit_s: float = 2.0):
+                 prefix_cache: bool = True, kv_events: EventSink | None = None, kv_events_audit_s: float = 2.0) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
@@ -75,7 +77,7 @@ class Engine:
         if self.announcer is not None and store is not None and prefix_cache and kv_events_audit_s > 0:
             # The sidecar demotes and evicts on its own: every few seconds, ask where the blocks
             # this engine announced are now, so the router stops sending their prefixes here.
-            threading.Thread(target=self._audit_loop, args=(kv_events_audit_s,), daemon=True,
+            threading.Thread(target=self._audit_loop, args=(self.announcer, store, kv_events_audit_s), daemon=True,
                              name="kv-events-audit").start()
         self.params = init_params(cfg)
         self.k, self.v = empty_cache(cfg)
@@ -86,8 +88,8 @@ class Engine:
 
     # -- the request path ----------------------------------------------------------------
 
-    def generate(self, prompt: list[int], max_tokens: int, *, kv_transfer_params: dict | None = None,
-                 on_token=None) -> Result:
+    def generate(self, prompt: list[int], max_tokens: int, *, kv_transfer_params: dict[str, Any] | None = None,
+                 on_token: Callable[[int], None] | None = None) -> Result:
         """Greedy decoding. `on_token(token)` is called as each token is produced."""
         cfg = self.cfg
         if not prompt:
@@ -108,7 +110,8 @@ class Engine:
                 self.running -= 1
                 self.pages_in_use = 0
 
-    def _generate(self, prompt, max_tokens, kv_params, on_token, arrived) -> Result:
+    def _generate(self, prompt: list[int], max_tokens: int, kv_params: dict[str, Any] | None,
+                  on_token: Callable[[int], None] | None, arrived: float) -> Result:
         cfg, st = self.cfg, RequestStats(prompt_tokens=len(prompt))
         digests = self.hasher.digests(prompt)
         keys = [key_of(d) for d in digests]
@@ -127,6 +130,7 @@ class Engine:
             logits, self.k, self.v = forward(self.params, self.k, self.v, padded, jnp.int32(c), cfg=cfg,
                                              n=cfg.chunk, span=span_for(cfg, c + cfg.chunk))
             last = len(chunk) - 1
+        assert logits is not None  # start <= len(prompt) - 1: the loop ran at least once
         token = int(jnp.argmax(logits[last]))
         st.computed_tokens = len(prompt) - start
         st.prefill_seconds = time.perf_counter() - t0
@@ -150,7 +154,7 @@ class Engine:
                 on_token(token)
         return Result(out, None, st)
 
-    def _bring_prefix(self, keys: list[int], kv_params: dict | None, st: RequestStats) -> int:
+    def _bring_prefix(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> int:
         """Makes the longest available prefix of `keys` local and loads it; returns its pages."""
         if self.store is None or not keys or not (self.prefix_cache or kv_params):
             return 0
@@ -209,19 +213,19 @@ class Engine:
         except errors.TpuSyncError as e:  # no store, no claim: the router's index is left as it was
             log.warning("could not look up the prompt's blocks for KV events: %s", e)
             return
-        seq = self.announcer.announce([event_hash_of(d) for d in digests], keys, prompt, found.tiers,
+        seq = self.announcer.announce([event_hash_of(d) for d in digests], keys, prompt, found.tiers.tolist(),
                                       found.prefix_len)
         st.kv_events_seq = -1 if seq is None else seq
 
-    def _audit_loop(self, every_s: float) -> None:
+    def _audit_loop(self, announcer: BlockAnnouncer, store: KVStore, every_s: float) -> None:
         while True:
             time.sleep(every_s)  # a period, not a synchronisation: nothing waits on it
             try:
-                self.announcer.audit(lambda keys: self.store.lookup(keys).tiers)
+                announcer.audit(lambda keys: store.lookup(keys).tiers.tolist())
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 log.warning("KV events audit: %s", e)
 
-    def _transfer_params(self, keys: list[int], num_tokens: int) -> dict:
+    def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
         return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
                 "num_tokens": num_tokens, "block_size": self.cfg.page_size}
 

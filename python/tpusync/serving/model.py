@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,12 +50,13 @@ class ModelConfig:
             raise ValueError("heads must be a multiple of kv_heads")
 
 
-def init_params(cfg: ModelConfig) -> dict:
+def init_params(cfg: ModelConfig) -> dict[str, Any]:
     key = jax.random.PRNGKey(cfg.seed)
     dt = jnp.dtype(cfg.dtype)
 
-    def w(k, shape):
-        return (jax.random.normal(k, shape, jnp.float32) / np.sqrt(shape[0])).astype(dt)
+    def w(k: jax.Array, shape: tuple[int, int]) -> jax.Array:
+        out: jax.Array = (jax.random.normal(k, shape, jnp.float32) / np.sqrt(shape[0])).astype(dt)
+        return out
 
     keys = jax.random.split(key, 2 + cfg.layers)
     layers = []
@@ -77,13 +79,13 @@ def empty_cache(cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
     return jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)
 
 
-def _norm(x):
+def _norm(x: jax.Array) -> jax.Array:
     # LayerNorm without gain: centring keeps random weights from favouring one token forever.
     x = x - jnp.mean(x, axis=-1, keepdims=True)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
-def _rope(x, pos, head_dim):
+def _rope(x: jax.Array, pos: jax.Array, head_dim: int) -> jax.Array:
     half = head_dim // 2
     freq = 1.0 / (10000 ** (jnp.arange(half, dtype=jnp.float32) / half))
     ang = pos[:, None].astype(jnp.float32) * freq[None, :]
@@ -93,7 +95,8 @@ def _rope(x, pos, head_dim):
 
 
 @partial(jax.jit, static_argnames=("cfg", "n", "span"), donate_argnums=(1, 2))
-def forward(params, k_cache, v_cache, tokens, start, *, cfg: ModelConfig, n: int, span: int):
+def forward(params: dict[str, Any], k_cache: jax.Array, v_cache: jax.Array, tokens: jax.Array, start: jax.Array | int,
+            *, cfg: ModelConfig, n: int, span: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Runs `n` tokens at positions start..start+n-1, writing their K/V into the cache.
 
     Attention reads the first `span` cache positions (static, a power of two), masked causally.

@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from tpusync import errors
 from tpusync.serving import codec
@@ -20,7 +21,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: CompletionServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, fmt, *args):  # route access logs through logging
+    def log_message(self, fmt: str, *args: Any) -> None:  # route access logs through logging
         log.debug(fmt, *args)
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
@@ -94,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(200, json.dumps(rendered).encode())
 
-    def _stream(self, req: dict, tokens: list[int], max_tokens: int) -> None:
+    def _stream(self, req: dict[str, Any], tokens: list[int], max_tokens: int) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -137,7 +138,7 @@ class CompletionServer(ThreadingHTTPServer):
         self.engine = engine
         self.model_name = model_name
 
-    def completion(self, tokens: list[int], prompt_tokens: int) -> dict:
+    def completion(self, tokens: list[int], prompt_tokens: int) -> dict[str, Any]:
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name,

@@ -7,6 +7,7 @@ kill or stop a peer at an exact point of a transfer instead of racing it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -87,19 +88,16 @@ class Relay:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self.cut.set()
         with self._lock:
             for s in self._sockets:
-                try:  # shutdown first: close() alone does not wake a thread blocked in recv()
+                # shutdown first: close() alone does not wake a thread blocked in recv()
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 s.close()
         self._listener.close()
         self.passing.set()

@@ -176,7 +176,7 @@ def test_wrong_secret_is_refused_and_counted(launch):
                            (frame(HELLO, body_len=32 << 20), b"HELLO body of 33554432 bytes")):
         w = WireClient(a.data_port)
         w.send(header)
-        op, status, _, body = w.recv_frame()
+        op, _status, _, body = w.recv_frame()
         assert op == ERROR and reason in body, body
         assert w.closed_by_peer()
     # The sidecar still serves authenticated peers.
@@ -345,7 +345,8 @@ def test_http_endpoints(launch):
     assert urllib.request.urlopen(base + "/healthz").read() == b"ok\n"
     assert urllib.request.urlopen(base + "/readyz").read() == b"ready\n"
     b = launch("b", extra=["--peers-dns=pool-peers.ns.svc"])
-    assert urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/readyz").read() == b"ready\npeers pool-peers.ns.svc\n"
+    readyz = urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/readyz").read()
+    assert readyz == b"ready\npeers pool-peers.ns.svc\n"
     text = urllib.request.urlopen(base + "/metrics").read().decode()
     for name in ("tpusync_request_duration_seconds_bucket", "tpusync_pool_dram_slots", "tpusync_evictions_total",
                  "tpusync_corruptions_total", "tpusync_transfer_bytes_total"):

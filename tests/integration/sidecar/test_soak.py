@@ -31,7 +31,7 @@ def content(key: int) -> np.ndarray:
 
 def test_soak_overlapping_clients_and_a_killed_sidecar(launch, tmp_path):
     disks = {name: str(tmp_path / f"disk-{name}") for name in "ab"}
-    opts = dict(dram_bytes=128 * BLOCK, disk_bytes=256 * BLOCK)
+    opts = {"dram_bytes": 128 * BLOCK, "disk_bytes": 256 * BLOCK}
     sidecars = {name: launch(name, disk_dir=disks[name], **opts) for name in "ab"}
     lock = threading.Lock()
     counts: collections.Counter[str] = collections.Counter()
@@ -107,7 +107,8 @@ def test_soak_overlapping_clients_and_a_killed_sidecar(launch, tmp_path):
         half.wait(120)
         b = sidecars["b"]
         b.kill()
-        sidecars["b"] = launch("b2", pool_path=b.pool_path, control_socket=b.control_socket, disk_dir=disks["b"], **opts)
+        sidecars["b"] = launch("b2", pool_path=b.pool_path, control_socket=b.control_socket, disk_dir=disks["b"],
+                               **opts)
         restarted.set()
 
     threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CLIENTS)]

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from tpusync.weights.codec import manifest_blocks
-
 from tpusync.weights.head import read_head
 
 from .conftest import ROOT, line, publish, sampler_result

@@ -76,7 +76,7 @@ def test_atomic_swap_across_hosts(hosts):
             assert mgr.transfer(["trainer"], None, "m").ok
             assert sampler.poll() == v
             with cond:
-                assert cond.wait_for(lambda: v in seen or torn, timeout=30)
+                assert cond.wait_for(lambda v=v: v in seen or torn, timeout=30)
     finally:
         stop.set()
         t.join()
@@ -87,7 +87,7 @@ def test_killed_relay_is_routed_around(hosts):
     trainer, a, b, c = hosts(4)
     manifest = publish(trainer, seed=3, version=1)
     mgr = manager_for(trainer, [a, b, c])  # chain: trainer -> a -> b -> c
-    assert [h for h in mgr.plan(["trainer"], None, chunks=2).path(trainer.address, c.address)] == \
+    assert list(mgr.plan(["trainer"], None, chunks=2).path(trainer.address, c.address)) == \
         [trainer.address, a.address, b.address, c.address]
 
     def kill_relay(host, done, total, nbytes):

@@ -14,14 +14,15 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import tpusync  # noqa: E402
-from tpusync.weights import WeightSynchronizer  # noqa: E402
+import tpusync
+from tpusync.weights import WeightSynchronizer
 
-from .model import host_params  # noqa: E402
+from .model import host_params
 
 # Rows of embed and head split over the 4 devices (2 per process), layer weights split by
 # columns, the int8 vectors replicated (process 0 holds replica 0 and publishes them).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, merge_parts, ShardEntry
+from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry, merge_parts
 
 
 def part(*shards, name="w", shape=(4, 2)):

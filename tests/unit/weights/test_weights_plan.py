@@ -62,9 +62,9 @@ def test_dead_source_cannot_be_routed_around():
         p.reroute(plan, ["t"])
 
 
-@pytest.mark.parametrize("kw", [dict(topology="ring"), dict(topology=p.TREE, fanout=0), dict(chunks=0)])
+@pytest.mark.parametrize("kw", [{"topology": "ring"}, {"topology": p.TREE, "fanout": 0}, {"chunks": 0}])
 def test_bad_arguments(kw):
-    args = dict(chunks=1) | kw
+    args = {"chunks": 1} | kw
     with pytest.raises(ValueError):
         p.build_plan(["t"], HOSTS[:2], **args)
     with pytest.raises(ValueError):

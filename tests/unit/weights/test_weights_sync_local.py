@@ -146,8 +146,10 @@ def test_an_interrupted_publish_leaves_the_previous_version_in_force(store):
 
 
 @pytest.mark.parametrize("change, match", [
-    (lambda t: t["layers"][1].update(w=jnp.zeros((64, 32), jnp.float32)), r"leaf 'layers/1/w': the template has shape \(64, 32\)"),
-    (lambda t: t.update(embed=jnp.zeros((300, 256), jnp.float32)), r"leaf 'embed': the template has dtype float32, .* has bfloat16"),
+    (lambda t: t["layers"][1].update(w=jnp.zeros((64, 32), jnp.float32)),
+     r"leaf 'layers/1/w': the template has shape \(64, 32\)"),
+    (lambda t: t.update(embed=jnp.zeros((300, 256), jnp.float32)),
+     r"leaf 'embed': the template has dtype float32, .* has bfloat16"),
     (lambda t: t.update(extra=jnp.zeros(3)), r"leaf 'extra' is in the template but not in version 1"),
     (lambda t: t.pop("host"), r"leaf 'host' is in version 1 of 'm' but not in the template"),
 ])
@@ -193,7 +195,7 @@ def test_a_reader_never_sees_a_torn_version(store):
             trainer.publish(version(v), v)
             sampler.wait_for_version(v, timeout=10)
             with seen_cond:  # the reader observed this version before the next swap
-                assert seen_cond.wait_for(lambda: v in seen or torn, timeout=30)
+                assert seen_cond.wait_for(lambda v=v: v in seen or torn, timeout=30)
     finally:
         stop.set()
         t.join()
@@ -233,5 +235,6 @@ def test_resharding_between_meshes_through_host_buffers(tmp_path):
         print("RESHARD-OK")
     """)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=240,
+                         env=env)
     assert "RESHARD-OK" in out.stdout, out.stderr[-3000:]

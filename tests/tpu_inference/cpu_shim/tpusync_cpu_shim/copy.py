@@ -19,7 +19,8 @@ def _copy(src_array, dest_array, src_offsets, dest_offsets, chunk_sizes, num_chu
     rows = dest_array[0].shape[0]
     r = jnp.arange(rows, dtype=jnp.int32)
     live = jnp.arange(chunk_sizes.shape[0]) < num_chunks
-    inside = live[:, None] & (r[None, :] >= dest_offsets[:, None]) & (r[None, :] < (dest_offsets + chunk_sizes)[:, None])
+    ends = dest_offsets + chunk_sizes
+    inside = live[:, None] & (r[None, :] >= dest_offsets[:, None]) & (r[None, :] < ends[:, None])
     covered = jnp.any(inside, axis=0)
     chunk = jnp.argmax(inside, axis=0)  # the chunk that writes each destination row
     source = src_offsets[chunk] + r - dest_offsets[chunk]
