@@ -358,6 +358,22 @@ TEST_F(StoreTest, PutFailsRatherThanAcknowledgeWhileAnotherLeaseHoldsTheKey) {
   EXPECT_EQ(s->Put({&k, 1}, {&b, 1}).code(), StatusCode::kUnavailable);
 }
 
+TEST_F(StoreTest, AReservationThatMustNotWaitForLeasesStillWaitsForWriteBehind) {
+  auto s = Open(2, 8);
+  PutRange(*s, 0, 2);  // DRAM full of blocks that are not on disk yet
+  // A caller holding leases (wait = false) gets a slot once write-behind has freed one...
+  std::vector<WriteLease> held;
+  for (uint64_t k : {10, 11}) {
+    Result<WriteLease> l = s->Reserve(Key(k), false);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    held.push_back(std::move(l).value());
+  }
+  // ...but a pool full of leases is reported at once, never waited for.
+  EXPECT_EQ(s->Reserve(Key(12), false).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(GetMatches(*s, 0));  // the blocks that made room are on disk
+  EXPECT_TRUE(GetMatches(*s, 1));
+}
+
 TEST_F(StoreTest, AWriterWaitsForSlotsHeldByLeasesInsteadOfReportingPins) {
   auto s = Open(2);
   std::vector<WriteLease> held;

@@ -151,7 +151,8 @@ class Store {
   // Zero-copy access. Reserve: kFailedPrecondition if the key is already stored, kUnavailable
   // if another lease holds it, kResourceExhausted if no slot is free. With `wait`, it first
   // waits up to write_wait for that lease to commit or abort and for a slot to free; without,
-  // it never blocks (a caller that holds leases must not wait for others' leases).
+  // it waits only for write-behind to free a slot, never for another lease (a caller that holds
+  // leases must not wait for others': no hold-and-wait).
   // Acquire: kNotFound if the key is absent.
   Result<WriteLease> Reserve(const BlockKey& key, bool wait = true);
   Result<ReadLease> Acquire(const BlockKey& key);

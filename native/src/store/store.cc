@@ -49,7 +49,7 @@ class StoreImpl {
   Result<uint32_t> AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
                                      bool wait_for_leases);
   Result<IndexEntry*> ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
-                                  std::optional<TimePoint> deadline);
+                                  std::optional<TimePoint> deadline, bool wait_for_others);
   std::optional<TimePoint> WriteDeadline() const { return std::chrono::steady_clock::now() + write_wait_; }
   std::optional<uint32_t> AcquireExtentLocked();
   void DropDramLocked(IndexEntry& e);
@@ -188,22 +188,23 @@ Result<uint32_t> StoreImpl::AcquireSlotLocked(std::unique_lock<std::mutex>& lock
 }
 
 // Makes `key` the caller's to write: an entry marked writing with a DRAM slot, or nullptr
-// if the key is stored already. Another writer of the key is waited for until `deadline`:
-// if it gives up, the key is written here, so a write is never acknowledged on the strength
+// if the key is stored already. Another writer of the key (and a slot held by another
+// lease) is waited for until `deadline` when `wait_for_others`: if it gives up, the key is
+// written here, so a write is never acknowledged on the strength
 // of a write that did not happen.
 Result<IndexEntry*> StoreImpl::ClaimLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key,
-                                       std::optional<TimePoint> deadline) {
+                                       std::optional<TimePoint> deadline, bool wait_for_others) {
   for (;;) {
     IndexEntry* e = index_.Find(key);
     if (e != nullptr && e->writing) {
-      if (!deadline || std::chrono::steady_clock::now() >= *deadline) {
+      if (!wait_for_others || !deadline || std::chrono::steady_clock::now() >= *deadline) {
         return Status(StatusCode::kUnavailable, "block " + key.ToHex() + " is being written by another writer");
       }
       cv_.wait_until(lock, *deadline);
       continue;
     }
     if (e != nullptr && e->tier() != Tier::kNone) return nullptr;
-    TPUSYNC_ASSIGN_OR_RETURN(uint32_t slot, AcquireSlotLocked(lock, deadline, true));
+    TPUSYNC_ASSIGN_OR_RETURN(uint32_t slot, AcquireSlotLocked(lock, deadline, wait_for_others));
     e = index_.Find(key);
     if (e != nullptr && (e->writing || e->tier() != Tier::kNone)) {  // changed while we waited
       pool_->Free(slot);
@@ -339,7 +340,7 @@ Status StoreImpl::Put(std::span<const BlockKey> keys, std::span<const ConstBuffe
   }
   std::unique_lock lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
-    TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, keys[i], WriteDeadline()));
+    TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, keys[i], WriteDeadline(), true));
     if (e == nullptr) {
       ++c_->put_dedup;
       continue;
@@ -592,7 +593,9 @@ StoreStats StoreImpl::Stats() const {
 
 Result<WriteLease> StoreImpl::Reserve(const BlockKey& key, bool wait) {
   std::unique_lock lock(mu_);
-  TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, key, wait ? WriteDeadline() : std::nullopt));
+  // Without `wait`, write-behinds (which free slots by themselves) are still waited for, but not
+  // another lease: a caller holding leases must not wait for others' (no hold-and-wait).
+  TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, key, WriteDeadline(), wait));
   if (e == nullptr) return FailedPrecondition("reserve: block " + key.ToHex() + " is already stored");
   ++leases_;
   return WriteLease(this, key, e->slot, pool_->data(e->slot), pool_->block_bytes(), pool_->file_offset(e->slot));

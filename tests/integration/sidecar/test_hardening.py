@@ -158,3 +158,21 @@ def test_peer_text_cannot_forge_log_lines(launch, tmp_path):
     refusals = [line for line in lines if "handshake from 127.0.0.1 refused" in line]
     assert len(refusals) == 1, refusals
     assert "\\x0a" in refusals[0] and '\\"' in refusals[0]
+
+
+def test_reserving_a_batch_waits_for_write_behind_to_make_room(launch, tmp_path):
+    """A batch of reservations larger than DRAM's free slots, on a sidecar whose DRAM is full of
+    blocks still to be written to disk: each slot is had once write-behind frees one (the
+    reservations the batch already holds never wait for others' leases)."""
+    s = launch("wb", dram_bytes=8 * BLOCK, disk_dir=str(tmp_path / "disk"), disk_bytes=64 * BLOCK)
+    store = engine(s)
+    data = {k: np.full(BLOCK, k, np.uint8) for k in range(1, 25)}
+    for first in (1, 9, 17):  # three batches of a whole DRAM each
+        keys = list(range(first, first + 8))
+        with store.reserve_many(keys) as slots:
+            for k, slot in zip(keys, slots):
+                np.frombuffer(slot.view, np.uint8, BLOCK)[:] = data[k]
+                slot.commit(BLOCK)
+    out = [np.zeros(BLOCK, np.uint8) for _ in data]
+    assert store.get(list(data), out) == [True] * len(data)
+    assert all((o == v).all() for o, v in zip(out, data.values()))
