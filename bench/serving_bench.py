@@ -3,8 +3,9 @@
 
 For prompts of 1K, 4K and 8K tokens (16K with --long): TTFT when the whole prompt is
 recomputed (the baseline, measured in the same run), when its prefix is served from host
-DRAM, from the disk tier, or pulled from a peer sidecar; and the P/D KV transfer time as a
-fraction of the prefill time. The engine runs in this process on the reference model; the
+DRAM, from the disk tier, or pulled from a peer sidecar; the P/D KV transfer time as a
+fraction of the prefill time; and the whole P/D cost (the prefill side's save, the transfer,
+the decode side's load, each reported) against the prefill compute. The engine runs in this process on the reference model; the
 tiers are real tpusync-sidecar processes on 127.0.0.1. Prints a table and writes
 bench/results/serving.json: cases {"case", "tokens", "seconds", "baseline_seconds", "ratio"}.
 """
@@ -78,6 +79,7 @@ def main() -> int:
                 base = statistics.median(ttft(plain, rng.integers(0, 256, n).tolist())[0] for _ in range(args.reps))
                 rows = {"prefix-hit-dram": [], "prefix-hit-disk": [], "prefix-hit-peer": [], "pd-transfer": []}
                 prefill_times = []
+                pd_parts: list[tuple[float, float, float]] = []  # (save, transfer, load) per rep
                 for _ in range(args.reps):
                     p = rng.integers(0, 256, n).tolist()
                     status.update(f"{n} tokens: DRAM, disk, peer, P/D")
@@ -97,12 +99,18 @@ def main() -> int:
                     prefill_times.append(r.stats.prefill_seconds)
                     _, d = ttft(decode, p, kv_transfer_params=r.kv_transfer_params)
                     rows["pd-transfer"].append(d["transfer_seconds"])
+                    pd_parts.append((r.stats.save_seconds, d["transfer_seconds"], d["load_seconds"]))
                     stores["decode"].evict(keys)
                 for case, times in rows.items():
                     seconds = statistics.median(times)
                     baseline = statistics.median(prefill_times) if case == "pd-transfer" else base
                     results.append({"case": f"{case}-{label}", "tokens": n, "seconds": seconds,
                                     "baseline_seconds": baseline, "ratio": seconds / baseline})
+                save, transfer, load = (statistics.median(part) for part in zip(*pd_parts))
+                prefill_s = statistics.median(prefill_times)
+                results.append({"case": f"pd-cost-{label}", "tokens": n, "seconds": save + transfer + load,
+                                "baseline_seconds": prefill_s, "ratio": (save + transfer + load) / prefill_s,
+                                "save_seconds": save, "transfer_seconds": transfer, "load_seconds": load})
         finally:
             for s in sides.values():
                 s.stop()
@@ -113,8 +121,11 @@ def main() -> int:
     report(console, f"tpusync serving: TTFT vs recompute ({cfg.layers} layers, d_model {cfg.d_model}, "
            f"{cfg.page_bytes // 1024} KiB per {cfg.page_size}-token page, median of {args.reps})", results,
            [("case", "case", ""), ("tokens", "tokens", "d"), ("seconds", "seconds", ".4f"),
-            ("baseline s", "baseline_seconds", ".4f"), ("ratio", "ratio", ".3f")], args.out,
-           "baseline: TTFT recomputing the whole prompt; pd-transfer: KV transfer time / prefill time")
+            ("baseline s", "baseline_seconds", ".4f"), ("ratio", "ratio", ".3f"),
+            ("save s", "save_seconds", ".4f"), ("transfer s", "transfer_seconds", ".4f"),
+            ("load s", "load_seconds", ".4f")], args.out,
+           "baseline: TTFT recomputing the whole prompt; pd-transfer: KV transfer time / prefill time; "
+           "pd-cost: (prefill side's save + transfer + decode side's load) / prefill time, each part shown")
     return 0
 
 
