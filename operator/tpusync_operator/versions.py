@@ -60,11 +60,15 @@ TPUSYNC = Pin(
                        "equal this version (tests/unit/chart)"),),
     values={"images": frozenset({f"{_REGISTRY}/tpusync-operator:{TPUSYNC_VERSION}",
                                  f"{_REGISTRY}/tpusync-sidecar:{TPUSYNC_VERSION}",
-                                 f"{_REGISTRY}/tpusync-serving:{TPUSYNC_VERSION}"})},
+                                 f"{_REGISTRY}/tpusync-serving:{TPUSYNC_VERSION}",
+                                 f"{_REGISTRY}/tpusync-vllm-tpu:{TPUSYNC_VERSION}"})},
 )
 OPERATOR_IMAGE = f"{_REGISTRY}/tpusync-operator:{TPUSYNC_VERSION}"
 SIDECAR_IMAGE = f"{_REGISTRY}/tpusync-sidecar:{TPUSYNC_VERSION}"
 SERVING_IMAGE = f"{_REGISTRY}/tpusync-serving:{TPUSYNC_VERSION}"
+# vllm/vllm-tpu at VLLM.version plus tpusync (images/vllm-tpu/Dockerfile): what vLLM on TPU needs
+# to load tpusync's KV connectors (VLLM.image has no tpusync).
+VLLM_TPU_IMAGE = f"{_REGISTRY}/tpusync-vllm-tpu:{TPUSYNC_VERSION}"
 
 
 # ------------------------------------------------------------------ llm-d router (EPP, P/D sidecar)
