@@ -73,7 +73,7 @@ class PoolPlan:
     delete: list[Ref]
     node_selector: dict[str, str]
     node_pool_requests: list[NodePoolRequest]    # mode gke: one per node pool (slice)
-    store_replicas: int                           # desired store pods; -1 for a DaemonSet
+    store_replicas: int | None                    # desired store pods; None for a DaemonSet (one per node)
 
 
 def check_pool(spec: TPUSyncPoolSpec) -> Slice:
@@ -122,7 +122,8 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
         apply.append(pool_builders.build_store_nodes(owner, spec))
         other = "DaemonSet" if store.kind == "StatefulSet" else "StatefulSet"
         delete.append(Ref("apps/v1", other, store_name))
-        replicas = -1 if store.kind == "DaemonSet" else (1 if store.replicas is None else store.replicas)
+        replicas: int | None = None if store.kind == "DaemonSet" else \
+            (1 if store.replicas is None else store.replicas)
     else:
         delete += [Ref("apps/v1", "StatefulSet", store_name), Ref("apps/v1", "DaemonSet", store_name)]
         replicas = 0

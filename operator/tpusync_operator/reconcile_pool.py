@@ -94,7 +94,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     })
 
 
-async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired: int) -> tuple[int, int]:
+async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired: int | None) -> tuple[int, int]:
     """(ready, desired) store pods; desired -1 for a DaemonSet not scheduled yet."""
     if not spec.store_nodes.enabled:
         return 0, 0
@@ -102,4 +102,5 @@ async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired:
     st = (obj or {}).get("status", {})
     if spec.store_nodes.kind == "DaemonSet":
         return int(st.get("numberReady", 0) or 0), int(st.get("desiredNumberScheduled", 0) or 0) or -1
+    assert desired is not None   # a StatefulSet's replicas, from the plan
     return int(st.get("readyReplicas", 0) or 0), desired

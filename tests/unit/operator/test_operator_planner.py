@@ -4,16 +4,25 @@ state machine, and serving plans (optional CRDs, pruning)."""
 from __future__ import annotations
 
 import pytest
-
 from op_helpers import PoolBody, ServingBody
+
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import NodePoolAction as A
+from tpusync_operator.planner import (
+    PlanError,
+    Ref,
+    capacity_shortfall,
+    check_pool,
+    missing_crd_message,
+    node_pool_size_change,
+    node_pool_step,
+    plan_pool,
+    plan_roles,
+    plan_serving,
+)
 from tpusync_operator.planner import SizeAction as S
-from tpusync_operator.planner import (PlanError, Ref, capacity_shortfall, check_pool, missing_crd_message,
-                                      node_pool_size_change, node_pool_step, plan_pool, plan_roles,
-                                      plan_serving)
 from tpusync_operator.tpu import TopologyError, slice_for
 
 
@@ -68,7 +77,7 @@ def test_plan_pool_children_and_pruning():
     assert p.node_pool_requests == [] and p.desired_hosts == 1
     p = plan_pool(Owner.from_body(body), pool_spec(PoolBody().store(kind="DaemonSet")))
     assert p.apply[-1]["kind"] == "DaemonSet" and p.delete == [Ref("apps/v1", "StatefulSet", "pool-store")]
-    assert p.store_replicas == -1
+    assert p.store_replicas is None      # a DaemonSet: one per selected node
 
 
 REQ = {"nodePool": {"name": "np", "config": {"machineType": "tpu7x-standard-4t", "spot": False},
