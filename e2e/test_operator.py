@@ -300,8 +300,8 @@ def test_serving_vllm_tpu(cluster, operator, module_namespace):
         # 2x2x1 v7x: 4 chips of 2 TensorCores; tpu-inference's tensor parallelism counts TensorCores
         assert args[args.index("--tensor-parallel-size") + 1] == "8"
         kv = json.loads(args[args.index("--kv-transfer-config") + 1])
-        assert kv["kv_connector"] == "TPUSyncConnector" and kv["kv_role"] == kv_role
-        assert kv["kv_connector_module_path"] == "tpusync.vllm.connector"
+        assert kv["kv_connector"] == "TPUConnector" and kv["kv_role"] == kv_role
+        assert kv["kv_connector_module_path"] == "tpusync.tpu_inference.connector"
         assert eng["resources"]["limits"][TPU] == "4"
         assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
         assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
