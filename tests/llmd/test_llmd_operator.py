@@ -9,16 +9,16 @@ import json
 from pathlib import Path
 
 import yaml
-from tpusync_operator.builders import llmd
-from tpusync_operator.builders.common import Owner
-from tpusync_operator.builders.engine import engine_command
-from tpusync_operator.builders.serving import engine_port
-from tpusync_operator.models import DisaggregatedServingSpec
 
 from tpusync.hashing import BlockHasher
 from tpusync.serving.__main__ import parse_args
 from tpusync.serving.model import ModelConfig
 from tpusync.store import KVStore
+from tpusync_operator.builders import llmd
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.engine import engine_command
+from tpusync_operator.builders.serving import engine_port
+from tpusync_operator.models import DisaggregatedServingSpec
 
 from .conftest import connect, eventually, served
 
