@@ -193,14 +193,6 @@ class BlockAnnouncer:
                 b.media = media
             return self.publisher.send(batch) if batch else None
 
-    def forget_announced(self) -> None:
-        """The router dropped everything it knew of this engine (vLLM's AllBlocksCleared, a prefix
-        cache reset, clears every tier in llm-d): the next audit announces again every remembered
-        block the store still holds."""
-        with self._lock:
-            for b in self._blocks.values():
-                b.media = frozenset()
-
 
 def _parents_first(blocks: dict[int, _Block]) -> list[int]:
     """The hashes of `blocks`, each after its parent when the parent is among them too: llm-d
