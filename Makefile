@@ -71,7 +71,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify image-steps e2e
+test: native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
 
 demo: install
 	$(PY) -m tpusync.demo

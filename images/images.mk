@@ -1,41 +1,94 @@
-# Container image targets: included by the top-level Makefile.
-# There is no Docker daemon or registry here, so each image-steps-<name> target performs the
-# builder stage of images/<name>/Dockerfile on this machine, into build/image-<name>/, and
-# proves the image's entrypoint. The Dockerfiles stay the definition of the real images: keep
-# both in step. image-check lints the Dockerfiles (pinned bases, non-root USER).
-.PHONY: image-steps image-steps-operator image-steps-sidecar image-check
+# Container images: included by the top-level Makefile.
+#
+# `make images` builds every image the operator's defaults name, from images/<dir>/Dockerfile,
+# into OCI image archives under build/images/ (tpusync-<name>.oci.tar), without a Docker daemon:
+# buildah (Debian's), overlay storage and chroot isolation, as root. No container registry is
+# reachable here, so the upstream bases the release pins by digest are replaced, through the
+# Dockerfiles' own build-args, by bases assembled locally (images/base/local-base.sh: mmdebstrap
+# of the same Debian suite; cached under ~/.cache/tpusync/images/, and so is buildah's storage
+# with its layer cache). Then tests/images reads each archive (layout, manifest, config: user,
+# entrypoint, env, labels with the version) and runs its entrypoint from the unpacked rootfs.
+#
+#   tpusync-operator, tpusync-serving   FROM bookworm + Debian's CPython 3.11 and its headers (for python:3.11-slim-bookworm)
+#   tpusync-sidecar                     builder FROM bookworm (for debian:12-slim); runtime FROM scratch, as released
+#   tpusync-vllm-tpu-layer              only the `layer` stage of images/vllm-tpu/Dockerfile: tpusync built
+#                                       for CPython 3.12 (pyenv's, for python:3.12-slim-bookworm) and
+#                                       installed under /usr/local/lib/python3.12/site-packages.
+#
+# What cannot be checked here: the tpusync-vllm-tpu image itself. Its base, vllm/vllm-tpu at the
+# pinned tag, is a registry image that cannot be pulled or assembled here (vLLM and tpu-inference
+# as upstream installs them, libtpu, on python:3.12-slim); no stand-in is built under its name.
+# What is checked instead: the layer the release adds to it, imported by the tpu-inference
+# tier's real vLLM 0.32.0 + tpu-inference 0.32.0 on CPython 3.12 (tests/images). That the layer
+# lands on the base's Python (/usr/local, python3.12) is taken from upstream's Dockerfile and is
+# proved only in the release, by the final stage's import check.
+.PHONY: images image-tools image-bases image-archives image-test image-check
 
-IMAGE_JOBS ?= 2
-IMAGE_OPERATOR := build/image-operator
-IMAGE_SIDECAR := build/image-sidecar
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_OUT := build/images
+IMAGE_CACHE := $(CACHE)/images
+# Overlay storage (a layer is a diff, not a copy: vfs copied the whole root filesystem per step).
+BUILDAH := buildah --storage-driver overlay --root $(IMAGE_CACHE)/storage --runroot /run/tpusync-buildah
+# The layer cache grows with every change of the sources; past this size it is emptied (the
+# bases come back from their tarballs in seconds).
+IMAGE_STORE_MAX_GB ?= 30
+# RUN steps share pip's cache with this machine (the local Python bases have the mount point and
+# trust the CA bundle pip is given here: images/base/local-base.sh).
+IMAGE_BUILD = nice -n 10 $(BUILDAH) bud --layers --isolation chroot --pull-never --quiet \
+  -v $(PIP_CACHE_DIR):/root/.cache/pip --build-arg VERSION=$(IMAGE_VERSION)
 
-image-steps: image-check image-steps-operator image-steps-sidecar
+images: image-check image-archives image-test
 
-# Dockerfile: python -m venv /opt/venv && pip install '.[operator]' && python -m tpusync_operator --help
-# (a separate scikit-build build dir, so the .venv's editable build in build/wheel is untouched).
-image-steps-operator: | system-deps
-	rm -rf $(IMAGE_OPERATOR)/venv
-	$(PYTHON) -m venv $(IMAGE_OPERATOR)/venv
-	CMAKE_BUILD_PARALLEL_LEVEL=$(IMAGE_JOBS) nice -n 10 $(IMAGE_OPERATOR)/venv/bin/pip install -q \
-	  -C build-dir=$(CURDIR)/$(IMAGE_OPERATOR)/wheel '.[operator]'
-	$(IMAGE_OPERATOR)/venv/bin/python -m tpusync_operator --help
-	@# --help stops before the handlers import; prove the extra brings every runtime dependency.
-	$(IMAGE_OPERATOR)/venv/bin/python -c "import tpusync_operator.handlers, tpusync._native"
+image-tools:
+	@missing=$$(for p in buildah mmdebstrap; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
-# Dockerfile: cmake -G Ninja (Release, no Python, no tests) && build tpusync-sidecar &&
-# collect-rootfs.sh && tpusync-sidecar --help. Here the binary then runs from the collected
-# rootfs's own loader and libraries, which proves the distroless-style rootfs is complete.
-image-steps-sidecar: | system-deps
-	cmake -S . -B $(IMAGE_SIDECAR) -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DTPUSYNC_BUILD_PYTHON=OFF -DTPUSYNC_BUILD_TESTS=OFF >/dev/null
-	@set -e; \
-	nice -n 10 cmake --build $(IMAGE_SIDECAR) --target tpusync-sidecar --parallel $(IMAGE_JOBS); \
-	bin=$$(find $(IMAGE_SIDECAR) -type f -name tpusync-sidecar -perm -u+x -not -path '*/rootfs/*'); \
-	images/sidecar/collect-rootfs.sh "$$bin" $(IMAGE_SIDECAR)/rootfs; \
-	root=$(IMAGE_SIDECAR)/rootfs; \
-	interp=$$(readelf -l "$$bin" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p'); \
-	libs=$$(find "$$root" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:); \
-	"$$root$$interp" --inhibit-cache --library-path "$$libs" "$$root/usr/local/bin/tpusync-sidecar" --help
+image-bases: image-tools
+	@mkdir -p $(IMAGE_CACHE) $(IMAGE_OUT) $(PIP_CACHE_DIR); \
+	if [ -d $(IMAGE_CACHE)/storage ] && [ $$(du -s --block-size=1G $(IMAGE_CACHE)/storage | cut -f1) -gt $(IMAGE_STORE_MAX_GB) ]; then \
+	  echo "images: layer cache over $(IMAGE_STORE_MAX_GB) GB, emptied"; $(BUILDAH) rmi --all --force >/dev/null; \
+	fi
+	BUILDAH="$(BUILDAH)" CACHE_DIR=$(IMAGE_CACHE) images/base/local-base.sh bookworm > $(IMAGE_OUT)/base-bookworm
+	BUILDAH="$(BUILDAH)" CACHE_DIR=$(IMAGE_CACHE) images/base/local-base.sh python3.11 > $(IMAGE_OUT)/base-python3.11
+	BUILDAH="$(BUILDAH)" CACHE_DIR=$(IMAGE_CACHE) images/base/local-base.sh python3.12 > $(IMAGE_OUT)/base-python3.12
 
-image-check: install
+# $(call image,NAME,DIR,BASE-ARG,BASE-FILE[,TARGET]): build (log in build/images/NAME.log), then
+# write the OCI archive.
+define image
+	@echo "images: $(1) (images/$(2)/Dockerfile$(if $(5), --target $(5)))"
+	@set -e; start=$$(date +%s); \
+	$(IMAGE_BUILD) --build-arg $(3)=$$(cat $(IMAGE_OUT)/$(4)) $(if $(5),--target $(5)) \
+	  --ignorefile images/$(2)/Dockerfile.dockerignore -f images/$(2)/Dockerfile \
+	  -t localhost/tpusync/$(1):$(IMAGE_VERSION) . >$(IMAGE_OUT)/$(1).log 2>&1 \
+	  || { tail -60 $(IMAGE_OUT)/$(1).log; echo "images: $(1) failed (log: $(IMAGE_OUT)/$(1).log)"; exit 1; }; \
+	rm -f $(IMAGE_OUT)/$(1).oci.tar; \
+	$(BUILDAH) push --quiet localhost/tpusync/$(1):$(IMAGE_VERSION) oci-archive:$(IMAGE_OUT)/$(1).oci.tar:$(IMAGE_VERSION); \
+	echo "images: $(1): $$(du -h $(IMAGE_OUT)/$(1).oci.tar | cut -f1) in $$(( $$(date +%s) - start )) s"
+endef
+
+image-archives: image-bases | system-deps
+	$(call image,tpusync-sidecar,sidecar,DEBIAN_BASE,base-bookworm)
+	$(call image,tpusync-operator,operator,PYTHON_BASE,base-python3.11)
+	$(call image,tpusync-serving,serving,PYTHON_BASE,base-python3.11)
+	$(call image,tpusync-vllm-tpu-layer,vllm-tpu,PYTHON_BASE,base-python3.12,layer)
+
+# The archives, read and run; the vLLM layer against the tpu-inference tier's environment.
+image-test: install tpu-inference-env
+	TPUSYNC_IMAGES=$(IMAGE_OUT) TPUSYNC_VLLM_TPU_PYTHON=$(TPUINF_ENV)/bin/python \
+	  $(PY) -m pytest -q -p no:cacheprovider tests/images
+
+# Before building: the Dockerfiles' lint, every published version in agreement, and the release
+# workflow checked by actionlint (pinned, from the Go module proxy, cached).
+ACTIONLINT_VERSION := v1.7.7
+ACTIONLINT := $(CACHE)/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
+$(ACTIONLINT):
+	GOBIN=$(dir $@) nice -n 10 go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+image-check: install $(ACTIONLINT)
 	$(PY) -m pytest -q tests/unit/images
+	$(PY) images/check-versions.py
+	$(ACTIONLINT) -shellcheck= .github/workflows/release.yml

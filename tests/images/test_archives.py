@@ -84,6 +84,13 @@ def test_python_image_config(name, entrypoint, ports):
     assert img.env["PYTHONDONTWRITEBYTECODE"] == "1"
     # Built here on the locally assembled base, and the image says so (never the upstream name).
     assert img.labels["org.opencontainers.image.base.name"] == local_base("python3.11")
+    # What the local build borrows from this machine (pip's cache, its CA) lives in that base,
+    # never in the image's own layers, which are what the release builds on the upstream base.
+    history = img.config["history"]
+    first_own = next(i for i, h in enumerate(history) if "ARG PYTHON_BASE" in h.get("created_by", ""))
+    base_layers = sum(not h.get("empty_layer") for h in history[:first_own])
+    own = [m.name for layer in img.layers()[base_layers:] for m in layer.getmembers()]
+    assert own and not [n for n in own if n.startswith(("root/.cache", "etc/pip.conf", "etc/ssl/certs/build-ca"))]
 
 
 def test_operator_runs(unpacked):
