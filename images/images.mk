@@ -29,8 +29,8 @@ IMAGE_OUT := build/images
 IMAGE_CACHE := $(CACHE)/images
 # Overlay storage (a layer is a diff, not a copy: vfs copied the whole root filesystem per step).
 BUILDAH := buildah --storage-driver overlay --root $(IMAGE_CACHE)/storage --runroot /run/tpusync-buildah
-# The layer cache grows with every change of the sources (a full set of the four builds is about
-# 10 GB); past this size it is emptied, and the next build is cold (the bases come back from their
+# The layer cache grows with every change of the sources (14 GB after the first builds here);
+# past this size it is emptied, and the next build is cold (the bases come back from their
 # tarballs in seconds, the compiles and downloads take their time).
 IMAGE_STORE_MAX_GB ?= 20
 # RUN steps share pip's cache with this machine (the local Python bases have the mount point and
