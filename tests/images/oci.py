@@ -75,7 +75,8 @@ def _blob(tar: tarfile.TarFile, descriptor: dict) -> bytes:
     assert algo == "sha256", descriptor
     data = tar.extractfile(f"blobs/sha256/{hexdigest}").read()
     assert hashlib.sha256(data).hexdigest() == hexdigest, f"blob {descriptor['digest']} does not match its digest"
-    assert len(data) == descriptor["size"], f"blob {descriptor['digest']}: {len(data)} bytes, descriptor says {descriptor['size']}"
+    assert len(data) == descriptor["size"], \
+        f"blob {descriptor['digest']}: {len(data)} bytes, descriptor says {descriptor['size']}"
     return data
 
 

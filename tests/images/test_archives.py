@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -154,7 +153,8 @@ def test_vllm_tpu_layer_imports_on_vllm_tpu(unpacked):
     vllm-tpu and tpu-inference at the pinned release: both of tpusync's connectors import, from
     the layer, on the vLLM that vllm/vllm-tpu at that tag carries."""
     python = os.environ.get("TPUSYNC_VLLM_TPU_PYTHON")
-    assert python and Path(python).exists(), "TPUSYNC_VLLM_TPU_PYTHON: the tpu-inference tier's python (make images sets it)"
+    assert python and Path(python).exists(), \
+        "TPUSYNC_VLLM_TPU_PYTHON: the tpu-inference tier's python (make images sets it)"
     _, root = unpacked("tpusync-vllm-tpu-layer")
     site = root / SITE_312
     code = ("import importlib.metadata as md, tpusync, tpusync._native, tpusync.vllm.connector, "

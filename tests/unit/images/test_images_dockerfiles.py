@@ -144,6 +144,7 @@ def test_python_builders_are_one():
 def test_chart_and_crd_defaults_use_these_images():
     """The chart deploys the operator image; the CRD default is the sidecar image."""
     import yaml
+
     from tpusync_operator import versions
     values = yaml.safe_load((ROOT / "charts/tpusync-operator/values.yaml").read_text())
     assert f"{values['image']['repository']}:{values['image']['tag']}" == versions.OPERATOR_IMAGE
