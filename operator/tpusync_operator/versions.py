@@ -263,14 +263,17 @@ VLLM_XLA_CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 # --tensor-parallel-size and divides by this to get chips (tpu_inference/tpu_info.py
 # get_num_cores_per_chip: v5litepod and v6e 1, others (v7x) 2; tpu_inference/worker/
 # tpu_worker.py chips_per_rank), identical in the 0.32.0 wheel and at tag v0.27.0. The
-# TPUConnector module (tpu_inference/distributed/tpu_connector.py) is in the 0.32.0 wheel.
+# TPUConnector module (tpu_inference/distributed/tpu_connector.py) is in the 0.32.0 wheel, and
+# its platform accepts only the kv_connector names below (platforms/tpu_platform.py).
 TPU_INFERENCE = Pin(
     name="tpu-inference", version=VLLM_VERSION,
     proof=(Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/tpu_info.py"),
            Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/distributed/tpu_connector.py"),
+           Source("pypi:tpu-inference", VLLM_VERSION, "tpu_inference/platforms/tpu_platform.py"),
            Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/tpu_info.py"),
            Source("vllm-project/tpu-inference", "v0.27.0", "tpu_inference/worker/tpu_worker.py")),
-    values={"connector_module": frozenset({"tpu_inference.distributed.tpu_connector"})},
+    values={"connector_names": frozenset({"TPUConnector", "TPUConnectorHMA", "TPUOffloadConnector",
+                                          "RaidenOffloadConnector"})},
 )
 
 # sglang-jax: P/D is on its main branch only (no release carries it; PyPI has 0.0.2), so the
@@ -360,4 +363,11 @@ ALL: tuple[Pin, ...] = (TPUSYNC, EPP, ROUTING_PROXY, GATEWAY_API_INFERENCE_EXTEN
 
 def table() -> list[tuple[str, str, str, str]]:
     """(name, version, image, proof) rows: the version table of docs/gke.md."""
-    return [(p.name, p.version, p.image, "; ".join(s.cite() for s in (p.proof or (p.flags_source,)))) for p in ALL]
+    return [(p.name, p.version, p.image, "; ".join(s.cite() for s in _proof(p))) for p in ALL]
+
+
+def _proof(p: Pin) -> tuple[Source, ...]:
+    """A pin's proof, or the file its flags come from where it has no other."""
+    if p.proof:
+        return p.proof
+    return (p.flags_source,) if p.flags_source else ()

@@ -20,7 +20,7 @@ from .sidecar import CONTROL_SOCKET
 # Pinned defaults (override with spec.engine.image; sglang-jax has none: see sglang_pd.py).
 DEFAULT_IMAGES = {
     "reference": versions.SERVING_IMAGE,
-    "vllm-tpu": versions.VLLM.image,
+    "vllm-tpu": versions.VLLM_TPU_IMAGE,   # upstream's vllm-tpu plus tpusync: both connectors load from it
 }
 # vLLM on TPU runs through tpu-inference, whose platform accepts only a few kv_connector names
 # (tpu_inference 0.32.0 platforms/tpu_platform.py, check_and_update_config), TPUConnector among

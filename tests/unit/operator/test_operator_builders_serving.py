@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from op_helpers import PoolBody, ServingBody, assert_golden
+from tpusync_operator import versions
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo, engine_port
@@ -123,6 +124,9 @@ def test_vllm_kv_transfer_config():
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     # vLLM on TPU: tpusync's connector for tpu-inference, under the one name its platform accepts.
     assert (kv["kv_connector"], kv["kv_connector_module_path"]) == ("TPUConnector", "tpusync.tpu_inference.connector")
+    assert kv["kv_connector"] in versions.TPU_INFERENCE.values["connector_names"]
+    # The engine image carries tpusync (upstream's vllm-tpu has no tpusync to load the connector from).
+    assert pods["llm-prefill/leader"]["spec"]["containers"][0]["image"] == versions.VLLM_TPU_IMAGE
     assert kv["kv_role"] == "kv_producer"
     # The prefill engine advertises its sidecar's data port to decode engines.
     assert kv["kv_connector_extra_config"]["data_address"] == "$(POD_IP):7600"
