@@ -24,13 +24,12 @@ Writes bench/results/operator.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -57,7 +56,7 @@ NODE_POOL = "bench-cpu"
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
 
 
 def histogram_quantile(metrics: str, name: str, kind: str, q: float) -> tuple[float, int]:
@@ -82,7 +81,7 @@ def histogram_quantile(metrics: str, name: str, kind: str, q: float) -> tuple[fl
 
 
 def _ts(value: str) -> float:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def serving(i: int, ns: str = NS) -> dict:

@@ -5,9 +5,9 @@ For prompts of 1K, 4K and 8K tokens (16K with --long): TTFT when the whole promp
 recomputed (the baseline, measured in the same run), when its prefix is served from host
 DRAM, from the disk tier, or pulled from a peer sidecar; the P/D KV transfer time as a
 fraction of the prefill time; and the whole P/D cost (the prefill side's save, the transfer,
-the decode side's load, each reported) against the prefill compute. The engine runs in this process on the reference model; the
-tiers are real tpusync-sidecar processes on 127.0.0.1. Prints a table and writes
-bench/results/serving.json: cases {"case", "tokens", "seconds", "baseline_seconds", "ratio"}.
+the decode side's load, each reported) against the prefill compute. The engine runs in this
+process on the reference model; the tiers are real tpusync-sidecar processes on 127.0.0.1.
+Prints a table and writes bench/results/serving.json: cases {"case", "tokens", "seconds", "baseline_seconds", "ratio"}.
 """
 
 from __future__ import annotations

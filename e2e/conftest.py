@@ -21,10 +21,10 @@ from tests.support.processes import ProcessExited
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
 # google.com/tpu=present:NoSchedule).
 DEFAULT_POOLS = (
-    dict(pool="v6e-pool", count=2, accelerator="tpu-v6e-slice", topology="2x4",
-         chips_per_node=4, machine_type="ct6e-standard-4t"),
-    dict(pool="tpu7x-pool", count=1, accelerator="tpu7x", topology="2x2x1",
-         chips_per_node=4, machine_type="tpu7x-standard-4t"),
+    {"pool": "v6e-pool", "count": 2, "accelerator": "tpu-v6e-slice", "topology": "2x4",
+         "chips_per_node": 4, "machine_type": "ct6e-standard-4t"},
+    {"pool": "tpu7x-pool", "count": 1, "accelerator": "tpu7x", "topology": "2x2x1",
+         "chips_per_node": 4, "machine_type": "tpu7x-standard-4t"},
 )
 
 
@@ -101,10 +101,10 @@ OPERATOR_RELEASE = "tpusync-operator"     # fullname = release name: SA "tpusync
 # host) and v7x (2x2x1) slices the TPUSyncPools select by node pool, plus an untainted CPU
 # pool for store nodes and the endpoint pickers.
 OPERATOR_POOLS = (
-    dict(pool="e2e-v6e-2x2", count=6, accelerator="tpu-v6e-slice", topology="2x2",
-         chips_per_node=4, machine_type="ct6e-standard-4t"),
-    dict(pool="e2e-tpu7x", count=2, accelerator="tpu7x", topology="2x2x1",
-         chips_per_node=4, machine_type="tpu7x-standard-4t"),
+    {"pool": "e2e-v6e-2x2", "count": 6, "accelerator": "tpu-v6e-slice", "topology": "2x2",
+         "chips_per_node": 4, "machine_type": "ct6e-standard-4t"},
+    {"pool": "e2e-tpu7x", "count": 2, "accelerator": "tpu7x", "topology": "2x2x1",
+         "chips_per_node": 4, "machine_type": "tpu7x-standard-4t"},
 )
 STORE_POOL = "tpusync-store"
 

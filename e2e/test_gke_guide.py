@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_operator import conditions, get, items, wait_condition
 
 from tests.support import REPO

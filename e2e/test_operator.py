@@ -14,9 +14,9 @@ import base64
 import json
 
 import yaml
+from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 
 from tests.support.polling import wait_for
-from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 
 API = "tpusync.dev/v1alpha1"
 TPU = "google.com/tpu"

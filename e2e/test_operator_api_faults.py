@@ -21,12 +21,12 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
+from test_operator import apply, conditions, get, pool_obj, wait_condition
+
 from tests.support.faultproxy import FaultProxy
 from tests.support.operator_process import OperatorProcess
 from tests.support.polling import wait_for
-from test_operator import apply, conditions, get, pool_obj, wait_condition
 
 RETRY_ANNOTATION = "tpusync.dev/retry"
 OBSERVED = ("observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes", "diskBytes")

@@ -11,7 +11,6 @@ goes. GKE completes operations on its own, so the server completes them after a 
 from __future__ import annotations
 
 import pytest
-
 from test_operator import FINALIZER, apply, get, wait_condition
 
 from tests.support.gke_api import PARENT, serve

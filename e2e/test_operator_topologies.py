@@ -7,10 +7,10 @@ and two live operators sharing one peering, of which only one acts.
 from __future__ import annotations
 
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
+from test_operator import CONVERGE, apply, container, get, items, owned_by, pool_obj, serving_obj, wait_condition
+
 from tests.support.operator_process import OperatorProcess
 from tests.support.polling import wait_for
-from test_operator import (CONVERGE, apply, container, get, items, owned_by, pool_obj,
-                           serving_obj, wait_condition)
 
 MULTI_POOL = "e2e-v6e-4x4"      # a v6e 4x4 slice: 16 chips on 4 hosts
 

@@ -28,9 +28,9 @@ from .builders.pool import pool_node_selector
 from .gke import GKEClient, MetadataServerToken
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
+from .nodepools import delete_pool
 from .passes import PassQueue, owner_key
 from .planner import OPTIONAL_KINDS, check_pool
-from .nodepools import delete_pool
 from .reconcile import Deps
 from .reconcile_pool import reconcile_pool
 from .reconcile_serving import reconcile_serving

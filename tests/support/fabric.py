@@ -30,6 +30,7 @@ Needs root, iproute2 (`ip`, `tc`), iptables and a C compiler.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -133,10 +134,8 @@ def _alive(pid: int) -> bool:
 def kill_namespace(ns: str) -> None:
     """Kills every process in the namespace, then deletes it (its links, qdiscs and rules go with it)."""
     for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _run("ip", "netns", "delete", ns, check=False)
 
 

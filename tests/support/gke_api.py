@@ -174,8 +174,8 @@ def make_handler(state: FakeGKEState):
                     return self._send(200, proto_json(state.pools[name]))
                 if method == "DELETE" and not verb:
                     state.pools[name]["status"] = "STOPPING"
-                    return self._send(200, state.start("DELETE_NODE_POOL", target,
-                                                       lambda: (state.pools.pop(name, None), state.sizes.pop(name, None))))
+                    return self._send(200, state.start(
+                        "DELETE_NODE_POOL", target, lambda: (state.pools.pop(name, None), state.sizes.pop(name, None))))
                 if method == "POST" and verb == "setSize":
                     body = self._body()
                     return None if self._invalid("SetNodePoolSizeRequest", body) else \
@@ -231,10 +231,7 @@ def make_handler(state: FakeGKEState):
                 (a.get("minNodeCount", 0), a.get("maxNodeCount", 0))
             if a.get("enabled") and ((per_zone and total) or lo < 0 or hi < max(lo, 1)):
                 return self._error(400, "INVALID_ARGUMENT", "invalid autoscaling limits")
-            if a.get("enabled"):
-                applied = {**a, "locationPolicy": a.get("locationPolicy", "BALANCED")}
-            else:
-                applied = {}
+            applied = {**a, "locationPolicy": a.get("locationPolicy", "BALANCED")} if a.get("enabled") else {}
 
             def done():
                 state.pools[name]["autoscaling"] = applied

@@ -93,8 +93,8 @@ def find(objs: list[dict[str, Any]], kind: str, name: str | None = None,
          namespace: str | None = None) -> dict[str, Any]:
     hits = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
             and (namespace is None or o["metadata"].get("namespace") == namespace)]
-    assert len(hits) == 1, f"expected one {kind} {name or ''} {namespace or ''}, got {len(hits)}: " \
-                           f"{[(o['kind'], o['metadata']['name']) for o in objs]}"
+    assert len(hits) == 1, (f"expected one {kind} {name or ''} {namespace or ''}, got {len(hits)}: "
+                            f"{[(o['kind'], o['metadata']['name']) for o in objs]}")
     return hits[0]
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from op_helpers import Clock, FakeKube
 
 from tests.support.gke_api import FakeGKEState, serve
-from op_helpers import Clock, FakeKube
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import copy
 
 import kopf
 import pytest
-
 from op_helpers import FakeKube, PoolBody, ServingBody
+
 from tpusync_operator.kube import KubeError
 from tpusync_operator.reconcile import Deps
 from tpusync_operator.reconcile_pool import reconcile_pool

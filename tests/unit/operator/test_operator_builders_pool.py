@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 
 import pytest
-
 from op_helpers import PoolBody, assert_golden
+
 from tests.support.gke_schema import problems
 from tpusync_operator.builders import pool as b
 from tpusync_operator.builders.common import Owner

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import yaml
-
 from op_helpers import PoolBody, ServingBody, assert_golden
+
 from tpusync_operator import versions
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner
@@ -78,7 +78,8 @@ def test_pods_run_restricted_with_native_sidecar(case):
         assert spec["securityContext"]["runAsNonRoot"] is True
         for c in spec["initContainers"] + spec["containers"]:
             sc = c["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
         shm = next(v for v in spec["volumes"] if v["name"] == "tpusync-shm")
@@ -98,7 +99,8 @@ def test_llmd_labels_only_on_serving_pods():
     assert "llm-d.ai/role" not in worker and "llm-d.ai/inference-serving" not in worker
     assert leader["tpusync.dev/pool"] == worker["tpusync.dev/pool"] == "pool"
     # routing proxy on decode leaders only
-    assert [c["name"] for c in pods["llm-decode/leader"]["spec"]["initContainers"]] == ["tpusync-sidecar", "routing-proxy"]
+    init = pods["llm-decode/leader"]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["tpusync-sidecar", "routing-proxy"]
     assert [c["name"] for c in pods["llm-decode/worker"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
     assert [c["name"] for c in pods["llm-prefill/leader"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
 
@@ -180,7 +182,8 @@ def test_epp_config_pd_and_precise_prefix_cache():
     assert next(p for p in other if p["type"] == "precise-prefix-cache-producer")[
         "parameters"]["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == 6000
     assert kv["podDiscoveryConfig"]["podLabelSelector"] == "tpusync.dev/serving=llm,llm-d.ai/inference-serving=true"
-    assert by_type["prefix-cache-scorer"]["parameters"] == {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}
+    assert by_type["prefix-cache-scorer"]["parameters"] == {
+        "prefixMatchInfoProducerName": "precise-prefix-cache-producer"}
     profiles = {p["name"]: [r["pluginRef"] for r in p["plugins"]] for p in cfg["schedulingProfiles"]}
     assert profiles["prefill"][0] == "prefill-filter" and profiles["decode"][0] == "decode-filter"
     # every pluginRef names a declared plugin (strict decoding upstream)
@@ -217,7 +220,8 @@ def test_inference_pool_and_route():
     owner, spec = _owner_spec(ServingBody().spec(routing={"gatewayRef": {"name": "gw", "sectionName": "http"}}))
     pool = llmd.build_inference_pool(owner, spec)
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
-    assert pool["spec"]["selector"] == {"matchLabels": {"tpusync.dev/serving": "llm", "llm-d.ai/inference-serving": "true"}}
+    assert pool["spec"]["selector"] == {
+        "matchLabels": {"tpusync.dev/serving": "llm", "llm-d.ai/inference-serving": "true"}}
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]
     assert pool["spec"]["endpointPickerRef"] == {"name": "llm-epp", "kind": "Service", "port": {"number": 9002},
                                                  "failureMode": "FailClose"}

@@ -15,13 +15,21 @@ import asyncio
 
 import httpx
 import pytest
+from op_helpers import PoolBody
 
 from tests.support.gke_api import OPS
-from op_helpers import PoolBody
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.pool import build_node_pool_request
-from tpusync_operator.gke import (ClusterRef, GKEAuthError, GKEClient, GKEConflict, GKEError, GKETransientError,
-                                  MetadataServerToken, StaticToken)
+from tpusync_operator.gke import (
+    ClusterRef,
+    GKEAuthError,
+    GKEClient,
+    GKEConflict,
+    GKEError,
+    GKETransientError,
+    MetadataServerToken,
+    StaticToken,
+)
 from tpusync_operator.models import TPUSyncPoolSpec
 from tpusync_operator.tpu import slice_for
 

@@ -17,9 +17,9 @@ import copy
 
 import kopf
 import pytest
+from op_helpers import PoolBody
 
 from tests.support.gke_api import PARENT
-from op_helpers import PoolBody
 from tpusync_operator.gke import ClusterRef, GKEClient, GKEConflict, GKEError, StaticToken
 from tpusync_operator.reconcile import Deps
 from tpusync_operator.reconcile_pool import reconcile_pool

@@ -195,8 +195,9 @@ def test_a_watch_of_a_removed_crd_waits_and_lists_again_instead_of_stopping_kopf
     import inspect
 
     from kopf._cogs.clients import watching
-    from kopf._core.reactor import queueing
     from kopf._cogs.clients.errors import APINotFoundError
+    from kopf._core.reactor import queueing
+
     from tpusync_operator.removed_crds import tolerate_removed_crds
 
     # kopf's watcher must reach the stream through the module attribute that is wrapped.

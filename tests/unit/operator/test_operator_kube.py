@@ -31,12 +31,14 @@ def start(server: Server):
         def _do(self, method):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
-            self.server_state.requests.append((method, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            self.server_state.requests.append((method, self.path, headers, body))
             route = self.path.split("?")[0]
             if (method, route) in self.server_state.stalled:
                 self.server_state.stop.wait(30)
                 return
-            status, payload = self.server_state.routes.get((method, route), (404, {"kind": "Status", "message": "nope"}))
+            not_found = (404, {"kind": "Status", "message": "nope"})
+            status, payload = self.server_state.routes.get((method, route), not_found)
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -128,7 +130,7 @@ def test_create_conflict_and_status_patch(api_server):
     assert with_kube(url, lambda k: k.create(secret)) is False
     state.routes[("PATCH", "/apis/tpusync.dev/v1alpha1/namespaces/ns/tpusyncpools/p/status")] = (200, {})
     with_kube(url, lambda k: k.patch_status("tpusync.dev/v1alpha1", "TPUSyncPool", "ns", "p", {"hosts": 1}))
-    _, p, headers, body = state.requests[-1]
+    _, _p, headers, body = state.requests[-1]
     assert headers["content-type"] == "application/merge-patch+json" and json.loads(body) == {"status": {"hosts": 1}}
 
 

@@ -11,6 +11,26 @@ import kopf
 from tpusync_operator.passes import PassQueue, owner_key
 
 
+class Calls(list):
+    """A list of calls that a test can wait on: `await calls.reach(n)` returns once n calls are
+    recorded (the retries run on timers; waiting on the calls themselves, not on a sleep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = asyncio.Event()
+
+    def append(self, item: object) -> None:
+        super().append(item)
+        self._changed.set()
+
+    async def reach(self, n: int, seconds: float = 5.0) -> None:
+        async def wait() -> None:
+            while len(self) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(wait(), seconds)
+
+
 def test_events_during_a_pass_yield_one_more_pass():
     async def main():
         started, release = asyncio.Event(), asyncio.Event()
@@ -37,7 +57,7 @@ def test_events_during_a_pass_yield_one_more_pass():
 def test_failing_passes_touch_their_object_after_the_delay_and_do_not_stop_the_queue():
     async def main():
         runs: list[str] = []
-        touched: list[tuple[str, float]] = []
+        touched = Calls()  # (key, seconds after start)
 
         async def run(key):
             runs.append(key)
@@ -56,8 +76,7 @@ def test_failing_passes_touch_their_object_after_the_delay_and_do_not_stop_the_q
         for key in ("tmp", "boom", "bad", "ok"):
             q.request(key)
         await q.drain()
-        while len(touched) < 2:
-            await asyncio.sleep(0.005)
+        await touched.reach(2)
         q.request("ok")
         await q.drain()
         return runs, touched, q._retries
@@ -98,7 +117,8 @@ def test_owner_key_takes_only_our_controller_reference():
     ref = {"apiVersion": "tpusync.dev/v1alpha1", "kind": "TPUSyncPool", "name": "p", "controller": True}
     kinds = ("TPUSyncPool", "DisaggregatedServing")
     assert owner_key({"namespace": "n", "ownerReferences": [ref]}, "tpusync.dev", kinds) == ("TPUSyncPool", "n", "p")
-    assert owner_key({"namespace": "n", "ownerReferences": [{**ref, "controller": False}]}, "tpusync.dev", kinds) is None
+    not_controller = {"namespace": "n", "ownerReferences": [{**ref, "controller": False}]}
+    assert owner_key(not_controller, "tpusync.dev", kinds) is None
     assert owner_key({"namespace": "n", "ownerReferences": [{**ref, "apiVersion": "x.dev/v1"}]},
                      "tpusync.dev", kinds) is None
     assert owner_key({"namespace": "n"}, "tpusync.dev", kinds) is None
@@ -139,7 +159,7 @@ def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
     failed the pass is often still failing). It must not be dropped: it is tried again, the
     waits doubling, and logged each time, until it is written."""
     async def main():
-        attempts: list[int] = []
+        attempts = Calls()
 
         async def run(key):
             raise kopf.TemporaryError("later", delay=0.01)
@@ -153,9 +173,9 @@ def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
         q.touch_backoff = 0.02
         q.request("a")
         await q.drain()
-        deadline = asyncio.get_running_loop().time() + 5
-        while (len(attempts) < 4 or q._retries) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.005)
+        await attempts.reach(4)
+        if q._retries:                      # the retry that wrote it, finishing
+            await asyncio.wait(list(q._retries.values()))
         await asyncio.sleep(0.2)            # nothing more once written
         return attempts, q._retries
 
@@ -168,7 +188,7 @@ def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
 
 def test_the_touch_backoff_is_capped_by_the_error_delay(caplog):
     async def main():
-        attempts: list[int] = []
+        attempts = Calls()
 
         async def run(key):
             raise kopf.TemporaryError("later", delay=0)
@@ -182,9 +202,7 @@ def test_the_touch_backoff_is_capped_by_the_error_delay(caplog):
         q.touch_backoff = 0.01
         q.request("a")
         await q.drain()
-        deadline = asyncio.get_running_loop().time() + 5
-        while len(attempts) < 6 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.005)
+        await attempts.reach(6)
 
     with caplog.at_level("WARNING", logger="tpusync_operator.passes"):
         asyncio.run(main())
@@ -194,7 +212,7 @@ def test_the_touch_backoff_is_capped_by_the_error_delay(caplog):
 def test_a_pass_ends_a_failing_touch_retry():
     """While the touch keeps failing, a pass of the object (any other event) makes it moot."""
     async def main():
-        attempts: list[str] = []
+        attempts = Calls()
         fail = True
 
         async def run(key):
@@ -209,9 +227,7 @@ def test_a_pass_ends_a_failing_touch_retry():
         q.touch_backoff = 0.01
         q.request("a")
         await q.drain()
-        deadline = asyncio.get_running_loop().time() + 5
-        while len(attempts) < 2 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.005)
+        await attempts.reach(2)
         fail = False
         q.request("a")
         await q.drain()

@@ -45,7 +45,7 @@ def test_slices(tpu, topology, chips, per_host, hosts, machine):
 @pytest.mark.parametrize("tpu,topology", [("v6e", "3x3"), ("v6e", "2x2x2"), ("v7x", "2x4"), ("v7x", "1x1x3"),
                                           ("v6e", "0x4"), ("v5p", "2x2x2")])
 def test_bad_slices(tpu, topology):
-    with pytest.raises(TopologyError, match="spec.tpu"):
+    with pytest.raises(TopologyError, match=r"spec\.tpu"):
         slice_for(tpu, topology)
 
 
@@ -202,8 +202,9 @@ def test_drift_message_names_fields():
     assert "machineType" in step.message and "spot" in step.message
 
 
-def serving_plan(serving, pool=PoolBody(), available=frozenset({"LeaderWorkerSet", "InferencePool",
-                                                                  "InferenceObjective", "HTTPRoute"})):
+def serving_plan(serving, pool=None, available=frozenset({"LeaderWorkerSet", "InferencePool",
+                                                          "InferenceObjective", "HTTPRoute"})):
+    pool = PoolBody() if pool is None else pool
     body = serving.build()
     ps = pool_spec(pool)
     info = PoolInfo("pool", ps, check_pool(ps))
@@ -333,5 +334,5 @@ def test_sglang_jax_gets_a_bootstrap_registry():
     assert "tolerations" not in pod["spec"] and boot["Deployment"]["spec"]["replicas"] == 1
     assert boot["Service"]["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert not any(o["metadata"]["name"] == "llm-pd-bootstrap" for o in serving_plan(ServingBody()).apply)
-    with pytest.raises(PlanError, match="spec.engine.image is required"):
+    with pytest.raises(PlanError, match=r"spec\.engine\.image is required"):
         serving_plan(ServingBody().spec(engine={"type": "sglang-jax"}, kvTransfer={"connector": "sglang-jax"}))

@@ -10,8 +10,8 @@ import copy
 
 import kopf
 import pytest
-
 from op_helpers import FakeKube, PoolBody, ServingBody
+
 from tpusync_operator.gke import GKEAuthError, GKETransientError
 from tpusync_operator.kube import KubeError
 from tpusync_operator.nodepools import delete_pool
@@ -127,7 +127,7 @@ def test_invalid_pool_is_permanent(kube, clock):
         run(reconcile_pool, body, d)
     cond = {c["type"]: c for c in kube.find("TPUSyncPool", "pool")["status"]["conditions"]}
     assert cond["Degraded"]["reason"] == "InvalidSpec"
-    assert ("Warning", "InvalidSpec") == d.emit.events[0][:2]
+    assert d.emit.events[0][:2] == ("Warning", "InvalidSpec")
     assert not [k for k in kube.kinds() if k[0] != "TPUSyncPool"]
 
 

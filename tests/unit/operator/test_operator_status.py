@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tpusync_operator.status import (Capacity, Cond, PoolObservation, RoleObservation, ServingObservation,
-                                     merge_conditions, pool_capacity, pool_conditions, serving_conditions,
-                                     transitions)
+from tpusync_operator.status import (
+    Capacity,
+    Cond,
+    PoolObservation,
+    RoleObservation,
+    ServingObservation,
+    merge_conditions,
+    pool_capacity,
+    pool_conditions,
+    serving_conditions,
+    transitions,
+)
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_transition_time_changes_only_with_status():
@@ -40,8 +49,8 @@ def test_pool_capacity_counts_ready_sidecars_only():
 
 
 def obs(**kw):
-    base = dict(mode="existing", desired_hosts=2, min_ready_hosts=2, ready_hosts=2,
-                capacity=Capacity(2, 2, 0, 0), store_desired=0, store_ready=0)
+    base = {"mode": "existing", "desired_hosts": 2, "min_ready_hosts": 2, "ready_hosts": 2,
+                "capacity": Capacity(2, 2, 0, 0), "store_desired": 0, "store_ready": 0}
     base.update(kw)
     return PoolObservation(**base)
 
@@ -80,8 +89,8 @@ def test_node_pool_edit_is_progress_of_a_ready_pool():
 
 
 def sobs(**kw):
-    base = dict(roles=[RoleObservation("prefill", "Deployment", 1, 1), RoleObservation("decode", "Deployment", 2, 2)],
-                routing_enabled=True, routing_ready=True, pool_ready=True)
+    base = {"roles": [RoleObservation("prefill", "Deployment", 1, 1), RoleObservation("decode", "Deployment", 2, 2)],
+                "routing_enabled": True, "routing_ready": True, "pool_ready": True}
     base.update(kw)
     return ServingObservation(**base)
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from op_helpers import PoolBody, ServingBody
+
 from tpusync_operator import versions
 from tpusync_operator.builders import engine, llmd, sglang_pd
-from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
@@ -48,16 +48,16 @@ MODELS = [{"name": "m", "uri": "hf://org/m"},
 def matrix():
     """(id, plan.apply) for every valid combination, on a v6e and a v7x multi-host pool."""
     pools = {"v6e": PoolBody(), "v7x": PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")}
-    for (engine, kv), routing, model, layerwise, (pname, pool) in itertools.product(
+    for (eng, kv), routing, model, layerwise, (pname, pool) in itertools.product(
             ENGINES, ROUTING, MODELS, (True, False), pools.items()):
-        if engine["type"] == "sglang-jax" and routing.get("precisePrefixCache"):
+        if eng["type"] == "sglang-jax" and routing.get("precisePrefixCache"):
             continue   # the schema refuses it: sglang-jax publishes no KV events
-        if model["uri"].startswith("gs://") and engine["type"] != "vllm-tpu":
+        if model["uri"].startswith("gs://") and eng["type"] != "vllm-tpu":
             continue   # the schema refuses it: only vLLM streams from gs://
-        body = ServingBody().spec(engine=engine, kvTransfer={**kv, "layerwise": layerwise}, routing=routing,
+        body = ServingBody().spec(engine=eng, kvTransfer={**kv, "layerwise": layerwise}, routing=routing,
                                   model=model).build()
         spec = DisaggregatedServingSpec.model_validate(body["spec"])
-        ident = f"{engine['type']}-{kv['connector']}-{routing}-{model['uri']}-{layerwise}-{pname}"
+        ident = f"{eng['type']}-{kv['connector']}-{routing}-{model['uri']}-{layerwise}-{pname}"
         yield ident, plan_serving(Owner.from_body(body), spec, pool_info(pool.build()), set(OPTIONAL_KINDS)).apply
     docs = load([str(p) for p in SAMPLES])
     yield "samples", [r.body for r in render(docs) if "kind" in r.body]   # not the node pool requests
@@ -112,8 +112,8 @@ def test_every_rendered_flag_is_in_the_pinned_versions_flag_set(case):
             continue
         args = vllm_argv(c) if pin is versions.VLLM else c.get("args", [])
         unknown = long_options(args) - pin.flags
-        assert not unknown, f"{c['name']}: {sorted(unknown)} not flags of {pin.name} {pin.version} " \
-                            f"({pin.flags_source.cite()})"
+        assert not unknown, (f"{c['name']}: {sorted(unknown)} not flags of {pin.name} {pin.version} "
+                             f"({pin.flags_source.cite()})")
     checked = {pin.name for _, pin in pinned if pin is not None}
     if ident.startswith("vllm-tpu"):
         assert versions.VLLM.name in checked
@@ -165,7 +165,7 @@ def test_every_pin_cites_an_upstream_source():
 
 def test_old_pins_would_fail():
     """The findings of issue 11, as checks: the old images and flags are not the pinned ones."""
-    assert "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0" != versions.EPP.image
+    assert versions.EPP.image != "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.5.0"
     assert versions.ROUTING_PROXY.image.startswith("ghcr.io/llm-d/llm-d-router-disagg-sidecar:")
     # --model-server-port is a flag of the pinned proxy (v0.5.0's only had --vllm-port).
     assert "--model-server-port" in versions.ROUTING_PROXY.flags
