@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import tpusync
-from tests.support import REPO as ROOT
 from tests.support import fabric as fab
 
 SECRET = b"fabric-integration-secret-0123456789"

@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 
+from tests.support import REPO as ROOT
 from tests.support import fabric as fab
 from tests.support.polling import wait_for
-
-from .conftest import ROOT
 
 CRASHING = """
 import time

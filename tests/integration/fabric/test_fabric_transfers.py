@@ -46,7 +46,7 @@ def test_prefill_to_decode_pull_crosses_the_shaped_link(sidecars):
     sidecar served exactly the payload, the bytes crossed both NICs (counters), nothing
     touched the third host, and the kernel's own RTT estimate of the connection is at least
     the fabric's RTT."""
-    f, (prefill, decode, idle) = sidecars(3, fab.DC)
+    f, (prefill, decode, _idle) = sidecars(3, fab.DC)
     kv = np.random.default_rng(1).integers(0, 256, 16 * MIB, dtype=np.uint8)
     keys = keys_for(1, len(kv) // BLOCK)
     engine(prefill).put(keys, blocks(kv))

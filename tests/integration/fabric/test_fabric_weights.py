@@ -10,11 +10,12 @@ import sys
 import numpy as np
 import pytest
 
+from tests.support import REPO as ROOT
 from tests.support import fabric as fab
 from tpusync.weights import WeightSynchronizer, plan
 from tpusync.weights.head import read_head
 
-from .conftest import ROOT, engine
+from .conftest import engine
 
 MIB = 1 << 20
 
@@ -92,7 +93,7 @@ def test_a_relay_host_killed_mid_transfer_is_routed_around(sidecars):
     """Chain h0 -> h1 -> h2 -> h3 at 200 Mbit/s (16 MiB: ~0.7 s per hop). Once h2 has landed
     two chunks, relay h1 dies (its sidecar and receiver, SIGKILL): h2 goes to h0 for the rest,
     h3 keeps pulling from h2, and both commit the version byte-exact."""
-    f, (trainer, relay, h2, h3) = sidecars(4, fab.DC.replace(rate_mbit=200))
+    _f, (trainer, relay, h2, h3) = sidecars(4, fab.DC.replace(rate_mbit=200))
     params = weights(16, seed=6)
     running = receivers(trainer, [relay, h2, h3], stall=5.0)
     WeightSynchronizer(engine(trainer), "m", blocks_per_chunk=4).publish(params, 1)
