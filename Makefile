@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install native-test fuzz pytest bench performance-doc clean system-deps
+.PHONY: all test demo install lint lint-python native-test fuzz pytest bench performance-doc clean system-deps
 FUZZ_SECONDS ?= 15
 
 all: test
@@ -18,8 +18,10 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
 # OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer); iproute2 and
-# iptables for the simulated-hosts fabric (tests/support/fabric.py). Installed when missing.
-SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev iproute2 iptables
+# iptables for the simulated-hosts fabric (tests/support/fabric.py); clang-tidy for make lint.
+# Installed when missing.
+SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev iproute2 iptables \
+  clang-tidy-14
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -40,6 +42,25 @@ $(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | system-deps
 	touch $@
 
 install: $(VENV)/.installed
+
+# Static checks, first in make test: ruff over every Python tree and mypy --strict over the two
+# packages (both pinned in the dev extra, configured in pyproject.toml); clang-tidy over native/
+# (.clang-tidy; every check an error) with the compile database of a configure-only CMake tree
+# that has the bindings, the tests and the fuzz targets in it (rerun when native/ changes).
+LINT_PY := python operator tests e2e bench
+lint: lint-python build/lint/clang-tidy.ok
+
+lint-python: install
+	$(VENV)/bin/ruff check $(LINT_PY)
+	$(VENV)/bin/mypy
+
+build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install
+	cmake -S . -B build/lint -G Ninja -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_BUILD_PYTHON=ON -DTPUSYNC_FUZZ=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/' >build/lint/clang-tidy.log 2>&1 \
+	  || { sed 's/\x1b\[[0-9;]*m//g' build/lint/clang-tidy.log | grep -E -A3 '(warning|error):'; exit 1; }
+	@echo "clang-tidy: no findings (build/lint/clang-tidy.log)"
+	touch $@
 
 # C++ unit tests, three times: optimised, with AddressSanitizer + UndefinedBehaviorSanitizer,
 # and with ThreadSanitizer (the store's and the servers' concurrency).
@@ -71,7 +92,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
+test: lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
 
 demo: install
 	$(PY) -m tpusync.demo
