@@ -31,11 +31,12 @@ TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 
 
 class GKEError(Exception):
-    def __init__(self, status: int, message: str, reason: str = ""):
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"GKE API {status} {reason}: {message}".replace(" :", ":"))
         self.status = status
         self.message = message
         self.reason = reason
+        self.retry_after: float | None = None  # seconds, from the answer's Retry-After header
 
 
 class GKEAuthError(GKEError):
@@ -206,10 +207,10 @@ def _error(r: httpx.Response) -> GKEError:
         cls = GKETransientError
     err = cls(r.status_code, message, reason)
     retry_after = r.headers.get("Retry-After")
-    err.retry_after = float(retry_after) if retry_after and retry_after.isdigit() else None  # type: ignore[attr-defined]
+    err.retry_after = float(retry_after) if retry_after and retry_after.isdigit() else None
     return err
 
 
 def _retry_after(err: GKEError, attempt: int) -> float:
-    hinted = getattr(err, "retry_after", None)
+    hinted = err.retry_after
     return float(hinted) if hinted is not None else min(30.0, 0.5 * 2 ** attempt)
