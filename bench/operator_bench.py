@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     cl = Cluster.create()
     try:
         with cl:
-            pods_needed = 3 * args.count + 10
+            pods_needed = 2 * 3 * args.count + 10     # the operator's servings, then the baseline's
             nodes = max(1, -(-pods_needed // 250))
             cl.add_cpu_nodes(NODE_POOL, nodes, pods=250)
             cl.install_crds()
