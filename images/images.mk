@@ -1,7 +1,7 @@
 # Container images: included by the top-level Makefile.
 #
-# `make images` builds every image the operator's defaults name, from images/<dir>/Dockerfile,
-# into OCI image archives under build/images/ (tpusync-<name>.oci.tar), without a Docker daemon:
+# `make images` builds every image the operator's defaults name, from images/<dir>/Dockerfile
+# (images/python/Dockerfile holds two targets, operator and serving, that share one wheel), into OCI image archives under build/images/ (tpusync-<name>.oci.tar), without a Docker daemon:
 # buildah (Debian's), overlay storage and chroot isolation, as root. No container registry is
 # reachable here, so the upstream bases the release pins by digest are replaced, through the
 # Dockerfiles' own build-args, by bases assembled locally (images/base/local-base.sh: mmdebstrap
@@ -73,8 +73,8 @@ endef
 
 image-archives: image-bases | system-deps
 	$(call image,tpusync-sidecar,sidecar,DEBIAN_BASE,base-bookworm)
-	$(call image,tpusync-operator,operator,PYTHON_BASE,base-python3.11)
-	$(call image,tpusync-serving,serving,PYTHON_BASE,base-python3.11)
+	$(call image,tpusync-operator,python,PYTHON_BASE,base-python3.11,operator)
+	$(call image,tpusync-serving,python,PYTHON_BASE,base-python3.11,serving)
 	$(call image,tpusync-vllm-tpu-layer,vllm-tpu,PYTHON_BASE,base-python3.12,layer)
 
 # The archives, read and run; the vLLM layer against the tpu-inference tier's environment.

@@ -55,8 +55,8 @@ def test_a_tag_of_another_version_fails(check):
     ("pyproject.toml", 'version = "0.1.0"', 'version = "0.2.0"', "pyproject.toml version"),
     ("crds/tpusync.dev_tpusyncpools.yaml", "tpusync-sidecar:0.1.0", "tpusync-sidecar:0.0.1",
      "crds/tpusync.dev_tpusyncpools.yaml: default ghcr.io/tpusync/tpusync-sidecar:0.0.1 is not published"),
-    ("images/serving/Dockerfile", "ARG VERSION=0.1.0", "ARG VERSION=0.1.0-rc1",
-     "images/serving/Dockerfile ARG VERSION"),
+    ("images/python/Dockerfile", "ARG VERSION=0.1.0", "ARG VERSION=0.1.0-rc1",
+     "images/python/Dockerfile ARG VERSION"),
     (".github/workflows/release.yml", "- image: tpusync-vllm-tpu\n", "- image: tpusync-vllm\n",
      "images in versions.TPUSYNC"),
 ])

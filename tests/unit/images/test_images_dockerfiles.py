@@ -1,7 +1,8 @@
-"""images/*/Dockerfile: one per image the defaults name, upstream bases pinned by digest and
-given as build-args (so `make images` can pass its locally assembled bases), a non-root USER
-in the final stage, COPY sources that exist and that the build context admits. A small
-Dockerfile parser, no Docker needed. The built images themselves (user, entrypoint, env, labels,
+"""images/*/Dockerfile: a Dockerfile (and target) for each image the defaults name, as the
+release workflow builds them; upstream bases pinned by digest and given as build-args (so
+`make images` can pass its locally assembled bases), a non-root USER in each image's final
+stage, COPY sources that exist and that the build context admits. A small Dockerfile parser,
+no Docker needed. The built images themselves (user, entrypoint, env, labels,
 a run of the entrypoint) are checked from their OCI archives in tests/images."""
 
 from __future__ import annotations
@@ -16,6 +17,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    dockerfile: Path
+    target: str | None
+
+
+def released() -> list[Image]:
+    """What .github/workflows/release.yml builds: image, Dockerfile directory, target."""
+    import yaml
+    jobs = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())["jobs"]
+    return [Image(e["image"], ROOT / "images" / e["dir"] / "Dockerfile", e.get("target"))
+            for e in jobs["images"]["strategy"]["matrix"]["include"]]
+
+
+IMAGES = released()
 VERSION_TAG = re.compile(r"^v?\d+(\.\d+)+([-.][A-Za-z0-9.]+)*$")   # 3.11.14-slim-bookworm, 12.12-slim
 MOVING = {"latest", "nightly", "edge", "stable", "main", "master", "testing", "unstable", "sid"}
 
@@ -65,11 +84,16 @@ def top_args(path: Path) -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
 
 
-def test_every_published_image_has_a_dockerfile():
-    """versions.TPUSYNC names what the release publishes; each is images/<name without tpusync->/."""
+def test_every_published_image_has_a_dockerfile_and_every_dockerfile_is_built():
+    """versions.TPUSYNC names what the release publishes; the release builds each from a
+    Dockerfile (and its target stage) that exists, and no Dockerfile is left unbuilt."""
     from tpusync_operator import versions
     names = sorted(ref.rsplit("/", 1)[1].split(":")[0] for ref in versions.TPUSYNC.values["images"])
-    assert [f"tpusync-{p.parent.name}" for p in DOCKERFILES] == names
+    assert sorted(i.name for i in IMAGES) == names
+    assert sorted({i.dockerfile for i in IMAGES}) == DOCKERFILES
+    for image in IMAGES:
+        stages = {s.name for s in parse(image.dockerfile)}
+        assert image.target is None or image.target in stages, f"{image.name}: no stage {image.target}"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
@@ -97,11 +121,16 @@ def test_upstream_bases_are_pinned_build_args(path):
         assert tag.lower() not in MOVING and VERSION_TAG.match(tag), f"{path}: {ref}: tag {tag!r} is not a version"
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_runtime_runs_as_non_root(path):
-    final = parse(path)[-1]
+def final_stage(image: Image) -> Stage:
+    stages = parse(image.dockerfile)
+    return next(s for s in stages if s.name == image.target) if image.target else stages[-1]
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=lambda i: i.name)
+def test_runtime_runs_as_non_root(image):
+    final, path = final_stage(image), image.dockerfile
     user = final.last("USER")
-    if path.parent.name == "vllm-tpu":
+    if image.name == "tpusync-vllm-tpu":
         # vllm/vllm-tpu runs as root (upstream's image, no USER); tpusync's layer keeps that.
         assert user is None
         return
@@ -134,11 +163,16 @@ def test_multi_stage_and_copy_sources_exist(path):
                     assert admitted(ignore, src), f"{path}: COPY {src}: excluded by {ignore.name}"
 
 
-def test_python_builders_are_one():
-    """The operator and serving images build the same wheel with the same steps, so a local
-    build compiles the native extension once (buildah's layer cache) and both ship the same."""
-    op, serving = (parse(ROOT / f"images/{d}/Dockerfile")[0] for d in ("operator", "serving"))
-    assert op.instructions == serving.instructions and op.base == serving.base
+def test_python_images_share_one_builder():
+    """The operator and serving images are targets of one Dockerfile whose venvs take the same
+    wheel from its one builder stage: the native extension compiles once and both ship it."""
+    op, serving = (i for i in IMAGES if i.name in ("tpusync-operator", "tpusync-serving"))
+    assert op.dockerfile == serving.dockerfile
+    stages = {s.name: s for s in parse(op.dockerfile)}
+    for target in (op.target, serving.target):
+        venv = next(arg for o, arg in stages[target].instructions if o == "COPY" and "--from=" in arg)
+        venv_stage = stages[venv.split("--from=")[1].split()[0]]
+        assert ("COPY", "--from=builder /wheels/ /wheels/") in venv_stage.instructions
 
 
 def test_chart_and_crd_defaults_use_these_images():
