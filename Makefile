@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install lint lint-python native-test fuzz pytest bench performance-doc clean system-deps
+.PHONY: all test demo install lint lint-python native-test fuzz pytest bench performance-doc clean system-deps caches
 FUZZ_SECONDS ?= 15
 
 all: test
@@ -92,7 +92,13 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
+test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
+
+# The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
+# built side by side first: on a cold machine the two environments' downloads (~17 GB) overlap
+# the Go builds (control plane, LWS, llm-d's indexer) instead of following them.
+caches: system-deps
+	$(MAKE) -j5 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env
 
 demo: install
 	$(PY) -m tpusync.demo
