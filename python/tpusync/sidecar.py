@@ -31,6 +31,19 @@ def sidecar_binary() -> str:
     return found
 
 
+def terminate(process: subprocess.Popen[str], timeout: float = 30.0) -> int:
+    """SIGTERM (a sidecar drains its connections and flushes write-behind), SIGKILL after
+    `timeout`; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 @dataclass
 class Sidecar:
     """A running sidecar process. Use as a context manager, or call stop()."""
@@ -48,16 +61,10 @@ class Sidecar:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then wait for the drain; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = terminate(self.process, timeout)
         if self.process.stdout:
             self.process.stdout.close()
-        return self.process.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL: no drain, no flush (what a crash looks like)."""

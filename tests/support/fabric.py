@@ -226,15 +226,11 @@ class FabricSidecar:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then wait for the drain; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        from tpusync.sidecar import terminate
+
+        code = terminate(self.process, timeout)
         self._close()
-        return self.process.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL: what a crash looks like."""
