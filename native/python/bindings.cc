@@ -1,75 +1,81 @@
-// pybind11 module tpusync._native: a thin, typed layer over tpusync::Store.
-// Arguments are converted with the GIL held; the GIL is released around copies and disk I/O.
+// pybind11 module tpusync._native: one class, BlockStore, over the tpusync::BlockStore
+// interface, whichever backend serves it (an in-process store, the pod's sidecar, a data
+// port). Arguments are converted with the GIL held; the GIL is released around copies, disk
+// I/O and network round trips. Only public headers: the backends are private to the engine.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstring>
+#include <algorithm>
 #include <memory>
 #include <optional>
 
 #include "convert.h"
-#include "net/peer_client.h"
-#include "tpusync/store.h"
+#include "tpusync/block_store.h"
+#include "tpusync/net/block_stores.h"
 
 namespace tpusync::py {
 namespace {
 
-// Owns the Store so close() can free it while Python references remain. Each call holds a
-// reference for its duration (the GIL is released inside), so close() from another thread
-// frees the Store only after calls already running have returned.
-class PyStore {
+// The BlockStore and a count of the single-key leases that Python holds on it, so close()
+// can refuse while a lease still points into the pool.
+class PyBlockStore {
  public:
-  explicit PyStore(std::unique_ptr<Store> s) : store_(std::move(s)) {}
-  std::shared_ptr<Store> get() {  // with the GIL held, like close()'s hand-off below
-    if (!store_) Raise(FailedPrecondition("the store is closed"));
-    return store_;
-  }
+  explicit PyBlockStore(std::unique_ptr<BlockStore> s) : store_(std::move(s)) {}
+  BlockStore& operator*() const { return *store_; }
+  BlockStore* operator->() const { return store_.get(); }
   void close() {
     if (leases_ > 0) {
       Raise(FailedPrecondition("cannot close the store: " + std::to_string(leases_) + " leases are still held"));
     }
-    std::shared_ptr<Store> doomed = std::move(store_);
-    pb::gil_scoped_release nogil;  // joins the write-behind threads (if no call still holds it)
-    doomed.reset();
+    pb::gil_scoped_release nogil;  // waits for calls in flight, joins threads, ends the session
+    store_->Close();
   }
-  int leases_ = 0;
+  int leases_ = 0;  // changed with the GIL held
 
  private:
-  std::shared_ptr<Store> store_;
+  std::unique_ptr<BlockStore> store_;
 };
 
-// A lease keeps its store object alive (pybind11 keep_alive) and counted.
-template <typename Lease>
-struct PyLease {
-  PyLease(Lease l, PyStore* s) : lease(std::move(l)), store(s) { ++store->leases_; }
-  ~PyLease() {
-    lease.reset();
-    --store->leases_;
+template <typename T>
+T Take(Result<T> r) {
+  ThrowIfError(r.status());
+  return std::move(r).value();
+}
+
+// Runs fn with the GIL released: for calls that copy blocks, touch the disk, wait for a slot
+// or a peer, or make a round trip to the sidecar.
+template <typename Fn>
+auto NoGil(Fn&& fn) {
+  pb::gil_scoped_release nogil;
+  return fn();
+}
+
+pb::list Flags(const std::vector<uint8_t>& v) {
+  pb::list out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = pb::bool_(v[i] != 0);
+  return out;
+}
+
+pb::array_t<uint8_t> TierArray(const std::vector<Tier>& tiers) {
+  pb::array_t<uint8_t> a(static_cast<ssize_t>(tiers.size()));
+  for (size_t i = 0; i < tiers.size(); ++i) a.mutable_data()[i] = static_cast<uint8_t>(tiers[i]);
+  return a;
+}
+
+// memoryviews into the mapped pool (None for keys without a slot). Valid until the slots are
+// committed, aborted or unacquired: KVStore.reserve_many and acquire_many release them at the
+// end of their block.
+pb::list SlotViews(const std::vector<BlockSlot>& slots, bool readonly) {
+  pb::list out(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].data == nullptr) {
+      out[i] = pb::none();
+    } else {
+      out[i] = pb::memoryview::from_memory(slots[i].data, static_cast<ssize_t>(slots[i].size), readonly);
+    }
   }
-  std::optional<Lease> lease;
-  PyStore* store;
-};
-using PyWriteLease = PyLease<WriteLease>;
-using PyReadLease = PyLease<ReadLease>;
-
-std::unique_ptr<PyStore> OpenStore(const std::string& pool_path, uint64_t block_bytes, uint64_t num_slots,
-                                   std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
-                                   bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
-                                   double writeback_watermark) {
-  StoreOptions o;
-  o.pool = {.path = pool_path, .block_bytes = block_bytes, .num_slots = num_slots, .hugepages = hugepages,
-            .mlock = mlock, .populate = populate, .unlink_on_close = unlink_on_close};
-  o.disk_enabled = disk_dir.has_value();
-  if (disk_dir) o.disk = {.dir = *disk_dir, .capacity_bytes = disk_bytes};
-  o.io_threads = io_threads;
-  o.writeback_watermark = writeback_watermark;
-  Result<std::unique_ptr<Store>> s = [&] {
-    pb::gil_scoped_release nogil;  // mapping and pre-faulting a large pool takes a while
-    return Store::Open(o);
-  }();
-  ThrowIfError(s.status());
-  return std::make_unique<PyStore>(std::move(s).value());
+  return out;
 }
 
 pb::dict StatsDict(const StoreStats& s) {
@@ -107,194 +113,273 @@ pb::dict StatsDict(const StoreStats& s) {
   return d;
 }
 
-}  // namespace
+// One key's slot held by a Python object: a WriteLease aborts it unless committed, a
+// ReadLease unacquires it. Each keeps its store object alive (pybind11 keep_alive) and counted.
+struct PyLease {
+  PyLease(PyBlockStore* s, BlockKey k, BlockSlot sl, bool w) : store(s), key(k), slot(sl), write(w) {
+    ++store->leases_;
+  }
+  PyLease(const PyLease&) = delete;
+  PyLease& operator=(const PyLease&) = delete;
+  ~PyLease() {
+    if (!done) {
+      pb::gil_scoped_release nogil;  // a round trip to the sidecar
+      (void)(write ? (*store)->Abort({&key, 1}) : (*store)->Unacquire({&key, 1}));
+    }
+    --store->leases_;
+  }
+  PyBlockStore* store;
+  BlockKey key;
+  BlockSlot slot;
+  bool write;
+  bool done = false;  // committed
+};
+struct PyWriteLease : PyLease {
+  using PyLease::PyLease;
+};
+struct PyReadLease : PyLease {
+  using PyLease::PyLease;
+};
 
-void BindNet(pb::module_& m);  // net_bindings.cc
+std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t block_bytes, uint64_t num_slots,
+                                        std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
+                                        bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
+                                        double writeback_watermark, std::optional<pb::bytes> secret, int streams,
+                                        int timeout_ms) {
+  StoreOptions o;
+  o.pool = {.path = pool_path, .block_bytes = block_bytes, .num_slots = num_slots, .hugepages = hugepages,
+            .mlock = mlock, .populate = populate, .unlink_on_close = unlink_on_close};
+  o.disk_enabled = disk_dir.has_value();
+  if (disk_dir) o.disk = {.dir = *disk_dir, .capacity_bytes = disk_bytes};
+  o.io_threads = io_threads;
+  o.writeback_watermark = writeback_watermark;
+  net::PeerOptions peers{.secret = secret ? std::string(*secret) : std::string(), .streams = streams,
+                         .connect_timeout = std::chrono::milliseconds(timeout_ms)};
+  // Mapping and pre-faulting a large pool takes a while.
+  auto s = NoGil([&] { return net::OpenLocalBlockStore(o, std::move(peers)); });
+  return std::make_unique<PyBlockStore>(Take(std::move(s)));
+}
 
-PYBIND11_MODULE(_native, m) {
-  m.doc() = "tpusync native engine: shared-memory DRAM block pool, disk tier, block index.";
+std::unique_ptr<PyBlockStore> ConnectSidecar(const std::string& path, int timeout_ms) {
+  auto s = NoGil([&] { return net::ConnectSidecar(path, std::chrono::milliseconds(timeout_ms)); });
+  return std::make_unique<PyBlockStore>(Take(std::move(s)));
+}
 
+std::unique_ptr<PyBlockStore> ConnectDataPort(const std::string& address, const pb::bytes& secret, int streams,
+                                              int timeout_ms) {
+  net::PeerOptions o{.secret = std::string(secret), .streams = streams,
+                     .connect_timeout = std::chrono::milliseconds(timeout_ms)};
+  auto s = NoGil([&] { return net::ConnectDataPort(address, std::move(o)); });
+  return std::make_unique<PyBlockStore>(Take(std::move(s)));
+}
+
+void BindLeases(pb::module_& m) {
   pb::class_<PyWriteLease>(m, "WriteLease", pb::buffer_protocol(),
-                           "A reserved DRAM slot, writable in place through the buffer protocol.")
+                           "A reserved slot, writable in place through the buffer protocol; given back unless "
+                           "committed.")
       .def_buffer([](PyWriteLease& l) {
-        if (!l.lease) Raise(FailedPrecondition("the lease is committed"));
-        return pb::buffer_info(reinterpret_cast<uint8_t*>(l.lease->data()), static_cast<ssize_t>(l.lease->capacity()), false);
+        if (l.done) Raise(FailedPrecondition("the lease is committed"));
+        return pb::buffer_info(reinterpret_cast<uint8_t*>(l.slot.data), static_cast<ssize_t>(l.slot.size), false);
       })
       .def(
           "commit",
           [](PyWriteLease& l, uint64_t length) {
-            if (!l.lease) Raise(FailedPrecondition("commit: lease already committed"));
-            ThrowIfError(l.lease->Commit(length));
-            l.lease.reset();
+            if (l.done) Raise(FailedPrecondition("commit: lease already committed"));
+            Status st = NoGil([&] { return (*l.store)->Commit({&l.key, 1}, {&length, 1}); });
+            l.done = true;  // committed or refused: the slot is no longer this lease's
+            ThrowIfError(st);
           },
           pb::arg("length"), "Publishes the first `length` bytes of the slot as the block.")
-      .def_property_readonly("key", [](PyWriteLease& l) { return KeyToInt(l.lease->key()); })
-      .def_property_readonly("file_offset", [](PyWriteLease& l) { return l.lease->file_offset(); },
+      .def_property_readonly("key", [](PyWriteLease& l) { return KeyToInt(l.key); })
+      .def_property_readonly("file_offset", [](PyWriteLease& l) { return l.slot.file_offset; },
                              "Offset of the slot in the pool file, for processes that map it.")
-      .def("__len__", [](PyWriteLease& l) { return l.lease ? l.lease->capacity() : 0; });
+      .def("__len__", [](PyWriteLease& l) { return l.done ? 0 : l.slot.size; });
 
   pb::class_<PyReadLease>(m, "ReadLease", pb::buffer_protocol(),
                           "A resident block held in DRAM, readable in place; not evicted while alive.")
       .def_buffer([](PyReadLease& l) {
-        return pb::buffer_info(reinterpret_cast<uint8_t*>(const_cast<std::byte*>(l.lease->data())),
-                               static_cast<ssize_t>(l.lease->size()), true);
+        return pb::buffer_info(reinterpret_cast<uint8_t*>(l.slot.data), static_cast<ssize_t>(l.slot.size), true);
       })
-      .def_property_readonly("file_offset", [](PyReadLease& l) { return l.lease->file_offset(); })
-      .def("__len__", [](PyReadLease& l) { return l.lease->size(); });
+      .def_property_readonly("file_offset", [](PyReadLease& l) { return l.slot.file_offset; })
+      .def("__len__", [](PyReadLease& l) { return l.slot.size; });
+}
 
-  pb::class_<PyStore>(m, "Store", "A host block store: shared-memory DRAM pool plus optional disk tier.")
-      .def(pb::init(&OpenStore), pb::arg("pool_path"), pb::kw_only(), pb::arg("block_bytes") = 0,
-           pb::arg("num_slots") = 0, pb::arg("disk_dir") = pb::none(), pb::arg("disk_bytes") = 0,
-           pb::arg("hugepages") = false, pb::arg("mlock") = false, pb::arg("populate") = true,
-           pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 2, pb::arg("writeback_watermark") = 0.05)
+}  // namespace
+
+// (held: list[bool], landed: list[bool], digests: uint64 array): what a pull reports.
+pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests) {
+  pb::list landed(held.size());
+  for (size_t i = 0; i < held.size(); ++i) landed[i] = pb::bool_(held[i] == kBlockLanded);
+  pb::array_t<uint64_t> d(static_cast<ssize_t>(held.size()));
+  std::fill(d.mutable_data(), d.mutable_data() + held.size(), 0);
+  std::copy_n(digests.begin(), std::min(digests.size(), held.size()), d.mutable_data());
+  return pb::make_tuple(Flags(held), landed, d);
+}
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "tpusync native engine: one block-store interface over an in-process store, the pod's sidecar "
+            "and a data port.";
+  BindLeases(m);
+
+  using S = PyBlockStore;
+  pb::class_<S>(m, "BlockStore",
+                "A block store, whichever backend serves it; an operation a backend cannot do raises "
+                "PreconditionError saying why.")
+      .def_static("open_local", &OpenLocal, pb::arg("pool_path"), pb::kw_only(), pb::arg("block_bytes") = 0,
+                  pb::arg("num_slots") = 0, pb::arg("disk_dir") = pb::none(), pb::arg("disk_bytes") = 0,
+                  pb::arg("hugepages") = false, pb::arg("mlock") = false, pb::arg("populate") = true,
+                  pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 2,
+                  pb::arg("writeback_watermark") = 0.05, pb::arg("secret") = pb::none(), pb::arg("streams") = 4,
+                  pb::arg("timeout_ms") = 5000,
+                  "Opens (or re-attaches to) a store in this process: a shared-memory DRAM pool, an optional "
+                  "disk tier; with `secret`, transfers with peers' data ports.")
+      .def_static("connect_sidecar", &ConnectSidecar, pb::arg("socket_path"), pb::kw_only(),
+                  pb::arg("timeout_ms") = 30000,
+                  "Connects to the sidecar of this pod over its control socket and maps its pool.")
+      .def_static("connect_data_port", &ConnectDataPort, pb::arg("address"), pb::kw_only(), pb::arg("secret"),
+                  pb::arg("streams") = 4, pb::arg("timeout_ms") = 5000,
+                  "Connects to a sidecar's data port (\"host:port\") over parallel authenticated streams.")
       .def(
           "put",
-          [](PyStore& s, const pb::handle& keys, const pb::handle& buffers) {
+          [](S& s, const pb::handle& keys, const pb::handle& buffers) {
             std::vector<BlockKey> k = ParseKeys(keys);
             Buffers b(buffers, false);
             std::vector<ConstBuffer> views = b.as_const();
-            Status st;
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            {
-              pb::gil_scoped_release nogil;  // copies into the pool
-              st = store.Put(k, views);
-            }
-            ThrowIfError(st);
+            ThrowIfError(NoGil([&] { return s->Put(k, views); }));
           },
           pb::arg("keys"), pb::arg("buffers"), "Stores each buffer under its key; present keys are skipped.")
       .def(
           "get",
-          [](PyStore& s, const pb::handle& keys, const pb::handle& buffers) {
+          [](S& s, const pb::handle& keys, const pb::handle& buffers) {
             std::vector<BlockKey> k = ParseKeys(keys);
             Buffers b(buffers, true);
             std::vector<MutableBuffer> views = b.as_mutable();
             std::vector<uint8_t> found(k.size());
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            Status st;
-            {
-              pb::gil_scoped_release nogil;  // copies out of the pool, reads from disk
-              st = store.Get(k, views, found);
-            }
-            ThrowIfError(st);
-            pb::list out(found.size());
-            for (size_t i = 0; i < found.size(); ++i) out[i] = pb::bool_(found[i] != 0);
-            return out;
+            ThrowIfError(NoGil([&] { return s->Get(k, views, found); }));
+            return Flags(found);
           },
           pb::arg("keys"), pb::arg("buffers"), "Copies present blocks into the buffers; returns found flags.")
       .def(
           "lookup",
-          [](PyStore& s, const pb::handle& keys, bool pin) {
+          [](S& s, const pb::handle& keys, bool pin) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            LookupResult r;
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            {
-              pb::gil_scoped_release nogil;
-              r = store.Lookup(k, pin);
-            }
-            pb::array_t<uint8_t> tiers(static_cast<ssize_t>(r.tiers.size()));
-            std::memcpy(tiers.mutable_data(), r.tiers.data(), r.tiers.size());  // Tier is a uint8_t enum
-            return pb::make_tuple(r.prefix_len, tiers);
+            LookupResult r = Take(NoGil([&] { return s->Lookup(k, pin); }));
+            return pb::make_tuple(r.prefix_len, TierArray(r.tiers));
           },
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false,
           "Returns (prefix_len, tiers as uint8 codes); pins the present prefix when pin=True.")
-      // An in-process store has no connections: every pin is the host's (for_host is moot).
       .def(
-          "pin", [](PyStore& s, const pb::handle& keys, bool) { ThrowIfError(s.get()->Pin(ParseKeys(keys))); },
+          "pin",
+          [](S& s, const pb::handle& keys, bool for_host) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            ThrowIfError(NoGil([&] { return s->Pin(k, for_host); }));
+          },
           pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
       .def(
-          "release", [](PyStore& s, const pb::handle& keys, bool) { ThrowIfError(s.get()->Release(ParseKeys(keys))); },
+          "release",
+          [](S& s, const pb::handle& keys, bool for_host) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            ThrowIfError(NoGil([&] { return s->Release(k, for_host); }));
+          },
           pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
       .def(
           "evict",
-          [](PyStore& s, const pb::handle& keys) {
+          [](S& s, const pb::handle& keys) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            Status st;
-            {
-              pb::gil_scoped_release nogil;  // writes to disk
-              st = store.Evict(k);
-            }
-            ThrowIfError(st);
+            ThrowIfError(NoGil([&] { return s->Evict(k); }));
           },
           pb::arg("keys"), "Moves blocks one tier down: DRAM to disk (or out), disk out.")
       .def(
-          "flush",
-          [](PyStore& s) {
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            Status st;
-            {
-              pb::gil_scoped_release nogil;  // waits for write-behind
-              st = store.Flush();
-            }
-            ThrowIfError(st);
-          },
+          "flush", [](S& s) { ThrowIfError(NoGil([&] { return s->Flush(); })); },
           "Waits for queued write-behind; raises the first demotion error since the last flush.")
-      .def("stats", [](PyStore& s) { return StatsDict(s.get()->Stats()); })
+      .def("stats", [](S& s) { return StatsDict(Take(NoGil([&] { return s->Stats(); }))); })
       .def(
           "reserve",
-          [](PyStore& s, const pb::handle& key) {
-            BlockKey k = ParseKey(key);
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            std::optional<Result<WriteLease>> r;
-            {
-              pb::gil_scoped_release nogil;  // may wait for a slot
-              r.emplace(store.Reserve(k));
-            }
-            ThrowIfError(r->status());
-            return std::make_unique<PyWriteLease>(std::move(*r).value(), &s);
+          [](S& s, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            return SlotViews(Take(NoGil([&] { return s->Reserve(k); })), false);
           },
-          pb::arg("key"), pb::keep_alive<0, 1>(), "Reserves a DRAM slot for key, to be written in place.")
+          pb::arg("keys"),
+          "Writable views of freshly reserved slots (None where the block is stored); all or nothing.")
+      .def(
+          "commit",
+          [](S& s, const pb::handle& keys, const std::vector<uint64_t>& lengths) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            ThrowIfError(NoGil([&] { return s->Commit(k, lengths); }));
+          },
+          pb::arg("keys"), pb::arg("lengths"), "Publishes reserved slots as blocks of the given lengths.")
+      .def(
+          "abort",
+          [](S& s, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            ThrowIfError(NoGil([&] { return s->Abort(k); }));
+          },
+          pb::arg("keys"), "Gives back reserved slots without committing them.")
       .def(
           "acquire",
-          [](PyStore& s, const pb::handle& key) {
-            BlockKey k = ParseKey(key);
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            std::optional<Result<ReadLease>> r;
-            {
-              pb::gil_scoped_release nogil;  // may promote from disk
-              r.emplace(store.Acquire(k));
-            }
-            ThrowIfError(r->status());
-            return std::make_unique<PyReadLease>(std::move(*r).value(), &s);
+          [](S& s, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            return SlotViews(Take(NoGil([&] { return s->Acquire(k); })), true);
           },
-          pb::arg("key"), pb::keep_alive<0, 1>(), "Holds a block in DRAM for reading in place.")
-      .def("close", &PyStore::close, "Frees the pool mapping and stops the write-behind threads.")
-      .def_property_readonly("pool_path", [](PyStore& s) { return s.get()->pool().path(); })
-      .def_property_readonly("block_bytes", [](PyStore& s) { return s.get()->pool().block_bytes(); })
-      .def_property_readonly("num_slots", [](PyStore& s) { return s.get()->pool().num_slots(); })
+          pb::arg("keys"), "Read-only views of present blocks held in DRAM (None where absent).")
+      .def(
+          "unacquire",
+          [](S& s, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            ThrowIfError(NoGil([&] { return s->Unacquire(k); }));
+          },
+          pb::arg("keys"), "Releases blocks held by acquire, once per key.")
+      .def(
+          "reserve_lease",
+          [](S& s, const pb::handle& key) {
+            BlockKey k = ParseKey(key);
+            std::vector<BlockSlot> slots = Take(NoGil([&] { return s->Reserve({&k, 1}); }));
+            if (slots[0].data == nullptr) Raise(FailedPrecondition("reserve: block " + k.ToHex() + " is already stored"));
+            return std::make_unique<PyWriteLease>(&s, k, slots[0], true);
+          },
+          pb::arg("key"), pb::keep_alive<0, 1>(), "Reserves one slot as a lease object, to be written in place.")
+      .def(
+          "acquire_lease",
+          [](S& s, const pb::handle& key) {
+            BlockKey k = ParseKey(key);
+            std::vector<BlockSlot> slots = Take(NoGil([&] { return s->Acquire({&k, 1}); }));
+            if (slots[0].data == nullptr) Raise(NotFound("acquire: block " + k.ToHex() + " is not stored"));
+            return std::make_unique<PyReadLease>(&s, k, slots[0], false);
+          },
+          pb::arg("key"), pb::keep_alive<0, 1>(), "Holds one block in DRAM as a lease object, readable in place.")
       .def(
           "pull_from",
-          [](PyStore& s, net::PeerClient& peer, const pb::handle& keys, int timeout_ms, bool digests) -> pb::object {
+          [](S& s, const std::string& peer, const pb::handle& keys) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            std::shared_ptr<Store> in_use = s.get();
-            Store& store = *in_use;
-            net::PullResult pulled;
-            Status st;
-            {
-              pb::gil_scoped_release nogil;  // a network transfer into the pool
-              st = net::PullIntoStore(peer, store, k, net::Deadline::After(std::chrono::milliseconds(timeout_ms)),
-                                      pulled);
-            }
-            // As through the sidecar: a peer that fails part-way raises, after the blocks that
-            // arrived whole were kept.
-            ThrowIfError(st);
-            if (digests) return LandedDigests(pulled.held, pulled.digests);
-            pb::list out(pulled.held.size());
-            for (size_t i = 0; i < pulled.held.size(); ++i) out[i] = pb::bool_(pulled.held[i] != 0);
-            return out;
+            PullReport r = Take(NoGil([&] { return s->PullFrom(peer, k); }));
+            return LandedDigests(r.held, r.digests);
           },
-          pb::arg("peer"), pb::arg("keys"), pb::kw_only(), pb::arg("timeout_ms") = 120000, pb::arg("digests") = false,
-          "Pulls the blocks this store lacks from a peer; returns which are held afterwards (with digests: "
-          "(held, landed, digests), the XXH3-64 of each block that landed).");
-
-  BindNet(m);
+          pb::arg("peer"), pb::arg("keys"),
+          "Pulls the blocks this store lacks from a peer's data port; returns (held, landed, digests): the "
+          "XXH3-64 of each block that landed in this pull.")
+      .def(
+          "push_to",
+          [](S& s, const std::string& peer, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            return Flags(Take(NoGil([&] { return s->PushTo(peer, k); })));
+          },
+          pb::arg("peer"), pb::arg("keys"), "Pushes stored blocks to a peer; returns which the peer holds.")
+      .def(
+          "exists_at",
+          [](S& s, const std::string& peer, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            return TierArray(Take(NoGil([&] { return s->ExistsAt(peer, k); })));
+          },
+          pb::arg("peer"), pb::arg("keys"), "The peer's tier of each block (uint8 codes); nothing moves.")
+      .def("close", &S::close, "Ends the session or closes the store; refused while leases are held.")
+      .def_property_readonly("block_bytes", [](S& s) { return s->block_bytes(); })
+      .def_property_readonly(
+          "pool_path",
+          [](S& s) -> std::optional<std::string> {
+            if (s->pool_path().empty()) return std::nullopt;
+            return s->pool_path();
+          },
+          "The shared-memory pool file, or None for a data port.");
 }
 
 }  // namespace tpusync::py

@@ -279,7 +279,7 @@ TEST_F(ControlTest, APutWaitsForAnotherConnectionsReservationAndStoresWhenItIsAb
   BlockKey k = Key(4);
   auto views = holder->Reserve({&k, 1});
   ASSERT_TRUE(views.ok());
-  ASSERT_EQ((*views)[0].code, kSlotOk);
+  ASSERT_NE((*views)[0].data, nullptr);
   auto data = Pattern(k, kBlock);
   Status put = Status::Ok();
   std::thread t([&] {
@@ -350,7 +350,7 @@ TEST_F(ControlTest, APullFromASourceThatDiesPartWayFailsAndKeepsWhatArrived) {
   auto engine = Client();
   std::vector<BlockKey> keys;
   for (uint64_t i = 10; i < 18; ++i) keys.push_back(Key(i));
-  Result<std::vector<uint8_t>> held = engine->PullFrom(source.address(), keys);
+  Result<PullReport> held = engine->PullFrom(source.address(), keys);
   ASSERT_FALSE(held.ok());
   EXPECT_EQ(held.status().code(), StatusCode::kUnavailable) << held.status().ToString();
   EXPECT_NE(held.status().message().find("of 8 blocks held"), std::string::npos) << held.status().message();

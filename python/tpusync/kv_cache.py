@@ -75,11 +75,7 @@ class KVCacheStore:
         if src is not None:
             self.store.put(hashes, src)
         if dst is not None:
-            native = self.store._native
-            if not hasattr(native, "push_remote"):
-                raise errors.PreconditionError("pushing to a peer needs the pod's sidecar "
-                                               "(KVStore.connect('unix://...'))")
-            stored = native.push_remote(dst.removeprefix("tpusync://"), hashes)
+            stored = self.store.push_remote(dst, hashes)
             if not all(stored):
                 raise errors.UnavailableError(f"{dst} stored {sum(stored)} of {len(stored)} blocks")
         self._consume(hashes)

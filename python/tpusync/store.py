@@ -22,8 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tpusync import _native, errors
-
-Keys = Any  # Sequence[int | bytes] or a numpy uint64 array of shape (n, 2)
+from tpusync.backend import BlockBackend, Keys
 
 
 class Tier(enum.IntEnum):
@@ -49,15 +48,15 @@ class KVStore:
     [0, 2**128), 16-byte big-endian bytes, or a uint64 array of shape (n, 2) [hi, lo].
     Buffers are any objects with the buffer protocol (numpy arrays, bytearrays, memoryviews,
     CPU jax arrays through ``np.asarray``); nothing is copied on the way to the engine.
+
+    Every backend serves the same contract (tpusync.backend.BlockBackend); what one cannot
+    do (the data port has no pool here: no pins, slots or transfers between peers) raises
+    PreconditionError saying why.
     """
 
-    def __init__(self, native: Any, *, secret: bytes | None = None, streams: int = 4,
-                 private_pool: str | None = None) -> None:
-        self._native = native
+    def __init__(self, backend: BlockBackend, *, private_pool: str | None = None) -> None:
+        self._backend = backend
         self._private_pool = private_pool  # a pool file of our own, removed (with its side files) on close
-        self._secret = secret
-        self._streams = streams
-        self._peers: dict[str, _native.PeerClient] = {}
 
     @classmethod
     def local(
@@ -90,7 +89,7 @@ class KVStore:
                 f"disk_bytes ({disk_bytes}) must hold at least one block of block_bytes ({block_bytes})")
         private = pool_path is None
         path = os.fspath(pool_path) if pool_path else f"/dev/shm/tpusync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        native = _native.Store(
+        backend = _native.BlockStore.open_local(
             path,
             block_bytes=block_bytes,
             num_slots=dram_bytes // block_bytes,
@@ -100,8 +99,10 @@ class KVStore:
             mlock=mlock,
             unlink_on_close=private,
             io_threads=io_threads,
+            secret=secret,
+            streams=streams,
         )
-        return cls(native, secret=secret, streams=streams, private_pool=path if private else None)
+        return cls(backend, private_pool=path if private else None)
 
     @classmethod
     def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
@@ -114,13 +115,12 @@ class KVStore:
         if secret_file is not None:
             secret = _read_secret(secret_file)
         if url.startswith("unix://"):
-            return cls(_native.SidecarClient(url[len("unix://"):], timeout_ms=int(timeout * 1000)))
+            return cls(_native.BlockStore.connect_sidecar(url[len("unix://"):], timeout_ms=int(timeout * 1000)))
         if url.startswith("tpusync://"):
             if secret is None:
                 raise errors.InvalidArgumentError("tpusync:// needs the pool's shared secret (secret= or secret_file=)")
-            client = _native.PeerClient(url[len("tpusync://"):], secret=secret, streams=streams,
-                                        timeout_ms=int(timeout * 1000))
-            return cls(_RemoteBackend(client))
+            return cls(_native.BlockStore.connect_data_port(url[len("tpusync://"):], secret=secret, streams=streams,
+                                                            timeout_ms=int(timeout * 1000)))
         raise errors.InvalidArgumentError(f"unsupported store URL {url!r}: use unix://PATH or tpusync://HOST:PORT")
 
     # -- blocks ---------------------------------------------------------------------------
@@ -131,19 +131,18 @@ class KVStore:
         Raises CapacityError when DRAM is full of pinned blocks; blocks stored before that
         stay stored.
         """
-        self._native.put(keys, buffers)
+        self._backend.put(keys, buffers)
 
     def get(self, keys: Keys, buffers: Sequence[Any]) -> list[bool]:
         """Copies each present block into its writable buffer; returns which were found.
 
         A disk block that fails its checksum is reported in stats() and counted as a miss.
         """
-        found: list[bool] = self._native.get(keys, buffers)
-        return found
+        return self._backend.get(keys, buffers)
 
     def lookup(self, keys: Keys, *, pin: bool = False) -> LookupResult:
         """Returns the present prefix length and per-key tiers; pins the prefix if asked."""
-        prefix_len, tiers = self._native.lookup(keys, pin=pin)
+        prefix_len, tiers = self._backend.lookup(keys, pin=pin)
         return LookupResult(prefix_len, tiers)
 
     def pin(self, keys: Keys, *, for_host: bool = False) -> None:
@@ -153,25 +152,24 @@ class KVStore:
         that crashes holds nothing); for_host=True pins for the host instead, until some
         client releases them for_host. An in-process store's pins are always the host's.
         """
-        self._native.pin(keys, for_host=for_host)
+        self._backend.pin(keys, for_host=for_host)
 
     def release(self, keys: Keys, *, for_host: bool = False) -> None:
         """Drops one pin per key. PreconditionError if any key is not pinned (through a sidecar:
         by this connection, or with for_host, for the host)."""
-        self._native.release(keys, for_host=for_host)
+        self._backend.release(keys, for_host=for_host)
 
     def evict(self, keys: Keys) -> None:
         """Moves blocks one tier down now: DRAM to disk (or out without a disk tier), disk out."""
-        self._native.evict(keys)
+        self._backend.evict(keys)
 
     def flush(self) -> None:
         """Waits for write-behind to disk; raises the first demotion error since the last flush."""
-        self._native.flush()
+        self._backend.flush()
 
     def stats(self) -> dict[str, Any]:
         """Occupancy, hit and eviction counters, integrity and I/O error counts."""
-        stats: dict[str, Any] = self._native.stats()
-        return stats
+        return self._backend.stats()
 
     # -- peers ----------------------------------------------------------------------------
 
@@ -182,7 +180,7 @@ class KVStore:
         locally afterwards. A dead peer raises UnavailableError after the blocks that did
         arrive were kept; nothing partial is ever stored.
         """
-        held: list[bool] = self._pull(peer, keys, digests=False)
+        held, _, _ = self._backend.pull_from(_address(peer), keys)
         return held
 
     def read_remote_digests(self, peer: str, keys: Keys) -> tuple[list[bool], list[bool], np.ndarray]:
@@ -190,56 +188,26 @@ class KVStore:
         blocks that arrived in this pull, and digests[i] is then the XXH3-64 of the bytes that
         landed, computed as they arrived, so they can be checked against known checksums
         without a second pass over them."""
-        landed: tuple[list[bool], list[bool], np.ndarray] = self._pull(peer, keys, digests=True)
-        return landed
+        return self._backend.pull_from(_address(peer), keys)
 
-    def _pull(self, peer: str, keys: Keys, *, digests: bool) -> Any:
-        peer = peer.removeprefix("tpusync://")
-        if isinstance(self._native, _native.SidecarClient):
-            return self._native.read_remote_digests(peer, keys) if digests else self._native.read_remote(peer, keys)
-        if isinstance(self._native, _RemoteBackend):
-            raise errors.PreconditionError(
-                "read_remote needs a local store or the pod's sidecar, not a data-port client")
-        if self._secret is None:
-            raise errors.PreconditionError("read_remote needs the pool's secret: KVStore.local(secret=...)")
-        try:
-            return self._native.pull_from(self._peer(peer), keys, digests=digests)
-        except errors.UnavailableError:
-            self._peers.pop(peer, None)  # reconnect next time
-            raise
-
-    def _peer(self, peer: str) -> Any:
-        client = self._peers.get(peer)
-        if self._secret is None:  # the callers check first, with their own message
-            raise errors.PreconditionError("a peer needs the pool's secret: KVStore.local(secret=...)")
-        if client is None:
-            client = self._peers[peer] = _native.PeerClient(peer, secret=self._secret, streams=self._streams)
-        return client
+    def push_remote(self, peer: str, keys: Keys) -> list[bool]:
+        """Pushes stored blocks to a peer sidecar; returns, per key, whether the peer holds it
+        afterwards. Only blocks the peer lacks travel."""
+        return self._backend.push_to(_address(peer), keys)
 
     def exists_remote(self, peer: str, keys: Keys) -> list[bool]:
         """Whether a peer sidecar holds each block (any tier); nothing moves."""
-        peer = peer.removeprefix("tpusync://")
-        if isinstance(self._native, _native.SidecarClient):
-            return [bool(t) for t in self._native.exists_remote(peer, keys)]
-        if isinstance(self._native, _RemoteBackend) or self._secret is None:
-            raise errors.PreconditionError("exists_remote needs the pod's sidecar or KVStore.local(secret=...)")
-        try:
-            return [bool(t) for t in self._peer(peer).exists(keys)]
-        except errors.UnavailableError:
-            self._peers.pop(peer, None)
-            raise
+        return [bool(t) for t in self._backend.exists_at(_address(peer), keys)]
 
     # -- zero-copy ------------------------------------------------------------------------
 
     def reserve(self, key: int | bytes) -> _native.WriteLease:
         """Reserves a DRAM slot to write in place (``memoryview(lease)``), then ``lease.commit(n)``."""
-        lease: _native.WriteLease = self._native.reserve(key)
-        return lease
+        return self._backend.reserve_lease(key)
 
     def acquire(self, key: int | bytes) -> _native.ReadLease:
         """Holds a block in DRAM and exposes it read-only in place; drop the lease to release."""
-        lease: _native.ReadLease = self._native.acquire(key)
-        return lease
+        return self._backend.acquire_lease(key)
 
     @contextlib.contextmanager
     def reserve_many(self, keys: Sequence[int | bytes]) -> Iterator[list[_Slot | None]]:
@@ -249,79 +217,46 @@ class KVStore:
         the others are given back. CapacityError if no slot can be had.
         """
         keys = list(keys)
-        if isinstance(self._native, _native.SidecarClient):
-            slots = [None if v is None else _Slot(v) for v in self._native.reserve(keys)]
-            try:
-                yield slots
-            finally:
-                for s in slots:
-                    if s is not None:
-                        s.view.release()
-                done = [(k, s.length) for k, s in zip(keys, slots) if s is not None and s.length]
-                self._native.abort([k for k, s in zip(keys, slots) if s is not None and not s.length])
-                self._native.commit([k for k, _ in done], [n for _, n in done])
-            return
-        leases: list[Any] = []
-        for key in keys:
-            try:
-                leases.append(self._native.reserve(key))
-            except errors.PreconditionError:
-                leases.append(None)  # already stored
-        slots = [None if lease is None else _Slot(memoryview(lease), lease) for lease in leases]
+        slots = [None if v is None else _Slot(v) for v in self._backend.reserve(keys)]
         try:
             yield slots
         finally:
-            for slot in slots:
-                if slot is not None and slot.length:
-                    slot.lease.commit(slot.length)
-                if slot is not None:
-                    slot.view.release()
-            del leases, slots  # uncommitted leases give their slots back
+            for s in slots:
+                if s is not None:
+                    s.view.release()
+            done = [(k, s.length) for k, s in zip(keys, slots) if s is not None and s.length]
+            self._backend.abort([k for k, s in zip(keys, slots) if s is not None and not s.length])
+            self._backend.commit([k for k, _ in done], [n for _, n in done])
 
     @contextlib.contextmanager
     def acquire_many(self, keys: Sequence[int | bytes]) -> Iterator[list[memoryview | None]]:
         """Read-only views of present blocks, held in DRAM until the block exits; None if absent."""
         keys = list(keys)
-        sidecar = isinstance(self._native, _native.SidecarClient)
-        leases: list[Any] = []
-        if sidecar:
-            views = self._native.acquire(keys)
-        else:
-            for key in keys:
-                try:
-                    leases.append(self._native.acquire(key))
-                except errors.NotFoundError:
-                    leases.append(None)
-            views = [None if lease is None else memoryview(lease) for lease in leases]
+        views = self._backend.acquire(keys)
         try:
             yield views
         finally:
             for view in views:
                 if view is not None:
                     view.release()
-            if sidecar:
-                self._native.unacquire([k for k, v in zip(keys, views) if v is not None])
-            leases.clear()  # local leases give their blocks back
+            self._backend.unacquire([k for k, v in zip(keys, views) if v is not None])
 
     # -- lifecycle ------------------------------------------------------------------------
 
     @property
     def block_bytes(self) -> int:
-        block_bytes: int = self._native.block_bytes
-        return block_bytes
+        return self._backend.block_bytes
 
     @property
     def pool_path(self) -> str:
-        path: str = self._native.pool_path
-        return path
+        """The shared-memory pool file behind the store ("" for a data port: it has none here)."""
+        return self._backend.pool_path or ""
 
     def close(self) -> None:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""
-        self._peers.clear()
-        if hasattr(self._native, "close"):
-            self._native.close()
-            if self._private_pool:  # e.g. the weight synchronizer's head files beside the pool
-                shutil.rmtree(self._private_pool + ".weights", ignore_errors=True)
+        self._backend.close()
+        if self._private_pool:  # e.g. the weight synchronizer's head files beside the pool
+            shutil.rmtree(self._private_pool + ".weights", ignore_errors=True)
 
     def __enter__(self) -> KVStore:
         return self
@@ -330,13 +265,15 @@ class KVStore:
         self.close()
 
 
+def _address(peer: str) -> str:
+    return peer.removeprefix("tpusync://")
+
 
 class _Slot:
     """A reserved block slot: write through ``view``, then ``commit(length)``."""
 
-    def __init__(self, view: memoryview, lease: Any = None):
+    def __init__(self, view: memoryview):
         self.view = view
-        self.lease = lease
         self.length = 0
 
     def commit(self, length: int) -> None:
@@ -348,39 +285,3 @@ class _Slot:
 def _read_secret(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as f:
         return f.read().rstrip(b"\r\n")
-
-
-class _RemoteBackend:
-    """The KVStore surface over a sidecar's data port: put pushes, get pulls, lookup asks."""
-
-    def __init__(self, client: _native.PeerClient):
-        self._client = client
-        self.block_bytes = client.block_bytes
-        self.pool_path = None
-
-    def put(self, keys: Keys, buffers: Sequence[Any]) -> None:
-        stored = self._client.push(keys, buffers)
-        if not all(stored):
-            raise errors.CapacityError(f"the peer stored {sum(stored)} of {len(stored)} blocks (DRAM full of pins?)")
-
-    def get(self, keys: Keys, buffers: Sequence[Any]) -> list[bool]:
-        return self._client.pull(keys, buffers)
-
-    def lookup(self, keys: Keys, *, pin: bool = False) -> tuple[int, np.ndarray]:
-        if pin:
-            raise errors.PreconditionError(
-                "pins are held through the pod's control socket (unix://), not the data port")
-        tiers = self._client.exists(keys)
-        missing = np.flatnonzero(tiers == Tier.NONE)
-        return (int(missing[0]) if missing.size else len(tiers)), tiers
-
-    def _local_only(self, *_: Any, **__: Any) -> None:
-        raise errors.PreconditionError("this operation needs the pod's control socket (unix://), not the data port")
-
-    pin = release = evict = _local_only
-
-    def flush(self) -> None:
-        pass
-
-    def stats(self) -> dict[str, Any]:
-        return {"block_bytes": self.block_bytes, "peer": self._client.address}

@@ -6,9 +6,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <map>
+#include <sstream>
+#include <string_view>
 
 #include "copy.h"
 #include "net/control_service.h"
+#include "tpusync/net/block_stores.h"
 
 namespace tpusync::net {
 
@@ -204,10 +208,34 @@ Status SidecarClient::Flush() {
   return Call(Op::kFlush, {}, 0).status();
 }
 
-Result<std::string> SidecarClient::Stats() {
+Result<StoreStats> SidecarClient::Stats() {
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(Op::kStats, {}, 0));
-  return std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size());
+  if (f.header.op != Op::kStatsReply) return InvalidArgument("bad frame: STATS reply");
+  // "name value" lines (ControlService's StatsText); names this client does not know are
+  // skipped, so an older client reads a newer sidecar.
+  StoreStats s;
+  const std::map<std::string_view, uint64_t*> fields = {
+      {"block_bytes", &s.block_bytes},       {"dram_slots", &s.dram_slots},
+      {"dram_used", &s.dram_used},           {"disk_extents", &s.disk_extents},
+      {"disk_used", &s.disk_used},           {"blocks", &s.blocks},
+      {"pinned", &s.pinned},                 {"puts", &s.puts},
+      {"put_dedup", &s.put_dedup},           {"bytes_put", &s.bytes_put},
+      {"hits_dram", &s.hits_dram},           {"hits_disk", &s.hits_disk},
+      {"misses", &s.misses},                 {"bytes_got", &s.bytes_got},
+      {"evictions", &s.evictions},           {"demotions", &s.demotions},
+      {"promotions", &s.promotions},         {"disk_evictions", &s.disk_evictions},
+      {"corruptions", &s.corruptions},       {"disk_write_errors", &s.disk_write_errors},
+      {"disk_read_errors", &s.disk_read_errors}, {"dropped", &s.dropped},
+      {"recovered_dram", &s.recovered_dram}, {"recovered_disk", &s.recovered_disk},
+  };
+  std::istringstream in(std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
+  std::string name;
+  uint64_t value = 0;
+  while (in >> name >> value) {
+    if (auto it = fields.find(name); it != fields.end()) *it->second = value;
+  }
+  return s;
 }
 
 Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys,
@@ -243,40 +271,59 @@ Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& p
   return out;
 }
 
-Result<std::vector<uint8_t>> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys,
-                                                     std::vector<uint64_t>* digests) {
-  return PeerCall(Op::kPullFrom, peer, keys, digests);
+Result<PullReport> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys) {
+  PullReport report;
+  TPUSYNC_ASSIGN_OR_RETURN(report.held, PeerCall(Op::kPullFrom, peer, keys, &report.digests));
+  return report;
 }
 
 Result<std::vector<uint8_t>> SidecarClient::PushTo(const std::string& peer, std::span<const BlockKey> keys) {
   return PeerCall(Op::kPushTo, peer, keys);
 }
 
-Result<std::vector<uint8_t>> SidecarClient::ExistsAt(const std::string& peer, std::span<const BlockKey> keys) {
-  return PeerCall(Op::kExistsAt, peer, keys);
+Result<std::vector<Tier>> SidecarClient::ExistsAt(const std::string& peer, std::span<const BlockKey> keys) {
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<uint8_t> codes, PeerCall(Op::kExistsAt, peer, keys));
+  std::vector<Tier> tiers(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) tiers[i] = codes[i] <= 3 ? static_cast<Tier>(codes[i]) : Tier::kNone;
+  return tiers;
 }
 
 }  // namespace tpusync::net
 
 namespace tpusync::net {
 
-Result<std::vector<SidecarClient::SlotView>> SidecarClient::Views(Op op, std::span<const BlockKey> keys) {
+Result<std::vector<BlockSlot>> SidecarClient::Views(Op op, std::span<const BlockKey> keys,
+                                                   std::vector<uint8_t>& codes) {
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(std::vector<Slot> slots, Slots(op, keys));
-  std::vector<SlotView> views;
-  views.reserve(slots.size());
-  for (const Slot& s : slots) {
-    views.push_back({s.code, s.code == kSlotOk ? pool_.data() + s.offset : nullptr, s.size});
+  std::vector<BlockSlot> views(slots.size());
+  codes.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    codes[i] = slots[i].code;
+    if (slots[i].code == kSlotOk) views[i] = {pool_.data() + slots[i].offset, slots[i].size, slots[i].offset};
   }
   return views;
 }
 
-Result<std::vector<SidecarClient::SlotView>> SidecarClient::Reserve(std::span<const BlockKey> keys) {
-  return Views(Op::kReserve, keys);
+Result<std::vector<BlockSlot>> SidecarClient::Reserve(std::span<const BlockKey> keys) {
+  std::vector<uint8_t> codes;
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<BlockSlot> views, Views(Op::kReserve, keys, codes));
+  std::vector<BlockKey> reserved;
+  bool no_room = false, busy = false;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].data != nullptr) reserved.push_back(keys[i]);
+    no_room |= codes[i] == kSlotNoRoom;
+    busy |= codes[i] == kSlotBusy;
+  }
+  if (!no_room && !busy) return views;
+  TPUSYNC_RETURN_IF_ERROR(Abort(reserved));  // all or nothing: give back what was reserved
+  if (no_room) return ResourceExhausted("reserve: the sidecar has no free slot for every block");
+  return Status(StatusCode::kUnavailable, "reserve: another connection is writing one of these blocks");
 }
 
-Result<std::vector<SidecarClient::SlotView>> SidecarClient::Acquire(std::span<const BlockKey> keys) {
-  return Views(Op::kAcquire, keys);
+Result<std::vector<BlockSlot>> SidecarClient::Acquire(std::span<const BlockKey> keys) {
+  std::vector<uint8_t> codes;
+  return Views(Op::kAcquire, keys, codes);
 }
 
 Status SidecarClient::Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) {
@@ -296,6 +343,11 @@ Status SidecarClient::Abort(std::span<const BlockKey> keys) {
 Status SidecarClient::Unacquire(std::span<const BlockKey> keys) {
   std::lock_guard lock(mu_);
   return CallKeys(Op::kUnacquire, keys).status();
+}
+
+Result<std::unique_ptr<BlockStore>> ConnectSidecar(const std::string& socket_path, std::chrono::milliseconds timeout) {
+  TPUSYNC_ASSIGN_OR_RETURN(std::unique_ptr<SidecarClient> c, SidecarClient::Connect(socket_path, timeout));
+  return std::unique_ptr<BlockStore>(std::move(c));
 }
 
 }  // namespace tpusync::net

@@ -15,7 +15,6 @@ Slow calls have `_async` forms returning `concurrent.futures.Future`s (wrap them
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import weakref
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusync import _native, errors
+from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights.checksums import CHECKSUM, checksum
 from tpusync.weights.head import read_head
@@ -191,10 +190,6 @@ class WeightSynchronizer:
         Data first, then the manifest, then the commit record, so a peer commits only a whole
         version; only blocks a peer lacks travel. The future's result is the version pushed.
         """
-        native = self.store._native
-        if not isinstance(native, _native.SidecarClient):
-            raise errors.PreconditionError("push_weights needs the host's sidecar (KVStore.connect('unix://...'))")
-
         def run() -> int:
             v = self.latest_version() if version is None else version
             if v is None:
@@ -205,7 +200,7 @@ class WeightSynchronizer:
             keys = version_keys(manifest)
             for peer in peers:
                 for part in (keys[:-1], keys[-1:]):  # the commit record only after everything else
-                    stored = native.push_remote(peer.removeprefix("tpusync://"), part)
+                    stored = self.store.push_remote(peer, part)
                     if not all(stored):
                         raise errors.UnavailableError(f"{peer} stored {sum(stored)} of {len(stored)} blocks")
             return v
@@ -386,14 +381,10 @@ class WeightSynchronizer:
             raise errors.CorruptionError(f"leaf {leaf!r}: blocks hold {off} bytes, the shard needs {out.size}")
 
     def _lease(self, key: int) -> tuple[memoryview | None, Callable[[], None]]:
-        native = self.store._native
-        if isinstance(native, _native.SidecarClient):
-            view = native.acquire([key])[0]
-            if view is None:
-                return None, lambda: None
-            return view, lambda: _quiet(native.unacquire, [key])
+        """The block in place and the call that gives it back (dropping the lease: the store
+        refuses to close while one is held, since the array aliases the pool)."""
         try:
-            lease = native.acquire(key)
+            lease = self.store.acquire(key)
         except errors.NotFoundError:
             return None, lambda: None
         holder = [lease]
@@ -464,8 +455,3 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> 
     raw = np.empty(n + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + n].view(dtype).reshape(shape)
-
-
-def _quiet(fn: Callable[..., Any], *args: Any) -> None:
-    with contextlib.suppress(Exception):  # a finalizer at exit: the sidecar may be gone already
-        fn(*args)

@@ -59,7 +59,7 @@ def test_two_sidecars_pull_and_push_byte_exact(launch):
 
     more = blocks(100, 8, size=BLOCK - 1000)  # short blocks keep their length
     engine(b).put(list(more), list(more.values()))
-    assert engine(b)._native.push_remote(a.address, list(more)) == [True] * 8
+    assert engine(b).push_remote(a.address, list(more)) == [True] * 8
     out = [np.zeros(BLOCK, np.uint8) for _ in more]
     assert all(engine(a).get(list(more), out))
     assert all(np.array_equal(o[: BLOCK - 1000], m) for o, m in zip(out, more.values()))
