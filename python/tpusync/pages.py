@@ -221,6 +221,12 @@ def _layer_shards(layers: Sequence[jax.Array]) -> tuple[int, dict[int, list[jax.
     return total or 1, dict(sorted(numbered.items()))
 
 
+def layer_shard_count(layers: Sequence[jax.Array]) -> int:
+    """How many shards each layer of a list-of-layers cache is split in (1: unsharded); each
+    shard's part of a block is stored under its own key (`shard_key`)."""
+    return _layer_shards(layers)[0]
+
+
 def _gather_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
     """A host view holding the wanted pages of one layer (axis 0), and their index in it."""
     if next(iter(data.devices())).platform == "cpu":  # never pop: jax may hand out its own set

@@ -1,6 +1,7 @@
 """One vLLM engine on tpu-inference (offline LLM API, in-process executor) driven over stdin/stdout.
 
-    python tpu_engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null}'
+    python tpu_engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null, "kv_events_config": {...} or null,
+                                "tensor_parallel_size": 1}'
 
 The protocol of tests/vllm/engine_proc.py (one JSON command per line on stdin, one JSON answer
 per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Engine drives it:
@@ -8,6 +9,10 @@ per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Eng
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
         -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null}]}
     {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process
+    {"op": "reset_prefix_cache"} -> {}   empties vLLM's own prefix cache
+    {"op": "page_digests"} -> {"shards": S, "digests": [[hex per page] per shard]}
+        the bytes of each KV cache page, per shard of the `model` axis, every layer's part in
+        layer order: what tpusync stores as one shard's part of a block
     {"op": "exit"} -> {}
 
 Runs with JAX_PLATFORMS=cpu, where the test plugin tpusync_cpu_shim stands in for the TPU-only
@@ -27,18 +32,47 @@ BLOCK_SIZE = 32
 NUM_BLOCKS = 96  # KV cache pages: vLLM would otherwise size the cache from the "HBM" the shim reports
 
 
+def page_digests(layers: list) -> dict:
+    import hashlib
+
+    import numpy as np
+
+    from tpusync.pages import shard_number
+
+    parts: dict[int, list[np.ndarray]] = {}
+    for layer in layers:
+        shard_shape = layer.sharding.shard_shape(layer.shape)
+        seen = set()
+        for s in layer.addressable_shards:
+            n = shard_number(s.index, layer.shape, shard_shape)
+            if n not in seen:
+                seen.add(n)
+                parts.setdefault(n, []).append(np.asarray(s.data))
+    digests = []
+    for n in sorted(parts):
+        pages = parts[n][0].shape[0]
+        digests.append([hashlib.blake2b(b"".join(a[p].tobytes() for a in parts[n]), digest_size=16).hexdigest()
+                        for p in range(pages)])
+    return {"shards": len(parts), "digests": digests}
+
+
 def main() -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # everything else printed goes to stderr
     spec = json.loads(sys.argv[1])
 
     from vllm import LLM, SamplingParams
+    from vllm.config import KVEventsConfig
     from vllm.inputs import TokensPrompt
+
+    events = spec.get("kv_events_config")
 
     llm = LLM(model=spec["model"], dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=NUM_BLOCKS,
               distributed_executor_backend="uni", max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024,
               enable_prefix_caching=True, seed=0, async_scheduling=False,
-              kv_transfer_config=spec.get("kv_transfer_config"))
+              tensor_parallel_size=spec.get("tensor_parallel_size", 1),
+              kv_transfer_config=spec.get("kv_transfer_config"),
+              kv_events_config=KVEventsConfig(**events) if events else None)
 
     core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
 
@@ -69,6 +103,11 @@ def main() -> int:
                 from tpusync.vllm.common import stats
 
                 reply({"stats": stats()})
+            elif cmd["op"] == "reset_prefix_cache":
+                llm.reset_prefix_cache()
+                reply({})
+            elif cmd["op"] == "page_digests":
+                reply(page_digests(core.model_executor.driver_worker.worker.model_runner.kv_caches))
             elif cmd["op"] == "exit":
                 reply({})
                 break

@@ -51,13 +51,18 @@ def rendered_kv_transfer_config(connector: str, role: str, *, kv_role: str | Non
 class TpuEngine(Engine):
     netns: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    tensor_parallel_size: int = 1  # on as many XLA host (CPU) devices, the KV cache sharded on `model`
 
     def __post_init__(self) -> None:
         self.log_path = self.spec.logs / f"engine-{self.name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUSYNC_", "TPU_"))}
         env.update(JAX_PLATFORMS="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE="1", **self.env)
-        arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config})
+        if self.tensor_parallel_size > 1:
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.tensor_parallel_size}"
+        arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
+                          "kv_events_config": self.spec.kv_events_config,
+                          "tensor_parallel_size": self.tensor_parallel_size})
         cmd = [sys.executable, str(ENGINE_SCRIPT), arg]
         if self.netns is not None:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]

@@ -17,14 +17,24 @@ tpu-inference 0.32.0 accepts only the kv_connector names TPUConnector, TPUConnec
 TPUOffloadConnector and RaidenOffloadConnector, so this module exports the class as
 `TPUConnector` too; vLLM takes it from `kv_connector_module_path`.
 
-Limits: one KV cache group; no tensor or pipeline parallelism yet (the scheduler half looks
-up unsharded keys); token-id prompts.
+Tensor parallelism: tpu-inference shards every layer's cache on the mesh's `model` axis, and
+the worker half stores each shard's part of a block under its own key (`tpusync.pages`); the
+scheduler half looks up, pins and pulls every shard's key (`tpusync.tpu_inference.shards`), so
+a block is a hit only when all its shards are there.
+
+Limits: one KV cache group; one host (a multi-host slice would put each host's shards in its
+own pod's sidecar, which the scheduler half does not see): the connector stays off there, and
+under pipeline or data parallelism; token-id prompts.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from tpusync.tpu_inference.shards import shard_links
 from tpusync.tpu_inference.worker import JaxWorkerSide
 from tpusync.vllm.base import ConnectorBase, WorkerHalf
 from tpusync.vllm.common import stats
@@ -32,8 +42,10 @@ from tpusync.vllm.common import stats
 __all__ = ["TPUConnector", "TPUSyncConnector", "stats"]
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
     from tpusync.vllm.config import ConnectorConfig
 
@@ -42,8 +54,33 @@ class TPUSyncConnector(ConnectorBase):
     """kv_role kv_producer (prefill: saves), kv_consumer (decode: pulls and loads) or kv_both
     (offload); options as for tpusync.vllm (`tpusync.vllm.config`)."""
 
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
+        # Blocks are stored as one part per shard of the `model` axis (tpu-inference shards the
+        # cache over all tensor-parallel devices).
+        self._shards = vllm_config.parallel_config.tensor_parallel_size
+        super().__init__(vllm_config, role, kv_cache_config)
+        if self._sched is not None and self._shards > 1:
+            assert kv_cache_config is not None  # a scheduler half has one (_unsupported)
+            group = kv_cache_config.kv_cache_groups[0]
+            block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+            shard_links(self._sched, self._cfg, block_bytes // self._shards, self._shards)
+
+    def _unsupported(self, cfg: ConnectorConfig, vllm_config: VllmConfig, role: KVConnectorRole,
+                     kv_cache_config: KVCacheConfig | None) -> str | None:
+        par = vllm_config.parallel_config
+        if par.pipeline_parallel_size > 1 or par.data_parallel_size > 1:
+            return "pipeline or data parallelism"
+        hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+        if len(hosts) > 1:  # each host's shards would be in its own pod's sidecar
+            return f"a multi-host slice ({len(hosts)} hosts in TPU_WORKER_HOSTNAMES)"
+        if kv_cache_config is None:
+            return None if role != KVConnectorRole.SCHEDULER else "a scheduler without a KV cache configuration"
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            return "not exactly one KV cache group (hybrid models)"
+        return None
+
     def _make_worker(self, cfg: ConnectorConfig) -> WorkerHalf:
-        return JaxWorkerSide(cfg)
+        return JaxWorkerSide(cfg, self._shards)
 
     def register_runner(self, runner: Any) -> None:
         """tpu-inference hands the model runner over (its kv_caches change every step)."""

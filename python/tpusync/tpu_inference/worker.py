@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from tpusync import errors, pages
 from tpusync.vllm.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
 from tpusync.vllm.config import ConnectorConfig
@@ -22,19 +24,28 @@ class JaxWorkerSide(WorkerResults):
     """Called by the connector's worker-side methods on the model runner's thread. tpu-inference
     has no per-layer hooks: loads are whole before the forward, saves after it."""
 
-    def __init__(self, cfg: ConnectorConfig) -> None:
+    def __init__(self, cfg: ConnectorConfig, shards: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
+        self.shards = shards  # the scheduler half keys blocks in this many shards
         self.runner: Any = None
         self.block_bytes = 0
         self.link: StoreLink | None = None
 
     def register_runner(self, runner: Any) -> None:
         self.runner = runner
-        self.block_bytes = pages.layer_block_bytes(runner.kv_caches)
+        self.block_bytes = pages.layer_block_bytes(runner.kv_caches)  # one shard's part of a block
+        shards = pages.layer_shard_count(runner.kv_caches)
+        if shards != self.shards or jax.process_count() > 1:
+            # Loads then fail (vLLM recomputes) and nothing is saved: wrong keys would serve wrong KV.
+            log.error("tpusync connector (tpu-inference) stays off: the KV cache is split in %d shards over %d "
+                      "hosts, the scheduler half keys blocks in %d shards on one host (tensor_parallel_size)",
+                      shards, jax.process_count(), self.shards)
+            return
         self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
-        log.info("tpusync connector (tpu-inference): %d layers of %s %s, %d bytes per block",
-                 len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, self.block_bytes)
+        log.info("tpusync connector (tpu-inference): %d layers of %s %s in %d shards (%s), %d bytes per shard "
+                 "of a block", len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, shards,
+                 getattr(runner.kv_caches[0].sharding, "spec", "") if shards > 1 else "unsharded", self.block_bytes)
 
     def _fail(self, req_id: str, keys: list[int], block_ids: list[int]) -> None:
         """These blocks were offered but are not loaded: vLLM recomputes them."""
@@ -90,7 +101,7 @@ class JaxWorkerSide(WorkerResults):
                 self._count(save_errors=1)
                 self.link.failed(e)
                 return
-            self._count(saved_blocks=written // self.block_bytes)
+            self._count(saved_blocks=written // (self.block_bytes * self.shards))  # every shard of a block
 
     def shutdown(self) -> None:
         if self.link is not None:

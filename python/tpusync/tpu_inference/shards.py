@@ -1,0 +1,96 @@
+"""The scheduler half's view of the store when the KV cache is sharded (tensor parallelism).
+
+tpu-inference shards every layer of the KV cache on the mesh's `model` axis, and the worker
+half stores each shard's part of a block under its own key (`tpusync.pages.shard_key`). The
+scheduler half (`tpusync.vllm.scheduler.SchedulerSide`) thinks in block keys; `ShardedStore`
+lets it: a block is present when every shard of it is, a lookup pins and a release unpins
+every shard, a pull fetches every shard, and a block's tier is where all its shards are.
+Shard keys go to the store interleaved, block after block (`[b0s0, b0s1, b1s0, ...]`), so
+the store's prefix semantics (lookups, prefix-aware pulls) hold block by block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tpusync import errors
+from tpusync.pages import shard_key
+from tpusync.store import KVStore, LookupResult, Tier
+from tpusync.vllm.common import StoreLink
+from tpusync.vllm.config import ConnectorConfig
+
+
+class ShardedStore:
+    """A KVStore seen through block keys, for blocks stored as `shards` parts."""
+
+    def __init__(self, store: KVStore, shards: int) -> None:
+        self.store, self.shards = store, shards
+
+    def _keys(self, keys: Sequence[int]) -> list[int]:
+        return [shard_key(k, n, self.shards) for k in keys for n in range(self.shards)]
+
+    @property
+    def block_bytes(self) -> int:
+        return self.store.block_bytes
+
+    def lookup(self, keys: Sequence[int], *, pin: bool = False) -> LookupResult:
+        sk = self._keys(keys)
+        found = self.store.lookup(sk, pin=pin)
+        blocks, partial = divmod(found.prefix_len, self.shards)
+        if pin and partial:  # shards of a block past the whole ones: not offered, so not pinned
+            self.store.release(sk[blocks * self.shards:found.prefix_len])
+        tiers = np.asarray(found.tiers, np.uint8).reshape(len(keys), self.shards)
+        common = np.bitwise_and.reduce(tiers, axis=1)  # the tier every shard is in
+        # Every shard present, but not in one common tier (some in DRAM only, some on disk only).
+        common[(common == Tier.NONE) & (tiers != Tier.NONE).all(axis=1)] = Tier.DISK
+        return LookupResult(blocks, common)
+
+    def release(self, keys: Sequence[int], *, for_host: bool = False) -> None:
+        self.store.release(self._keys(keys), for_host=for_host)
+
+    def evict(self, keys: Sequence[int]) -> None:
+        sk = self._keys(keys)
+        present = [k for k, tier in zip(sk, self.store.lookup(sk).tiers) if tier]
+        if present:
+            self.store.evict(present)
+
+    def read_remote(self, peer: str, keys: Sequence[int]) -> list[bool]:
+        held = self.store.read_remote(peer, self._keys(keys))
+        return [all(held[i * self.shards:(i + 1) * self.shards]) for i in range(len(keys))]
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class ShardedStoreLink(StoreLink):
+    """A StoreLink whose store is seen through block keys (`ShardedStore`)."""
+
+    def __init__(self, cfg: ConnectorConfig, shard_bytes: int, purpose: str, shards: int) -> None:
+        super().__init__(cfg, shard_bytes, purpose)
+        self._shards = shards
+
+    def _open(self) -> Any:
+        return ShardedStore(super()._open(), self._shards)
+
+    def _close(self, store: Any) -> None:
+        super()._close(store.store if isinstance(store, ShardedStore) else store)
+
+
+def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int) -> None:
+    """Points a SchedulerSide's store links (lookups, pulls, KV-event audits) at the shards
+    the workers store. Nothing is opened yet when this runs: the links open on first use."""
+    sched.link = ShardedStoreLink(cfg, shard_bytes, "lookups", shards)
+    sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
+    if sched.events is not None:
+        sched.events._audit_link = ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards)
+
+
+def check_shards(total: int, expected: int) -> None:
+    """The worker's cache must be split as the scheduler half keys it."""
+    if total != expected:
+        raise errors.InvalidArgumentError(
+            f"the KV cache has {total} shards per layer, the scheduler keys blocks in {expected} "
+            "(tensor_parallel_size)")

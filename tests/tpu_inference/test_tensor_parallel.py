@@ -1,0 +1,123 @@
+"""tpusync's connector for tpu-inference with tensor parallelism: engines on two XLA host (CPU)
+devices (`--xla_force_host_platform_device_count=2`, tensor_parallel_size 2), where
+tpu-inference shards every layer's KV cache on the mesh's `model` axis, one KV head per device.
+The workers store each shard's part of a block under its own key (`tpusync.pages.shard_key`);
+the scheduler half looks up and pulls every shard (`tpusync.tpu_inference.shards`).
+
+A prefill/decode pair of TP=2 engines in two processes over real sidecars: tokens equal HF
+transformers' (which the plain engine equals, test_engine.py); the pool holds, per shard, the
+bytes of the prefill engine's pages."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+from harness import delta, prompt
+
+from tpusync import errors
+from tpusync.hashing import BlockHasher
+from tpusync.pages import shard_key
+from tpusync.store import KVStore, Tier
+from tpusync.tpu_inference.shards import ShardedStore
+
+SECRET = b"tpu-inference-tp-tier-secret-0123456789"
+TP = 2
+PROMPT = prompt(31, 300)  # 9 full blocks and 12 tokens
+
+
+@pytest.fixture(scope="module")
+def tp_cluster(model_dir, tmp_path_factory):
+    """Sidecars p (prefill pod) and d (decode pod); TP=2 engines prefill (kv_producer on p) and
+    decode (kv_consumer on d), with the configs the operator renders."""
+    from tinymodel import BLOCK_BYTES
+    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
+
+    from tpusync import sidecar as sidecar_mod
+
+    work = tmp_path_factory.mktemp("tpusync-tp")
+    secret = work / "secret"
+    secret.write_bytes(SECRET + b"\n")
+    sidecars, pools, engines = {}, [], {}
+    try:
+        for name in ("p", "d"):
+            pool = f"/dev/shm/tpusync-tpuinf-tp-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pools.append(pool)
+            sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=32 << 20,
+                                                block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
+                                                stderr=subprocess.DEVNULL)
+        for name, role, sc in (("prefill", "prefill", "p"), ("decode", "decode", "d")):
+            kv = rendered_kv_transfer_config("tpusync", role, control_socket=sidecars[sc].control_socket,
+                                             data_address=sidecars[sc].address)
+            engines[name] = TpuEngine(f"tp-{name}", EngineSpec(str(model_dir), work, kv), tensor_parallel_size=TP)
+        for e in engines.values():
+            e.wait_ready()
+        yield engines, sidecars
+    finally:
+        for e in engines.values():
+            e.stop()
+        for s in sidecars.values():
+            if s.process.poll() is None:
+                s.kill()
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)
+
+
+def test_prefill_decode_pair_with_a_sharded_cache(tp_cluster, reference):
+    engines, _ = tp_cluster
+    assert engines["prefill"].call("page_digests")["shards"] == TP  # the cache really is sharded
+    before = engines["prefill"].stats()
+    out = engines["prefill"].generate(PROMPT, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    assert out["token_ids"] == reference(PROMPT)[:1]
+    assert delta(engines["prefill"].stats(), before)["saved_blocks"] == 9
+    params = out["kv_transfer_params"]
+    assert params["remote_num_tokens"] == 288
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(PROMPT, max_tokens=16, kv_transfer_params=params)
+    d = delta(engines["decode"].stats(), before)
+    assert d["pulled_blocks"] == 9 and d["loaded_blocks"] == 9 and d["load_error_blocks"] == 0
+    assert got["token_ids"] == reference(PROMPT)
+
+
+def test_the_pool_holds_each_shard_of_the_engines_pages(tp_cluster):
+    """Every block of the prompt is stored as TP parts, part n the bytes of shard n of one and
+    the same page of the prefill engine's cache (vLLM's prefix cache still holds the pages)."""
+    engines, sidecars = tp_cluster
+    p = prompt(32, 200)  # 6 full blocks
+    engines["prefill"].generate(p, max_tokens=1)
+    pages = engines["prefill"].call("page_digests")["digests"]
+    keys = BlockHasher(32).keys(p)
+    with KVStore.connect(f"unix://{sidecars['p'].control_socket}") as store:
+        stored = []
+        for n in range(TP):
+            with store.acquire_many([shard_key(k, n, TP) for k in keys]) as views:
+                assert all(v is not None for v in views)
+                stored.append([hashlib.blake2b(bytes(v), digest_size=16).hexdigest() for v in views])
+    for i in range(len(keys)):
+        at = [pid for pid in range(len(pages[0])) if pages[0][pid] == stored[0][i]]
+        assert at, f"block {i}: shard 0 is no page of the engine's cache"
+        assert any(all(pages[n][pid] == stored[n][i] for n in range(TP)) for pid in at), f"block {i}"
+    assert len(set(stored[0]) | set(stored[1])) == 2 * len(keys)  # distinct parts: no shard stored twice
+
+
+def test_sharded_store_view(tmp_path):
+    """ShardedStore's block semantics on a real in-process store: a block is present only with
+    every shard, pins of a partial block are dropped, tiers are those of all shards."""
+    store = KVStore.local(dram_bytes=1 << 20, block_bytes=4096, pool_path=str(tmp_path / "pool"))
+    view = ShardedStore(store, 2)
+    keys = [11, 22, 33]
+    blob = np.ones(4096, np.uint8)
+    store.put([shard_key(k, n, 2) for k in keys[:2] for n in range(2)] + [shard_key(keys[2], 0, 2)], [blob] * 5)
+    found = view.lookup(keys, pin=True)
+    assert found.prefix_len == 2 and [int(t) for t in found.tiers] == [Tier.DRAM, Tier.DRAM, Tier.NONE]
+    view.release(keys[:2])  # exactly the pins the lookup left: a pin too many or too few raises
+    with pytest.raises(errors.PreconditionError):
+        store.release([shard_key(keys[2], 0, 2)])
+    view.evict(keys)  # no disk tier: out
+    assert view.lookup(keys).prefix_len == 0 and store.lookup([shard_key(keys[2], 0, 2)]).prefix_len == 0
+    store.close()
