@@ -123,8 +123,11 @@ struct PyLease {
   PyLease& operator=(const PyLease&) = delete;
   ~PyLease() {
     if (!done) {
-      pb::gil_scoped_release nogil;  // a round trip to the sidecar
-      (void)(write ? (*store)->Abort({&key, 1}) : (*store)->Unacquire({&key, 1}));
+      try {
+        pb::gil_scoped_release nogil;  // a round trip to the sidecar
+        (void)(write ? (*store)->Abort({&key, 1}) : (*store)->Unacquire({&key, 1}));
+      } catch (...) {  // a destructor must not throw; the session's end gives the slot back anyway
+      }
     }
     --store->leases_;
   }

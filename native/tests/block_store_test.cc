@@ -40,6 +40,12 @@ std::unique_ptr<Store> OpenStore(const std::string& path) {
   return std::move(Store::Open(o)).value();
 }
 
+std::vector<MutableBuffer> Views(std::vector<std::vector<std::byte>>& out) {
+  std::vector<MutableBuffer> bufs(out.size());
+  for (size_t i = 0; i < out.size(); ++i) bufs[i] = {out[i].data(), out[i].size()};
+  return bufs;
+}
+
 // A store served on a loopback data port, as a peer sidecar's.
 class Peer {
  public:
@@ -104,10 +110,12 @@ class BlockStoreContract : public ::testing::Test {
  protected:
   BlockStore& store() { return *backend_.store; }
   Status PutKeys(BlockStore& s, const std::vector<BlockKey>& keys) {
-    std::vector<std::vector<std::byte>> data;
-    std::vector<ConstBuffer> bufs;
-    for (const BlockKey& k : keys) data.push_back(Pattern(k, kBlock));
-    for (const auto& d : data) bufs.push_back({d.data(), d.size()});
+    std::vector<std::vector<std::byte>> data(keys.size());
+    std::vector<ConstBuffer> bufs(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      data[i] = Pattern(keys[i], kBlock);
+      bufs[i] = {data[i].data(), data[i].size()};
+    }
     return s.Put(keys, bufs);
   }
   uint64_t Stat(uint64_t StoreStats::*field) {
@@ -138,8 +146,7 @@ TYPED_TEST(BlockStoreContract, PutThenGetAndLookupSeeTheSameBytes) {
   EXPECT_EQ(r->prefix_len, 3u);
   EXPECT_EQ(r->tiers, (std::vector<Tier>{Tier::kDram, Tier::kDram, Tier::kDram, Tier::kNone}));
   std::vector<std::vector<std::byte>> out(4, std::vector<std::byte>(kBlock));
-  std::vector<MutableBuffer> bufs;
-  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  std::vector<MutableBuffer> bufs = Views(out);
   std::vector<uint8_t> found(4);
   ASSERT_TRUE(this->store().Get(ask, bufs, found).ok());
   EXPECT_EQ(found, (std::vector<uint8_t>{1, 1, 1, 0}));
@@ -300,8 +307,7 @@ TEST_F(DataPortContract, PutPushesGetPullsLookupAsks) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->prefix_len, 2u);
   std::vector<std::vector<std::byte>> out(3, std::vector<std::byte>(kBlock));
-  std::vector<MutableBuffer> bufs;
-  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  std::vector<MutableBuffer> bufs = Views(out);
   std::vector<uint8_t> found(3);
   ASSERT_TRUE(store_->Get(ask, bufs, found).ok());
   EXPECT_EQ(found, (std::vector<uint8_t>{1, 1, 0}));
