@@ -1,66 +1,129 @@
 """tpusync's connector for tpu-inference (`tpusync.tpu_inference.connector`) in real engines on
 real sidecars, configured with the --kv-transfer-config the operator renders for a vllm-tpu
 serving (connector tpusync): a prefill/decode pair in two processes, the decode engine pulling
-from the prefill pod's sidecar; a fresh engine served from the sidecar's DRAM tier. Tokens
-equal HF transformers'; the pool's blocks equal the engine's pages."""
+from the prefill pod's sidecar; a fresh engine served from the sidecar's DRAM and disk tiers,
+whole prompts and shared prefixes; a dead peer, params keyed otherwise, a block that cannot be
+loaded and a sidecar restarted under a running engine all mean recompute. Tokens equal HF
+transformers' in every case. The fresh engine publishes KV events: llm-d's own indexer (the
+helpers of tests/vllm/test_llmd_index.py) has its blocks at the tier the sidecar holds them."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from harness import delta, prompt
+from test_llmd_index import MODEL, Indexer, connect, eventually, held, indexer_binary
+
+from tpusync.hashing import BlockHasher
+from tpusync.store import KVStore
 
 SECRET = b"tpu-inference-tier-secret-0123456789"
 PROMPT = prompt(21, 300)  # 9 full blocks and 12 tokens
+BLOCK_SIZE = 32
+AUDIT_S = 0.2
+
+
+@dataclass
+class Cluster:
+    work: Path
+    engines: dict[str, Any] = field(default_factory=dict)
+    sidecars: dict[str, Any] = field(default_factory=dict)
+    pools: dict[str, str] = field(default_factory=dict)
+    indexer: Indexer | None = None
+    pod: Any = None  # the fresh engine as llm-d's indexer knows it
+
+    def launch(self, name: str, disk: bool = False) -> Any:
+        """Starts sidecar `name` (again: on the same pool file, disk folder and control socket)."""
+        from tinymodel import BLOCK_BYTES
+
+        from tpusync import sidecar as sidecar_mod
+
+        pool = self.pools.setdefault(name, f"/dev/shm/tpusync-tpuinf-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
+        self.sidecars[name] = sidecar_mod.launch(
+            pool_path=pool, secret_file=str(self.work / "secret"), dram_bytes=32 << 20, block_bytes=BLOCK_BYTES,
+            control_socket=str(self.work / f"{name}.sock"), disk_dir=str(self.work / f"disk-{name}") if disk else None,
+            disk_bytes=128 << 20 if disk else 0, stderr=subprocess.DEVNULL)
+        return self.sidecars[name]
+
+    def store(self, name: str) -> KVStore:
+        return KVStore.connect(f"unix://{self.sidecars[name].control_socket}")
+
+
+@dataclass
+class TpuPod:
+    """An engine under the name its KV-event topic carries (test_llmd_index's Pod, for TpuEngine)."""
+
+    pod: str
+    endpoint: str
+    engine: Any
+
+    def generate(self, tokens: list[int], max_tokens: int = 1, **kw: Any) -> dict[str, Any]:
+        out: dict[str, Any] = self.engine.generate(tokens, max_tokens, **kw)
+        return out
 
 
 @pytest.fixture(scope="module")
 def cluster(model_dir, tmp_path_factory):
-    """Sidecars p (prefill pod) and d (decode pod); engines prefill (kv_producer on p),
-    decode (kv_consumer on d), fresh (kv_both on p, started after prefill saved)."""
-    from tinymodel import BLOCK_BYTES
+    """Sidecars p (prefill pod: DRAM over a disk tier) and d (decode pod); engines prefill
+    (kv_producer on p), decode (kv_consumer on d; reconnects at once after a store failure),
+    fresh (kv_both on p, publishing KV events to llm-d's indexer)."""
     from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
-    from tpusync import sidecar as sidecar_mod
+    c = Cluster(tmp_path_factory.mktemp("tpusync-connector"))
+    (c.work / "secret").write_bytes(SECRET + b"\n")
 
-    work = tmp_path_factory.mktemp("tpusync-connector")
-    secret = work / "secret"
-    secret.write_bytes(SECRET + b"\n")
-    sidecars, pools, engines = {}, [], {}
-
-    def connector(role: str, sidecar, kv_role: str | None = None):
-        return EngineSpec(str(model_dir), work, rendered_kv_transfer_config(
-            "tpusync", role, kv_role=kv_role, control_socket=sidecar.control_socket, data_address=sidecar.address))
+    def connector(role: str, sidecar, kv_role: str | None = None, **extra: Any) -> EngineSpec:
+        kv = rendered_kv_transfer_config("tpusync", role, kv_role=kv_role, control_socket=sidecar.control_socket,
+                                         data_address=sidecar.address)
+        kv["kv_connector_extra_config"].update(extra)
+        return EngineSpec(str(model_dir), c.work, kv)
 
     try:
-        for name in ("p", "d"):
-            pool = f"/dev/shm/tpusync-tpuinf-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
-            pools.append(pool)
-            sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=32 << 20,
-                                                block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
-                                                stderr=subprocess.DEVNULL)
-        engines["prefill"] = TpuEngine("tpusync-prefill", connector("prefill", sidecars["p"]))
-        engines["decode"] = TpuEngine("tpusync-decode", connector("decode", sidecars["d"]))
-        engines["fresh"] = TpuEngine("tpusync-fresh", connector("decode", sidecars["p"], kv_role="kv_both"))
-        for e in engines.values():
+        binary = indexer_binary()
+        p, d = c.launch("p", disk=True), c.launch("d")
+        c.engines["prefill"] = TpuEngine("tpusync-prefill", connector("prefill", p))
+        c.engines["decode"] = TpuEngine("tpusync-decode", connector("decode", d, retry_s=0))
+        endpoint, pod = f"ipc://{c.work}/events-fresh", "127.0.0.1:8101"  # a name in the topic only
+        c.engines["fresh"] = TpuEngine("tpusync-fresh", connector("decode", p, kv_role="kv_both",
+                                                                  kv_events_audit_s=AUDIT_S).events(
+            endpoint, f"kv@{pod}@{MODEL}"))
+        for e in c.engines.values():
             e.wait_ready()
-        yield engines, sidecars
+        c.indexer = Indexer(binary, BLOCK_SIZE)
+        c.pod = TpuPod(pod, endpoint, c.engines["fresh"])
+        connect(c.indexer, c.pod, seed=7000)
+        yield c
     finally:
-        for e in engines.values():
+        for e in c.engines.values():
             e.stop()
-        for s in sidecars.values():
+        if c.indexer is not None:
+            c.indexer.stop()
+        for s in c.sidecars.values():
             if s.process.poll() is None:
                 s.kill()
-        for pool in pools:
+        for pool in c.pools.values():
             if os.path.exists(pool):
                 os.unlink(pool)
 
 
+def announced_at(c: Cluster, tokens: list[int]) -> dict[str, int]:
+    """The tiers llm-d's index should give the fresh pod for `tokens`: every medium the sidecar
+    holds all of the prompt's full blocks on (tpusync.store.Tier bits: DRAM 1, disk 2)."""
+    with c.store("p") as store:
+        tiers = [int(t) for t in store.lookup(BlockHasher(BLOCK_SIZE).keys(tokens)).tiers]
+    want = held(len(tokens), BLOCK_SIZE)
+    return {name: want for name, bit in (("cpu", 1), ("disk", 2)) if all(t & bit for t in tiers)}
+
+
 def test_prefill_decode_pair_over_sidecars(cluster, reference):
-    engines, _ = cluster
+    engines = cluster.engines
     before = engines["prefill"].stats()
     out = engines["prefill"].generate(PROMPT, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     assert delta(engines["prefill"].stats(), before)["saved_blocks"] == 9
@@ -74,7 +137,7 @@ def test_prefill_decode_pair_over_sidecars(cluster, reference):
 
 
 def test_fresh_engine_served_from_the_dram_tier(cluster, reference):
-    engines, _ = cluster
+    engines = cluster.engines
     p = prompt(22, 200)  # 6 full blocks
     engines["prefill"].generate(p, max_tokens=1)
     before = engines["fresh"].stats()
@@ -82,12 +145,49 @@ def test_fresh_engine_served_from_the_dram_tier(cluster, reference):
     d = delta(engines["fresh"].stats(), before)
     assert d["loaded_blocks"] == 6 and d["load_error_blocks"] == 0
     assert got["token_ids"] == reference(p)
+    want = announced_at(cluster, p)
+    assert want.get("cpu") == 6
+    assert eventually(lambda: cluster.indexer.tiers(p, cluster.pod.pod) == {"gpu": 6, **want}), \
+        cluster.indexer.tiers(p, cluster.pod.pod)
+
+
+def test_fresh_engine_served_from_the_disk_tier(cluster, reference):
+    """The prompt's blocks left the sidecar's DRAM for its disk: the engine loads them from there."""
+    engines = cluster.engines
+    p = prompt(27, 200)  # 6 full blocks
+    engines["prefill"].generate(p, max_tokens=1)
+    keys = BlockHasher(BLOCK_SIZE).keys(p)
+    with cluster.store("p") as store:
+        store.evict(keys)  # DRAM -> disk (written behind)
+        assert [int(t) for t in store.lookup(keys).tiers] == [2] * 6
+    before = engines["fresh"].stats()
+    got = engines["fresh"].generate(p, max_tokens=16)
+    d = delta(engines["fresh"].stats(), before)
+    assert d["loaded_blocks"] == 6 and d["load_error_blocks"] == 0
+    assert got["token_ids"] == reference(p)
+    want = announced_at(cluster, p)
+    assert want.get("disk") == 6  # still on disk, whether the load brought it back to DRAM or not
+    assert eventually(lambda: cluster.indexer.tiers(p, cluster.pod.pod) == {"gpu": 6, **want}), \
+        cluster.indexer.tiers(p, cluster.pod.pod)
+
+
+def test_partial_prefix_hit(cluster, reference):
+    """A prompt that shares only its first 5 blocks with a stored one loads those 5."""
+    engines = cluster.engines
+    stored = prompt(25, 300)
+    engines["prefill"].generate(stored, max_tokens=1)
+    p = stored[:160] + prompt(26, 100)
+    before = engines["fresh"].stats()
+    got = engines["fresh"].generate(p, max_tokens=16)
+    d = delta(engines["fresh"].stats(), before)
+    assert d["loaded_blocks"] == 5 and d["load_error_blocks"] == 0
+    assert got["token_ids"] == reference(p)
 
 
 def test_dead_prefill_peer_means_recompute(cluster, reference):
     import socket
 
-    engines, _ = cluster
+    engines = cluster.engines
     p = prompt(23, 150)
     params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
         "kv_transfer_params"]
@@ -102,7 +202,7 @@ def test_dead_prefill_peer_means_recompute(cluster, reference):
 
 
 def test_params_from_an_engine_that_keyed_differently_mean_recompute(cluster, reference):
-    engines, _ = cluster
+    engines = cluster.engines
     p = prompt(24, 150)
     params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
         "kv_transfer_params"]
@@ -111,4 +211,65 @@ def test_params_from_an_engine_that_keyed_differently_mean_recompute(cluster, re
     got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
     d = delta(engines["decode"].stats(), before)
     assert d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
+    assert got["token_ids"] == reference(p)
+
+
+def test_a_block_that_cannot_be_loaded_is_recomputed_and_stored_again(cluster, reference):
+    """Block 3 is replaced, after the save, by a block of another size under its key: the lookup
+    offers all 9 (it cannot tell), the load stops at block 3, vLLM recomputes blocks 3-8
+    (kv_load_failure_policy recompute) and the engine stores block 3 again. (A lookup pins what
+    it offers, so a block cannot be evicted between lookup and load: a block that is there but
+    cannot be loaded is what the load path meets.)"""
+    engines = cluster.engines
+    from tinymodel import BLOCK_BYTES
+
+    p = prompt(28, 300)
+    engines["prefill"].generate(p, max_tokens=1)
+    keys = BlockHasher(BLOCK_SIZE).keys(p)
+    with cluster.store("p") as store:
+        for _ in range(2):  # DRAM -> disk -> gone
+            store.evict(keys[3:4])
+        assert not store.lookup(keys[3:4]).tiers[0]
+        store.put(keys[3:4], [np.zeros(1000, np.uint8)])
+        before = engines["fresh"].stats()
+        got = engines["fresh"].generate(p, max_tokens=16)
+        d = delta(engines["fresh"].stats(), before)
+        assert d["matched_tokens"] == 9 * BLOCK_SIZE
+        assert d["loaded_blocks"] == 3 and d["load_error_blocks"] == 6
+        assert got["token_ids"] == reference(p)
+        assert d["saved_blocks"] == 1
+        with store.acquire_many(keys[3:4]) as views:
+            assert views[0] is not None and len(views[0]) <= BLOCK_BYTES and len(views[0]) != 1000
+
+
+def test_decode_engine_outlives_its_sidecar_restarted_mid_run(cluster, reference):
+    """The decode pod's sidecar dies under the running engine: a P/D request is computed without
+    it; restarted (on the same pool and socket), it serves P/D to the same engine again, and what
+    it pulled before it died is still in its pool."""
+    engines = cluster.engines
+    p, q = prompt(29, 300), prompt(30, 150)
+    pd = {"do_remote_decode": True}
+    params_p = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params=pd)["kv_transfer_params"]
+    params_q = engines["prefill"].generate(q, max_tokens=1, kv_transfer_params=pd)["kv_transfer_params"]
+    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params_p)  # into d's pool
+    assert got["token_ids"] == reference(p)
+
+    cluster.sidecars["d"].kill()
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(q, max_tokens=16, kv_transfer_params=params_q)
+    d = delta(engines["decode"].stats(), before)
+    assert d["store_errors"] >= 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
+    assert got["token_ids"] == reference(q)
+
+    cluster.launch("d")
+    engines["decode"].call("reset_prefix_cache")
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(q, max_tokens=16, kv_transfer_params=params_q)
+    d = delta(engines["decode"].stats(), before)
+    assert d["pulled_blocks"] == 4 and d["loaded_blocks"] == 4 and d["load_error_blocks"] == 0
+    assert got["token_ids"] == reference(q)
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(p, max_tokens=16)  # pulled before the restart: in the pool still
+    d = delta(engines["decode"].stats(), before)
+    assert d["pulled_blocks"] == 0 and d["loaded_blocks"] == 9 and d["load_error_blocks"] == 0
     assert got["token_ids"] == reference(p)

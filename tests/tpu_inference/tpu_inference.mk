@@ -41,6 +41,7 @@ $(TPUINF_OVERLAY)/.ready: $(TPUINF_ENV)/.complete $(NATIVE_SRCS) $(wildcard test
 
 tpu-inference-venv: $(TPUINF_OVERLAY)/.ready
 
-# JAX on the CPU only; the shim plugin then stands in for the TPU-only kernels.
-tpu-inference-test: $(TPUINF_OVERLAY)/.ready
+# JAX on the CPU only; the shim plugin then stands in for the TPU-only kernels. llm-d's indexer
+# reads the KV events of tpusync's connector (test_tpusync_connector.py).
+tpu-inference-test: $(TPUINF_OVERLAY)/.ready llmd-indexer
 	JAX_PLATFORMS=cpu $(TPUINF_PY) -m pytest -q -p no:cacheprovider --timeout=900 tests/tpu_inference

@@ -64,18 +64,28 @@ class JaxWorkerSide(WorkerResults):
             if store is None:
                 self._fail(t.req_id, t.keys, t.block_ids)
                 continue
-            try:
-                self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
-            except (errors.TpuSyncError, OSError) as e:
-                if self.link is not None:
-                    self.link.failed(e)
-                store = None
-                n = 0
+            n, store = self._load(store, t)
             self._count(loaded_blocks=n)
             if n < len(t.keys):
                 log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
                             len(t.keys) - n, len(t.keys))
                 self._fail(t.req_id, t.keys[n:], t.block_ids[n:])
+
+    def _load(self, store: Any, t: Any) -> tuple[int, Any]:
+        """Loads one request's blocks: (blocks loaded, the store to go on with). A connection that
+        fails (the sidecar restarted since it was opened, say) is replaced once, at once where
+        retry_s allows, and the load tried again on the new one."""
+        assert self.link is not None
+        for attempt in range(2):
+            try:
+                self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
+                return n, store
+            except (errors.TpuSyncError, OSError) as e:
+                self.link.failed(e)
+                store = self.link.get() if attempt == 0 else None
+                if store is None:
+                    break
+        return 0, None
 
     def wait_layer(self, layer_name: str) -> None:
         pass  # loads are whole before the forward
