@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.polling import wait_for
 from tpusync import sidecar
 from tpusync.launch import interrupt
 from tpusync.serving.model import ModelConfig
@@ -230,12 +230,7 @@ def connect(indexer: Indexer, engine: Engine, probe: list[int]) -> None:
 def eventually(check, timeout_s: float = 20):
     """Polls `check()` (each poll a request to the indexer) until it returns a truthy value; the
     last value otherwise. For changes the engine finds out by itself (its store audit)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)  # pacing the polls; the condition, not the pause, ends the wait
+    return wait_for("the indexer to see the change", check, timeout_s, interval=0.05, raise_on_timeout=False)
 
 
 def served(indexer: Indexer, engine: Engine, prompt: list[int], **extra) -> dict:

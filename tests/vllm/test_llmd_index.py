@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import pytest
 from harness import Engine, EngineSpec, delta, prompt
 from tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 
+from tests.support.polling import wait_for
 from tpusync.hashing import BlockHasher
 from tpusync.launch import interrupt
 from tpusync.store import KVStore
@@ -103,14 +103,8 @@ def eventually(check: Callable[[], Any], step: Callable[[], Any] | None = None, 
     """Polls `check()` (a request to the indexer) until it is truthy; the last value otherwise.
     `step` runs before each poll: a request that makes the engine step, so it publishes what its
     audit found (vLLM publishes events only from its step loop)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if step is not None:
-            step()
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)  # pacing the polls; the condition, not the pause, ends the wait
+    return wait_for("the indexer to see the change", check, timeout_s, interval=0.05, step=step,
+                    raise_on_timeout=False)
 
 
 def held(n_tokens: int, block: int) -> int:
