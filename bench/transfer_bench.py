@@ -137,7 +137,7 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps) -> lis
             for _r in range(reps):
                 raws.append(rawtcp.run(total, streams, 1))
                 t0 = time.perf_counter()
-                stored = pair.eb._native.push_remote(pair.a.address, keys_for(2, n))
+                stored = pair.eb.push_remote(pair.a.address, keys_for(2, n))
                 pushes.append(time.perf_counter() - t0)
                 assert all(stored)
                 pair.ea.evict(keys_for(2, n))
