@@ -7,7 +7,13 @@
 #include <cstring>
 #include <thread>
 
+#include "checksum.h"
 #include "net/conn.h"
+
+// The reference XXH3-64, compiled without any vector unit, to hold the dispatched ones to.
+#define XXH_INLINE_ALL
+#define XXH_VECTOR 0
+#include <xxhash.h>
 
 namespace tpusync::net {
 namespace {
@@ -197,6 +203,46 @@ TEST(Conn, CorruptedBodyAndPayloadAreDetected) {
   EXPECT_EQ(got->count, 3u);
   EXPECT_TRUE(rx.RecvBlockPayload(dst.data(), got->body_len, d).ok());
   EXPECT_EQ(dst, payload);
+}
+
+TEST(Checksum, EveryVectorWidthComputesTheReferenceXxh3) {
+  std::vector<std::byte> data(1 << 20);
+  uint64_t x = 88172645463325252ULL;
+  for (auto& b : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<std::byte>(x);
+  }
+  for (size_t len : {size_t{0}, size_t{1}, size_t{17}, size_t{240}, size_t{241}, size_t{1024}, size_t{4097},
+                     size_t{256 << 10}, size_t{(1 << 20) - 3}}) {
+    const uint64_t want = XXH3_64bits(data.data(), len);
+    EXPECT_EQ(Checksum(data.data(), len), want) << len;
+    StreamingChecksum s;  // in uneven pieces, as a socket delivers them
+    for (size_t off = 0, piece = 1; off < len; off += piece, piece = piece * 3 + 5) {
+      s.Update(data.data() + off, std::min(piece, len - off));
+    }
+    EXPECT_EQ(s.Digest(), want) << len;
+  }
+}
+
+TEST(Conn, AMultiChunkBlockArrivesWholeWithTheDigestOfItsBytes) {
+  Pair p;
+  FramedConn tx(p.a, 0), rx(p.b, 1 << 20);
+  auto d = Deadline::After(std::chrono::seconds(5));
+  std::vector<std::byte> payload((600 << 10) + 123);  // three 256 KiB chunks, the last one short
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 31 + (i >> 12));
+  Status sent;
+  std::thread sender([&] { sent = tx.SendBlock(9, payload.data(), payload.size(), d); });
+  auto got = rx.RecvBlockHeader(d);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->count, 9u);
+  ASSERT_EQ(got->body_len, payload.size());
+  std::vector<std::byte> dst(payload.size());
+  uint64_t digest = 0;
+  EXPECT_TRUE(rx.RecvBlockPayload(dst.data(), got->body_len, d, &digest).ok());
+  sender.join();
+  EXPECT_TRUE(sent.ok());
+  EXPECT_EQ(dst, payload);
+  EXPECT_EQ(digest, XXH3_64bits(payload.data(), payload.size()));
 }
 
 }  // namespace

@@ -106,8 +106,13 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
     TPUSYNC_ASSIGN_OR_RETURN(s->disk_, DiskTier::Open(d));
   }
   const uint32_t slots = s->pool_->num_slots();
-  s->writeback_low_ = std::max<uint32_t>(1, static_cast<uint32_t>(slots * o.writeback_watermark));
   s->max_pending_ = std::max<uint32_t>(2, 2 * o.io_threads);
+  // At least max_pending_ slots free or on their way out, so every I/O thread always has a
+  // block: one checksums its next while another's write is in flight and the disk never
+  // waits. A small pool's 5% is one slot, which left one demotion at a time and the disk
+  // idle during each checksum (disk put at 0.67 of O_DIRECT in 2 MiB blocks).
+  s->writeback_low_ = std::max({uint32_t{1}, static_cast<uint32_t>(slots * o.writeback_watermark),
+                                std::min(s->max_pending_, slots / 2)});
   s->write_wait_ = o.write_wait;
   s->read_ahead_ = s->disk_ ? std::min<size_t>(o.io_threads, slots / 8) : 0;
 
