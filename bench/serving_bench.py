@@ -8,18 +8,30 @@ fraction of the prefill time; and the whole P/D cost (the prefill side's save, t
 the decode side's load, each reported) against the prefill compute. The engine runs in this
 process on the reference model; the tiers are real tpusync-sidecar processes on 127.0.0.1.
 Prints a table and writes bench/results/serving.json: cases {"case", "tokens", "seconds", "baseline_seconds", "ratio"}.
+
+The tpu-inference case (`--case tpu-inference`, merged into the JSON beside the others; also
+run by default when build/tpu-inference-venv exists, `make tpu-inference-venv`): vLLM on
+tpu-inference 0.32.0 on the CPU with tpusync's connector, on the tier's tiny Qwen3
+(tests/tpu_inference), engines driven in that Python 3.12 environment as subprocesses the way
+the tests drive them, sidecars as above. TTFT with the prompt's blocks in a sidecar's DRAM or
+on its disk against the same engine build recomputing the prompt; the P/D cost (the prefill
+side's extra time to save, the pull between sidecars, the decode side's TTFT loading the pulled
+blocks) against recomputing on the decode side; and the decode TTFT when the connector pulls.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from report import report
@@ -35,16 +47,153 @@ def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
     return r.stats.ttft_seconds, r.stats.as_dict()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+TIER_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"  # make tpu-inference-venv
+
+
+def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
+    """The tpu-inference case: see the module's docstring."""
+    sys.path[:0] = [str(ROOT / "tests" / "vllm"), str(ROOT / "tests" / "tpu_inference")]
+    from tinymodel import BLOCK_BYTES, BLOCK_SIZE
+    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
+
+    from tpusync.hashing import BlockHasher
+
+    hasher = BlockHasher(BLOCK_SIZE)
+    results: list[dict[str, Any]] = []
+    engines: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp, console.status("tpu-inference: starting engines") as status:
+        work = Path(tmp)
+        model = work / "model"
+        subprocess.run([str(TIER_PY), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "from tinymodel import build; build(sys.argv[2])", str(ROOT / "tests" / "vllm"), str(model)],
+                       check=True, capture_output=True)
+        secret = work / "secret"
+        secret.write_text(uuid.uuid4().hex * 2)
+        sides: dict[str, Any] = {}
+        try:
+            for name, disk in (("host", True), ("prefill", False), ("decode", False)):
+                sides[name] = sidecar.launch(
+                    pool_path=f"/dev/shm/tpusync-sbench-tpuinf-{uuid.uuid4().hex[:8]}", secret_file=str(secret),
+                    block_bytes=BLOCK_BYTES, dram_bytes=64 << 20, disk_dir=str(work / "disk") if disk else None,
+                    disk_bytes=256 << 20 if disk else 0, control_socket=str(work / f"{name}.sock"),
+                    stderr=subprocess.DEVNULL)
+
+            def spec(role: str, side: str, kv_role: str | None = None) -> EngineSpec:
+                return EngineSpec(str(model), work, rendered_kv_transfer_config(
+                    "tpusync", role, kv_role=kv_role, control_socket=sides[side].control_socket,
+                    data_address=sides[side].address))
+
+            specs = {"plain": EngineSpec(str(model), work), "offload": spec("decode", "host", kv_role="kv_both"),
+                     "prefill": spec("prefill", "prefill"), "decode": spec("decode", "decode")}
+            for name, sp in specs.items():
+                engines[name] = TpuEngine(f"bench-{name}", sp, python=str(TIER_PY))
+            for e in engines.values():
+                e.wait_ready()
+            stores = {k: KVStore.connect(f"unix://{s.control_socket}") for k, s in sides.items()}
+            rng = np.random.default_rng(1)
+
+            def ttft(engine: str, p: list[int], params: dict | None = None, loads: int | None = None) -> float:
+                """The engine's time to the first token; `loads`: the blocks the connector must load."""
+                before = engines[engine].stats()
+                out = engines[engine].generate(p, 1, kv_transfer_params=params)
+                if loads is not None:
+                    loaded = engines[engine].stats()["loaded_blocks"] - before["loaded_blocks"]
+                    assert loaded == loads, f"{engine}: {loaded} blocks loaded, {loads} expected"
+                return float(out["seconds"])
+
+            for n in (500, 1000):
+                full = (n - 1) // BLOCK_SIZE  # loadable blocks: the last prompt token is computed
+                rows: dict[str, list[float]] = {k: [] for k in ("base", "dram", "disk", "prefill", "transfer",
+                                                                "decode_local", "decode_pull")}
+                for rep in range(reps + 1):  # rep 0 compiles what each path needs: not counted
+                    status.update(f"tpu-inference: {n} tokens, rep {rep}")
+                    got: dict[str, float] = {}
+                    p, q, r, s = (rng.integers(0, 512, n).tolist() for _ in range(4))
+                    got["base"] = ttft("plain", p)
+                    ttft("offload", p)  # computes and saves
+                    engines["offload"].call("reset_prefix_cache")
+                    got["dram"] = ttft("offload", p, loads=full)
+                    ttft("offload", q)
+                    keys = hasher.keys(q)
+                    stores["host"].evict(keys)  # DRAM -> disk
+                    assert (stores["host"].lookup(keys).tiers == Tier.DISK).all()
+                    engines["offload"].call("reset_prefix_cache")
+                    got["disk"] = ttft("offload", q, loads=full)
+                    pd = {"do_remote_decode": True}
+                    base_r = ttft("plain", r)
+                    out = engines["prefill"].generate(r, 1, kv_transfer_params=pd)
+                    got["prefill"] = float(out["seconds"]) - base_r  # the save's share of the prefill
+                    start = time.perf_counter()
+                    held = stores["decode"].read_remote(sides["prefill"].address, hasher.keys(r))
+                    got["transfer"] = time.perf_counter() - start
+                    assert all(held)
+                    got["decode_local"] = ttft("decode", r, out["kv_transfer_params"], loads=full)
+                    params = engines["prefill"].generate(s, 1, kv_transfer_params=pd)["kv_transfer_params"]
+                    got["decode_pull"] = ttft("decode", s, params, loads=full)
+                    if rep:
+                        for k, v in got.items():
+                            rows[k].append(v)
+                med = {k: statistics.median(v) for k, v in rows.items()}
+                at = {"tokens": n, "baseline_seconds": med["base"], "load_avg_1m": round(os.getloadavg()[0], 2)}
+                cases = [("prefix-hit-dram", med["dram"], {}), ("prefix-hit-disk", med["disk"], {}),
+                         ("pd-cost", max(med["prefill"], 0.0) + med["transfer"] + med["decode_local"],
+                          {"save_seconds": med["prefill"], "transfer_seconds": med["transfer"],
+                           "decode_seconds": med["decode_local"]}),
+                         ("pd-decode", med["decode_pull"], {})]
+                results += [{"case": f"tpu-inference-{case}-{n}", "seconds": sec, "ratio": sec / med["base"], **at,
+                             **extra} for case, sec, extra in cases]
+        finally:
+            for e in engines.values():
+                e.stop()
+            for sc in sides.values():
+                sc.stop()
+                if sc.pool_path and os.path.exists(sc.pool_path):
+                    os.unlink(sc.pool_path)
+    return results
+
+
+TPU_INFERENCE_COLUMNS = [("case", "case", ""), ("tokens", "tokens", "d"), ("seconds", "seconds", ".4f"),
+                         ("baseline s", "baseline_seconds", ".4f"), ("ratio", "ratio", ".3f"),
+                         ("save s", "save_seconds", ".4f"), ("transfer s", "transfer_seconds", ".4f"),
+                         ("decode s", "decode_seconds", ".4f"), ("load avg", "load_avg_1m", ".2f")]
+TPU_INFERENCE_NOTE = (
+    "tpu-inference on the CPU, tiny Qwen3 (2 layers), tpusync's connector; median of the reps. baseline: TTFT of "
+    "the same engine build recomputing the prompt; prefix-hit: TTFT with the prompt's full blocks in the "
+    "sidecar's DRAM / on its disk; pd-cost: the prefill's extra time over the baseline (save s) + the pull between "
+    "sidecars (transfer s) + the decode TTFT loading the pulled blocks (decode s); pd-decode: the decode TTFT when "
+    "the connector pulls itself")
+
+
+def run_tpu_inference(args: argparse.Namespace, console: Console) -> int:
+    """The tpu-inference case alone: its entries replace their namesakes in the JSON, the
+    other cases' entries stay."""
+    results = tpu_inference_cases(args.reps, console)
+    out = Path(args.out)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
+        report(console, "tpusync serving on tpu-inference (CPU): TTFT vs recompute", results,
+               TPU_INFERENCE_COLUMNS, tmp.name, TPU_INFERENCE_NOTE)
+    old = json.loads(out.read_text()) if out.exists() else []
+    names = {r["case"] for r in results}
+    out.write_text(json.dumps([r for r in old if r["case"] not in names] + results, indent=2) + "\n")
+    console.print(f"merged into {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long", action="store_true", help="also 16K tokens")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--case", choices=("all", "tpu-inference"), default="all",
+                    help="all: the reference engine's cases, then tpu-inference's if its environment is built")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = ap.parse_args()
+    console = Console()
+    if args.case == "tpu-inference":
+        return run_tpu_inference(args, console)
     lengths = [1024, 4096, 8192] + ([16384] if args.long else [])
     cfg = ModelConfig(max_seq=max(lengths) * 2)
     block = -(-cfg.page_bytes // 4096) * 4096
-    console = Console()
     results = []
     with tempfile.TemporaryDirectory() as work, console.status("starting sidecars") as status:
         secret = os.path.join(work, "secret")
@@ -126,6 +275,9 @@ def main() -> int:
             ("load s", "load_seconds", ".4f")], args.out,
            "baseline: TTFT recomputing the whole prompt; pd-transfer: KV transfer time / prefill time; "
            "pd-cost: (prefill side's save + transfer + decode side's load) / prefill time, each part shown")
+    if TIER_PY.exists():
+        return run_tpu_inference(args, console)
+    console.print(f"tpu-inference case not run: {TIER_PY} is missing (make tpu-inference-venv)")
     return 0
 
 

@@ -7,7 +7,8 @@ The protocol of tests/vllm/engine_proc.py (one JSON command per line on stdin, o
 per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Engine drives it:
 
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
-        -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null}]}
+        -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null, "seconds": s}]}
+        (seconds: the engine's time for the batch, from submission to the last output)
     {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process
     {"op": "reset_prefix_cache"} -> {}   empties vLLM's own prefix cache
     {"op": "page_digests"} -> {"shards": S, "digests": [[hex per page] per shard]}
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -95,9 +97,11 @@ def main() -> int:
                 params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
                 sps = [SamplingParams(temperature=0.0, max_tokens=cmd.get("max_tokens", 16), ignore_eos=True,
                                       extra_args={"kv_transfer_params": p} if p else None) for p in params]
+                start = time.perf_counter()
                 outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]], sps, use_tqdm=False)
+                seconds = time.perf_counter() - start  # the whole batch, before the settling step
                 settle()
-                reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids),
+                reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
                                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
             elif cmd["op"] == "stats":  # tpusync's connector counters in this process
                 from tpusync.vllm.common import stats

@@ -52,6 +52,7 @@ class TpuEngine(Engine):
     netns: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     tensor_parallel_size: int = 1  # on as many XLA host (CPU) devices, the KV cache sharded on `model`
+    python: str = sys.executable  # the tier's interpreter (a bench drives engines from another one)
 
     def __post_init__(self) -> None:
         self.log_path = self.spec.logs / f"engine-{self.name}.log"
@@ -63,7 +64,7 @@ class TpuEngine(Engine):
         arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
                           "kv_events_config": self.spec.kv_events_config,
                           "tensor_parallel_size": self.tensor_parallel_size})
-        cmd = [sys.executable, str(ENGINE_SCRIPT), arg]
+        cmd = [self.python, str(ENGINE_SCRIPT), arg]
         if self.netns is not None:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         with open(self.log_path, "wb") as log:
