@@ -121,3 +121,22 @@ def test_sharded_store_view(tmp_path):
     view.evict(keys)  # no disk tier: out
     assert view.lookup(keys).prefix_len == 0 and store.lookup([shard_key(keys[2], 0, 2)]).prefix_len == 0
     store.close()
+
+
+def test_multi_host_slices_and_other_parallelism_stay_off(monkeypatch):
+    """What the connector refuses (it then passes requests through untouched, saying why)."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from tpusync.tpu_inference.connector import TPUSyncConnector
+
+    def reason(pp: int = 1, dp: int = 1) -> str | None:
+        config = SimpleNamespace(parallel_config=SimpleNamespace(pipeline_parallel_size=pp, data_parallel_size=dp))
+        return TPUSyncConnector._unsupported(None, None, config, KVConnectorRole.WORKER, None)  # type: ignore[arg-type]
+
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0")
+    assert reason() is None  # one host: tensor parallelism is fine
+    assert reason(pp=2) == reason(dp=2) == "pipeline or data parallelism"
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0,host-1")
+    assert reason() == "a multi-host slice (2 hosts in TPU_WORKER_HOSTNAMES)"
