@@ -24,9 +24,12 @@ COLUMNS = [
     ("case", "case", ""), ("tokens", "tokens", "d"), ("bytes", "MiB", "mib"), ("seconds", "s", ".3f"),
     ("baseline_seconds", "baseline s", ".3f"), ("gbps", "GB/s", ".2f"), ("baseline_gbps", "baseline GB/s", ".2f"),
     ("ratio", "ratio", ".2f"), ("baseline", "baseline", ""), ("line_rate_gbps", "line rate GB/s", ".3f"),
-    ("vs_line_rate", "vs line rate", ".2f"), ("cores_busy", "cores busy", ".2f"), ("cpu_s_per_gb", "CPU s/GB", ".2f"),
+    ("vs_line_rate", "vs line rate", ".2f"), ("floor_seconds", "floor s", ".3f"), ("vs_floor", "vs floor", ".2f"),
+    ("cores_busy", "cores busy", ".2f"), ("cpu_s_per_gb", "CPU s/GB", ".2f"),
     ("baseline_cpu_s_per_gb", "baseline CPU s/GB", ".2f"), ("raw_cpu_s_per_gb", "raw TCP CPU s/GB", ".2f"),
-    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("pull_seconds", "pull s", ".3f"),
+    ("cpu_vs_raw", "CPU vs raw", ".2f"), ("put_seconds", "put s", ".3f"), ("pull_seconds", "pull s", ".3f"),
+    ("get_seconds", "get s", ".3f"), ("raw_tcp_seconds", "raw TCP s", ".3f"), ("vs_raw_tcp", "vs raw TCP", ".2f"),
+    ("cold_seconds", "cold s", ".3f"),
     # routing
     ("requests", "requests", "d"), ("prompt_tokens", "prompt tokens", "d"),
     ("prefix_hit_rate", "prefix hit rate", ".1%"),
@@ -49,7 +52,10 @@ SECTIONS = [
      "size and stream count N, against N native raw TCP streams (bench/rawtcp.cc) in the same run; CPU seconds "
      "per GB of both sidecars beside the raw sender's and receiver's. shm-*: an engine's put/get through the "
      "shared pool against memcpy. qwen3-235b-*: the KV cache of an 8K-token request shaped like Qwen3-235B, "
-     "put on host A, pulled to B, read out on B. fabric-*: a pull between two simulated hosts over one shaped "
+     "put on host A, pulled to B, read out on B, each phase timed, against the same bytes memcpy'd in, sent over "
+     "N raw TCP streams and memcpy'd out in the same run (vs raw TCP: against the raw streams alone); the "
+     "timed rounds follow one cold round whose engine-side first touch of the pool pages is shown as cold s. "
+     "fabric-*: a pull between two simulated hosts over one shaped "
      "link (tests/support/fabric.py) against raw TCP over the same link; dc is 1 Gbit/s with a 100 us RTT, "
      "cross-zone a 2 ms RTT with scaled-down socket buffers, where one stream is window-limited."),
     ("serving", "Serving", "bench/serving_bench.py",
@@ -66,8 +72,10 @@ SECTIONS = [
      "throughput over a plain sidecar pull's of the same bytes. Every case is the median of its runs. On "
      "loopback every simulated host shares the same cores, so a chain's hops compete instead of overlapping "
      "(cores busy: CPU seconds of every sidecar and the executor per wall second). A fan-out-2 tree puts two "
-     "copies on each relay's uplink, so its floor is twice the line-rate time of the bytes; a naive fan-out "
-     "puts one copy per host on the trainer's uplink."),
+     "copies on each relay's uplink, so its floor is twice the line-rate time of the bytes plus the pipeline "
+     "fill (a chunk per level below the first, at half the line rate); a naive fan-out puts one copy per host on "
+     "the trainer's uplink. floor s: that link-limited time from the plan's model (plan.predict), vs floor: the "
+     "measured time over it."),
     ("routing", "Routing by prefix", "bench/routing_bench.py",
      "Reference servers with real sidecars under a shared-prefix multi-turn workload (system prompts shared by "
      "many users, conversations that come back turn after turn), one request at a time. recompute: no prefix "

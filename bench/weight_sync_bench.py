@@ -29,6 +29,7 @@ bench/results/weight_sync.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -331,34 +332,56 @@ def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list
     tag = f"{total // MIB}m-{profile.name}"
     line_rate = total / profile.rate_bytes_per_s
 
-    def fcase(name, seconds, baseline, cpu=None):
-        return case(name, total, seconds, baseline, cpu) | {"line_rate_seconds": line_rate,
-                                                             "vs_line_rate": seconds / line_rate}
+    def fcase(name, seconds, baseline, cpu=None, floor=None):
+        out = case(name, total, seconds, baseline, cpu) | {"line_rate_seconds": line_rate,
+                                                            "vs_line_rate": seconds / line_rate}
+        if floor is not None:  # the plan's link-limited time: k copies per uplink plus the pipeline fill
+            out |= {"floor_seconds": floor, "vs_floor": seconds / floor}
+        return out
+
+    def floor(n: int, topology: str) -> float:
+        return plan.predict(total, n, link_bytes_per_s=profile.rate_bytes_per_s,
+                            chunk_bytes=FABRIC_BLOCK * FABRIC_CHUNK_BLOCKS, topology=topology, fanout=2).seconds
 
     hop, hop_cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, 1, plan.CHAIN))
     pull, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, 1))
-    out = [fcase(f"fabric-hop-1-{tag}", hop, hop, hop_cpu), fcase(f"fabric-pull-1-{tag}", pull, hop),
+    out = [fcase(f"fabric-hop-1-{tag}", hop, hop, hop_cpu, floor(1, plan.CHAIN)),
+           fcase(f"fabric-pull-1-{tag}", pull, hop),
            case(f"hop-vs-pull-fabric-{tag}", total, hop, pull) | {"ratio": pull / hop, "pull_seconds": pull}]
     for n in hosts:
         for topology in (plan.CHAIN, plan.TREE):
             s, cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, n, topology))
-            out.append(fcase(f"fabric-{topology}-{n}-{tag}", s, hop, cpu))
+            out.append(fcase(f"fabric-{topology}-{n}-{tag}", s, hop, cpu, floor(n, topology)))
         s, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, n))
-        out.append(fcase(f"fabric-naive-{n}-{tag}", s, hop))
+        out.append(fcase(f"fabric-naive-{n}-{tag}", s, hop, floor=n * line_rate))
     return out
+
+
+PARTS = ("onehost", "chain", "naive", "fabric")
+
+
+def merged(path: str, fresh: list[dict]) -> list[dict]:
+    """The results file's rows with those of a partial run (--only) put in place of the same cases."""
+    old = json.loads(Path(path).read_text()) if Path(path).exists() else []
+    by_case = {r["case"]: r for r in fresh}
+    out = [by_case.pop(r["case"], r) for r in old]
+    return out + list(by_case.values())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, nargs="*", default=[1.0],
                     help="weight sizes in GiB (e.g. 1 2); none: skip loopback")
-    ap.add_argument("--samplers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--samplers", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--reps", type=int, default=3, help="runs per case; the median is reported")
     ap.add_argument("--fabric-hosts", type=int, nargs="*", default=[4, 8], help="destination hosts; none: skip")
     ap.add_argument("--fabric-mib", type=int, default=128)
     ap.add_argument("--fabric-profile", default="dc", choices=sorted(fab.PROFILES))
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma list of parts to run, of {','.join(PARTS)}; a partial run updates --out in place")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
     args = ap.parse_args()
+    only = set(args.only.split(","))
     console = Console(width=200)
     results = []
     with tempfile.TemporaryDirectory(prefix="tpusync-wbench-") as workdir:
@@ -370,32 +393,37 @@ def main() -> None:
             tag = f"{gib:g}g"
             raw = rawtcp.run(total, 4, reps)
             results.append(case(f"tcp-raw-{tag}", total, raw.seconds, raw.seconds, raw.cpu_seconds))
-            one, _ = median_of(reps, partial(onehost, workdir, secret_file, total, 1))
-            results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
-            for n in args.samplers:
-                s, _ = median_of(reps, partial(onehost, workdir, secret_file, total, n))
-                results.append(case(f"onehost-{n}-samplers-{tag}", total, s, one))
-            hop, hop_cpu = median_of(reps, partial(chain, workdir, secret_file, total, 1))
-            results.append(case(f"chain-1-hops-{tag}", total, hop, hop, hop_cpu))
-            for n in args.samplers:
-                seconds, cpu = median_of(reps, partial(chain, workdir, secret_file, total, n))
-                results.append(case(f"chain-{n}-hops-{tag}", total, seconds, hop, cpu))
-            base, _ = median_of(reps, partial(naive, workdir, secret_file, total, 1))
-            results.append(case(f"naive-1-samplers-{tag}", total, base, base))
-            for n in args.samplers:
-                s, _ = median_of(reps, partial(naive, workdir, secret_file, total, n))
-                results.append(case(f"naive-{n}-samplers-{tag}", total, s, base))
-            hvp = case(f"hop-vs-pull-loopback-{tag}", total, hop, base, hop_cpu)
-            hvp |= {"ratio": base / hop, "pull_seconds": base, "raw_cpu_s_per_gb": raw.cpu_seconds / (total / 1e9),
-                    "cpu_vs_raw": hop_cpu / raw.cpu_seconds}
-            results.append(hvp)
+            if "onehost" in only:
+                one, _ = median_of(reps, partial(onehost, workdir, secret_file, total, 1))
+                results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
+                for n in args.samplers:
+                    s, _ = median_of(reps, partial(onehost, workdir, secret_file, total, n))
+                    results.append(case(f"onehost-{n}-samplers-{tag}", total, s, one))
+            if "chain" in only:
+                hop, hop_cpu = median_of(reps, partial(chain, workdir, secret_file, total, 1))
+                results.append(case(f"chain-1-hops-{tag}", total, hop, hop, hop_cpu))
+                for n in args.samplers:
+                    seconds, cpu = median_of(reps, partial(chain, workdir, secret_file, total, n))
+                    results.append(case(f"chain-{n}-hops-{tag}", total, seconds, hop, cpu))
+            if "naive" in only:
+                base, _ = median_of(reps, partial(naive, workdir, secret_file, total, 1))
+                results.append(case(f"naive-1-samplers-{tag}", total, base, base))
+                for n in args.samplers:
+                    s, _ = median_of(reps, partial(naive, workdir, secret_file, total, n))
+                    results.append(case(f"naive-{n}-samplers-{tag}", total, s, base))
+            if {"chain", "naive"} <= only:
+                hvp = case(f"hop-vs-pull-loopback-{tag}", total, hop, base, hop_cpu)
+                hvp |= {"ratio": base / hop, "pull_seconds": base,
+                        "raw_cpu_s_per_gb": raw.cpu_seconds / (total / 1e9), "cpu_vs_raw": hop_cpu / raw.cpu_seconds}
+                results.append(hvp)
             console.print(f"done {tag}")
-        if args.fabric_hosts:
+        if args.fabric_hosts and "fabric" in only:
             total = args.fabric_mib * MIB // LEAF * LEAF
             results += fabric_cases(fab.PROFILES[args.fabric_profile], secret_file, total, args.fabric_hosts, reps)
     columns = [("case", "case", ""), ("seconds", "seconds", ".3f"), ("baseline s", "baseline_seconds", ".3f"),
                ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("vs line rate", "vs_line_rate", ".2f"),
-               ("cores busy", "cores_busy", ".2f"), ("cpu s/GB", "cpu_s_per_gb", ".2f")]
+               ("cores busy", "cores_busy", ".2f"), ("cpu s/GB", "cpu_s_per_gb", ".2f"),
+               ("floor s", "floor_seconds", ".3f"), ("vs floor", "vs_floor", ".2f")]
     gb = 10**9
     model_bytes = 235 * gb * 2
     lines = ["Plan prediction, 235B params bf16 (470 GB) to 16 hosts at 50 GB/s per host link, 64 MiB chunks:"]
@@ -407,7 +435,11 @@ def main() -> None:
                                "(copy + checksum), so hops compete for the same cores; figures are noisy. "
                                "cores busy: CPU seconds of every sidecar and the executor per wall second.")
     note += ("\nfabric-*: ratio = seconds over one fabric hop (fabric-hop-1) of the same bytes; vs line rate = "
-             "seconds over bytes / link rate. hop-vs-pull-*: ratio = a hop's throughput over a plain pull's.")
+             "seconds over bytes / link rate; floor = the plan's link-limited time (plan.predict: k copies on each "
+             "uplink plus depth - 1 chunks of pipeline fill; naive: one copy per host on the trainer's uplink). "
+             "hop-vs-pull-*: ratio = a hop's throughput over a plain pull's.")
+    if only != set(PARTS):
+        results = merged(args.out, results)
     report(console, f"tpusync weight sync (median of {args.reps})", results, columns, args.out, note)
 
 
