@@ -280,11 +280,30 @@ def _set_layer_pages(layers: list[jax.Array], blocks: list[np.ndarray], page_ids
     return [layer.at[page_ids].set(block) for layer, block in zip(layers, blocks)]
 
 
+def _stage_layer_blocks(store: KVStore, keys: list[int], staging: list[np.ndarray], sizes: list[int]) -> int:
+    """Copies the leading stored blocks of `keys` into the staging arrays (one per layer);
+    returns how many (the first absent block, or one of another size, ends them)."""
+    nbytes = sum(sizes)
+    with store.acquire_many(keys) as views:
+        present = next((i for i, view in enumerate(views) if view is None or len(view) != nbytes), len(views))
+        # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
+        for i in range(present):
+            src = np.frombuffer(cast(memoryview, views[i]), dtype=np.uint8, count=nbytes)  # i < present
+            offset = 0
+            for st, size in zip(staging, sizes):
+                st[i].reshape(-1).view(np.uint8)[:] = src[offset:offset + size]
+                offset += size
+            del src
+    return present
+
+
 def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array],
                      page_ids: Sequence[int]) -> tuple[list[jax.Array], int]:
     """Loads stored blocks into pages of a list-of-layers cache: one jitted update of every
     layer per group of pages, the old layers donated. Returns the new layers and the number of
-    leading pages loaded; loading stops at the first block the store lacks (or of another size)."""
+    leading pages loaded; loading stops at the first block the store lacks (or of another size),
+    or at a store error once a group is loaded (the layers passed in are gone by then; an error
+    before that raises)."""
     layers = list(layers)
     if any(_is_sharded(layer) for layer in layers):
         return _load_layer_pages_sharded(store, keys, layers, page_ids)
@@ -296,18 +315,14 @@ def load_layer_pages(store: KVStore, keys: Sequence[int], layers: Sequence[jax.A
     for g in range(0, len(keys), _GROUP):
         group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
         staging = [np.empty((_GROUP,) + tuple(s), layer.dtype) for s, layer in zip(shapes, layers)]
-        with store.acquire_many(group_keys) as views:
-            present = next((i for i, view in enumerate(views) if view is None or len(view) != nbytes), len(views))
-            if present == 0:
+        try:
+            present = _stage_layer_blocks(store, group_keys, staging, sizes)
+        except (errors.TpuSyncError, OSError):
+            if loaded:  # the caller's layers were donated to earlier groups' updates: hand back the new ones
                 break
-            # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
-            for i in range(present):
-                src = np.frombuffer(cast(memoryview, views[i]), dtype=np.uint8, count=nbytes)  # i < present
-                offset = 0
-                for st, size in zip(staging, sizes):
-                    st[i].reshape(-1).view(np.uint8)[:] = src[offset:offset + size]
-                    offset += size
-                del src
+            raise
+        if present == 0:
+            break
         for st in staging:
             st[present:] = st[present - 1]  # pad: rewriting the last page is harmless
         pids = group_pages[:present] + [group_pages[present - 1]] * (_GROUP - present)

@@ -95,3 +95,38 @@ def test_sharded_layers_move_shard_by_shard():
     out = subprocess.run([sys.executable, "-c", SHARDED], check=False, capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+
+class _DropsAfter:
+    """A real store whose connection drops after `good` acquire_many calls."""
+
+    def __init__(self, store, good: int) -> None:
+        self.store, self.good = store, good
+        self.block_bytes = store.block_bytes
+
+    def acquire_many(self, keys):
+        from tpusync import errors
+
+        if self.good == 0:
+            raise errors.UnavailableError("sidecar gone")
+        self.good -= 1
+        return self.store.acquire_many(keys)
+
+
+def test_a_store_error_after_a_loaded_group_hands_back_the_new_layers():
+    """Each group's update donates the layers it was given: once one group is in, a store error
+    must not leave the caller holding deleted arrays (it gets the new ones and the count)."""
+    from tpusync import errors, pages
+
+    shape = (40, 4, 2, 1, 8)
+    src = [jnp.asarray(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))]
+    keys, pids = list(range(100, 120)), list(range(20))  # two groups of pages
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        save_layer_pages(store, keys, src, pids)
+        dst, loaded = load_layer_pages(_DropsAfter(store, 1), keys, [jnp.zeros(shape, jnp.float32)],
+                                       [p + 20 for p in pids])
+        assert loaded == pages._GROUP
+        assert np.array_equal(np.asarray(dst[0][20:20 + loaded]), np.asarray(src[0][:loaded]))
+        with pytest.raises(errors.UnavailableError):  # nothing loaded yet: the error is the caller's
+            load_layer_pages(_DropsAfter(store, 0), keys, [jnp.zeros(shape, jnp.float32)], pids)
