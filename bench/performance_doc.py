@@ -29,7 +29,8 @@ COLUMNS = [
     ("baseline_cpu_s_per_gb", "baseline CPU s/GB", ".2f"), ("raw_cpu_s_per_gb", "raw TCP CPU s/GB", ".2f"),
     ("cpu_vs_raw", "CPU vs raw", ".2f"), ("put_seconds", "put s", ".3f"), ("pull_seconds", "pull s", ".3f"),
     ("get_seconds", "get s", ".3f"), ("raw_tcp_seconds", "raw TCP s", ".3f"), ("vs_raw_tcp", "vs raw TCP", ".2f"),
-    ("cold_seconds", "cold s", ".3f"),
+    ("cold_seconds", "cold s", ".3f"), ("pull_vs_raw_tcp", "pull vs raw TCP", ".2f"),
+    ("memcpy_seconds", "memcpy s", ".3f"),
     # routing
     ("requests", "requests", "d"), ("prompt_tokens", "prompt tokens", "d"),
     ("prefix_hit_rate", "prefix hit rate", ".1%"),
