@@ -13,6 +13,7 @@ import yaml
 
 from tpusync_operator.builders.llmd import EPP_HEALTH_PORT
 from tpusync_operator.render import main
+from tpusync_operator.tpu import slice_for
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = sorted((REPO / "samples").glob("*.yaml"))
@@ -46,7 +47,9 @@ def test_render_every_sample(sample):
         assert not requests
     # The pool's children, the generated Secret, the serving's workloads and llm-d objects.
     assert {"ConfigMap", "Service", "NetworkPolicy", "Secret"} <= set(by_kind)
-    workload = "LeaderWorkerSet" if serving["spec"]["engine"]["type"] == "vllm-tpu" else "Deployment"
+    # Engines spanning several hosts run as LeaderWorkerSets, one-host engines as Deployments.
+    multi_host = slice_for(pool["spec"]["tpu"]["type"], pool["spec"]["tpu"]["topology"]).multi_host
+    workload = "LeaderWorkerSet" if multi_host else "Deployment"
     assert {o["metadata"]["name"] for o in by_kind[workload]} >= {f"{serving['metadata']['name']}-prefill",
                                                                   f"{serving['metadata']['name']}-decode"}
     assert "InferencePool" in by_kind and "InferenceObjective" in by_kind
