@@ -95,10 +95,11 @@ pytest: install
 test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
-# built side by side first: on a cold machine the two environments' downloads (~17 GB) overlap
-# the Go builds (control plane, LWS, llm-d's indexer) instead of following them.
+# built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,
+# and the images' Debian bases) overlap the Go builds (control plane, LWS, llm-d's indexer)
+# instead of following them.
 caches: system-deps
-	$(MAKE) -j5 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env
+	$(MAKE) -j6 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env image-bases
 
 demo: install
 	$(PY) -m tpusync.demo
