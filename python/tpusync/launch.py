@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from tpusync import errors
+from tpusync.sidecar import terminate
 
 
 @dataclass
@@ -30,13 +31,7 @@ class ServerProcess:
 
 def interrupt(process: subprocess.Popen[Any], grace: float) -> None:
     """SIGINT (a server's clean shutdown), then SIGKILL if it has not exited within `grace` s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    terminate(process, grace, signal.SIGINT)
 
 
 def start_server(role: str, *, model_config: dict[str, Any], control_socket: str | None = None,

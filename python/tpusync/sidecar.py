@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tpusync import errors
 
@@ -31,11 +31,11 @@ def sidecar_binary() -> str:
     return found
 
 
-def terminate(process: subprocess.Popen[str], timeout: float = 30.0) -> int:
-    """SIGTERM (a sidecar drains its connections and flushes write-behind), SIGKILL after
-    `timeout`; returns the exit code."""
+def terminate(process: subprocess.Popen[Any], timeout: float = 30.0, sig: int = signal.SIGTERM) -> int:
+    """`sig` (SIGTERM: a sidecar drains its connections and flushes write-behind; SIGINT: a
+    server's clean shutdown), then SIGKILL after `timeout` s; returns the exit code."""
     if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sig)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
