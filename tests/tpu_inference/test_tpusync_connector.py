@@ -136,39 +136,37 @@ def test_prefill_decode_pair_over_sidecars(cluster, reference):
     assert got["token_ids"] == reference(PROMPT)
 
 
-def test_fresh_engine_served_from_the_dram_tier(cluster, reference):
+def fresh_engine_loads(cluster, reference, p, blocks: int, tier: str) -> None:
+    """An engine that never saw prompt p loads its blocks from the sidecar, gives the reference
+    tokens, and llm-d's indexer shows the blocks at the sidecar's tier."""
     engines = cluster.engines
-    p = prompt(22, 200)  # 6 full blocks
-    engines["prefill"].generate(p, max_tokens=1)
     before = engines["fresh"].stats()
     got = engines["fresh"].generate(p, max_tokens=16)
     d = delta(engines["fresh"].stats(), before)
-    assert d["loaded_blocks"] == 6 and d["load_error_blocks"] == 0
+    assert d["loaded_blocks"] == blocks and d["load_error_blocks"] == 0
     assert got["token_ids"] == reference(p)
     want = announced_at(cluster, p)
-    assert want.get("cpu") == 6
-    assert eventually(lambda: cluster.indexer.tiers(p, cluster.pod.pod) == {"gpu": 6, **want}), \
+    assert want.get(tier) == blocks
+    assert eventually(lambda: cluster.indexer.tiers(p, cluster.pod.pod) == {"gpu": blocks, **want}), \
         cluster.indexer.tiers(p, cluster.pod.pod)
 
 
+def test_fresh_engine_served_from_the_dram_tier(cluster, reference):
+    p = prompt(22, 200)  # 6 full blocks
+    cluster.engines["prefill"].generate(p, max_tokens=1)
+    fresh_engine_loads(cluster, reference, p, 6, "cpu")
+
+
 def test_fresh_engine_served_from_the_disk_tier(cluster, reference):
-    """The prompt's blocks left the sidecar's DRAM for its disk: the engine loads them from there."""
-    engines = cluster.engines
+    """The prompt's blocks left the sidecar's DRAM for its disk: the engine loads them from there
+    (and they stay announced on disk, whether the load brought them back to DRAM or not)."""
     p = prompt(27, 200)  # 6 full blocks
-    engines["prefill"].generate(p, max_tokens=1)
+    cluster.engines["prefill"].generate(p, max_tokens=1)
     keys = BlockHasher(BLOCK_SIZE).keys(p)
     with cluster.store("p") as store:
         store.evict(keys)  # DRAM -> disk (written behind)
         assert [int(t) for t in store.lookup(keys).tiers] == [2] * 6
-    before = engines["fresh"].stats()
-    got = engines["fresh"].generate(p, max_tokens=16)
-    d = delta(engines["fresh"].stats(), before)
-    assert d["loaded_blocks"] == 6 and d["load_error_blocks"] == 0
-    assert got["token_ids"] == reference(p)
-    want = announced_at(cluster, p)
-    assert want.get("disk") == 6  # still on disk, whether the load brought it back to DRAM or not
-    assert eventually(lambda: cluster.indexer.tiers(p, cluster.pod.pod) == {"gpu": 6, **want}), \
-        cluster.indexer.tiers(p, cluster.pod.pod)
+    fresh_engine_loads(cluster, reference, p, 6, "disk")
 
 
 def test_partial_prefix_hit(cluster, reference):
