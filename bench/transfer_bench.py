@@ -5,7 +5,8 @@ Measured in one run, so results are ratios:
 - network pull and push between two sidecars, for each block size and stream count N,
   against N raw TCP streams carrying the same bytes between two processes (bench/rawtcp.cc,
   native, as fast as the kernel allows); CPU seconds per GB of both sidecars beside the raw
-  sender's and receiver's;
+  sender's and receiver's. Every frame is authenticated (ChaCha20-Poly1305 tags); the
+  `-encrypted` cases run both sidecars with --encrypt, against the same raw streams;
 - an engine putting into and getting from its sidecar through the shared-memory pool
   (control socket), against a single-thread memcpy of the same bytes;
 - end to end, the KV cache of an 8K-token request shaped like Qwen3-235B (94 layers x
@@ -46,7 +47,7 @@ COLUMNS = RATE_COLUMNS + [("cpu s/GB", "cpu_s_per_gb", ".2f"), ("raw cpu s/GB", 
                           ("put s", "put_seconds", ".3f"), ("pull s", "pull_seconds", ".3f"),
                           ("get s", "get_seconds", ".3f"), ("raw TCP s", "raw_tcp_seconds", ".3f"),
                           ("vs raw TCP", "vs_raw_tcp", ".2f"), ("cold s", "cold_seconds", ".3f")]
-PARTS = ("network", "shm", "qwen", "fabric")
+PARTS = ("network", "encrypted", "shm", "qwen", "fabric")
 
 
 def median(times: list[float]) -> float:
@@ -90,12 +91,13 @@ def row(name: str, nbytes: int, seconds: float, baseline_seconds: float, *, cpu:
 class Pair:
     """Sidecars A (source) and B (destination) with engine clients on their control sockets."""
 
-    def __init__(self, workdir: str, secret_file: str, pool_bytes: int, block: int, streams: int):
+    def __init__(self, workdir: str, secret_file: str, pool_bytes: int, block: int, streams: int,
+                 encrypt: bool = False):
         self.pools = [f"/dev/shm/tpusync-bench-{uuid.uuid4().hex[:8]}" for _ in range(2)]
         self.a, self.b = (
             sidecar.launch(pool_path=p, secret_file=secret_file, dram_bytes=pool_bytes, block_bytes=block,
                            control_socket=os.path.join(workdir, f"{uuid.uuid4().hex[:8]}.sock"), streams=streams,
-                           stderr=subprocess.DEVNULL)
+                           extra=["--encrypt"] if encrypt else [], stderr=subprocess.DEVNULL)
             for p in self.pools
         )
         self.ea = tpusync.KVStore.connect(f"unix://{self.a.control_socket}")
@@ -114,17 +116,18 @@ class Pair:
                 os.unlink(p)
 
 
-def bench_network(workdir, secret_file, total, block, streams_list, reps) -> list[dict]:
+def bench_network(workdir, secret_file, total, block, streams_list, reps, encrypt=False) -> list[dict]:
     """Pulls and pushes between two sidecars; each rep is paired with a raw TCP rep of the
     same bytes over as many streams, run just before it, so slow drifts of this shared
     machine's load hit both sides of the ratio alike."""
     n = total // block
     label = f"{block // MIB}m" if block >= MIB else f"{block // KIB}k"
+    suffix = "-encrypted" if encrypt else ""
     src = np.ones(total, np.uint8)
     bufs = [src[i * block:(i + 1) * block] for i in range(n)]
     out = []
     for streams in streams_list:
-        pair = Pair(workdir, secret_file, total + 64 * block, block, streams)
+        pair = Pair(workdir, secret_file, total + 64 * block, block, streams, encrypt)
         try:
             keys = keys_for(1, n)
             pair.ea.put(keys, bufs)
@@ -148,10 +151,10 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps) -> lis
                 pair.ea.evict(keys_for(2, n))
             raw_pull, raw_push = raws[:reps], raws[reps:]
             base = f"raw-tcp-{streams}s"
-            out.append(row(f"pull-{label}-{streams}s-{total // GIB}g", total, median(pulls),
+            out.append(row(f"pull-{label}-{streams}s-{total // GIB}g{suffix}", total, median(pulls),
                            median([r.seconds for r in raw_pull]), cpu=median(cpus),
                            baseline_cpu=median([r.cpu_seconds for r in raw_pull]), baseline=base))
-            out.append(row(f"push-{label}-{streams}s-{total // GIB}g", total, median(pushes),
+            out.append(row(f"push-{label}-{streams}s-{total // GIB}g{suffix}", total, median(pushes),
                            median([r.seconds for r in raw_push]), baseline=base))
         finally:
             pair.close()
@@ -312,6 +315,10 @@ def main() -> int:
             for block in blocks:
                 status.update(f"sidecar to sidecar, {total // GIB} GiB in {block // KIB} KiB blocks")
                 results += bench_network(workdir, secret_file, total, block, streams, args.reps)
+        for total in sizes if "encrypted" in only else []:
+            status.update(f"encrypted sessions, {total // GIB} GiB in 2 MiB blocks")
+            results += bench_network(workdir, secret_file, total, 2 * MIB, sorted({1, max(streams)}), args.reps,
+                                     encrypt=True)
         if "shm" in only:
             status.update("engine <-> sidecar through shared memory")
             results += bench_shm(workdir, secret_file, GIB, 2 * MIB, args.reps)

@@ -148,7 +148,7 @@ std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t b
                                         std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
                                         bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
                                         double writeback_watermark, std::optional<pb::bytes> secret, int streams,
-                                        int timeout_ms) {
+                                        int timeout_ms, bool encrypt) {
   StoreOptions o;
   o.pool = {.path = pool_path, .block_bytes = block_bytes, .num_slots = num_slots, .hugepages = hugepages,
             .mlock = mlock, .populate = populate, .unlink_on_close = unlink_on_close};
@@ -157,7 +157,7 @@ std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t b
   o.io_threads = io_threads;
   o.writeback_watermark = writeback_watermark;
   net::PeerOptions peers{.secret = secret ? std::string(*secret) : std::string(), .streams = streams,
-                         .connect_timeout = std::chrono::milliseconds(timeout_ms)};
+                         .connect_timeout = std::chrono::milliseconds(timeout_ms), .encrypt = encrypt};
   // Mapping and pre-faulting a large pool takes a while.
   auto s = NoGil([&] { return net::OpenLocalBlockStore(o, std::move(peers)); });
   return std::make_unique<PyBlockStore>(Take(std::move(s)));
@@ -169,9 +169,9 @@ std::unique_ptr<PyBlockStore> ConnectSidecar(const std::string& path, int timeou
 }
 
 std::unique_ptr<PyBlockStore> ConnectDataPort(const std::string& address, const pb::bytes& secret, int streams,
-                                              int timeout_ms) {
+                                              int timeout_ms, bool encrypt) {
   net::PeerOptions o{.secret = std::string(secret), .streams = streams,
-                     .connect_timeout = std::chrono::milliseconds(timeout_ms)};
+                     .connect_timeout = std::chrono::milliseconds(timeout_ms), .encrypt = encrypt};
   auto s = NoGil([&] { return net::ConnectDataPort(address, std::move(o)); });
   return std::make_unique<PyBlockStore>(Take(std::move(s)));
 }
@@ -233,15 +233,16 @@ PYBIND11_MODULE(_native, m) {
                   pb::arg("hugepages") = false, pb::arg("mlock") = false, pb::arg("populate") = true,
                   pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 2,
                   pb::arg("writeback_watermark") = 0.05, pb::arg("secret") = pb::none(), pb::arg("streams") = 4,
-                  pb::arg("timeout_ms") = 5000,
+                  pb::arg("timeout_ms") = 5000, pb::arg("encrypt") = false,
                   "Opens (or re-attaches to) a store in this process: a shared-memory DRAM pool, an optional "
-                  "disk tier; with `secret`, transfers with peers' data ports.")
+                  "disk tier; with `secret`, transfers with peers' data ports (encrypted with `encrypt`).")
       .def_static("connect_sidecar", &ConnectSidecar, pb::arg("socket_path"), pb::kw_only(),
                   pb::arg("timeout_ms") = 30000,
                   "Connects to the sidecar of this pod over its control socket and maps its pool.")
       .def_static("connect_data_port", &ConnectDataPort, pb::arg("address"), pb::kw_only(), pb::arg("secret"),
-                  pb::arg("streams") = 4, pb::arg("timeout_ms") = 5000,
-                  "Connects to a sidecar's data port (\"host:port\") over parallel authenticated streams.")
+                  pb::arg("streams") = 4, pb::arg("timeout_ms") = 5000, pb::arg("encrypt") = false,
+                  "Connects to a sidecar's data port (\"host:port\") over parallel authenticated streams "
+                  "(encrypted too with `encrypt`).")
       .def(
           "put",
           [](S& s, const pb::handle& keys, const pb::handle& buffers) {
@@ -352,14 +353,14 @@ PYBIND11_MODULE(_native, m) {
           pb::arg("key"), pb::keep_alive<0, 1>(), "Holds one block in DRAM as a lease object, readable in place.")
       .def(
           "pull_from",
-          [](S& s, const std::string& peer, const pb::handle& keys) {
+          [](S& s, const std::string& peer, const pb::handle& keys, bool digests) {
             std::vector<BlockKey> k = ParseKeys(keys);
-            PullReport r = Take(NoGil([&] { return s->PullFrom(peer, k); }));
+            PullReport r = Take(NoGil([&] { return s->PullFrom(peer, k, digests); }));
             return LandedDigests(r.held, r.digests);
           },
-          pb::arg("peer"), pb::arg("keys"),
-          "Pulls the blocks this store lacks from a peer's data port; returns (held, landed, digests): the "
-          "XXH3-64 of each block that landed in this pull.")
+          pb::arg("peer"), pb::arg("keys"), pb::arg("digests") = false,
+          "Pulls the blocks this store lacks from a peer's data port; returns (held, landed, digests): with "
+          "digests=True, the XXH3-64 of each block that landed in this pull (computed as it arrived), else 0.")
       .def(
           "push_to",
           [](S& s, const std::string& peer, const pb::handle& keys) {

@@ -62,6 +62,19 @@ Setter Str(std::string SidecarFlags::*field) {
   };
 }
 
+// Comma-separated; empty entries are dropped.
+Setter List(std::vector<std::string> SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string&, const std::string& v) {
+    (f.*field).clear();
+    for (size_t start = 0; start <= v.size();) {
+      size_t end = std::min(v.find(',', start), v.size());
+      if (end > start) (f.*field).push_back(v.substr(start, end - start));
+      start = end + 1;
+    }
+    return Status::Ok();
+  };
+}
+
 Setter Bool(bool SidecarFlags::*field) {
   return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
     TPUSYNC_ASSIGN_OR_RETURN(f.*field, ParseBool(n, v));
@@ -94,12 +107,23 @@ const std::vector<FlagDef>& Defs() {
        "data connections still in their handshake, at most; the oldest is cut for a new one (default 64)"},
       {"max-unauthenticated-per-source", Int(&SidecarFlags::max_unauthenticated_per_source, 1, 65536),
        "of those, from one address (default 8)"},
+      {"max-connections-per-source", Int(&SidecarFlags::max_connections_per_source, 1, 65536),
+       "authenticated data connections from one address, at most (default 64)"},
       {"handshake-timeout-ms", Int(&SidecarFlags::handshake_timeout_ms, 1, 600000), "a handshake's deadline (default 2000)"},
       {"op-timeout-ms", Int(&SidecarFlags::op_timeout_ms, 1, 3600000), "deadline of one request (default 120000)"},
+      {"progress-timeout-ms", Int(&SidecarFlags::progress_timeout_ms, 1, 600000),
+       "each frame of a transfer (a block, a reply) must move whole within this, or the connection is cut "
+       "(default 10000)"},
       {"drain-timeout-ms", Int(&SidecarFlags::drain_timeout_ms, 0, 3600000), "SIGTERM drain period (default 30000)"},
       {"hugepages", Bool(&SidecarFlags::hugepages), "ask for transparent huge pages"},
       {"mlock", Bool(&SidecarFlags::mlock), "lock the pool in RAM"},
-      {"peers-dns", Str(&SidecarFlags::peers_dns), "headless Service of the pool, reported on /readyz"},
+      {"peers", List(&SidecarFlags::peers),
+       "the pool's members, comma-separated host:port (or host: any port) entries; with --peers-dns, the only "
+       "data ports this sidecar pulls from and pushes to (default: none)"},
+      {"peers-dns", Str(&SidecarFlags::peers_dns),
+       "headless Service of the pool: its addresses are members at this sidecar's --data-port; reported on /readyz"},
+      {"encrypt", Bool(&SidecarFlags::encrypt),
+       "encrypt every data-port session, both ways (ChaCha20-Poly1305); sessions are authenticated either way"},
       {"help", Bool(&SidecarFlags::help), "print this help"},
   };
   return defs;
@@ -133,7 +157,7 @@ Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
       if (name == d.name) def = &d;
     }
     if (def == nullptr) return InvalidArgument("unknown flag --" + name + " (see --help)");
-    bool is_bool = name == "help" || name == "hugepages" || name == "mlock";
+    bool is_bool = name == "help" || name == "hugepages" || name == "mlock" || name == "encrypt";
     if (!has_value && !is_bool) {
       if (i + 1 >= args.size()) return InvalidArgument("--" + name + " needs a value");
       value = args[++i];

@@ -25,12 +25,18 @@ struct SidecarFlags {
   int max_connections = 256;         // authenticated data connections
   int max_unauthenticated = 64;      // data connections still in their handshake
   int max_unauthenticated_per_source = 8;
+  int max_connections_per_source = 64;  // authenticated data connections from one address
   int handshake_timeout_ms = 2000;
   int op_timeout_ms = 120000;
+  int progress_timeout_ms = 10000;  // a frame of a transfer moves whole within this
   int drain_timeout_ms = 30000;
   bool hugepages = false;
   bool mlock = false;
-  std::string peers_dns;           // headless Service name of the pool, reported on /readyz
+  bool encrypt = false;            // encrypt every data-port session
+  // The pool's members, the only data ports this sidecar dials: host:port or host entries, and
+  // the pool's headless Service (its addresses, at this sidecar's --data-port).
+  std::vector<std::string> peers;
+  std::string peers_dns;
   bool help = false;
 };
 

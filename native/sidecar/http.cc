@@ -64,7 +64,7 @@ void ServeHttp(net::Connection& conn, const std::function<HttpResponse(const std
   HttpResponse resp;
   if (!req) {
     resp = {400, "text/plain; charset=utf-8", "bad request\n"};
-  } else if (!conn.Admit()) {
+  } else if (!conn.Admit().ok()) {
     resp = {503, "text/plain; charset=utf-8", "busy\n"};
   } else if (req->method != "GET" && req->method != "HEAD") {
     resp = {405, "text/plain; charset=utf-8", "only GET\n"};

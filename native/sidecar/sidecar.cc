@@ -34,12 +34,18 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
           std::to_string(st.recovered_disk) + " disk blocks");
 
   net::PeerClientOptions client_options{.streams = f.streams,
-                                        .connect_timeout = std::chrono::milliseconds(f.handshake_timeout_ms)};
-  s->peers_ = std::make_unique<net::PeerPool>(*secret, client_options);
+                                        .connect_timeout = std::chrono::milliseconds(f.handshake_timeout_ms),
+                                        .block_bytes = f.block_bytes,
+                                        .encrypt = f.encrypt,
+                                        .progress_timeout = std::chrono::milliseconds(f.progress_timeout_ms)};
+  TPUSYNC_ASSIGN_OR_RETURN(net::PoolMembers members, net::PoolMembers::Configured(f.peers, f.peers_dns, f.data_port));
+  s->peers_ = std::make_unique<net::PeerPool>(*secret, client_options, std::move(members));
   s->peer_service_ = std::make_unique<net::PeerService>(
       *s->store_, *secret, s->metrics_,
       net::PeerServiceOptions{.handshake_timeout = std::chrono::milliseconds(f.handshake_timeout_ms),
-                              .op_timeout = std::chrono::milliseconds(f.op_timeout_ms)});
+                              .op_timeout = std::chrono::milliseconds(f.op_timeout_ms),
+                              .progress_timeout = std::chrono::milliseconds(f.progress_timeout_ms),
+                              .encrypt = f.encrypt});
   s->control_service_ = std::make_unique<net::ControlService>(*s->store_, *s->peers_, s->metrics_,
                                                               std::chrono::milliseconds(f.op_timeout_ms));
 
@@ -49,6 +55,7 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
   s->data_ = std::make_unique<net::ConnectionServer>(
       "data", std::move(data_l), [self](net::Connection& conn) { self->peer_service_->Serve(conn); },
       net::ServerLimits{.max_admitted = static_cast<size_t>(f.max_connections),
+                        .max_admitted_per_source = static_cast<size_t>(f.max_connections_per_source),
                         .max_pending = static_cast<size_t>(f.max_unauthenticated),
                         .max_pending_per_source = static_cast<size_t>(f.max_unauthenticated_per_source)});
   // Probes must stay answerable: a connection is pending until its request head arrives, a
@@ -56,7 +63,9 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
   s->http_ = std::make_unique<net::ConnectionServer>(
       "http", std::move(http_l),
       [self](net::Connection& conn) { ServeHttp(conn, [self](auto& p) { return self->Route(p); }); },
-      net::ServerLimits{.max_admitted = 64, .max_pending = 64, .max_pending_per_source = 16}, RefuseHttp);
+      net::ServerLimits{.max_admitted = 64, .max_admitted_per_source = 64, .max_pending = 64,
+                        .max_pending_per_source = 16},
+      RefuseHttp);
   if (!f.control_socket.empty()) {
     TPUSYNC_ASSIGN_OR_RETURN(net::Listener ctl_l, net::Listener::ListenUnix(f.control_socket));
     // Engines in the pod: admitted at once (the socket file's permissions are the check).

@@ -1,12 +1,16 @@
 #include "tpusync/block_pool.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <thread>
 
+#include "posix_io.h"
 #include "test_util.h"
 
 namespace tpusync {
@@ -91,9 +95,36 @@ TEST(BlockPool, RejectsBadGeometryAndForeignFiles) {
   auto bad = BlockPool::Create({.path = p.path(), .block_bytes = 1000, .num_slots = 4});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   { std::ofstream(p.path()) << "this is not a pool, just some text that is long enough to look like a header"; }
+  ASSERT_EQ(::chmod(p.path().c_str(), 0600), 0);
   auto foreign = BlockPool::Create(Opts(p));
   ASSERT_FALSE(foreign.ok());
   EXPECT_NE(foreign.status().message().find("not a tpusync pool"), std::string::npos);
+}
+
+// A pool file another local user could open (pre-created with mode 0666, or a symlink to
+// one of theirs) would hand them every block: it is refused, and the message says what to do.
+TEST(BlockPool, RefusesAPoolFileOthersCanOpenAndSymlinks) {
+  ShmPath p;
+  {
+    UniqueFd fd(::open(p.path().c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(::fchmod(fd.get(), 0666), 0);
+  }
+  auto open = BlockPool::Create(Opts(p));
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(open.status().message().find("mode 0666"), std::string::npos) << open.status().message();
+  EXPECT_NE(open.status().message().find("remove the file"), std::string::npos) << open.status().message();
+
+  ShmPath link;
+  ASSERT_EQ(::chmod(p.path().c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(p.path().c_str(), link.path().c_str()), 0);
+  auto through = BlockPool::Create(Opts(link));
+  ASSERT_FALSE(through.ok());
+  EXPECT_NE(through.status().message().find("symbolic link"), std::string::npos) << through.status().message();
+  struct stat st{};
+  ASSERT_EQ(::stat(p.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);  // the target was not initialised
 }
 
 TEST(BlockPool, ConcurrentAllocateAndFreeKeepEverySlot) {

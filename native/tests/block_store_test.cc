@@ -81,7 +81,7 @@ struct LocalBackend {
 
 struct SidecarBackend {
   static constexpr bool kPinsBelongToTheSession = true;
-  SidecarBackend() : backing(OpenStore(shm_.path())), peers(Secret(TestSecret()), PeerClientOptions{.streams = 1}) {
+  SidecarBackend() : backing(OpenStore(shm_.path())), peers(Secret(TestSecret()), PeerClientOptions{.streams = 1}, PoolMembers::Anyone()) {
     path = dir.file("control.sock");
     control = std::make_unique<ControlService>(*backing, peers, metrics, std::chrono::seconds(10));
     server = std::make_unique<ConnectionServer>(
@@ -236,7 +236,7 @@ TYPED_TEST(BlockStoreContract, PullFetchesOnlyWhatIsMissingAndReportsWhatLanded)
     ASSERT_TRUE(peer.store().Put({&k, 1}, {&b, 1}).ok());
   }
   ASSERT_TRUE(this->PutKeys(this->store(), {keys[0]}).ok());
-  Result<PullReport> r = this->store().PullFrom(peer.address(), keys);
+  Result<PullReport> r = this->store().PullFrom(peer.address(), keys, /*digests=*/true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->held, (std::vector<uint8_t>{kBlockHeld, kBlockLanded, kBlockLanded, kBlockLanded}));
   ASSERT_EQ(r->digests.size(), 4u);
@@ -262,7 +262,7 @@ TYPED_TEST(BlockStoreContract, PushAndExistsAtAPeer) {
 
 TYPED_TEST(BlockStoreContract, APeerNobodyListensOnIsUnavailable) {
   BlockKey k = Key(1);
-  Result<PullReport> r = this->store().PullFrom("127.0.0.1:1", {&k, 1});  // a port nothing listens on
+  Result<PullReport> r = this->store().PullFrom("127.0.0.1:1", {&k, 1}, false);  // a port nothing listens on
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
 }
@@ -306,13 +306,19 @@ TEST_F(DataPortContract, PutPushesGetPullsLookupAsks) {
   Result<LookupResult> r = store_->Lookup(ask, false);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->prefix_len, 2u);
-  std::vector<std::vector<std::byte>> out(3, std::vector<std::byte>(kBlock));
+  std::vector<std::vector<std::byte>> out = {std::vector<std::byte>(kBlock), std::vector<std::byte>(100),
+                                             std::vector<std::byte>(kBlock)};
   std::vector<MutableBuffer> bufs = Views(out);
   std::vector<uint8_t> found(3);
   ASSERT_TRUE(store_->Get(ask, bufs, found).ok());
   EXPECT_EQ(found, (std::vector<uint8_t>{1, 1, 0}));
   EXPECT_EQ(out[0], a);
-  EXPECT_EQ(std::vector<std::byte>(out[1].begin(), out[1].begin() + 100), b);
+  EXPECT_EQ(out[1], b);
+  // The short block into a whole block's buffer: a miss, never a buffer left half stale.
+  std::vector<std::vector<std::byte>> whole(1, std::vector<std::byte>(kBlock));
+  std::vector<MutableBuffer> whole_bufs = Views(whole);
+  ASSERT_TRUE(store_->Get({&keys[1], 1}, whole_bufs, {found.data(), 1}).ok());
+  EXPECT_EQ(found[0], 0);
   EXPECT_EQ(store_->Stats()->block_bytes, kBlock);
   EXPECT_TRUE(store_->pool_path().empty());
 }
@@ -324,7 +330,7 @@ TEST_F(DataPortContract, WhatNeedsAPoolHereIsRefusedWithTheReason) {
       store_->Lookup({&k, 1}, true).status(), store_->Pin({&k, 1}, false), store_->Release({&k, 1}, true),
       store_->Evict({&k, 1}), store_->Reserve({&k, 1}).status(), store_->Commit({&k, 1}, {&length, 1}),
       store_->Abort({&k, 1}), store_->Acquire({&k, 1}).status(), store_->Unacquire({&k, 1}),
-      store_->PullFrom(peer_.address(), {&k, 1}).status(), store_->PushTo(peer_.address(), {&k, 1}).status(),
+      store_->PullFrom(peer_.address(), {&k, 1}, false).status(), store_->PushTo(peer_.address(), {&k, 1}).status(),
       store_->ExistsAt(peer_.address(), {&k, 1}).status(),
   };
   for (const Status& st : refused) {

@@ -31,7 +31,8 @@ struct World {
     o.write_wait = std::chrono::milliseconds(1);
     store = std::move(Store::Open(o)).value();
     ::unlink(o.pool.path.c_str());  // the mapping stays; nothing is left behind
-    peers = std::make_unique<PeerPool>(Secret("fuzz-secret-0123456789"), PeerClientOptions{});
+    peers = std::make_unique<PeerPool>(Secret("fuzz-secret-0123456789"), PeerClientOptions{},
+                                       PoolMembers::Configured({}, "", 0).value());
     service = std::make_unique<ControlService>(*store, *peers, metrics, std::chrono::milliseconds(100));
   }
   std::unique_ptr<Store> store;
@@ -72,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)client.WriteFull(in.data(), in.size(), Deadline::After(std::chrono::milliseconds(100)));
   ::shutdown(fds[0], SHUT_WR);
   {
-    Connection conn(server, world->stop, "", [] { return true; });
+    Connection conn(server, world->stop, "", [] { return Status::Ok(); });
     world->service->Serve(conn);  // returns at the end of the input or at its first bad frame
   }
   StoreStats st = world->store->Stats();

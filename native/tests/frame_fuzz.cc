@@ -34,6 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)a.WriteFull(data, size, Deadline::After(std::chrono::milliseconds(100)));
     a.Close();
     FramedConn c(b, 1 << 16);
+    // Half the inputs meet a sealed session (fixed keys: the fuzzer can reach the payload and
+    // tag paths, never forge a tag), half a plain one (which refuses every BLOCK).
+    if (size % 2 == 1) c.Seal(std::make_unique<SessionCipher>(SessionKey{}, SessionKey{}, (data[0] & 1) != 0));
     auto d = Deadline::After(std::chrono::milliseconds(100));
     for (int i = 0; i < 8; ++i) {
       auto h = c.RecvBlockHeader(d);

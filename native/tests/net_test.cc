@@ -63,12 +63,12 @@ class NetTest : public ::testing::Test {
     client_socket_ = std::move(client);
     service_.emplace(*store_, TestSecret(), metrics_, PeerServiceOptions{});
     thread_ = std::thread([this] {
-      Connection conn(server_socket_, stop_, "test", [] { return true; });
+      Connection conn(server_socket_, stop_, "test", [] { return Status::Ok(); });
       service_->Serve(conn);
       server_socket_.Close();
     });
     client_.emplace(client_socket_, kBlock);
-    EXPECT_TRUE(ClientHandshake(*client_, TestSecret(), Soon()).ok());
+    EXPECT_TRUE(ClientHandshake(*client_, TestSecret(), {}, Soon()).ok());
     return *client_;
   }
   void TearDown() override {
@@ -160,7 +160,7 @@ class BudgetTest : public ::testing::Test {
         [](Connection& conn) {
           std::byte b;
           if (!conn.socket().ReadFull(&b, 1, Soon()).ok()) return;  // the "handshake"
-          std::byte reply{conn.Admit() ? uint8_t{'A'} : uint8_t{'R'}};
+          std::byte reply{conn.Admit().ok() ? uint8_t{'A'} : uint8_t{'R'}};
           if (!conn.socket().WriteFull(&reply, 1, Soon()).ok()) return;
           while (conn.socket().ReadFull(&b, 1, Soon()).ok()) {
           }
@@ -217,6 +217,21 @@ TEST_F(BudgetTest, UnauthenticatedConnectionsNeverTakeAdmittedSlots) {
   EXPECT_EQ(Authenticate(c), 'R');  // the admitted budget, not the idle ones, is what is full
 }
 
+// One source holding admitted connections open cannot lock every other host out.
+TEST_F(BudgetTest, AdmittedConnectionsAreLimitedPerSource) {
+  Start({.max_admitted = 8, .max_admitted_per_source = 3, .max_pending = 16, .max_pending_per_source = 16});
+  std::vector<Socket> held;
+  held.reserve(3);
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(ConnectFrom("127.0.0.2", server_->port()));
+    EXPECT_EQ(Authenticate(held.back()), 'A');
+  }
+  Socket fourth = ConnectFrom("127.0.0.2", server_->port());
+  EXPECT_EQ(Authenticate(fourth), 'R');
+  Socket other = ConnectFrom("127.0.0.3", server_->port());
+  EXPECT_EQ(Authenticate(other), 'A');
+}
+
 TEST_F(BudgetTest, AStoppedServerRefusesNewConnectionsInsteadOfQueueingThem) {
   Start({});
   uint16_t port = server_->port();
@@ -252,7 +267,8 @@ class ControlTest : public NetTest {
   void SetUp() override {
     NetTest::SetUp();
     path_ = dir_.file("control.sock");
-    peers_ = std::make_unique<PeerPool>(TestSecret(), PeerClientOptions{.streams = 1});
+    peers_ = std::make_unique<PeerPool>(TestSecret(), PeerClientOptions{.streams = 1},
+                                       PoolMembers::Configured({"127.0.0.1"}, "", 0).value());
     control_ = std::make_unique<ControlService>(*store_, *peers_, metrics_, std::chrono::seconds(10));
     server_ = std::make_unique<ConnectionServer>(
         "control", std::move(Listener::ListenUnix(path_)).value(),
@@ -321,7 +337,7 @@ class DyingSource {
       Result<Socket> s = listener_->Accept(stop_.fd());
       if (!s.ok() || !s->valid()) return;
       FramedConn c(*s, kBlock);
-      if (!ServerHandshake(c, TestSecret(), kBlock, Soon()).ok()) return;
+      if (!ServerHandshake(c, TestSecret(), {.block_bytes = kBlock}, Soon()).ok()) return;
       Result<Frame> f = c.RecvKeyRequest(std::array{Op::kPull}, Soon());
       if (!f.ok()) return;
       auto keys = std::move(ParseKeyList(f->body, f->header.count)).value();
@@ -350,11 +366,32 @@ TEST_F(ControlTest, APullFromASourceThatDiesPartWayFailsAndKeepsWhatArrived) {
   auto engine = Client();
   std::vector<BlockKey> keys;
   for (uint64_t i = 10; i < 18; ++i) keys.push_back(Key(i));
-  Result<PullReport> held = engine->PullFrom(source.address(), keys);
+  Result<PullReport> held = engine->PullFrom(source.address(), keys, false);
   ASSERT_FALSE(held.ok());
   EXPECT_EQ(held.status().code(), StatusCode::kUnavailable) << held.status().ToString();
   EXPECT_NE(held.status().message().find("of 8 blocks held"), std::string::npos) << held.status().message();
   EXPECT_GE(store_->Lookup(keys, false).prefix_len, 1u);  // what arrived whole stays
+}
+
+// The control channel's PULL_FROM names any address it likes; the sidecar dials only the
+// pool's members, so it cannot be used to scan ports or reach another pool.
+TEST_F(ControlTest, APeerOutsideThePoolIsNeverDialled) {
+  Result<Listener> outsider = Listener::ListenTcp("127.0.0.2", 0);
+  ASSERT_TRUE(outsider.ok()) << outsider.status().ToString();
+  auto engine = Client();
+  std::vector<BlockKey> keys = {Key(1)};
+  const std::string address = "127.0.0.2:" + std::to_string(outsider->port());
+  for (int op = 0; op < 3; ++op) {
+    Status st = op == 0   ? engine->PullFrom(address, keys, false).status()
+                : op == 1 ? engine->PushTo(address, keys).status()
+                          : engine->ExistsAt(address, keys).status();
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find("is not a member of this pool"), std::string::npos) << st.message();
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  EXPECT_LT(::accept4(outsider->fd(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK), 0);
+  EXPECT_EQ(errno, EAGAIN);
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ class StoreTest : public ::testing::Test {
   }
   // Gets one block; true if found with exactly its pattern.
   static bool GetMatches(Store& s, uint64_t i, uint64_t size = kBlock) {
-    std::vector<std::byte> out(kBlock);
+    std::vector<std::byte> out(size);  // a block fills its buffer or is not found
     BlockKey k = Key(i);
     MutableBuffer b{out.data(), out.size()};
     uint8_t found = 0;

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -36,8 +37,9 @@ def interrupt(process: subprocess.Popen[Any], grace: float) -> None:
 
 def start_server(role: str, *, model_config: dict[str, Any], control_socket: str | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, prefix_cache: bool = True,
-                 stderr: int | IO[str] | None = None) -> ServerProcess:
-    """Starts `python -m tpusync.serving` on 127.0.0.1 and returns once it is warmed up and listening."""
+                 stderr: int | IO[str] | None = None, extra_args: Sequence[str] = ()) -> ServerProcess:
+    """Starts `python -m tpusync.serving` on 127.0.0.1 and returns once it is warmed up and listening.
+    `extra_args`: more of its flags (`python -m tpusync.serving --help`)."""
     args = [sys.executable, "-m", "tpusync.serving", "--role", role, "--port", "0",
             "--model-config", json.dumps(model_config)]
     if control_socket:
@@ -48,6 +50,7 @@ def start_server(role: str, *, model_config: dict[str, Any], control_socket: str
         args += ["--peers", ",".join(peers)]
     if not prefix_cache:
         args.append("--no-prefix-cache")
+    args += extra_args
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()

@@ -123,17 +123,19 @@ def _set_pages(k: jax.Array, v: jax.Array, blocks: np.ndarray, page_ids: np.ndar
 def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
                page_ids: Sequence[int]) -> tuple[jax.Array, jax.Array, int]:
     """Loads stored blocks into the given pages. Returns the updated (k, v) and the number of
-    leading pages loaded; loading stops at the first block the store lacks."""
+    leading pages loaded; loading stops at the first block the store lacks, or holds with
+    another length than a page's (not a page of this cache: a miss, never loaded in part)."""
     if _is_sharded(k):
         return _load_pages_sharded(store, keys, k, v, page_ids)
     loaded = 0
     shape = (2,) + k.shape[:1] + k.shape[2:]
     count = int(np.prod(shape))
-    _check_fits(store, count * k.dtype.itemsize)
+    nbytes = count * k.dtype.itemsize
+    _check_fits(store, nbytes)
     for g in range(0, len(keys), _GROUP):
         group_keys, group_pages = list(keys[g:g + _GROUP]), list(page_ids[g:g + _GROUP])
         with store.acquire_many(group_keys) as views:
-            present = next((i for i, view in enumerate(views) if view is None), len(views))
+            present = next((i for i, view in enumerate(views) if view is None or len(view) != nbytes), len(views))
             if present == 0:
                 break
             # One staging copy: a jax.Array aliasing a slot could outlive the slot's lease.
@@ -153,26 +155,32 @@ def load_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
 def _load_pages_sharded(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array,
                         page_ids: Sequence[int]) -> tuple[jax.Array, jax.Array, int]:
     """Each host loads its own shards: builds per-shard page arrays and reassembles the global
-    array. Loads the prefix every local shard has (a block evicted meanwhile shortens it)."""
+    array. Loads the prefix every local shard has (a block evicted meanwhile, or of another
+    length than a shard's page, shortens it)."""
     total, k_shards = _local_shards(k)
     _, v_shards = _local_shards(v)
     loaded = min(store.lookup([shard_key(key, n, total) for key in keys]).prefix_len for n in k_shards)
     if loaded == 0:
         return k, v, 0
     host: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    copied: dict[int, int] = {}
     for n, ks in k_shards.items():
         kh, vh = np.array(ks), np.array(v_shards[n])
         shape = (2,) + kh.shape[:1] + kh.shape[2:]
+        count = int(np.prod(shape))
         with store.acquire_many([shard_key(key, n, total) for key in keys[:loaded]]) as views:
             for i, (view, pid) in enumerate(zip(views, page_ids[:loaded])):
-                if view is None:
+                if view is None or len(view) != count * kh.dtype.itemsize:
                     loaded = i
                     break
-                block = np.frombuffer(view, dtype=kh.dtype, count=int(np.prod(shape))).reshape(shape)
+                block = np.frombuffer(view, dtype=kh.dtype, count=count).reshape(shape)
                 kh[:, pid], vh[:, pid] = block[0], block[1]
-        host[n] = kh, vh
+        host[n], copied[n] = (kh, vh), loaded
     if loaded == 0:
         return k, v, 0
+    for n, (kh, vh) in host.items():  # a later shard ended the prefix sooner: put back the pages past it
+        for pid in page_ids[loaded:copied[n]]:
+            kh[:, pid], vh[:, pid] = np.asarray(k_shards[n][:, pid]), np.asarray(v_shards[n][:, pid])
     _, numbered = _numbered_shards(k)
     new_k = [jax.device_put(host[n][0], s.device) for n, s in numbered]
     new_v = [jax.device_put(host[n][1], s.device) for n, s in numbered]

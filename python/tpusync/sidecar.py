@@ -82,13 +82,18 @@ class Sidecar:
 
 def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: int,
            control_socket: str | None = None, disk_dir: str | None = None, disk_bytes: int = 0,
-           data_port: int = 0, http_port: int = 0, streams: int = 4, extra: list[str] | None = None,
-           stderr: int | IO[str] | None = None) -> Sidecar:
-    """Starts a sidecar on 127.0.0.1 and waits until it listens (it prints one JSON line)."""
+           data_port: int = 0, http_port: int = 0, streams: int = 4, peers: list[str] | None = None,
+           extra: list[str] | None = None, stderr: int | IO[str] | None = None) -> Sidecar:
+    """Starts a sidecar on 127.0.0.1 and waits until it listens (it prints one JSON line).
+
+    `peers` are the pool's members, the only data ports it dials (`--peers`); by default every
+    sidecar on this machine (127.0.0.1, any port), which is where launch() starts them.
+    """
     args = [
         sidecar_binary(), "--bind=127.0.0.1", f"--data-port={data_port}", f"--http-port={http_port}",
         f"--pool-path={pool_path}", f"--dram-bytes={dram_bytes}", f"--block-bytes={block_bytes}",
         f"--auth-secret-file={secret_file}", f"--streams={streams}",
+        f"--peers={','.join(['127.0.0.1'] if peers is None else peers)}",
     ]
     if control_socket:
         args.append(f"--control-socket={control_socket}")

@@ -72,6 +72,7 @@ class KVStore:
         io_threads: int = 2,
         secret: bytes | None = None,
         streams: int = 4,
+        encrypt: bool = False,
     ) -> KVStore:
         """Opens an in-process store.
 
@@ -79,7 +80,8 @@ class KVStore:
         process: opening the same path again finds every committed block. Without it a
         private file under /dev/shm is used and removed on close. ``disk_dir`` adds a disk
         tier of ``disk_bytes`` that evicted blocks are written behind to. ``secret`` is the
-        pool's shared secret, needed by read_remote() to authenticate to peers.
+        pool's shared secret, needed by read_remote() to authenticate to peers; sessions with
+        peers are authenticated frame by frame, and encrypted too with ``encrypt``.
         """
         if block_bytes <= 0 or dram_bytes < block_bytes:
             raise errors.InvalidArgumentError(
@@ -101,16 +103,18 @@ class KVStore:
             io_threads=io_threads,
             secret=secret,
             streams=streams,
+            encrypt=encrypt,
         )
         return cls(backend, private_pool=path if private else None)
 
     @classmethod
     def connect(cls, url: str, *, secret: bytes | None = None, secret_file: str | os.PathLike[str] | None = None,
-                streams: int = 4, timeout: float = 300.0) -> KVStore:
+                streams: int = 4, timeout: float = 300.0, encrypt: bool = False) -> KVStore:
         """Connects to a sidecar: ``unix:///path/control.sock`` (this pod) or ``tpusync://host:port``.
 
         The data port needs the pool's shared secret (``secret`` or ``secret_file``); the control
-        socket is protected by file permissions instead.
+        socket is protected by file permissions instead. Every frame on the data port is
+        authenticated; ``encrypt`` encrypts them too (a sidecar run with --encrypt always does).
         """
         if secret_file is not None:
             secret = _read_secret(secret_file)
@@ -120,7 +124,7 @@ class KVStore:
             if secret is None:
                 raise errors.InvalidArgumentError("tpusync:// needs the pool's shared secret (secret= or secret_file=)")
             return cls(_native.BlockStore.connect_data_port(url[len("tpusync://"):], secret=secret, streams=streams,
-                                                            timeout_ms=int(timeout * 1000)))
+                                                            timeout_ms=int(timeout * 1000), encrypt=encrypt))
         raise errors.InvalidArgumentError(f"unsupported store URL {url!r}: use unix://PATH or tpusync://HOST:PORT")
 
     # -- blocks ---------------------------------------------------------------------------
@@ -188,7 +192,7 @@ class KVStore:
         blocks that arrived in this pull, and digests[i] is then the XXH3-64 of the bytes that
         landed, computed as they arrived, so they can be checked against known checksums
         without a second pass over them."""
-        return self._backend.pull_from(_address(peer), keys)
+        return self._backend.pull_from(_address(peer), keys, digests=True)
 
     def push_remote(self, peer: str, keys: Keys) -> list[bool]:
         """Pushes stored blocks to a peer sidecar; returns, per key, whether the peer holds it

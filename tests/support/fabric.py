@@ -286,7 +286,8 @@ class Host:
         sock = os.path.join(self.fabric.workdir, f"{self.name}-{data_port}.sock")
         args = [sidecar_binary(), f"--bind={self.ip}", f"--data-port={data_port}", f"--http-port={http_port}",
                 f"--pool-path={pool}", f"--dram-bytes={dram_bytes}", f"--block-bytes={block_bytes}",
-                f"--auth-secret-file={secret_file}", f"--streams={streams}", f"--control-socket={sock}", *extra]
+                f"--auth-secret-file={secret_file}", f"--streams={streams}", f"--control-socket={sock}",
+                f"--peers={','.join(h.ip for h in self.fabric.hosts)}", *extra]  # the pool: every host
         env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
         proc = self.popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         line = proc.stdout.readline()

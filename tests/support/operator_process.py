@@ -61,8 +61,9 @@ class OperatorProcess:
         env.update({"KUBECONFIG": str(kubeconfig), "POD_ID": PEER_ID,
                     "TPUSYNC_RESYNC_SECONDS": str(self.resync_seconds),
                     "PYTHONPATH": str(REPO / "operator"), "PYTHONUNBUFFERED": "1",
-                    # Nothing may reach for the GCE metadata server from here.
-                    "TPUSYNC_METADATA_URL": f"http://{LOOPBACK}:9", **self.extra_env})
+                    # Nothing may reach for the GCE metadata server or GKE from here.
+                    "TPUSYNC_METADATA_URL": f"http://{LOOPBACK}:9",
+                    "TPUSYNC_GKE_ENDPOINT": f"http://{LOOPBACK}:9", **self.extra_env})
         mode = (["--peering", self.peering, "--priority", str(self.priority)] if self.peering
                 else ["--standalone"])
         argv = [sys.executable, "-m", "tpusync_operator", *mode,

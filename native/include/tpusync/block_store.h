@@ -34,8 +34,8 @@ struct BlockSlot {
 };
 
 // What a pull left behind, per key: held[i] is kBlockAbsent, kBlockHeld (stored before, or by
-// another writer meanwhile) or kBlockLanded (arrived in this pull; digests[i] is then the
-// XXH3-64 of the bytes as they landed, 0 otherwise).
+// another writer meanwhile) or kBlockLanded (arrived in this pull; when digests were asked
+// for, digests[i] is then the XXH3-64 of the bytes as they landed; 0 otherwise).
 enum BlockHeld : uint8_t { kBlockAbsent = 0, kBlockHeld = 1, kBlockLanded = 2 };
 struct PullReport {
   std::vector<uint8_t> held;
@@ -80,7 +80,7 @@ class BlockStore {
   // the blocks this store lacks; a peer failing part-way returns its error after the blocks
   // that arrived whole were kept. PushTo: result[i] != 0 when the peer holds block i
   // afterwards. ExistsAt: the peer's tier of each key; nothing moves.
-  virtual Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys) = 0;
+  virtual Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys, bool digests) = 0;
   virtual Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys) = 0;
   virtual Result<std::vector<Tier>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys) = 0;
 

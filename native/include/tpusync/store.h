@@ -132,7 +132,8 @@ class Store {
   // failure stay stored.
   Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
   // Copies each present block into its output buffer and sets found[i]. A disk block that
-  // fails verification is reported (stats, log), dropped and counted as a miss.
+  // fails verification is reported (stats, log), dropped and counted as a miss, and so is a
+  // block shorter than its buffer (found never leaves part of a buffer stale).
   // kInvalidArgument if an output buffer is smaller than its block.
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
   // The tier of each key and the length of the present prefix; pins the prefix if asked.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "checksum.h"
@@ -17,13 +18,12 @@ constexpr uint64_t kChunk = 256 << 10;  // checksum and send/receive in cache-si
 
 Status BadFrame(const std::string& why) { return InvalidArgument("bad frame: " + why); }
 
-Result<std::vector<std::byte>> Mac(const Secret& secret, std::string_view label, std::span<const std::byte> a,
-                                   std::span<const std::byte> b) {
+// HMAC-SHA256(secret, label || transcript): the proofs and the session keys.
+Result<std::vector<std::byte>> Mac(const Secret& secret, std::string_view label, std::span<const std::byte> transcript) {
   std::vector<std::byte> msg;
   msg.insert(msg.end(), reinterpret_cast<const std::byte*>(label.data()),
              reinterpret_cast<const std::byte*>(label.data()) + label.size());
-  msg.insert(msg.end(), a.begin(), a.end());
-  msg.insert(msg.end(), b.begin(), b.end());
+  msg.insert(msg.end(), transcript.begin(), transcript.end());
   std::vector<std::byte> out(kMacBytes);
   size_t out_len = 0;
   if (EVP_Q_mac(nullptr, "HMAC", nullptr, "SHA256", nullptr, secret.bytes().data(), secret.bytes().size(),
@@ -35,10 +35,64 @@ Result<std::vector<std::byte>> Mac(const Secret& secret, std::string_view label,
   return out;
 }
 
-std::vector<std::byte> Nonce() {
+Result<std::vector<std::byte>> Nonce() {
   std::vector<std::byte> n(kNonceBytes);
-  RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size()));
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    return Internal("RAND_bytes failed: no nonce for the handshake");
+  }
   return n;
+}
+
+// HELLO and CHALLENGE bodies: a nonce, a block size, flags.
+constexpr uint64_t kHandshakeBodyBytes = kNonceBytes + 16;
+constexpr uint64_t kFlagEncrypt = 1;
+
+std::vector<std::byte> HandshakeBody(std::span<const std::byte> nonce, uint64_t block_bytes, uint64_t flags) {
+  BodyWriter w;
+  w.Bytes(nonce);
+  w.U64(block_bytes);
+  w.U64(flags);
+  return std::move(w.bytes());
+}
+
+struct HandshakeFields {
+  std::span<const std::byte> nonce;
+  uint64_t block_bytes = 0, flags = 0;
+};
+
+Result<HandshakeFields> ParseHandshakeBody(const Frame& f) {
+  BodyReader r(f.body);
+  HandshakeFields h;
+  if (!r.Bytes(kNonceBytes, &h.nonce) || !r.U64(&h.block_bytes) || !r.U64(&h.flags) || !r.done()) {
+    return BadFrame(std::string(OpName(f.header.op)) + " body");
+  }
+  if ((h.flags & ~kFlagEncrypt) != 0) return BadFrame(std::string(OpName(f.header.op)) + " has unknown flags");
+  return h;
+}
+
+Status SameBlockSize(uint64_t mine, uint64_t theirs, std::string_view who) {
+  if (mine == 0 || theirs == 0 || mine == theirs) return Status::Ok();
+  return FailedPrecondition("block size mismatch: this side's pool holds " + std::to_string(mine) + "-byte blocks, " +
+                            std::string(who) + "'s " + std::to_string(theirs) +
+                            "-byte blocks; every member of a pool must run with the same --block-bytes");
+}
+
+// The session keys of both directions, derived from the transcript; `client` picks which is
+// this side's sending key.
+Result<std::unique_ptr<SessionCipher>> SessionFor(const Secret& secret, std::span<const std::byte> transcript,
+                                                  bool client, bool encrypt) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto c2s, Mac(secret, "tpusync/2 key client->server", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto s2c, Mac(secret, "tpusync/2 key server->client", transcript));
+  SessionKey up, down;
+  std::copy_n(c2s.begin(), kKeyBytes, up.begin());
+  std::copy_n(s2c.begin(), kKeyBytes, down.begin());
+  return client ? std::make_unique<SessionCipher>(up, down, encrypt) : std::make_unique<SessionCipher>(down, up, encrypt);
+}
+
+std::vector<std::byte> Transcript(std::span<const std::byte> hello, std::span<const std::byte> challenge) {
+  std::vector<std::byte> t(hello.begin(), hello.end());
+  t.insert(t.end(), challenge.begin(), challenge.end());
+  return t;
 }
 
 bool SameMac(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -58,17 +112,33 @@ Result<Secret> Secret::FromFile(const std::string& path) {
   return Secret(std::move(s));
 }
 
+Deadline FramedConn::FrameDeadline(Deadline d) const {
+  return progress_.count() > 0 ? Deadline::Earliest(d, Deadline::After(progress_)) : d;
+}
+
 Status FramedConn::Send(Op op, std::span<const std::byte> body, Deadline d, uint32_t count, uint16_t status) {
+  const Deadline fd = FrameDeadline(d);
   FrameHeader h;
   h.op = op;
   h.status = status;
   h.count = count;
   h.body_len = body.size();
-  h.body_sum = Checksum(body.data(), body.size());
+  h.body_sum = sealed() ? 0 : Checksum(body.data(), body.size());
   std::byte hdr[kHeaderBytes];
   EncodeHeader(h, hdr);
-  struct iovec iov[2] = {{hdr, kHeaderBytes}, {const_cast<std::byte*>(body.data()), body.size()}};
-  return socket_.WriteVFull(iov, body.empty() ? 1 : 2, d);
+  if (!sealed()) {
+    struct iovec iov[2] = {{hdr, kHeaderBytes}, {const_cast<std::byte*>(body.data()), body.size()}};
+    return socket_.WriteVFull(iov, body.empty() ? 1 : 2, fd);
+  }
+  std::vector<std::byte> cipher_text(cipher_->encrypts() ? body.size() : 0);
+  std::byte tag[kTagBytes];
+  TPUSYNC_RETURN_IF_ERROR(cipher_->BeginSeal(std::span(hdr, kHeaderBytes)));
+  TPUSYNC_RETURN_IF_ERROR(cipher_->SealPart(body.data(), cipher_text.data(), body.size()));
+  TPUSYNC_RETURN_IF_ERROR(cipher_->EndSeal(tag));
+  const std::byte* out = cipher_->encrypts() ? cipher_text.data() : body.data();
+  struct iovec iov[3] = {{hdr, kHeaderBytes}, {const_cast<std::byte*>(out), body.size()}, {tag, kTagBytes}};
+  if (body.empty()) iov[1] = iov[2];
+  return socket_.WriteVFull(iov, body.empty() ? 2 : 3, fd);
 }
 
 Status FramedConn::SendError(const Status& st, Deadline d) {
@@ -77,15 +147,32 @@ Status FramedConn::SendError(const Status& st, Deadline d) {
 }
 
 Result<FrameHeader> FramedConn::RecvHeader(Deadline d) {
+  recv_deadline_ = FrameDeadline(d);
   std::byte hdr[kHeaderBytes];
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(hdr, kHeaderBytes, d));
-  return DecodeHeader(hdr, max_block_);
+  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(hdr, kHeaderBytes, recv_deadline_));
+  TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(hdr, max_block_));
+  if (sealed()) {
+    if (h.body_sum != 0) return BadFrame("body_sum must be 0 in a sealed session");
+    TPUSYNC_RETURN_IF_ERROR(cipher_->BeginOpen(std::span(hdr, kHeaderBytes)));
+  }
+  return h;
 }
 
-Result<Frame> FramedConn::RecvBody(const FrameHeader& h, Deadline d) {
+Status FramedConn::RecvTag() {
+  std::byte tag[kTagBytes];
+  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(tag, kTagBytes, recv_deadline_));
+  return cipher_->EndOpen(tag);
+}
+
+Result<Frame> FramedConn::RecvBody(const FrameHeader& h) {
   Frame f{h, std::vector<std::byte>(h.body_len)};
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(f.body.data(), f.body.size(), d));
-  if (Checksum(f.body.data(), f.body.size()) != h.body_sum) return BadFrame("body checksum mismatch");
+  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(f.body.data(), f.body.size(), recv_deadline_));
+  if (sealed()) {
+    TPUSYNC_RETURN_IF_ERROR(cipher_->OpenPart(f.body.data(), f.body.size()));
+    TPUSYNC_RETURN_IF_ERROR(RecvTag());
+  } else if (Checksum(f.body.data(), f.body.size()) != h.body_sum) {
+    return BadFrame("body checksum mismatch");
+  }
   if (h.op == Op::kError) {
     auto code = static_cast<StatusCode>(std::min<uint16_t>(h.status, static_cast<uint16_t>(StatusCode::kInternal)));
     if (code == StatusCode::kOk) code = StatusCode::kInternal;
@@ -97,7 +184,7 @@ Result<Frame> FramedConn::RecvBody(const FrameHeader& h, Deadline d) {
 Result<Frame> FramedConn::Recv(Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
   if (h.op == Op::kBlock) return BadFrame("unexpected BLOCK");
-  return RecvBody(h, d);
+  return RecvBody(h);
 }
 
 Result<Frame> FramedConn::Expect(Op op, Deadline d, uint64_t max_body) {
@@ -105,7 +192,7 @@ Result<Frame> FramedConn::Expect(Op op, Deadline d, uint64_t max_body) {
   // Op and size are checked on the header, so an unexpected or oversized body is never read.
   if (h.op == Op::kError) {
     if (h.body_len > kMaxErrorBytes) return BadFrame("ERROR body too large");
-    return RecvBody(h, d).status();
+    return RecvBody(h).status();
   }
   if (h.op != op) {
     return BadFrame("expected " + std::string(OpName(op)) + ", got op " +
@@ -115,7 +202,7 @@ Result<Frame> FramedConn::Expect(Op op, Deadline d, uint64_t max_body) {
     return BadFrame(std::string(OpName(op)) + " body of " + std::to_string(h.body_len) +
                     " bytes, at most " + std::to_string(max_body) + " expected");
   }
-  return RecvBody(h, d);
+  return RecvBody(h);
 }
 
 Result<Frame> FramedConn::RecvKeyRequest(std::span<const Op> ops, Deadline d) {
@@ -128,44 +215,48 @@ Result<Frame> FramedConn::RecvKeyRequest(std::span<const Op> ops, Deadline d) {
                     std::to_string(h.body_len) + " body bytes; 16 bytes per key and at most " +
                     std::to_string(kMaxKeys) + " keys");
   }
-  return RecvBody(h, d);
+  return RecvBody(h);
 }
 
 Status FramedConn::SendBlock(uint32_t index, const std::byte* data, uint64_t len, Deadline d) {
+  if (!sealed()) return FailedPrecondition("blocks travel only in a sealed session");
+  const Deadline fd = FrameDeadline(d);
   FrameHeader h;
   h.op = Op::kBlock;
   h.count = index;
   h.body_len = len;
   std::byte hdr[kHeaderBytes];
   EncodeHeader(h, hdr);
-  // Each chunk is hashed right after the kernel copied it into the socket, while it is still
-  // in this core's cache: hashing first would pay the read from DRAM a second time (it was
-  // a third of the sender's CPU). The trailer is still the XXH3 of the bytes that were sent:
-  // the block is pinned by its lease and immutable once committed, so the bytes hashed are
-  // the bytes the kernel copied; were they to change in between, the receiver would see a
-  // mismatch and drop the block, never accept it. A block already corrupt in this DRAM before
-  // the send is not caught here, exactly as when it was hashed first; the receiver verifies
-  // what lands against this trailer, and weight versions against their manifest. The header
-  // goes out with the first chunk, one syscall fewer per block.
-  StreamingChecksum sum;
+  TPUSYNC_RETURN_IF_ERROR(cipher_->BeginSeal(std::span(hdr, kHeaderBytes)));
+  // Authenticated only, each chunk is MACed right after the kernel copied it into the socket,
+  // while it is still in this core's cache: MACing first would pay the read from DRAM a second
+  // time. The tag still covers the bytes that were sent: the block is pinned by its lease and
+  // immutable once committed; were it to change in between, the receiver would refuse the
+  // block, never accept it. Encrypted, each chunk is sealed into a scratch buffer and sent
+  // from there. The header goes out with the first chunk, one syscall fewer per block.
+  std::vector<std::byte> scratch(cipher_->encrypts() ? std::min(kChunk, len) : 0);
   uint64_t off = 0;
   do {
     const uint64_t n = std::min(kChunk, len - off);
-    struct iovec iov[2] = {{const_cast<std::byte*>(data + off), n}, {}};
+    const std::byte* out = data + off;
+    if (cipher_->encrypts()) {
+      TPUSYNC_RETURN_IF_ERROR(cipher_->SealPart(data + off, scratch.data(), n));
+      out = scratch.data();
+    }
+    struct iovec iov[2] = {{const_cast<std::byte*>(out), n}, {}};
     int iovcnt = 1;
     if (off == 0) {
       iov[1] = iov[0];
       iov[0] = {hdr, kHeaderBytes};
       iovcnt = 2;
     }
-    TPUSYNC_RETURN_IF_ERROR(socket_.WriteVFull(iov, iovcnt, d));
-    sum.Update(data + off, n);
+    TPUSYNC_RETURN_IF_ERROR(socket_.WriteVFull(iov, iovcnt, fd));
+    if (!cipher_->encrypts()) TPUSYNC_RETURN_IF_ERROR(cipher_->SealPart(data + off, nullptr, n));
     off += n;
   } while (off < len);
-  std::byte trailer[8];
-  uint64_t digest = sum.Digest();
-  for (int i = 0; i < 8; ++i) trailer[i] = static_cast<std::byte>(digest >> (8 * i));
-  return socket_.WriteFull(trailer, 8, d);
+  std::byte tag[kTagBytes];
+  TPUSYNC_RETURN_IF_ERROR(cipher_->EndSeal(tag));
+  return socket_.WriteFull(tag, kTagBytes, fd);
 }
 
 Status FramedConn::SendAbsent(uint32_t index, Deadline d) { return Send(Op::kBlock, {}, d, index, 1); }
@@ -173,62 +264,80 @@ Status FramedConn::SendAbsent(uint32_t index, Deadline d) { return Send(Op::kBlo
 Result<FrameHeader> FramedConn::RecvBlockHeader(Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, RecvHeader(d));
   if (h.op == Op::kBlock) {
+    if (!sealed()) return BadFrame("BLOCK outside a sealed session");
     if (h.status != 0 && h.body_len != 0) return BadFrame("absent BLOCK with a payload");
     if (h.status == 0 && h.body_len == 0) return BadFrame("empty BLOCK");
+    if (h.status != 0) TPUSYNC_RETURN_IF_ERROR(RecvTag());
     return h;
   }
   if (h.op != Op::kEnd && h.op != Op::kError) return BadFrame("expected BLOCK or END");
   if (h.body_len > kMaxErrorBytes) return BadFrame("END/ERROR body too large");
-  TPUSYNC_RETURN_IF_ERROR(RecvBody(h, d).status());
+  TPUSYNC_RETURN_IF_ERROR(RecvBody(h).status());
   return h;
 }
 
+Status FramedConn::AwaitPayload(Deadline d) {
+  Result<bool> readable = socket_.WaitReadable(-1, Deadline::Earliest(d, recv_deadline_));
+  if (readable.ok() && *readable) return Status::Ok();
+  if (!readable.ok() && readable.status().code() != StatusCode::kDeadlineExceeded) return readable.status();
+  return Status(StatusCode::kDeadlineExceeded, "no payload within the progress timeout after a BLOCK header");
+}
+
 Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, uint64_t* digest) {
-  StreamingChecksum sum;
+  if (!sealed()) return FailedPrecondition("blocks travel only in a sealed session");
+  const Deadline rd = Deadline::Earliest(d, recv_deadline_);
+  std::optional<StreamingChecksum> sum;
+  if (digest != nullptr) sum.emplace();
   std::vector<std::byte> scratch(dst == nullptr ? std::min(kChunk, len) : 0);
   for (uint64_t off = 0; off < len; off += kChunk) {
     uint64_t n = std::min(kChunk, len - off);
     std::byte* p = dst != nullptr ? dst + off : scratch.data();
-    TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(p, n, d));
-    sum.Update(p, n);
+    TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(p, n, rd));
+    TPUSYNC_RETURN_IF_ERROR(cipher_->OpenPart(p, n));
+    if (sum) sum->Update(p, n);
   }
-  std::byte trailer[8];
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(trailer, 8, d));
-  uint64_t want = 0;
-  for (int i = 0; i < 8; ++i) want |= uint64_t{std::to_integer<uint8_t>(trailer[i])} << (8 * i);
-  if (want != sum.Digest()) return BadFrame("block payload checksum mismatch");
-  if (digest != nullptr) *digest = want;
+  std::byte tag[kTagBytes];
+  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(tag, kTagBytes, rd));
+  TPUSYNC_RETURN_IF_ERROR(cipher_->EndOpen(tag));
+  if (digest != nullptr) *digest = sum->Digest();
   return Status::Ok();
 }
 
-Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d,
-                       const std::function<bool()>& admit) {
-  TPUSYNC_ASSIGN_OR_RETURN(Frame hello, c.Expect(Op::kHello, d, kNonceBytes));
-  if (hello.body.size() != kNonceBytes) return BadFrame("HELLO nonce size");
-  std::vector<std::byte> server_nonce = Nonce();
-  BodyWriter w;
-  w.Bytes(server_nonce);
-  w.U64(block_bytes);
-  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kChallenge, w.bytes(), d));
+Status ServerHandshake(FramedConn& c, const Secret& secret, const HandshakeOptions& options, Deadline d,
+                       const std::function<Status()>& admit) {
+  TPUSYNC_ASSIGN_OR_RETURN(Frame hello, c.Expect(Op::kHello, d, kHandshakeBodyBytes));
+  TPUSYNC_ASSIGN_OR_RETURN(HandshakeFields client, ParseHandshakeBody(hello));
+  TPUSYNC_RETURN_IF_ERROR(SameBlockSize(options.block_bytes, client.block_bytes, "the client"));
+  const bool encrypt = options.encrypt || (client.flags & kFlagEncrypt) != 0;
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<std::byte> server_nonce, Nonce());
+  std::vector<std::byte> challenge = HandshakeBody(server_nonce, options.block_bytes, encrypt ? kFlagEncrypt : 0);
+  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kChallenge, challenge, d));
+  const std::vector<std::byte> transcript = Transcript(hello.body, challenge);
   TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d, kMacBytes));
-  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/1 client", server_nonce, hello.body));
+  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 client proof", transcript));
   if (!SameMac(auth.body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
   }
-  if (admit && !admit()) return ResourceExhausted("at its connection limit; try again later");
-  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/1 server", hello.body, server_nonce));
-  return c.Send(Op::kAuthOk, proof, d);
+  if (admit) TPUSYNC_RETURN_IF_ERROR(admit());
+  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/2 server proof", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto session, SessionFor(secret, transcript, false, encrypt));
+  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kAuthOk, proof, d));
+  c.Seal(std::move(session));
+  return Status::Ok();
 }
 
-Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d) {
-  std::vector<std::byte> client_nonce = Nonce();
-  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kHello, client_nonce, d));
-  TPUSYNC_ASSIGN_OR_RETURN(Frame ch, c.Expect(Op::kChallenge, d, kNonceBytes + 8));
-  BodyReader r(ch.body);
-  std::span<const std::byte> server_nonce;
-  uint64_t block_bytes = 0;
-  if (!r.Bytes(kNonceBytes, &server_nonce) || !r.U64(&block_bytes) || !r.done()) return BadFrame("CHALLENGE body");
-  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/1 client", server_nonce, client_nonce));
+Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, const HandshakeOptions& options, Deadline d) {
+  TPUSYNC_ASSIGN_OR_RETURN(std::vector<std::byte> client_nonce, Nonce());
+  std::vector<std::byte> hello = HandshakeBody(client_nonce, options.block_bytes, options.encrypt ? kFlagEncrypt : 0);
+  TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kHello, hello, d));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame ch, c.Expect(Op::kChallenge, d, kHandshakeBodyBytes));
+  TPUSYNC_ASSIGN_OR_RETURN(HandshakeFields server, ParseHandshakeBody(ch));
+  TPUSYNC_RETURN_IF_ERROR(SameBlockSize(options.block_bytes, server.block_bytes, "the server"));
+  if (server.block_bytes == 0) return BadFrame("CHALLENGE names no block size");
+  const bool encrypt = (server.flags & kFlagEncrypt) != 0;
+  if (options.encrypt && !encrypt) return BadFrame("the server did not agree to encrypt the session");
+  const std::vector<std::byte> transcript = Transcript(hello, ch.body);
+  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/2 client proof", transcript));
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kAuth, proof, d));
   auto ok = c.Expect(Op::kAuthOk, d, kMacBytes);
   if (!ok.ok()) {
@@ -237,11 +346,14 @@ Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d
     }
     return ok.status();
   }
-  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/1 server", client_nonce, server_nonce));
+  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 server proof", transcript));
   if (!SameMac(ok->body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the server does not hold this pool's secret");
   }
-  return block_bytes;
+  TPUSYNC_ASSIGN_OR_RETURN(auto session, SessionFor(secret, transcript, true, encrypt));
+  c.Seal(std::move(session));
+  c.set_max_block(server.block_bytes);
+  return server.block_bytes;
 }
 
 }  // namespace tpusync::net

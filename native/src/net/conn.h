@@ -1,12 +1,16 @@
-// FramedConn: frames over a Socket, validated before use, and the authenticated handshake.
+// FramedConn: frames over a Socket, validated before use, and the authenticated handshake
+// that turns a data-port connection into a sealed session (net/session.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "net/session.h"
 #include "net/socket.h"
 #include "tpusync/net/frame.h"
 
@@ -34,10 +38,19 @@ class FramedConn {
   // borrowed: its owner can Shutdown() it from another thread to cut a transfer off.
   FramedConn(Socket& socket, uint64_t max_block) : socket_(socket), max_block_(max_block) {}
 
+  // From now on every frame is sealed under `cipher` both ways (the handshakes call this).
+  void Seal(std::unique_ptr<SessionCipher> cipher) { cipher_ = std::move(cipher); }
+  bool sealed() const { return cipher_ != nullptr; }
+  // Each frame must then be sent, or arrive, whole within `t` of its start (on top of the
+  // caller's deadline): a peer that stops reading or writing mid-transfer loses the
+  // connection, and whatever slot or lease it held, in seconds instead of at the request's
+  // deadline. Zero: the caller's deadline only.
+  void set_progress_timeout(std::chrono::milliseconds t) { progress_ = t; }
+
   Status Send(Op op, std::span<const std::byte> body, Deadline d, uint32_t count = 0, uint16_t status = 0);
   Status SendError(const Status& st, Deadline d);
-  // Receives a non-block frame and verifies its body checksum. An kError frame from the peer
-  // comes back as the Status it carries.
+  // Receives a non-block frame and verifies its body (checksum, or tag when sealed). An
+  // kError frame from the peer comes back as the Status it carries.
   Result<Frame> Recv(Deadline d);
   // Recv, but the frame must be `op` (or kError) with a body of at most `max_body` bytes,
   // checked before the body is read.
@@ -47,14 +60,18 @@ class FramedConn {
   // kMaxKeys keys, both checked on the header, before anything is allocated for the body.
   Result<Frame> RecvKeyRequest(std::span<const Op> ops, Deadline d);
 
-  // A block travels as a kBlock header, the payload, and an 8-byte XXH3 trailer computed
-  // while the payload is sent, so it is checked end to end without a second pass.
+  // A block travels as a kBlock header, the payload and the frame's tag, computed while the
+  // payload is sent, so it is checked end to end without a second pass. Sealed sessions only.
   Status SendBlock(uint32_t index, const std::byte* data, uint64_t len, Deadline d);
   Status SendAbsent(uint32_t index, Deadline d);
-  // The next kBlock or kEnd header (kError comes back as its Status).
+  // The next kBlock or kEnd header (kError comes back as its Status). An absent block's
+  // frame is verified whole here; a present one's payload must follow with RecvBlockPayload.
   Result<FrameHeader> RecvBlockHeader(Deadline d);
-  // Reads a payload into dst (or drops it when dst is null) and verifies the trailer; the
-  // payload's XXH3-64, computed on the way in, goes to `digest` if given.
+  // Waits until the payload of the block whose header just arrived starts to arrive, so no
+  // slot is reserved for a peer that sends a header and stalls.
+  Status AwaitPayload(Deadline d);
+  // Reads a payload into dst (or drops it when dst is null) and verifies the tag. With
+  // `digest`, the payload's XXH3-64 is computed on the way in, while each piece is in cache.
   Status RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, uint64_t* digest = nullptr);
 
   Socket& socket() { return socket_; }
@@ -62,20 +79,37 @@ class FramedConn {
   void set_max_block(uint64_t v) { max_block_ = v; }
 
  private:
+  Deadline FrameDeadline(Deadline d) const;
   Result<FrameHeader> RecvHeader(Deadline d);
-  Result<Frame> RecvBody(const FrameHeader& h, Deadline d);
+  Result<Frame> RecvBody(const FrameHeader& h);
+  Status RecvTag();
   Socket& socket_;
   uint64_t max_block_;
+  std::unique_ptr<SessionCipher> cipher_;
+  std::chrono::milliseconds progress_{0};
+  Deadline recv_deadline_ = Deadline::Never();  // the frame being received
 };
 
-// Mutual challenge-response over HMAC-SHA256 of both nonces. The server reads nothing but
-// the handshake until the client has proven the secret. Both run against one deadline. On
-// failure the server side returns the reason; its caller replies with it (SendError). Once
-// the client has proven the secret, `admit` (if given) decides whether it is served:
-// kResourceExhausted in place of AUTH_OK when it is not.
-Status ServerHandshake(FramedConn& c, const Secret& secret, uint64_t block_bytes, Deadline d,
-                       const std::function<bool()>& admit = nullptr);
-// Returns the server's block size.
-Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, Deadline d);
+// What each side brings to the handshake.
+struct HandshakeOptions {
+  // The server: its pool's block size. A client: the block size its pool holds, which the
+  // server's must equal, or 0 to take the server's (a client without a pool).
+  uint64_t block_bytes = 0;
+  // A client: ask for an encrypted session. The server: require one, whatever the client asks.
+  bool encrypt = false;
+};
+
+// The client's proof and the server's are HMAC-SHA256 under the pool's secret of the whole
+// handshake transcript (both nonces, block sizes and flags), and each direction's session key
+// is derived the same way, so the connection is sealed from the first request on. The server
+// reads nothing but the handshake until the client has proven the secret, and refuses a client
+// whose pool holds blocks of another size, naming both. Both run against one deadline. On
+// failure the server side returns the reason; its caller replies with it (SendError). Once the
+// client has proven the secret, `admit` (if given) decides whether it is served: its refusal
+// goes back in place of AUTH_OK.
+Status ServerHandshake(FramedConn& c, const Secret& secret, const HandshakeOptions& options, Deadline d,
+                       const std::function<Status()>& admit = nullptr);
+// Returns the server's block size, which bounds the blocks `c` accepts from now on.
+Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, const HandshakeOptions& options, Deadline d);
 
 }  // namespace tpusync::net

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -168,6 +169,7 @@ Status SidecarClient::GetBatch(std::span<const BlockKey> keys, std::span<const M
       if (result.ok()) result = InvalidArgument("get: output buffer " + std::to_string(i) + " is too small");
       continue;
     }
+    if (out[i].size != slots[i].size) continue;  // a shorter block is a miss: never a half-stale buffer
     CopyBytes(out[i].data, pool_.data() + slots[i].offset, slots[i].size);
     found[i] = 1;
   }
@@ -229,11 +231,22 @@ Result<StoreStats> SidecarClient::Stats() {
       {"disk_read_errors", &s.disk_read_errors}, {"dropped", &s.dropped},
       {"recovered_dram", &s.recovered_dram}, {"recovered_disk", &s.recovered_disk},
   };
+  const std::map<std::string_view, bool*> flags = {
+      {"hugepages", &s.hugepages}, {"mlocked", &s.mlocked}, {"direct_io", &s.direct_io}};
   std::istringstream in(std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
-  std::string name;
-  uint64_t value = 0;
-  while (in >> name >> value) {
-    if (auto it = fields.find(name); it != fields.end()) *it->second = value;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    const std::string_view name = std::string_view(line).substr(0, space);
+    const std::string value = line.substr(space + 1);
+    if (name == "last_error") {
+      s.last_error = value;
+    } else if (auto it = fields.find(name); it != fields.end()) {
+      *it->second = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (auto fl = flags.find(name); fl != flags.end()) {
+      *fl->second = value == "1";
+    }
   }
   return s;
 }
@@ -271,9 +284,10 @@ Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& p
   return out;
 }
 
-Result<PullReport> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys) {
+Result<PullReport> SidecarClient::PullFrom(const std::string& peer, std::span<const BlockKey> keys, bool digests) {
   PullReport report;
-  TPUSYNC_ASSIGN_OR_RETURN(report.held, PeerCall(Op::kPullFrom, peer, keys, &report.digests));
+  TPUSYNC_ASSIGN_OR_RETURN(report.held, PeerCall(Op::kPullFrom, peer, keys, digests ? &report.digests : nullptr));
+  if (!digests) report.digests.assign(keys.size(), 0);
   return report;
 }
 

@@ -36,7 +36,7 @@ class SidecarClient final : public BlockStore {
   Status Abort(std::span<const BlockKey> keys) override;
   Result<std::vector<BlockSlot>> Acquire(std::span<const BlockKey> keys) override;
   Status Unacquire(std::span<const BlockKey> keys) override;
-  Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys) override;
+  Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys, bool digests) override;
   Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys) override;
   Result<std::vector<Tier>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys) override;
   uint64_t block_bytes() const override { return block_bytes_; }

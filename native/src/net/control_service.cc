@@ -1,5 +1,6 @@
 #include "net/control_service.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -22,7 +23,12 @@ std::string StatsText(const StoreStats& s) {
     << s.promotions << "\ndisk_evictions " << s.disk_evictions << "\ncorruptions " << s.corruptions
     << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
     << "\ndropped " << s.dropped
-    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\n";
+    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\nhugepages "
+    << s.hugepages << "\nmlocked " << s.mlocked << "\ndirect_io " << s.direct_io << "\n";
+  // Last, and on one line: the rest of the line is the message.
+  std::string error = s.last_error;
+  std::replace_if(error.begin(), error.end(), [](char ch) { return ch == '\n' || ch == '\r'; }, ' ');
+  o << "last_error " << error << "\n";
   return o.str();
 }
 
@@ -86,8 +92,8 @@ struct ControlService::Session {
 };
 
 void ControlService::Serve(Connection& conn) {
-  if (!conn.Admit()) {
-    RefuseWithErrorFrame(conn.socket(), "control: at its connection limit; try again later");
+  if (Status admitted = conn.Admit(); !admitted.ok()) {
+    RefuseWithErrorFrame(conn.socket(), "control: " + admitted.message());
     return;
   }
   const WakeFd& stop = conn.stop();
@@ -245,6 +251,7 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
     return InvalidArgument("bad frame: peer request body");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  // Only the pool's members are dialled (PoolMembers): no engine request reaches another host.
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, peers_.Get(peer));
   std::vector<uint8_t> result;
   std::vector<uint64_t> digests;
@@ -257,7 +264,7 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
     }
   } else if (f.header.op == Op::kPullFrom) {
     PullResult pulled;
-    st = PullIntoStore(*client, store_, keys, d, pulled);
+    st = PullIntoStore(*client, store_, keys, d, pulled, (f.header.status & kWantDigests) != 0);
     metrics_.Moved(Direction::kIn, TransferOp::kPull, Tier::kDram, pulled.bytes, pulled.blocks);
     result = std::move(pulled.held);
     if (f.header.status & kWantDigests) digests = std::move(pulled.digests);
@@ -266,7 +273,7 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
   }
   if (!st.ok()) {
     // A dead or misbehaving peer: report which blocks made it, and reconnect next time.
-    peers_.Forget(peer);
+    peers_.Forget(client->address());
     Log(LogLevel::kWarning, "control", "peer " + peer + ": " + st.ToString());
     if (result.size() != keys.size()) return st;
   }

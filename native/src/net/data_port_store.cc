@@ -10,16 +10,17 @@ namespace tpusync::net {
 namespace {
 
 // Lands pulled blocks straight in the caller's buffers; a buffer too small drops its block
-// and is reported after the pull.
+// and is reported after the pull, a block shorter than its buffer is dropped (a miss, never a
+// half-stale buffer).
 class BufferSink : public BlockSink {
  public:
   explicit BufferSink(std::span<const MutableBuffer> out) : out_(out) {}
   std::byte* Begin(size_t i, uint64_t length) override {
-    if (length <= out_[i].size) return out_[i].data;
-    too_small_.store(true);
+    if (length == out_[i].size) return out_[i].data;
+    if (length > out_[i].size) too_small_.store(true);
     return nullptr;
   }
-  void Finish(size_t, uint64_t, bool, uint64_t) override {}
+  bool Finish(size_t, uint64_t, bool ok, uint64_t) override { return ok; }
   bool too_small() const { return too_small_.load(); }
 
  private:
@@ -107,7 +108,7 @@ class DataPortStore final : public BlockStore {
   Status Abort(std::span<const BlockKey>) override { return NoPool("abort"); }
   Result<std::vector<BlockSlot>> Acquire(std::span<const BlockKey>) override { return NoPool("acquire"); }
   Status Unacquire(std::span<const BlockKey>) override { return NoPool("unacquire"); }
-  Result<PullReport> PullFrom(const std::string&, std::span<const BlockKey>) override {
+  Result<PullReport> PullFrom(const std::string&, std::span<const BlockKey>, bool) override {
     return NoPool("read_remote (a pull from a peer)");
   }
   Result<std::vector<uint8_t>> PushTo(const std::string&, std::span<const BlockKey>) override {
@@ -142,7 +143,8 @@ Result<std::unique_ptr<BlockStore>> ConnectDataPort(const std::string& address, 
   TPUSYNC_ASSIGN_OR_RETURN(
       std::unique_ptr<PeerClient> client,
       PeerClient::Connect(address, Secret(options.secret),
-                          {.streams = options.streams, .connect_timeout = options.connect_timeout}));
+                          {.streams = options.streams, .connect_timeout = options.connect_timeout,
+                           .encrypt = options.encrypt}));
   return std::unique_ptr<BlockStore>(std::make_unique<DataPortStore>(std::move(client), std::move(options)));
 }
 

@@ -56,8 +56,9 @@ Result<FrameHeader> DecodeHeader(const std::byte in[kHeaderBytes], uint64_t max_
   if (h.magic != kMagic) return InvalidArgument("bad frame: wrong magic");
   h.version = GetLe<uint16_t>(in + 4);
   if (h.version != kVersion) {
-    return InvalidArgument("bad frame: protocol version " + std::to_string(h.version) + ", this peer speaks " +
-                           std::to_string(kVersion));
+    return InvalidArgument("bad frame: the peer speaks tpusync wire protocol version " + std::to_string(h.version) +
+                           ", this build speaks " + std::to_string(kVersion) +
+                           "; run the same tpusync release on every member of the pool");
   }
   uint16_t op = GetLe<uint16_t>(in + 6);
   if (!IsKnownOp(op)) return InvalidArgument("bad frame: unknown op " + std::to_string(op));

@@ -22,8 +22,11 @@ class LocalBlockStore final : public BlockStore {
         block_bytes_(store_->pool().block_bytes()),
         options_(std::move(options)) {
     if (!options_.secret.empty()) {
+      // The caller names its peers itself: an in-process store dials what it is told to.
       peers_.emplace(Secret(options_.secret),
-                     PeerClientOptions{.streams = options_.streams, .connect_timeout = options_.connect_timeout});
+                     PeerClientOptions{.streams = options_.streams, .connect_timeout = options_.connect_timeout,
+                                       .block_bytes = block_bytes_, .encrypt = options_.encrypt},
+                     PoolMembers::Anyone());
     }
   }
   ~LocalBlockStore() override { Close(); }
@@ -75,7 +78,7 @@ class LocalBlockStore final : public BlockStore {
   Result<std::vector<BlockSlot>> Acquire(std::span<const BlockKey> keys) override;
   Status Unacquire(std::span<const BlockKey> keys) override;
 
-  Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys) override;
+  Result<PullReport> PullFrom(const std::string& peer, std::span<const BlockKey> keys, bool digests) override;
   Result<std::vector<uint8_t>> PushTo(const std::string& peer, std::span<const BlockKey> keys) override;
   Result<std::vector<Tier>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys) override;
 
@@ -105,8 +108,8 @@ class LocalBlockStore final : public BlockStore {
     return peers_->Get(peer);
   }
   // A peer that failed is reconnected on its next use.
-  void Failed(const std::string& peer, const Status& st) {
-    if (!st.ok() && peers_) peers_->Forget(peer);
+  void Failed(const PeerClient& client, const Status& st) {
+    if (!st.ok() && peers_) peers_->Forget(client.address());
   }
 
   // Shared by every call, exclusive for Close: Close waits for the calls in flight.
@@ -205,13 +208,14 @@ Status LocalBlockStore::Unacquire(std::span<const BlockKey> keys) {
   return Status::Ok();
 }
 
-Result<PullReport> LocalBlockStore::PullFrom(const std::string& peer, std::span<const BlockKey> keys) {
+Result<PullReport> LocalBlockStore::PullFrom(const std::string& peer, std::span<const BlockKey> keys,
+                                             bool digests) {
   std::shared_lock open(close_mu_);
   TPUSYNC_RETURN_IF_ERROR(Open());
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, Peer(peer));
   PullResult pulled;
-  Status st = PullIntoStore(*client, *store_, keys, Deadline::After(options_.transfer_timeout), pulled);
-  Failed(peer, st);
+  Status st = PullIntoStore(*client, *store_, keys, Deadline::After(options_.transfer_timeout), pulled, digests);
+  Failed(*client, st);
   TPUSYNC_RETURN_IF_ERROR(st);
   return PullReport{std::move(pulled.held), std::move(pulled.digests)};
 }
@@ -222,7 +226,7 @@ Result<std::vector<uint8_t>> LocalBlockStore::PushTo(const std::string& peer, st
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, Peer(peer));
   std::vector<uint8_t> stored;
   Status st = PushFromStore(*client, *store_, keys, Deadline::After(options_.transfer_timeout), stored);
-  Failed(peer, st);
+  Failed(*client, st);
   TPUSYNC_RETURN_IF_ERROR(st);
   return stored;
 }
@@ -232,7 +236,7 @@ Result<std::vector<Tier>> LocalBlockStore::ExistsAt(const std::string& peer, std
   TPUSYNC_RETURN_IF_ERROR(Open());
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, Peer(peer));
   Result<std::vector<Tier>> tiers = client->Exists(keys, Deadline::After(options_.query_timeout));
-  Failed(peer, tiers.status());
+  Failed(*client, tiers.status());
   return tiers;
 }
 

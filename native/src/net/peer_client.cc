@@ -35,13 +35,14 @@ Status PeerClient::Connected(Stream& s, Deadline d) {
   Deadline connect = Deadline::Earliest(d, Deadline::After(options_.connect_timeout));
   TPUSYNC_ASSIGN_OR_RETURN(s.socket, Socket::ConnectTcp(host_, port_, connect));
   auto conn = std::make_unique<FramedConn>(s.socket, 0);
-  Result<uint64_t> bb = ClientHandshake(*conn, *secret_, connect);
+  Result<uint64_t> bb =
+      ClientHandshake(*conn, *secret_, {.block_bytes = options_.block_bytes, .encrypt = options_.encrypt}, connect);
   if (!bb.ok()) {
     s.socket.Close();
     return Status(bb.status().code(), address_ + ": " + bb.status().message());
   }
   block_bytes_ = *bb;
-  conn->set_max_block(*bb);
+  conn->set_progress_timeout(options_.progress_timeout);
   s.conn = std::move(conn);
   return Status::Ok();
 }
@@ -121,10 +122,10 @@ Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<c
     const size_t i = index[h.count];
     std::byte* dst = sink.Begin(i, h.body_len);
     uint64_t digest = 0;
-    Status st = s.conn->RecvBlockPayload(dst, h.body_len, d, &digest);
-    sink.Finish(i, h.body_len, st.ok() && dst != nullptr, digest);
+    Status st = s.conn->RecvBlockPayload(dst, h.body_len, d, sink.wants_digests() ? &digest : nullptr);
+    const bool landed = sink.Finish(i, h.body_len, st.ok() && dst != nullptr, digest);
     if (!st.ok()) return st;
-    received[i] = dst != nullptr;
+    received[i] = landed;
   }
 }
 
@@ -159,14 +160,15 @@ Status PeerClient::PushOn(Stream& s, std::span<const BlockKey> keys, std::span<c
 }
 
 Result<std::shared_ptr<PeerClient>> PeerPool::Get(const std::string& address) {
+  TPUSYNC_ASSIGN_OR_RETURN(std::string member, members_.Admit(address));
   {
     std::lock_guard lock(mu_);
-    if (auto it = clients_.find(address); it != clients_.end()) return it->second;
+    if (auto it = clients_.find(member); it != clients_.end()) return it->second;
   }
-  TPUSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PeerClient> c, PeerClient::Connect(address, secret_, options_));
+  TPUSYNC_ASSIGN_OR_RETURN(std::unique_ptr<PeerClient> c, PeerClient::Connect(member, secret_, options_));
   std::shared_ptr<PeerClient> shared = std::move(c);
   std::lock_guard lock(mu_);
-  return clients_.try_emplace(address, shared).first->second;
+  return clients_.try_emplace(member, shared).first->second;
 }
 
 void PeerPool::Forget(const std::string& address) {
@@ -178,22 +180,27 @@ namespace {
 
 class StoreSink : public BlockSink {
  public:
-  StoreSink(Store& store, std::span<const BlockKey> keys)
-      : digests_(keys.size()), store_(store), keys_(keys), leases_(keys.size()) {}
+  StoreSink(Store& store, std::span<const BlockKey> keys, bool digests)
+      : digests_(keys.size()), store_(store), keys_(keys), leases_(keys.size()), want_digests_(digests) {}
+  bool wants_digests() const override { return want_digests_; }
   std::byte* Begin(size_t i, uint64_t length) override {
     if (length > store_.pool().block_bytes()) return nullptr;
-    Result<WriteLease> l = store_.Reserve(keys_[i]);  // fails if another writer stored it meanwhile
+    // No wait for another writer of the key (it could outlast the peer's progress deadline):
+    // its block counts as held if it committed by the end of the pull.
+    Result<WriteLease> l = store_.Reserve(keys_[i], /*wait=*/false);
     if (!l.ok()) return nullptr;
     leases_[i].emplace(std::move(l).value());
     return leases_[i]->data();
   }
-  void Finish(size_t i, uint64_t length, bool ok, uint64_t digest) override {
-    if (ok && leases_[i] && leases_[i]->Commit(length).ok()) {
+  bool Finish(size_t i, uint64_t length, bool ok, uint64_t digest) override {
+    const bool landed = ok && leases_[i] && leases_[i]->Commit(length).ok();
+    if (landed) {
       bytes_ += length;
       ++blocks_;
       digests_[i] = digest;  // each index is written by one stream only
     }
     leases_[i].reset();  // an uncommitted lease gives its slot back: nothing partial is published
+    return landed;
   }
   std::atomic<uint64_t> bytes_{0}, blocks_{0};
   std::vector<uint64_t> digests_;
@@ -202,6 +209,7 @@ class StoreSink : public BlockSink {
   Store& store_;
   std::span<const BlockKey> keys_;
   std::vector<std::optional<WriteLease>> leases_;
+  bool want_digests_;
 };
 
 class StoreSource : public BlockSource {
@@ -222,7 +230,8 @@ class StoreSource : public BlockSource {
 
 }  // namespace
 
-Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out) {
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out,
+                     bool digests) {
   LookupResult local = store.Lookup(keys, false);
   std::vector<BlockKey> missing;
   std::vector<size_t> where;
@@ -237,7 +246,7 @@ Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> k
     }
   }
   if (missing.empty()) return Status::Ok();
-  StoreSink sink(store, missing);
+  StoreSink sink(store, missing, digests);
   std::vector<uint8_t> received;
   Status st = peer.Pull(missing, sink, d, received);
   out.bytes = sink.bytes_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/conn.h"
+#include "net/members.h"
 #include "tpusync/store.h"
 
 namespace tpusync::net {
@@ -22,9 +23,11 @@ class BlockSink {
   virtual ~BlockSink() = default;
   // The destination for block `index` (`length` bytes), or nullptr to drop it.
   virtual std::byte* Begin(size_t index, uint64_t length) = 0;
-  // ok: every byte arrived and matched its checksum (`digest`, the payload's XXH3-64). A sink
-  // must not publish a block otherwise.
-  virtual void Finish(size_t index, uint64_t length, bool ok, uint64_t digest) = 0;
+  // ok: every byte arrived and matched its tag. A sink must not publish a block otherwise.
+  // `digest` is the payload's XXH3-64 when the sink wants digests, else 0. Returns whether the
+  // block is now the sink's (landed and published).
+  virtual bool Finish(size_t index, uint64_t length, bool ok, uint64_t digest) = 0;
+  virtual bool wants_digests() const { return false; }
 };
 
 // Where pushed blocks come from. Open/Close run on stream threads, never twice for one index.
@@ -39,11 +42,16 @@ class BlockSource {
 struct PeerClientOptions {
   int streams = 2;
   std::chrono::milliseconds connect_timeout{5000};
+  // The block size of this side's pool, which the peer's must equal (0: take the peer's).
+  uint64_t block_bytes = 0;
+  bool encrypt = false;  // ask for encrypted sessions
+  std::chrono::milliseconds progress_timeout{10000};  // per frame (FramedConn::set_progress_timeout)
 };
 
 class PeerClient {
  public:
-  // Connects and authenticates every stream now, so a wrong secret or a dead peer shows here.
+  // Connects and authenticates every stream now, so a wrong secret, a block size of another
+  // pool or a dead peer shows here.
   static Result<std::unique_ptr<PeerClient>> Connect(const std::string& address, Secret secret,
                                                      PeerClientOptions options);
   ~PeerClient();
@@ -77,23 +85,27 @@ class PeerClient {
   std::vector<std::unique_ptr<Stream>> streams_;
 };
 
-// Connected clients by peer address, created on first use and replaced after a failure.
+// Connected clients by peer address, created on first use and replaced after a failure. Only
+// `members` are dialled; a client's address() is the numeric address admitted.
 class PeerPool {
  public:
-  PeerPool(Secret secret, PeerClientOptions options) : secret_(std::move(secret)), options_(options) {}
+  PeerPool(Secret secret, PeerClientOptions options, PoolMembers members)
+      : secret_(std::move(secret)), options_(options), members_(std::move(members)) {}
   Result<std::shared_ptr<PeerClient>> Get(const std::string& address);
+  // Drops the client of `address()` (after a failure), so the next Get reconnects.
   void Forget(const std::string& address);
 
  private:
   Secret secret_;
   PeerClientOptions options_;
+  PoolMembers members_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerClient>> clients_;  // guarded by mu_
 };
 
 // Prefix-aware pull into the local store: only the blocks the store lacks travel.
-// held[i] = kLanded if block i arrived in this pull (digests[i] is then the XXH3-64 of the
-// bytes that landed, computed as they arrived), kHeld if it was in the store already or was
+// held[i] = kLanded if block i arrived in this pull (with `digests`, digests[i] is then the
+// XXH3-64 of the bytes that landed, computed as they arrived), kHeld if it was in the store already or was
 // stored by another writer meanwhile, 0 if it is absent. bytes/blocks count what travelled.
 enum HeldState : uint8_t { kAbsent = 0, kHeld = 1, kLanded = 2 };
 struct PullResult {
@@ -101,7 +113,8 @@ struct PullResult {
   std::vector<uint64_t> digests;
   uint64_t bytes = 0, blocks = 0;
 };
-Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out);
+Status PullIntoStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d, PullResult& out,
+                     bool digests = false);
 // Pushes local blocks; the peer skips the ones it holds. stored[i] = 1 if the peer holds block i.
 Status PushFromStore(PeerClient& peer, Store& store, std::span<const BlockKey> keys, Deadline d,
                      std::vector<uint8_t>& stored);

@@ -46,9 +46,14 @@ void PeerService::Serve(Connection& conn) {
   const WakeFd& stop = conn.stop();
   FramedConn c(conn.socket(), store_.pool().block_bytes());
   const Deadline hd = Deadline::After(options_.handshake_timeout);
-  Status hs = ServerHandshake(c, secret_, store_.pool().block_bytes(), hd, [&conn] { return conn.Admit(); });
+  Status hs = ServerHandshake(c, secret_, {.block_bytes = store_.pool().block_bytes(), .encrypt = options_.encrypt},
+                              hd, [&conn] { return conn.Admit(); });
+  c.set_progress_timeout(options_.progress_timeout);
   if (hs.code() == StatusCode::kResourceExhausted) {
     (void)c.SendError(ResourceExhausted("data: " + hs.message()), hd);
+  } else if (hs.code() == StatusCode::kFailedPrecondition) {
+    (void)c.SendError(hs, hd);  // a member configured differently (block size): say so
+    LogRefused(conn.source(), hs);
   } else if (!hs.ok()) {
     if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) {
       ++metrics_.auth_failures;  // counted before the reply, so a refused peer already sees it in /metrics
@@ -82,7 +87,10 @@ void PeerService::Serve(Connection& conn) {
         metrics_.Error(op);
         if (st.code() == StatusCode::kInvalidArgument) ++metrics_.bad_frames;
         if (st.code() == StatusCode::kDeadlineExceeded) ++metrics_.deadline_exceeded;
-        if (st.code() != StatusCode::kUnavailable) (void)c.SendError(st, d);
+        // Told why, briefly: a peer that stopped reading must not hold this thread again.
+        if (st.code() != StatusCode::kUnavailable) {
+          (void)c.SendError(st, Deadline::Earliest(d, Deadline::After(std::chrono::milliseconds(200))));
+        }
         Log(LogLevel::kWarning, "data", "request failed, connection closed: " + st.ToString());
         break;
       }
@@ -122,7 +130,10 @@ Status PeerService::HandlePull(FramedConn& c, const Frame& f, Deadline d) {
 }
 
 // Tells the pusher which blocks are wanted (prefix-aware: held ones are skipped), receives
-// each straight into a reserved slot, and commits it only after its checksum matched.
+// each straight into a reserved slot, and commits it only after its tag matched. A slot is
+// reserved only once the payload starts to arrive, and without waiting for another writer of
+// the key (that wait could outlast the pusher's progress deadline): a key another writer holds
+// is drained and counts as stored if that writer committed by the end.
 Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(f.body, f.header.count));
   LookupResult r = store_.Lookup(keys, false);
@@ -138,9 +149,9 @@ Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
     }
     wanted[h.count] = 0;  // each index at most once
     if (h.status != 0) continue;
+    TPUSYNC_RETURN_IF_ERROR(c.AwaitPayload(d));
     std::optional<WriteLease> lease;
-    // Waits for another writer of the key; if that one commits, the key counts as stored below.
-    if (auto l = store_.Reserve(keys[h.count]); l.ok()) lease.emplace(std::move(l).value());
+    if (auto l = store_.Reserve(keys[h.count], /*wait=*/false); l.ok()) lease.emplace(std::move(l).value());
     // A slot that cannot be had (DRAM full of pins, or stored meanwhile): drain the payload.
     TPUSYNC_RETURN_IF_ERROR(c.RecvBlockPayload(lease ? lease->data() : nullptr, h.body_len, d));
     if (lease) {

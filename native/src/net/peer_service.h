@@ -18,6 +18,9 @@ struct PeerServiceOptions {
   std::chrono::milliseconds handshake_timeout{2000};
   std::chrono::milliseconds op_timeout{120000};
   std::chrono::milliseconds idle_timeout{600000};
+  // Each frame of a request must move whole within this (FramedConn::set_progress_timeout).
+  std::chrono::milliseconds progress_timeout{10000};
+  bool encrypt = false;  // require encrypted sessions
 };
 
 class PeerService {

@@ -51,17 +51,26 @@ size_t ConnectionServer::active() const {
   return n;
 }
 
-bool ConnectionServer::Admit(ConnState& c) {
+Status ConnectionServer::Admit(ConnState& c) {
   std::lock_guard lock(mu_);
-  if (c.cut) return false;
-  size_t admitted = 0;
-  for (const auto& o : conns_) admitted += o->admitted && !o->done;
+  if (c.cut) return ResourceExhausted("cut off while unauthenticated to make room for another connection");
+  size_t admitted = 0, from_source = 0;
+  for (const auto& o : conns_) {
+    if (!o->admitted || o->done) continue;
+    ++admitted;
+    from_source += !c.source.empty() && o->source == c.source;
+  }
   if (admitted >= limits_.max_admitted) {
     ++refused_;
-    return false;
+    return ResourceExhausted("at its connection limit (" + std::to_string(admitted) + "); try again later");
+  }
+  if (from_source >= limits_.max_admitted_per_source) {
+    ++refused_;
+    return ResourceExhausted("holds " + std::to_string(from_source) + " connections from " + c.source +
+                             ", the most one source may have; close idle ones or try again later");
   }
   c.admitted = true;
-  return true;
+  return Status::Ok();
 }
 
 void ConnectionServer::AcceptLoop() {

@@ -4,7 +4,7 @@
 // A connection starts pending and becomes admitted when its handler calls Admit() (after the
 // handshake, or after an HTTP request head arrived). Pending and admitted connections have
 // separate budgets, so connections that never prove anything cannot take the slots of
-// authenticated peers: pending ones are limited per source address, and when the pending
+// authenticated peers; both are limited per source address, and when the pending
 // budget is full the oldest pending connection (if older than `pending_grace`) is cut off to
 // make room, so holding idle connections cannot lock anyone out.
 #pragma once
@@ -25,6 +25,9 @@ namespace tpusync::net {
 
 struct ServerLimits {
   size_t max_admitted = 256;
+  // Admitted connections from one source address: one peer, however authenticated, cannot hold
+  // the whole admitted budget. Not applied to UNIX sockets (no source address).
+  size_t max_admitted_per_source = 64;
   size_t max_pending = 64;
   size_t max_pending_per_source = 8;  // not applied to UNIX sockets (no source address)
   std::chrono::milliseconds pending_grace{0};
@@ -33,21 +36,21 @@ struct ServerLimits {
 // What a handler gets for one connection. Borrows everything; lives as long as the handler.
 class Connection {
  public:
-  Connection(Socket& socket, const WakeFd& stop, std::string source, std::function<bool()> admit)
+  Connection(Socket& socket, const WakeFd& stop, std::string source, std::function<Status()> admit)
       : socket_(socket), stop_(stop), source_(std::move(source)), admit_(std::move(admit)) {}
   Socket& socket() { return socket_; }
   const WakeFd& stop() const { return stop_; }
   // "ip" of the peer, or "" for a UNIX socket.
   const std::string& source() const { return source_; }
-  // Moves the connection into the admitted budget; false (serve nothing more) when that is
-  // full or the connection was cut off while pending.
-  bool Admit() { return admit_(); }
+  // Moves the connection into the admitted budget; kResourceExhausted (serve nothing more),
+  // naming the budget, when that is full or the connection was cut off while pending.
+  Status Admit() { return admit_(); }
 
  private:
   Socket& socket_;
   const WakeFd& stop_;
   std::string source_;
-  std::function<bool()> admit_;
+  std::function<Status()> admit_;
 };
 
 class ConnectionServer {
@@ -77,7 +80,7 @@ class ConnectionServer {
   void AcceptLoop();
   struct ConnState;
   void Refuse(Socket& s, const std::string& why);
-  bool Admit(ConnState& c);
+  Status Admit(ConnState& c);
 
   std::string name_;
   Listener listener_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "posix_io.h"
@@ -54,6 +55,26 @@ BlockPool::SlotMeta* BlockPool::meta(uint32_t slot) const {
 
 
 
+namespace {
+
+Status CheckOwnFile(int fd, const std::string& path) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "stat pool file " + path);
+  if (!S_ISREG(st.st_mode)) return FailedPrecondition("pool file " + path + " is not a regular file");
+  const unsigned mode = st.st_mode & 07777;
+  if (st.st_uid != ::geteuid() || (mode & 077) != 0) {
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", mode);
+    return FailedPrecondition("pool file " + path + " is owned by uid " + std::to_string(st.st_uid) + " with mode " +
+                              octal + "; this sidecar runs as uid " + std::to_string(::geteuid()) +
+                              " and uses only a pool file of its own that no one else can open (mode 0600): "
+                              "remove the file, or chown and chmod 600 it if you created it");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& o) {
   if (o.path.empty()) return InvalidArgument("pool path is empty");
   if (o.block_bytes % kPageBytes != 0) {
@@ -61,8 +82,14 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& o) 
   }
   if (o.num_slots > UINT32_MAX) return InvalidArgument("num_slots exceeds 2^32-1");
 
-  UniqueFd fd(::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  // Never through a symlink, and only a file of this user's that no one else can open: every
+  // process that can open the pool reads and writes every block in it.
+  UniqueFd fd(::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid() && errno == ELOOP) {
+    return FailedPrecondition("pool file " + o.path + " is a symbolic link; point --pool-path at the file itself");
+  }
   if (!fd.valid()) return ErrnoStatus(errno, "open pool file " + o.path);
+  TPUSYNC_RETURN_IF_ERROR(CheckOwnFile(fd.get(), o.path));
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return FailedPrecondition("pool file " + o.path + " is owned by another process");
     return ErrnoStatus(errno, "lock pool file " + o.path);

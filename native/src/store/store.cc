@@ -470,6 +470,10 @@ Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuf
       }
       continue;
     }
+    if (out[i].size != e->length) {  // a shorter block would leave the rest of the buffer stale
+      ++c_->misses;
+      continue;
+    }
     if (e->in_dram()) {
       ++c_->hits_dram;
       (void)CopyOutLocked(lock, *e, out[i]);

@@ -10,8 +10,15 @@ import sys
 
 from tpusync.serving.engine import ROLES, Engine
 from tpusync.serving.model import ModelConfig
-from tpusync.serving.server import CompletionServer
+from tpusync.serving.server import BODY_BYTES_PER_TOKEN, DEFAULT_MAX_BODY_BYTES, CompletionServer
 from tpusync.store import KVStore
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,6 +43,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--kv-events-audit-s", type=float, default=2.0,
                     help="how often to ask the store which announced blocks it demoted or evicted (0: never)")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
+    ap.add_argument("--max-prompt-tokens", type=_positive, default=None,
+                    help="the longest prompt any route takes, /v1/completions/render included; longer ones get 400 "
+                         "before they are tokenised (default: the model's max_seq)")
+    ap.add_argument("--max-body-bytes", type=_positive, default=None,
+                    help="the largest request body; larger ones get 413 before they are read (default: "
+                         f"{DEFAULT_MAX_BODY_BYTES >> 20} MiB, or {BODY_BYTES_PER_TOKEN} bytes a prompt token if "
+                         "that is more)")
     ap.add_argument("--no-warm-up", action="store_true")
     return ap.parse_args(argv)
 
@@ -60,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                     kv_events_audit_s=args.kv_events_audit_s)
     if not args.no_warm_up:
         engine.warm_up()
-    server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model)
+    server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model,
+                              max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens)
     port = server.server_address[1]
     ready = {"event": "ready", "port": port, "role": args.role}
     if events is not None:

@@ -7,12 +7,14 @@ Roles:
   loads them, computes the prompt's tail and generates.
 - `both`: everything in one server.
 Every role looks up the longest cached prefix (DRAM, disk, then the configured peers) and
-computes only the rest. If the store or a peer fails, it recomputes: never wrong tokens.
+computes only the rest. If the store or a peer fails, or holds a block that is not a page of
+this model, it recomputes: never wrong tokens. Why it failed goes to the log, not to clients.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +34,11 @@ from tpusync.store import KVStore
 log = logging.getLogger("tpusync.serving")
 ROLES = ("prefill", "decode", "both")
 
+# A sidecar's data port, as kv_transfer_params name it: host:port (tpusync:// optional), the host
+# a DNS name or an IPv4 address, or an IPv6 one in brackets or bare ($(POD_IP):port on IPv6 pods).
+_PEER_ADDRESS = re.compile(r"(?:tpusync://)?(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]"
+                           r"|[0-9A-Fa-f.]{0,45}:[0-9A-Fa-f:.]{0,45}):([0-9]{1,5})")
+
 
 @dataclass
 class RequestStats:
@@ -45,11 +52,17 @@ class RequestStats:
     prefill_seconds: float = 0.0    # computing the uncached part of the prompt
     save_seconds: float = 0.0
     ttft_seconds: float = 0.0       # arrival to the first token
+    # Why the store or a peer failed, for the log and in-process callers: it may name a peer's
+    # address or a socket error, so as_dict() (what a client gets) says only that one failed.
     store_error: str = ""
     kv_events_seq: int = -1         # the KV-event batch this request published, -1 if none
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The stats a client may see: "prefix_cache" is "unavailable" when the store or a peer
+        failed during the request (the rest was recomputed), else "ok"."""
+        out = {k: v for k, v in self.__dict__.items() if k != "store_error"}
+        out["prefix_cache"] = "unavailable" if self.store_error else "ok"
+        return out
 
 
 @dataclass
@@ -160,8 +173,9 @@ class Engine:
             return 0
         try:
             sources = []
-            if kv_params and kv_params.get("remote_address"):
-                sources.append(kv_params["remote_address"])  # the prefill server's sidecar first
+            remote = remote_address(kv_params)
+            if remote is not None:
+                sources.append(remote)  # the prefill server's sidecar first
             if self.prefix_cache:
                 sources += [p for p in self.peers if p not in sources]
             local = self.store.lookup(keys).prefix_len
@@ -184,12 +198,30 @@ class Engine:
             t0 = time.perf_counter()
             self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
             st.load_seconds = time.perf_counter() - t0
+            if loaded < local:  # a block the store holds, but not as a page of this model (or gone since)
+                self._evict_unloadable(keys[loaded], st)
             return loaded
         except errors.TpuSyncError as e:  # a dead sidecar or peer: recompute, never fail or guess
             st.store_error = str(e)
             log.warning("prefix cache unavailable, recomputing: %s", e)
             self.k, self.v = empty_cache(self.cfg) if self.k.is_deleted() else (self.k, self.v)
             return 0
+
+    def _evict_unloadable(self, key: int, st: RequestStats) -> None:
+        """Evicts a block that could not be loaded (the wrong length), from DRAM and then disk, so
+        that the page computed in its stead is what gets stored, and loaded next time."""
+        assert self.store is not None
+        try:
+            if not self.store.lookup([key]).prefix_len:
+                return  # gone since the lookup: nothing to replace
+            log.warning("block %032x is stored but is not a page of this model: recomputing it", key)
+            for _ in range(2):  # DRAM, then disk
+                self.store.evict([key])
+                if not self.store.lookup([key]).prefix_len:
+                    return
+        except errors.TpuSyncError as e:  # it stays a miss, recomputed each time
+            st.store_error = str(e)
+            log.warning("could not evict block %032x: %s", key, e)
 
     def _save_prompt(self, keys: list[int], cached_pages: int, st: RequestStats) -> None:
         if self.store is None or not (self.prefix_cache or self.role == "prefill"):
@@ -248,3 +280,17 @@ class Engine:
             span = min(span * 2, self.cfg.max_seq)
         self.k, self.v = compile_loads(self.k, self.v)
         jax.block_until_ready(self.k)
+
+
+def remote_address(kv_params: dict[str, Any] | None) -> str | None:
+    """kv_transfer_params' remote_address (the prefill server's sidecar), if there is one. The
+    client sends it, and the sidecar is asked to pull from it: anything but a host:port is
+    logged and ignored, never passed on."""
+    address = (kv_params or {}).get("remote_address")
+    if address is None or address == "":
+        return None
+    match = _PEER_ADDRESS.fullmatch(address) if isinstance(address, str) and len(address) <= 300 else None
+    if match is None or not 0 < int(match.group(1)) < 65536:
+        log.warning("ignoring a malformed kv_transfer_params remote_address: %.80r", address)
+        return None
+    return match.string

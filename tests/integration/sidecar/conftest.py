@@ -26,11 +26,13 @@ def launch(tmp_path, secret_file):
     started: list[sidecar_mod.Sidecar] = []
     pools: list[str] = []
 
-    def _launch(name: str, *, pool_path: str | None = None, dram_bytes: int = 64 << 20, **kw):
+    def _launch(name: str, *, pool_path: str | None = None, dram_bytes: int = 64 << 20, block_bytes: int = BLOCK,
+                **kw):
         pool = pool_path or f"/dev/shm/tpusync-it-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
         pools.append(pool)
         kw.setdefault("control_socket", str(tmp_path / f"{name}.sock"))
-        s = sidecar_mod.launch(pool_path=pool, secret_file=secret_file, dram_bytes=dram_bytes, block_bytes=BLOCK, **kw)
+        s = sidecar_mod.launch(pool_path=pool, secret_file=secret_file, dram_bytes=dram_bytes,
+                              block_bytes=block_bytes, **kw)
         s.pool_path = pool
         started.append(s)
         return s

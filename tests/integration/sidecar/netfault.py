@@ -2,7 +2,9 @@
 
 It forwards bytes both ways and can hold the server-to-client direction (`hold`), or cut
 both connections after a number of server-to-client bytes (`cut_after`), so a test can
-kill or stop a peer at an exact point of a transfer instead of racing it.
+kill or stop a peer at an exact point of a transfer instead of racing it. With `record` it
+keeps every byte it forwarded (`downstream`: server to client, `upstream`: client to
+server), what a wiretap on the link would see.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import threading
 
 
 class Relay:
-    def __init__(self, target_port: int, *, cut_after: int | None = None):
+    def __init__(self, target_port: int, *, cut_after: int | None = None, record: bool = False):
         self.target_port = target_port
         self.cut_after = cut_after
+        self.record = record
+        self.downstream = bytearray()
+        self.upstream = bytearray()
         self.forwarded = 0  # server-to-client bytes
         self.passing = threading.Event()
         self.passing.set()
@@ -59,6 +64,9 @@ class Relay:
                 data = src.recv(65536)
                 if not data:
                     break
+                if self.record:
+                    with self._lock:
+                        (self.downstream if downstream else self.upstream).extend(data)
                 if downstream:
                     with self._lock:
                         budget = None

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import signal
 import socket
-import struct
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from tpusync.errors import UnavailableError
 from .conftest import BLOCK, SECRET
 from .netfault import Relay
 from .wire import BLOCK as BLOCK_OP
-from .wire import ERROR, EXISTS, HELLO, PULL, PUSH, TIERS, WireClient, frame, keys_body
+from .wire import ERROR, EXISTS, HEADER, HELLO, PULL, PUSH, TIERS, WireClient, frame, keys_body
 
 
 def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
@@ -60,9 +60,11 @@ def test_two_sidecars_pull_and_push_byte_exact(launch):
     more = blocks(100, 8, size=BLOCK - 1000)  # short blocks keep their length
     engine(b).put(list(more), list(more.values()))
     assert engine(b).push_remote(a.address, list(more)) == [True] * 8
-    out = [np.zeros(BLOCK, np.uint8) for _ in more]
+    out = [np.zeros(BLOCK - 1000, np.uint8) for _ in more]
     assert all(engine(a).get(list(more), out))
-    assert all(np.array_equal(o[: BLOCK - 1000], m) for o, m in zip(out, more.values()))
+    assert all(np.array_equal(o, m) for o, m in zip(out, more.values()))
+    # A full-size buffer is not what they hold: a miss, never a buffer with a stale tail.
+    assert engine(a).get(list(more), [np.zeros(BLOCK, np.uint8) for _ in more]) == [False] * 8
 
 
 def test_three_sidecars_pull_only_the_missing_part_of_a_prefix(launch):
@@ -185,14 +187,35 @@ def test_wrong_secret_is_refused_and_counted(launch):
     assert engine(a).lookup([5]).prefix_len == 1
 
 
-BAD_FRAMES = {
-    "wrong magic": frame(EXISTS, keys_body([1]), count=1, magic=0x12345678),
-    "wrong version": frame(EXISTS, keys_body([1]), count=1, version=7),
-    "unknown op": frame(999, b""),
-    "body checksum": frame(EXISTS, keys_body([1]), count=1, body_sum=1),
-    "count vs body": frame(EXISTS, keys_body([1, 2]), count=3),
-    "huge body": frame(EXISTS, b"", count=1, body_len=1 << 40),
-    "reply op as request": frame(TIERS, b"\x01", count=1),
+def altered(sealed: bytes, at: int) -> bytes:
+    """A sealed frame with one bit flipped at `at`, after its tag was computed."""
+    return sealed[:at] + bytes([sealed[at] ^ 1]) + sealed[at + 1:]
+
+
+def replayed(w: WireClient) -> bytes:
+    """A frame the server accepted once, sent again: its tag was for an earlier frame counter."""
+    sealed = w.sealed(EXISTS, keys_body([1]), count=1)
+    w.send(sealed)
+    assert w.recv_frame()[0] == TIERS
+    return sealed
+
+
+# After the handshake every frame is sealed: each bad frame below carries a valid tag (over
+# the header as sent), so the rule it breaks is what refuses it, not the tag; "bad tag",
+# "altered body", "replayed frame" and "plain frame" are frames this session's key and counter
+# did not seal as they arrive (where v1 had "body checksum").
+BAD_FRAMES: dict[str, tuple[Callable[[WireClient], bytes], bytes]] = {
+    "wrong magic": (lambda w: w.sealed(EXISTS, keys_body([1]), count=1, magic=0x12345678), b"wrong magic"),
+    "wrong version": (lambda w: w.sealed(EXISTS, keys_body([1]), count=1, version=7), b"protocol version 7"),
+    "unknown op": (lambda w: w.sealed(999, b""), b"unknown op 999"),
+    "bad tag": (lambda w: w.sealed(EXISTS, keys_body([1]), count=1, bad_tag=True), b"authentication tag mismatch"),
+    "altered body": (lambda w: altered(w.sealed(EXISTS, keys_body([1]), count=1), HEADER.size),
+                     b"authentication tag mismatch"),
+    "replayed frame": (replayed, b"authentication tag mismatch"),
+    "plain frame": (lambda w: frame(EXISTS, keys_body([1]), count=1), b"body_sum must be 0"),
+    "count vs body": (lambda w: w.sealed(EXISTS, keys_body([1, 2]), count=3), b"declares 3 keys and 32 body bytes"),
+    "huge body": (lambda w: w.sealed(EXISTS, b"", count=1, body_len=1 << 40), b"exceeds"),
+    "reply op as request": (lambda w: w.sealed(TIERS, b"\x01", count=1), b"is not a request here"),
 }
 
 
@@ -201,9 +224,10 @@ def test_malformed_frames_get_an_error_and_a_closed_connection(launch, name):
     a = launch("a")
     w = WireClient(a.data_port)
     w.handshake(SECRET)
-    w.send(BAD_FRAMES[name])
-    op, _, _, body = w.recv_frame()
-    assert op == ERROR and b"bad frame" in body, body
+    make, reason = BAD_FRAMES[name]
+    w.send(make(w))
+    op, _, _, body = w.recv_frame()  # the refusal itself is sealed, and opens with the session's key
+    assert op == ERROR and b"bad frame" in body and reason in body, body
     assert w.closed_by_peer()
     assert metric(a, "tpusync_bad_frames_total") >= 1
     healthy = tpusync.KVStore.connect(f"tpusync://{a.address}", secret=SECRET)
@@ -214,17 +238,14 @@ def test_push_with_a_corrupted_payload_stores_nothing(launch):
     a = launch("a")
     w = WireClient(a.data_port)
     w.handshake(SECRET)
-    w.send(frame(PUSH, keys_body([7, 8]), count=2))
+    w.send_frame(PUSH, keys_body([7, 8]), count=2)
     op, _, _, wanted = w.recv_frame()
     assert op == TIERS and wanted == b"\x01\x01"
     payload = bytes(range(256)) * 16
-    good = frame(BLOCK_OP, b"", count=0, body_len=len(payload), body_sum=0) + payload
-    import xxhash
-
-    w.send(good + struct.pack("<Q", xxhash.xxh3_64_intdigest(payload)))
-    w.send(frame(BLOCK_OP, b"", count=1, body_len=len(payload), body_sum=0) + payload + struct.pack("<Q", 12345))
+    w.send_frame(BLOCK_OP, payload, count=0)
+    w.send(altered(w.sealed(BLOCK_OP, payload, count=1), HEADER.size + 1000))  # one payload bit flipped on the way
     op, _, _, body = w.recv_frame()
-    assert op == ERROR and b"checksum mismatch" in body
+    assert op == ERROR and b"authentication tag mismatch" in body, body
     ea = engine(a)
     assert list(ea.lookup([7, 8]).tiers) == [Tier.DRAM, Tier.NONE]
     assert ea.stats()["dram_used"] == 1  # the bad block's slot went back
@@ -234,9 +255,9 @@ def test_push_of_an_unannounced_block_is_refused(launch):
     a = launch("a")
     w = WireClient(a.data_port)
     w.handshake(SECRET)
-    w.send(frame(PUSH, keys_body([7]), count=1))
+    w.send_frame(PUSH, keys_body([7]), count=1)
     w.recv_frame()
-    w.send(frame(BLOCK_OP, b"", count=5, body_len=16, body_sum=0) + bytes(16) + bytes(8))
+    w.send_frame(BLOCK_OP, bytes(16), count=5)
     op, _, _, body = w.recv_frame()
     assert op == ERROR and b"was not asked for" in body
     assert engine(a).stats()["dram_used"] == 0
@@ -281,7 +302,7 @@ def test_connections_over_the_limit_are_refused_and_counted(launch):
         tpusync.KVStore.connect(f"tpusync://127.0.0.1:{a.data_port}", secret=SECRET)
     assert metric(a, "tpusync_connections_refused_total") == 2
     for w in held:                        # the connections within the limit are still served
-        w.send(frame(EXISTS, keys_body([1]), count=1))
+        w.send_frame(EXISTS, keys_body([1]), count=1)
         op, _, count, body = w.recv_frame()
         assert (op, count, body) == (TIERS, 1, b"\x00")
 

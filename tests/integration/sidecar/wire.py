@@ -1,5 +1,7 @@
 """A minimal client of the tpusync wire protocol in Python, written from docs/wire-protocol.md,
-to send what the C++ client never would: malformed frames, unannounced blocks, bad checksums.
+to send what the C++ client never would: malformed frames, unannounced blocks, bad tags, a
+relayed handshake. Its AEAD is `cryptography`'s ChaCha20-Poly1305, an implementation
+independent of the sidecar's OpenSSL one.
 """
 
 from __future__ import annotations
@@ -11,16 +13,19 @@ import socket
 import struct
 
 import xxhash
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-MAGIC, VERSION = 0x59535054, 1
+MAGIC, VERSION = 0x59535054, 2
 HELLO, CHALLENGE, AUTH, AUTH_OK = 1, 2, 3, 4
 EXISTS, TIERS, PULL, PUSH, PUSH_DONE, BLOCK, END = 10, 11, 12, 13, 14, 15, 16
 ERROR = 61
 HEADER = struct.Struct("<IHHHHIQQ")
+FLAG_ENCRYPT = 1
 
 
 def frame(op: int, body: bytes = b"", *, count: int = 0, status: int = 0, magic: int = MAGIC,
           version: int = VERSION, body_len: int | None = None, body_sum: int | None = None) -> bytes:
+    """A plain (unsealed) frame, as the handshake sends them."""
     n = len(body) if body_len is None else body_len
     s = xxhash.xxh3_64_intdigest(body) if body_sum is None else body_sum
     return HEADER.pack(magic, version, op, status, 0, count, n, s) + body
@@ -30,12 +35,72 @@ def keys_body(keys: list[int]) -> bytes:
     return b"".join(struct.pack("<QQ", k >> 64, k & (2**64 - 1)) for k in keys)
 
 
+def handshake_body(nonce: bytes, block_bytes: int = 0, flags: int = 0) -> bytes:
+    return nonce + struct.pack("<QQ", block_bytes, flags)
+
+
+def proof(secret: bytes, label: bytes, hello: bytes, challenge: bytes) -> bytes:
+    return hmac.new(secret, b"tpusync/2 " + label + hello + challenge, hashlib.sha256).digest()
+
+
+class Session:
+    """One direction's key and frame counter: the nonce of frame n is n."""
+
+    def __init__(self, key: bytes, encrypt: bool):
+        self.aead, self.encrypt, self.seq = ChaCha20Poly1305(key), encrypt, 0
+
+    def _nonce(self) -> bytes:
+        nonce = b"\0" * 4 + struct.pack("<Q", self.seq)
+        self.seq += 1
+        return nonce
+
+    def seal(self, header: bytes, body: bytes) -> bytes:
+        """header + (encrypted) body + tag."""
+        if self.encrypt:
+            return header + self.aead.encrypt(self._nonce(), body, header)
+        return header + body + self.aead.encrypt(self._nonce(), b"", header + body)
+
+    def open(self, header: bytes, body: bytes, tag: bytes) -> bytes:
+        if self.encrypt:
+            return self.aead.decrypt(self._nonce(), body + tag, header)
+        self.aead.decrypt(self._nonce(), tag, header + body)
+        return body
+
+
 class WireClient:
-    def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    def __init__(self, port: int, host: str = "127.0.0.1", *, source: str | None = None, rcvbuf: int | None = None):
+        """`source`: the local address to connect from (127.0.0.2... is another source on
+        loopback); `rcvbuf`: SO_RCVBUF, set before connecting so the window stays that small."""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if source is not None:
+            self.sock.bind((source, 0))
+        self.sock.connect((host, port))
+        self.tx: Session | None = None
+        self.rx: Session | None = None
+        self.status = 0  # the status field of the last frame handshake() received
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def send_frame(self, op: int, body: bytes = b"", *, count: int = 0, status: int = 0) -> None:
+        """A frame sealed in this client's session (plain before the handshake)."""
+        if self.tx is None:
+            self.send(frame(op, body, count=count, status=status))
+        else:
+            self.send(self.tx.seal(HEADER.pack(MAGIC, VERSION, op, status, 0, count, len(body), 0), body))
+
+    def sealed(self, op: int, body: bytes = b"", *, count: int = 0, status: int = 0, magic: int = MAGIC,
+               version: int = VERSION, body_len: int | None = None, body_sum: int = 0,
+               bad_tag: bool = False) -> bytes:
+        """A frame sealed in this session whose header may break a rule (the tag covers the
+        header as sent); `bad_tag` flips a bit of the tag. Uses up one frame of the counter."""
+        assert self.tx is not None, "sealed() needs a completed handshake"
+        n = len(body) if body_len is None else body_len
+        out = self.tx.seal(HEADER.pack(magic, version, op, status, 0, count, n, body_sum), body)
+        return out[:-1] + bytes([out[-1] ^ 1]) if bad_tag else out
 
     def recv_exact(self, n: int) -> bytes:
         out = b""
@@ -47,9 +112,13 @@ class WireClient:
         return out
 
     def recv_frame(self) -> tuple[int, int, int, bytes]:
-        magic, version, op, status, _, count, n, _ = HEADER.unpack(self.recv_exact(HEADER.size))
+        header = self.recv_exact(HEADER.size)
+        magic, version, op, status, _, count, n, _ = HEADER.unpack(header)
         assert (magic, version) == (MAGIC, VERSION)
-        return op, status, count, self.recv_exact(n)
+        body = self.recv_exact(n)
+        if self.rx is not None:
+            body = self.rx.open(header, body, self.recv_exact(16))
+        return op, status, count, body
 
     def closed_by_peer(self) -> bool:
         try:
@@ -57,15 +126,24 @@ class WireClient:
         except ConnectionResetError:
             return True
 
-    def handshake(self, secret: bytes, *, expect: int = AUTH_OK) -> bytes:
-        """Proves the secret; returns the body of the server's last frame (`expect`)."""
-        nonce = os.urandom(32)
-        self.send(frame(HELLO, nonce))
-        op, _, _, body = self.recv_frame()
-        assert op == CHALLENGE
-        server_nonce = body[:32]
-        proof = hmac.new(secret, b"tpusync/1 client" + server_nonce + nonce, hashlib.sha256).digest()
-        self.send(frame(AUTH, proof))
-        op, _, _, body = self.recv_frame()
+    def handshake(self, secret: bytes, *, expect: int = AUTH_OK, block_bytes: int = 0,
+                  encrypt: bool = False) -> bytes:
+        """Proves the secret and seals the session; returns the body of the server's last frame
+        (`expect`)."""
+        hello = handshake_body(os.urandom(32), block_bytes, FLAG_ENCRYPT if encrypt else 0)
+        self.send(frame(HELLO, hello))
+        op, self.status, _, challenge = self.recv_frame()
+        if op != CHALLENGE:
+            assert op == expect, (op, challenge)
+            return challenge
+        self.send(frame(AUTH, proof(secret, b"client proof", hello, challenge)))
+        op, self.status, _, body = self.recv_frame()
         assert op == expect, (op, body)
+        if op == AUTH_OK:
+            assert hmac.compare_digest(body, proof(secret, b"server proof", hello, challenge))
+            sealed = bool(struct.unpack_from("<Q", challenge, 40)[0] & FLAG_ENCRYPT)
+            transcript = hello + challenge
+            up = hmac.new(secret, b"tpusync/2 key client->server" + transcript, hashlib.sha256).digest()
+            down = hmac.new(secret, b"tpusync/2 key server->client" + transcript, hashlib.sha256).digest()
+            self.tx, self.rx = Session(up, sealed), Session(down, sealed)
         return body

@@ -124,10 +124,15 @@ def test_get_checks_output_buffers(store):
 
 def test_get_of_missing_and_short_blocks(store):
     store.put([1], [pattern(1, 1000)])
-    out = [np.zeros(BLOCK, np.uint8), np.zeros(BLOCK, np.uint8)]
+    out = [np.zeros(1000, np.uint8), np.zeros(BLOCK, np.uint8)]
     assert store.get([1, 2], out) == [True, False]
-    assert out[0][:1000].tobytes() == pattern(1, 1000).tobytes()
+    assert out[0].tobytes() == pattern(1, 1000).tobytes()
     assert store.stats()["misses"] == 1
+    # Into a whole block's buffer the short block is a miss: found never leaves a buffer half stale.
+    whole = np.full(BLOCK, 7, np.uint8)
+    assert store.get([1], [whole]) == [False]
+    assert (whole == 7).all()
+    assert store.stats()["misses"] == 2
 
 
 def test_errors_are_also_builtin_exception_types(store):

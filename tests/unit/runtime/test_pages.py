@@ -47,6 +47,19 @@ def test_load_stops_at_the_first_missing_block():
     assert not np.asarray(k2[:, 2]).any()
 
 
+@pytest.mark.parametrize("length", [100, 1535, 1537, 4096])  # a page is 1536 bytes
+def test_load_stops_at_the_first_block_of_another_length(length):
+    """A block stored with the wrong length is a miss: never loaded in part, nor with trailing bytes."""
+    k, v = cache(jnp.float32, 3), cache(jnp.float32, 4)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        store.put([2], [np.full(length, 7, np.uint8)])
+        save_pages(store, [1, 2, 3], k, v, [0, 1, 2])  # 2 is stored already: kept as it is
+        k2, _v2, loaded = load_pages(store, [1, 2, 3], jnp.zeros(SHAPE), jnp.zeros(SHAPE), [0, 1, 2])
+    assert loaded == 1
+    assert np.array_equal(np.asarray(k2[:, 0]), np.asarray(k[:, 0]))
+    assert not np.asarray(k2[:, 1:]).any()
+
+
 def test_a_block_too_small_for_the_page_is_refused():
     with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store, \
             pytest.raises(tpusync.InvalidArgumentError, match="24576 bytes"):
@@ -86,6 +99,15 @@ SHARDED = textwrap.dedent(
     round_trip(Mesh(devs.reshape(2, 2), ("r", "x")), P(None, None, None, "x", None), 2, 2)  # replicated x2
     round_trip(Mesh(devs.reshape(2, 2), ("l", "x")), P("l", None, None, "x", None), 4, 4)   # layers and heads
     round_trip(Mesh(devs[:2], ("r",)), P(), 1, 1)                                    # fully replicated
+    # A shard's block of the wrong length ends the loaded prefix (a miss, not an error).
+    sharding = NamedSharding(Mesh(devs[:2], ("x",)), P(None, None, None, "x", None))
+    k = jax.device_put(jnp.ones(shape), sharding)
+    with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
+        store.put([shard_key(8, 1, 2)], [np.ones(100, np.uint8)])
+        save_pages(store, [7, 8, 9], k, k, [0, 1, 2])
+        zeros = jax.device_put(jnp.zeros(shape), sharding)
+        k2, _, n = load_pages(store, [7, 8, 9], zeros, jax.device_put(jnp.zeros(shape), sharding), [0, 1, 2])
+    assert n == 1 and np.asarray(k2[:, 0]).all() and not np.asarray(k2[:, 1:]).any()
     bad = jax.device_put(jnp.zeros(shape), NamedSharding(Mesh(devs[:2], ("p",)), P(None, "p")))
     with tpusync.KVStore.local(dram_bytes=64 * 4096, block_bytes=4096) as store:
         try:

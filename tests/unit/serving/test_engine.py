@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tpusync
+from tpusync.hashing import BlockHasher
 from tpusync.serving import codec
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
@@ -98,3 +99,76 @@ def test_codec_is_reversible():
     text = "héllo \x00\xff wörld"
     assert codec.decode(codec.encode(text)) == text
     assert codec.encode("€") == list("€".encode())
+
+
+def keys_of(tokens: list[int]) -> list[int]:
+    """The block keys the engine stores a prompt's pages under."""
+    return BlockHasher(CFG.page_size, "tpusync").keys(tokens)
+
+
+def record_reads(store: tpusync.KVStore) -> list[str]:
+    """Replaces the store's read_remote with one that records the peers asked and pulls nothing."""
+    asked: list[str] = []
+
+    def read_remote(peer: str, keys: list[int]) -> list[bool]:
+        asked.append(peer)
+        return [False] * len(keys)
+
+    store.read_remote = read_remote
+    return asked
+
+
+def test_a_block_of_the_wrong_length_is_recomputed_and_replaced(mono):
+    """A short block under the first key, a long one in mid-prefix: both are misses, the pages
+    computed instead are stored in their place, and every run gives a cold run's tokens."""
+    p, q = prompt(11, 300), prompt(12, 300)
+    keys_p, keys_q = keys_of(p), keys_of(q)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG) + 4096) as store:
+        e = Engine(CFG, role="both", store=store)
+        store.put([keys_p[0]], [np.ones(100, np.uint8)])
+        store.put([keys_q[5]], [np.ones(CFG.page_bytes + 8, np.uint8)])
+        runs = [e.generate(p, 8), e.generate(p, 8), e.generate(q, 8), e.generate(q, 8), e.generate(q, 8)]
+        with store.acquire_many([keys_p[0], keys_q[5]]) as views:
+            assert [len(v) for v in views] == [CFG.page_bytes, CFG.page_bytes]
+    want_p, want_q = mono.generate(p, 8).tokens, mono.generate(q, 8).tokens
+    assert [r.tokens for r in runs] == [want_p, want_p, want_q, want_q, want_q]
+    # p: the short first block was a miss, then the page computed instead was a hit. q: its
+    # first run stored pages 0-4 around the long block 5, the second loaded 0-4 (resuming at
+    # chunk 128) and replaced 5, the third loaded all 9 (resuming at chunk 256).
+    assert [r.stats.cached_tokens for r in runs] == [0, 256, 0, 128, 256]
+    assert all(r.stats.as_dict()["prefix_cache"] == "ok" for r in runs)
+
+
+def test_a_peers_error_text_is_not_in_the_stats_a_client_gets(mono):
+    p = prompt(13, 200)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        e = Engine(CFG, role="both", store=store)
+        r = e.generate(p, 4, kv_transfer_params={"remote_address": "127.0.0.1:1"})  # nothing listens there
+    assert r.tokens == mono.generate(p, 4).tokens
+    assert "127.0.0.1:1" in r.stats.store_error  # in-process callers (and the log) still see why
+    public = r.stats.as_dict()
+    assert public["prefix_cache"] == "unavailable" and "store_error" not in public
+    assert "127.0.0.1" not in repr(public)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1\nX", "a" * 300 + ":1", "no-port", "h:0", "h:65536", "h:1:2", "h: 1",
+                                     "[::1]x:1", 7, None, ["127.0.0.1:1"], ""])
+def test_a_malformed_remote_address_is_never_passed_to_the_store(mono, address, caplog):
+    p = prompt(14, 100)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        asked = record_reads(store)
+        e = Engine(CFG, role="both", store=store)
+        r = e.generate(p, 4, kv_transfer_params={"remote_address": address})
+    assert asked == [] and r.stats.store_error == "" and r.tokens == mono.generate(p, 4).tokens
+    if address not in (None, ""):  # absent is not malformed
+        assert "ignoring a malformed kv_transfer_params remote_address" in caplog.text
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:9400", "tpusync://10.0.0.5:9400", "decode-0.pool.svc:9400",
+                                     "[fd00::5]:9400", "fd00::5:9400"])
+def test_a_well_formed_remote_address_is_asked(address):
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        asked = record_reads(store)
+        e = Engine(CFG, role="both", store=store)
+        e.generate(prompt(15, 100), 1, kv_transfer_params={"remote_address": address})
+    assert asked == [address]

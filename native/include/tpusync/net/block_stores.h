@@ -21,6 +21,7 @@ struct PeerOptions {
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds transfer_timeout{120000};  // a whole pull or push
   std::chrono::milliseconds query_timeout{60000};      // an exists query
+  bool encrypt = false;  // ask for encrypted sessions (they are authenticated either way)
 };
 
 // A Store in this process (opened or re-attached from `store`), and connections to peers

@@ -1,4 +1,5 @@
-// The tpusync wire protocol, version 1: fixed 32-byte frame headers, then a body.
+// The tpusync wire protocol, version 2: fixed 32-byte frame headers, then a body; on the data
+// port every frame after the handshake is sealed (net/session.h).
 // Every field is little-endian. docs/wire-protocol.md is the normative description.
 #pragma once
 
@@ -15,7 +16,7 @@
 namespace tpusync::net {
 
 constexpr uint32_t kMagic = 0x59535054;  // "TPSY"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHeaderBytes = 32;
 constexpr uint64_t kMaxBodyBytes = 64ull << 20;  // metadata bodies; block payloads are bounded by block_bytes
 constexpr uint32_t kMaxKeys = 1u << 20;
@@ -25,10 +26,10 @@ constexpr size_t kMaxErrorBytes = 4096;  // ERROR and END bodies: a message
 
 enum class Op : uint16_t {
   // handshake
-  kHello = 1,      // client -> server: nonce
-  kChallenge = 2,  // server -> client: nonce, block_bytes
-  kAuth = 3,       // client -> server: HMAC proof
-  kAuthOk = 4,     // server -> client: HMAC proof (mutual)
+  kHello = 1,      // client -> server: nonce, block_bytes (0: any), flags
+  kChallenge = 2,  // server -> client: nonce, block_bytes, flags (the session's)
+  kAuth = 3,       // client -> server: HMAC proof of the transcript
+  kAuthOk = 4,     // server -> client: HMAC proof of the transcript (mutual)
   // data port
   kExists = 10,      // keys -> kTiers
   kTiers = 11,       // one tier byte per key
@@ -68,7 +69,7 @@ struct FrameHeader {
   uint16_t reserved = 0;
   uint32_t count = 0;     // keys in the body, or a block's index
   uint64_t body_len = 0;  // bytes after the header
-  uint64_t body_sum = 0;  // XXH3-64 of the body
+  uint64_t body_sum = 0;  // XXH3-64 of the body; 0 in a sealed session (the tag covers it)
 };
 
 void EncodeHeader(const FrameHeader& h, std::byte out[kHeaderBytes]);

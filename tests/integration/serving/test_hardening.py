@@ -1,0 +1,256 @@
+"""Real server processes over real sockets: what a broken or hostile client sends gets an
+answer and leaves the connection in step; the body and prompt caps hold on every route; a
+block the store holds with the wrong length is a miss; no peer's socket error reaches a client.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+import tpusync
+from tpusync import sidecar
+from tpusync.hashing import BlockHasher
+from tpusync.launch import start_server
+from tpusync.serving.model import ModelConfig
+
+MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
+CFG = ModelConfig(**MODEL)
+BLOCK = -(-CFG.page_bytes // 4096) * 4096
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """A server without a store (`mono`, the reference tokens), and one over a sidecar (`cached`)
+    whose log the tests read."""
+    work = tmp_path_factory.mktemp("hardening")
+    secret = work / "secret"
+    secret.write_text(uuid.uuid4().hex * 2)
+    pool = f"/dev/shm/tpusync-hardening-{uuid.uuid4().hex[:8]}"
+    log_path = work / "cached.log"
+    started = []
+    try:
+        with open(log_path, "w") as log:
+            side = sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK,
+                                  control_socket=str(work / "side.sock"), stderr=subprocess.DEVNULL)
+            started.append(side)
+            started.append(start_server("both", model_config=MODEL, prefix_cache=False))
+            started.append(start_server("both", model_config=MODEL, control_socket=side.control_socket,
+                                        data_address=side.address, stderr=log))
+        yield {"side": started[0], "mono": started[1], "cached": started[2], "log": log_path}
+    finally:
+        for s in reversed(started):
+            s.stop()
+        if os.path.exists(pool):
+            os.unlink(pool)
+
+
+def post(url: str, body: object, path: str = "/v1/completions") -> dict:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.load(resp)
+
+
+def post_raw(url: str, data: bytes, path: str = "/v1/completions") -> urllib.error.HTTPError:
+    """POSTs `data` and returns the error response it must get."""
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    return e.value
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, n).tolist()
+
+
+def tokens(resp: dict) -> list[int]:
+    return resp["choices"][0]["token_ids"]
+
+
+class _Unclosable(io.BytesIO):
+    def close(self) -> None:  # HTTPResponse closes its file after each response; the next follows in it
+        pass
+
+
+class _Recorded:
+    """What a server sent, as a socket that http.client.HTTPResponse can parse responses from."""
+
+    def __init__(self, data: bytes):
+        self.file = _Unclosable(data)
+
+    def makefile(self, *args: object, **kwargs: object) -> io.BytesIO:
+        return self.file
+
+
+def exchange(port: int, data: bytes) -> tuple[bytes, list[tuple[int, http.client.HTTPMessage, bytes]]]:
+    """Sends raw bytes on one connection and reads until the server closes it: a server that
+    never answers, or keeps the connection open, fails this with a timeout. Returns what came
+    back and the responses in it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    recorded, responses = _Recorded(raw), []
+    while recorded.file.tell() < len(raw):
+        r = http.client.HTTPResponse(recorded)
+        r.begin()
+        responses.append((r.status, r.headers, r.read()))
+    return raw, responses
+
+
+# -- request framing -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/v1/no-such-route"), ("GET", "/health"), ("GET", "/nowhere")])
+def test_a_body_is_never_read_as_the_next_request(servers, method, path):
+    """A body the route ignores is consumed (or the connection closed): never parsed as a request."""
+    smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    first = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(smuggled)}\r\n\r\n".encode() + smuggled
+    second = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    _, responses = exchange(servers["mono"].port, first + second)
+    assert len(responses) == 2  # not three: /health's answer to the body would come between
+    status, _, body = responses[-1]
+    assert status == 200 and json.loads(body)["data"][0]["max_model_len"] == CFG.max_seq
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/completions/render"])
+@pytest.mark.parametrize("body, message", [
+    (b"[1, 2]", "a JSON object, not a list"), (b'"x"', "a JSON object, not a string"),
+    (b"3", "a JSON object, not a number"), (b"null", "a JSON object, not null"),
+    (b"[" * 100_000, "nested too deeply"),
+])
+def test_a_body_that_is_not_a_json_object_gets_a_400(servers, path, body, message):
+    conn = http.client.HTTPConnection("127.0.0.1", servers["mono"].port, timeout=30)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and message in json.loads(resp.read())["error"]["message"]
+    conn.request("GET", "/health")  # the connection is still in step
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+@pytest.mark.parametrize("headers, status, names", [
+    (["Content-Length: -1"], 400, "Content-Length"),
+    (["Content-Length: abc"], 400, "Content-Length"),
+    (["Content-Length: +5"], 400, "Content-Length"),
+    (["Content-Length: 5", "Content-Length: 6"], 400, "Content-Length"),
+    (["Content-Length: 99999999999999999999"], 413, "bytes"),
+    (["Content-Length: " + "9" * 5000], 413, "bytes"),     # more digits than int() takes
+    (["Content-Length: 4194304"], 413, "bytes"),           # over the 1 MiB cap: refused before it is sent
+    (["Transfer-Encoding: chunked"], 411, "Content-Length"),
+    (["Content-Length: 4194304", "Expect: 100-continue"], 413, "bytes"),  # no 100 Continue first
+])
+def test_a_bad_content_length_gets_an_answer_and_the_connection_closes(servers, headers, status, names):
+    head = "\r\n".join(["POST /v1/completions HTTP/1.1", "Host: x", "Content-Type: application/json", *headers])
+    body = b"5\r\n{\"a\":\r\n0\r\n\r\n" if "chunked" in headers[0] else b""
+    raw, responses = exchange(servers["mono"].port, head.encode() + b"\r\n\r\n" + body)
+    assert raw.startswith(f"HTTP/1.1 {status} ".encode())
+    assert len(responses) == 1  # nothing after it: the connection closed
+    got, got_headers, got_body = responses[0]
+    assert got == status and got_headers["Connection"] == "close"
+    assert names in json.loads(got_body)["error"]["message"]
+
+
+# -- caps ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/completions/render"])
+def test_a_4_mib_body_is_refused_before_it_is_read(servers, path):
+    e = post_raw(servers["mono"].url, json.dumps({"prompt": "a" * (4 << 20)}).encode(), path)
+    assert e.code == 413 and "bytes" in json.load(e)["error"]["message"]
+
+
+@pytest.mark.parametrize("path, too_long", [
+    *[(path, too_long) for path in ("/v1/completions", "/v1/completions/render") for too_long in (
+        "a" * (CFG.max_seq + 1), [7] * (CFG.max_seq + 1),
+        "€" * (CFG.max_seq // 3 + 1),                  # fewer characters than the cap, 3 tokens each
+    )],
+    ("/v1/completions/render", ["ok", "a" * 2000]),       # one of several render prompts
+])
+def test_a_prompt_over_the_models_length_is_refused_on_every_route(servers, path, too_long):
+    e = post_raw(servers["mono"].url, json.dumps({"prompt": too_long, "max_tokens": 1}).encode(), path)
+    assert e.code == 400 and f"at most {CFG.max_seq} tokens" in json.load(e)["error"]["message"]
+
+
+def test_render_takes_a_prompt_of_the_models_length(servers):
+    full = post(servers["mono"].url, {"prompt": "a" * CFG.max_seq}, "/v1/completions/render")
+    assert full == [{"token_ids": [97] * CFG.max_seq}]
+
+
+def test_the_flags_set_the_caps():
+    server = start_server("both", model_config=MODEL, prefix_cache=False,
+                          extra_args=["--no-warm-up", "--max-body-bytes", "2048", "--max-prompt-tokens", "50"])
+    try:
+        ok = post(server.url, {"prompt": [1] * 50}, "/v1/completions/render")
+        assert ok == [{"token_ids": [1] * 50}]
+        e = post_raw(server.url, json.dumps({"prompt": [1] * 51}).encode(), "/v1/completions/render")
+        assert e.code == 400 and "at most 50 tokens" in json.load(e)["error"]["message"]
+        e = post_raw(server.url, json.dumps({"prompt": "a" * 2048}).encode(), "/v1/completions/render")
+        assert e.code == 413 and "2048 bytes" in json.load(e)["error"]["message"]
+    finally:
+        server.stop()
+
+
+# -- the store and peers ---------------------------------------------------------------------
+
+
+def test_a_block_of_the_wrong_length_is_a_miss_and_is_replaced(servers):
+    """A block shorter than a page under a prompt's first key: recomputed, never a 500, and the
+    page computed then is what the next request loads."""
+    p = prompt(21, 300)
+    want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 8}))
+    first_key = BlockHasher(CFG.page_size, "tpusync").keys(p)[0]
+    with tpusync.KVStore.connect(f"unix://{servers['side'].control_socket}") as store:
+        store.put([first_key], [np.ones(100, np.uint8)])
+        r = post(servers["cached"].url, {"prompt": p, "max_tokens": 8})
+        assert tokens(r) == want and r["tpusync"]["cached_tokens"] == 0
+        with store.acquire_many([first_key]) as views:
+            assert views[0] is not None and len(views[0]) == CFG.page_bytes
+        again = post(servers["cached"].url, {"prompt": p, "max_tokens": 8})
+    assert tokens(again) == want
+    assert again["tpusync"]["cached_tokens"] == 300 // CFG.page_size * CFG.page_size // CFG.chunk * CFG.chunk
+
+
+def test_a_dead_peers_error_stays_in_the_servers_log(servers):
+    p = prompt(22, 200)
+    want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 6}))
+    dead = "127.0.0.1:1"  # nothing listens there
+    body = {"prompt": p, "max_tokens": 6, "kv_transfer_params": {"remote_address": dead}}
+    r = post(servers["cached"].url, body)
+    assert tokens(r) == want and r["tpusync"]["prefix_cache"] == "unavailable"
+    assert dead not in json.dumps(r) and "store_error" not in r["tpusync"]
+    # A prompt this host lacks (it holds p now), so the dead peer is asked again.
+    streamed = {**body, "prompt": prompt(24, 200), "stream": True}
+    req = urllib.request.Request(servers["cached"].url + "/v1/completions", data=json.dumps(streamed).encode())
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        stream = resp.read().decode()
+    assert '"prefix_cache": "unavailable"' in stream and dead not in stream
+    assert dead in servers["log"].read_text()  # the operator still learns why
+
+
+@pytest.mark.parametrize("address, marker", [
+    ("a" * 300 + ":9400", "a" * 12), ("127.0.0.1:1\r\nX-Injected: 1", "X-Injected"), ("127.0.0.1", "127.0.0.1"),
+    ("127.0.0.1:99999", "127.0.0.1"), ("host:port:9400", "host:port"), (12345, None), (["127.0.0.1:1"], "127.0.0.1"),
+])
+def test_a_malformed_remote_address_is_ignored_not_passed_on(servers, address, marker):
+    p = prompt(23, 200)
+    want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 4}))
+    line = "ignoring a malformed kv_transfer_params remote_address"
+    logged = servers["log"].read_text().count(line)
+    r = post(servers["cached"].url, {"prompt": p, "max_tokens": 4, "kv_transfer_params": {"remote_address": address}})
+    # Not passed to the sidecar: no pull was tried, so none failed.
+    assert tokens(r) == want and r["tpusync"]["prefix_cache"] == "ok"
+    assert marker is None or marker not in json.dumps(r)
+    assert servers["log"].read_text().count(line) == logged + 1  # logged before the response was sent
