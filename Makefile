@@ -17,10 +17,10 @@ all: test
 include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
-# OpenSSL (HMAC for peer authentication), clang with its runtimes (libFuzzer); iproute2 and
+# OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of the data port's sessions), clang with its runtimes (libFuzzer); iproute2 and
 # iptables for the simulated-hosts fabric (tests/support/fabric.py); clang-tidy for make lint.
 # Installed when missing.
-SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev clang-14 libclang-rt-14-dev iproute2 iptables \
+SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev libipsec-mb-dev clang-14 libclang-rt-14-dev iproute2 iptables \
   clang-tidy-14
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -201,6 +201,17 @@ def test_unknown_field_rejected_by_strict_validation(cluster, tpusync_crds, name
     assert "spec.tiers.drams" in res.stderr, res.stderr
 
 
+def test_a_gke_api_endpoint_is_refused(cluster, tpusync_crds, namespace):
+    """spec.provisioning.gke.apiEndpoint is gone (the GKE API the operator's token goes to is
+    operator configuration): a pool still naming it is refused, the field named; without
+    strict validation the API server prunes it (e2e/test_operator_gke.py)."""
+    gke = {"mode": "gke", "gke": {"project": "p", "location": "l", "cluster": "c",
+                                  "apiEndpoint": "https://gke.example.invalid"}}
+    res = server_dry_run(cluster, namespace, variant(POOL, "spec.provisioning", gke))
+    assert res.returncode != 0
+    assert "spec.provisioning.gke.apiEndpoint" in res.stderr, res.stderr
+
+
 def test_provisioning_mode_is_immutable(cluster, tpusync_crds, namespace):
     """A transition rule (oldSelf): checked on update only."""
     pool = variant(POOL, "metadata.namespace", namespace)

@@ -123,7 +123,7 @@ const std::vector<FlagDef>& Defs() {
       {"peers-dns", Str(&SidecarFlags::peers_dns),
        "headless Service of the pool: its addresses are members at this sidecar's --data-port; reported on /readyz"},
       {"encrypt", Bool(&SidecarFlags::encrypt),
-       "encrypt every data-port session, both ways (ChaCha20-Poly1305); sessions are authenticated either way"},
+       "encrypt every data-port session, both ways (AES-256-GCM); sessions are authenticated either way"},
       {"help", Bool(&SidecarFlags::help), "print this help"},
   };
   return defs;

@@ -12,14 +12,16 @@ operation at a time on a cluster and refuses another meanwhile with 400 FAILED_P
 ("Cluster is running incompatible operation ..."); that, like 409, is a GKEConflict.
 
 Credentials: a bearer token from the GCE metadata server (Workload Identity on GKE), cached
-until shortly before it expires; a 401 refreshes the token once.
+until shortly before it expires; a 401 refreshes the token once. The token goes only to the
+endpoint of the operator's configuration (`configured_endpoint`), never to one an object
+names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +30,18 @@ import httpx
 DEFAULT_ENDPOINT = "https://container.googleapis.com"
 METADATA_URL = "http://metadata.google.internal"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+ENDPOINT_ENV = "TPUSYNC_GKE_ENDPOINT"       # the chart's gke.endpoint
+METADATA_URL_ENV = "TPUSYNC_METADATA_URL"   # the chart's gke.metadataURL
+
+
+def configured_endpoint(env: Mapping[str, str]) -> str:
+    """The GKE API base URL from the operator's configuration (empty or unset: GKE's own)."""
+    return env.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+
+
+def configured_metadata_url(env: Mapping[str, str]) -> str:
+    """The token source from the operator's configuration (empty or unset: the GCE metadata server)."""
+    return env.get(METADATA_URL_ENV) or METADATA_URL
 
 
 class GKEError(Exception):

@@ -25,7 +25,7 @@ import kopf
 from . import GROUP, VERSION, metrics
 from .builders.common import MANAGED_BY, POOL_LABEL
 from .builders.pool import pool_node_selector
-from .gke import GKEClient, MetadataServerToken
+from .gke import GKEClient, MetadataServerToken, configured_endpoint, configured_metadata_url
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
 from .nodepools import delete_pool
@@ -48,17 +48,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     except config.ConfigException:
         await config.load_kube_config()
     api = client.ApiClient()
-    tokens = MetadataServerToken(os.environ.get("TPUSYNC_METADATA_URL", "http://metadata.google.internal"))
-    clients: dict[str, GKEClient] = {}
-
-    def gke(endpoint: str) -> GKEClient:
-        endpoint = os.environ.get("TPUSYNC_GKE_ENDPOINT", endpoint)
-        if endpoint not in clients:
-            clients[endpoint] = GKEClient(tokens, endpoint)
-        return clients[endpoint]
-
+    # One GKE client, on the endpoint of the operator's configuration: the access token it
+    # carries never goes where a TPUSyncPool says.
+    tokens = MetadataServerToken(configured_metadata_url(os.environ))
+    gke = GKEClient(tokens, configured_endpoint(os.environ))
     memo.deps = Deps(kube=ApiKube(api), gke=gke)
     memo.api = api
+    memo.gke = (gke, tokens)
     memo.locks = {}
     memo.objects = {}      # (kind, namespace, name) -> latest body, from the watch streams
     memo.selectors = {}    # pool key -> its node selector
@@ -89,6 +85,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()
+    for gke_client in getattr(memo, "gke", ()):
+        await gke_client.aclose()
 
 
 @kopf.on.probe(id="reconcilers")

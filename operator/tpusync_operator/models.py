@@ -93,19 +93,23 @@ class Capacity(Model):
 
 
 class GKEProvisioning(Model):
-    """Create and own a GKE node pool through the GKE REST API."""
+    """Create and own a GKE node pool through the GKE REST API (never one the operator did not create)."""
     project: Annotated[str, Field(min_length=1)]
     location: Annotated[str, Field(min_length=1)] = Field(description="Region or zone of the cluster.")
     cluster: Annotated[str, Field(min_length=1)]
     node_locations: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, description="Zones of the node pool (the TPU zone). Required in a regional cluster: there GKE "
                           "would otherwise create the hosts, and count autoscaling limits, in every zone.")
-    node_pool_name: DNSName | None = Field(None, description="Defaults to the TPUSyncPool name.")
+    node_pool_name: DNSName | None = Field(
+        None, description="Defaults to the TPUSyncPool name. A node pool of that name that the operator did not "
+                          "create for this TPUSyncPool is never changed or deleted (Degraded/NodePoolNotOwned).")
     workload_policy: str | None = Field(
         None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
     queued_provisioning: bool = Field(False, description="Use queued provisioning (Dynamic Workload Scheduler).")
     service_account: str | None = Field(None, description="Node service account e-mail.")
-    api_endpoint: str = Field("https://container.googleapis.com", description="GKE API base URL.")
+    # No API endpoint here: the operator sends its Google access token to the GKE API it is
+    # configured with (TPUSYNC_GKE_ENDPOINT, the chart's gke.endpoint), never to one an
+    # object names.
 
 
 class ExistingProvisioning(Model):
@@ -300,7 +304,8 @@ class EngineSpec(Model):
     image: str | None = Field(None, description="Engine image; a pinned default per type when empty.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     cpu_only: bool = Field(False, description="Reference engine only: request no TPUs (tests, kind/kwok).")
-    env: list[EnvVar] | None = None
+    env: list[EnvVar] | None = Field(
+        None, description="Extra engine environment variables; values are taken as written ($(VAR) is not expanded).")
 
 
 class PoolRef(Model):
@@ -312,7 +317,9 @@ class RoleSpec(Model):
     topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the pool's.")
     hosts_per_replica: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Hosts per replica; derived from the topology when empty. >1 uses a LeaderWorkerSet.")
-    args: list[str] | None = Field(None, description="Extra engine arguments.")
+    args: list[str] | None = Field(
+        None, description="Extra engine arguments, passed as written: Kubernetes does not expand $(VAR) in them "
+                          "(nor in any other spec string the operator puts on a command line).")
     resources: Resources = sub(Resources, "Engine resources (TPU chips are added).")
 
 

@@ -1,6 +1,8 @@
 """A TPUSyncPool's GKE node pools (mode gke): executing the planner's `NodePoolStep` for each
 slice's node pool (at most one GKE call per pass, none while an operation runs), deleting the
-node pools of slices the spec dropped, and the finalizer that deletes them all."""
+node pools of slices the spec dropped, and the finalizer that deletes them all. Only node
+pools carrying the pool's mark (`node_pool_mark`: the operator created them for it) are ever
+changed or deleted; another node pool of a wanted name is reported and left alone."""
 
 from __future__ import annotations
 
@@ -12,11 +14,20 @@ import kopf
 
 from .builders import names
 from .builders.common import Owner
+from .builders.pool import node_pool_mark, node_pool_marked
 from .gke import ClusterRef, GKEAuthError, GKEClient, GKEConflict, GKEError, GKETransientError
 from .models import TPUSyncPoolSpec
-from .planner import NodePoolAction, NodePoolRequest, PlanError, PoolPlan, node_pool_step, plan_pool
+from .planner import (
+    NodePoolAction,
+    NodePoolRequest,
+    PlanError,
+    PoolPlan,
+    mark_text,
+    node_pool_step,
+    plan_pool,
+)
 from .reconcile import Deps, Pass
-from .status import GKE_API_ERROR, Cond
+from .status import GKE_API_ERROR, NODE_POOL_NOT_OWNED, Cond
 
 
 @dataclass(frozen=True)
@@ -43,14 +54,15 @@ def recorded_node_pools(old: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in entries if e.get("name")}
 
 
-async def reconcile_node_pools(deps: Deps, p: Pass, spec: TPUSyncPoolSpec, plan: PoolPlan,
+async def reconcile_node_pools(deps: Deps, p: Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: PoolPlan,
                                old: dict[str, Any]) -> NodePoolsReport:
     """The GKE step for every slice's node pool, then the deletion of node pools of slices
     the spec no longer has."""
     gke = spec.provisioning.gke
     assert gke is not None and deps.gke is not None and plan.node_pool_requests
     cluster = ClusterRef(gke.project, gke.location, gke.cluster)
-    client = deps.gke(gke.api_endpoint)
+    client = deps.gke
+    mark = node_pool_mark(owner)
     recorded = recorded_node_pools(old)
     entries: list[dict[str, Any]] = []
     ready, message, updating = True, "", ""
@@ -73,7 +85,7 @@ async def reconcile_node_pools(deps: Deps, p: Pass, spec: TPUSyncPoolSpec, plan:
             if (op is None and not busy) or (op is not None and op.get("status") == "DONE"):
                 if (op or {}).get("error"):
                     p.issue("NodePoolOperationFailed", f"deleting node pool {name}: {(op or {})['error']}; retrying")
-                gone, op_name = await _delete_node_pool(client, cluster, name, p.event)
+                gone, op_name = await _delete_node_pool(client, cluster, name, mark, p.event)
         except GKEConflict as e:
             p.again(15, f"node pool {name}: {e.message}")
         except GKEError as e:
@@ -148,13 +160,18 @@ async def _node_pool(p: Pass, client: GKEClient, cluster: ClusterRef, request: N
         return unknown(str(e))
 
 
-async def _delete_node_pool(client: GKEClient, cluster: ClusterRef, name: str,
+async def _delete_node_pool(client: GKEClient, cluster: ClusterRef, name: str, mark: dict[str, str],
                             emit: Callable[[str, str, str], None]) -> tuple[bool, str | None]:
-    """Asks GKE to delete one node pool: (True, None) once GKE reports it gone, else (False,
-    the delete operation started now, if any). GKE errors propagate."""
+    """Asks GKE to delete one node pool: (True, None) once GKE reports it gone, or when it
+    lacks the pool's mark (not the operator's to delete: left alone), else (False, the delete
+    operation started now, if any). GKE errors propagate."""
     observed = await client.get_node_pool(cluster, name)
     if observed is None:
         emit("Normal", "NodePoolDeleted", f"GKE node pool {name} is gone")
+        return True, None
+    if not node_pool_marked(observed, mark):
+        emit("Warning", NODE_POOL_NOT_OWNED, f"not deleting GKE node pool {name}: the operator did not create it "
+                                             f"for this TPUSyncPool (it lacks the labels {mark_text(mark)})")
         return True, None
     if observed.get("status") != "STOPPING":
         op = await client.delete_node_pool(cluster, name)
@@ -177,7 +194,8 @@ async def delete_pool(body: dict[str, Any], deps: Deps) -> None:
         wanted = [r.name for r in plan_pool(owner, spec).node_pool_requests]
     except PlanError:
         wanted = [names.gke_node_pool(owner.name, spec)]
-    client = deps.gke(gke.api_endpoint)
+    client = deps.gke
+    mark = node_pool_mark(owner)
     waiting = []
 
     def emit(type_: str, reason: str, message: str) -> None:
@@ -185,7 +203,7 @@ async def delete_pool(body: dict[str, Any], deps: Deps) -> None:
 
     for name in sorted(set(wanted) | set(recorded_node_pools(body.get("status") or {}))):
         try:
-            gone, _ = await _delete_node_pool(client, cluster, name, emit)
+            gone, _ = await _delete_node_pool(client, cluster, name, mark, emit)
             if not gone:
                 waiting.append(name)
         except GKEConflict as e:

@@ -19,6 +19,7 @@ from .builders import serving as serving_builders
 from .builders.common import Owner
 from .builders.serving import PoolInfo, RolePlan
 from .models import GS_NEEDS_VLLM, SGLANG_IMAGE_REQUIRED, DisaggregatedServingSpec, TPUSyncPoolSpec
+from .status import NODE_POOL_NOT_OWNED
 from .tpu import Slice, TopologyError, slice_for
 
 
@@ -250,12 +251,34 @@ def node_pool_size_change(request: dict[str, Any], observed: dict[str, Any], nod
     return SizeChange(SizeAction.NONE, node_count=want_count)
 
 
+def request_mark(request: dict[str, Any]) -> dict[str, str]:
+    """The mark (builders.pool.node_pool_mark) a create request puts on its node pool."""
+    labels = request["nodePool"]["config"]["labels"]
+    return {k: labels[k] for k in pool_builders.NODE_POOL_MARK_KEYS}
+
+
+def mark_text(mark: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in mark.items())
+
+
+def not_owned_message(name: str, mark: dict[str, str]) -> str:
+    return (f"GKE node pool {name} exists but the operator did not create it for this TPUSyncPool (it lacks the "
+            f"labels {mark_text(mark)}), so the operator does not adopt, resize or delete it: set "
+            f"spec.provisioning.gke.nodePoolName to a name no node pool has, or delete node pool {name} yourself "
+            f"(the operator then creates its own)")
+
+
 def node_pool_step(request: dict[str, Any], operation: dict[str, Any] | None,
                    observed: dict[str, Any] | None, *, node_count: int | None = None,
                    multi_host: bool = False) -> NodePoolStep:
     """Decide from the pending operation (if any), the observed node pool (None: absent) and
     the size the operator last set (node_count, see node_pool_size_change). At most one
-    operation at a time: nothing is sent while the recorded one runs."""
+    operation at a time: nothing is sent while the recorded one runs. A node pool without the
+    request's mark is not the operator's: nothing is ever sent about it."""
+    mark = request_mark(request)
+    if observed is not None and not pool_builders.node_pool_marked(observed, mark):
+        return NodePoolStep(NodePoolAction.NONE, "NotOwned", False, NODE_POOL_NOT_OWNED,
+                            not_owned_message(request["nodePool"]["name"], mark))
     if operation is not None and operation.get("status") != "DONE":
         kind = operation.get("operationType", "CREATE_NODE_POOL")
         running = f"GKE operation {operation.get('name')} ({kind}) is {operation.get('status')}"

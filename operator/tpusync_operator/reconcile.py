@@ -45,7 +45,7 @@ def _token() -> bytes:
 class Deps:
     """Everything a reconcile pass talks to, injected (tests pass fakes)."""
     kube: Kube
-    gke: Callable[[str], GKEClient] | None = None     # api endpoint -> client
+    gke: GKEClient | None = None      # on the endpoint of the operator's configuration
     now: Clock = utc_now
     token: Callable[[], bytes] = _token
     emit: Emit = _kopf_emit

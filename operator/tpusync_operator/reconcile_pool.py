@@ -44,7 +44,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     node_pools: list[dict[str, Any]] | None = None
     node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
     if spec.provisioning.mode == "gke":
-        report = await reconcile_node_pools(deps, p, spec, plan, old)
+        report = await reconcile_node_pools(deps, p, owner, spec, plan, old)
         node_pools, node_pool = report.entries, report.entries[0]
         node_pool_ready, node_pool_message, node_pool_updating = report.ready, report.message, report.updating
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from .builders import sglang_pd
 from .builders.common import Owner
 from .builders.pool import build_auth_secret
 from .builders.serving import PoolInfo
-from .gke import ClusterRef
+from .gke import ClusterRef, configured_endpoint
 from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from .planner import OPTIONAL_KINDS, PlanError, plan_pool, plan_serving
 
@@ -85,7 +86,8 @@ def render_pool(doc: dict[str, Any]) -> tuple[PoolInfo, list[Rendered]]:
         cluster = ClusterRef(gke.project, gke.location, gke.cluster)
         for request in plan.node_pool_requests:
             out.append(Rendered([f"{where}: GKE node pool request (not a Kubernetes object)",
-                                 f"POST {gke.api_endpoint}{cluster.parent}/nodePools"], request.body))
+                                 f"POST {configured_endpoint(os.environ)}{cluster.parent}/nodePools"],
+                                request.body))
     if not spec.auth.secret_name:
         secret = build_auth_secret(owner, spec, b"")
         secret["data"] = {"token": base64.b64encode(GENERATED.encode()).decode()}

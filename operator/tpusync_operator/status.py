@@ -63,6 +63,9 @@ def three(ready: Cond, progressing: Cond, degraded: Cond) -> list[Cond]:
 API_ERROR = "APIError"          # Kubernetes API: 5xx, 429, a timeout, a reset connection; retried soon
 REJECTED = "ApplyFailed"        # Kubernetes API: 400, 403, 422, the request itself is refused
 GKE_API_ERROR = "GKEAPIError"   # GKE API: 5xx, 429, a timeout; retried soon
+# A GKE node pool of a wanted name exists without the operator's mark: never adopted, resized
+# or deleted (planner.node_pool_step).
+NODE_POOL_NOT_OWNED = "NodePoolNotOwned"
 
 
 def held_conditions(old: list[dict[str, Any]] | None, causes: list[Cond], generation: int | None,
@@ -135,14 +138,16 @@ class PoolObservation:
 
 
 def pool_conditions(o: PoolObservation) -> list[Cond]:
+    blocking = [i for i in o.issues if i.status]
+    # A node pool the operator will not touch makes no progress: Ready says why, first.
+    stalled = next((i for i in blocking if i.reason in _STALLS), None)
     progressing: list[str] = []
-    if o.mode == "gke" and not o.node_pool_ready:
+    if o.mode == "gke" and not o.node_pool_ready and stalled is None:
         progressing.append(o.node_pool_message or f"node pool is {o.node_pool_state}")
     if o.ready_hosts < o.min_ready_hosts:
         progressing.append(f"{o.ready_hosts}/{o.min_ready_hosts} hosts ready")
     if o.store_desired != 0 and o.store_ready < max(o.store_desired, 1):
         progressing.append(f"{o.store_ready}/{max(o.store_desired, 1)} store nodes ready")
-    blocking = [i for i in o.issues if i.status]
     if blocking:
         degraded = Cond("Degraded", True, blocking[0].reason, "; ".join(i.message for i in blocking))
     else:
@@ -150,20 +155,28 @@ def pool_conditions(o: PoolObservation) -> list[Cond]:
     updating = [o.node_pool_updating] if o.node_pool_updating else []
     stable = f"{o.ready_hosts} hosts, {o.capacity.ready_sidecars} sidecars ready"
     if progressing:
-        reason = "NodePoolProvisioning" if o.mode == "gke" and not o.node_pool_ready else "HostsNotReady" \
-            if o.ready_hosts < o.min_ready_hosts else "StoreNodesNotReady"
+        reason = "NodePoolProvisioning" if o.mode == "gke" and not o.node_pool_ready and stalled is None \
+            else "HostsNotReady" if o.ready_hosts < o.min_ready_hosts else "StoreNodesNotReady"
         prog = Cond("Progressing", True, reason, "; ".join(updating + progressing))
     elif updating:
         prog = Cond("Progressing", True, "NodePoolUpdating", updating[0])
     else:
         prog = Cond("Progressing", False, "Stable", stable)
     ready_ok = not progressing and not any(i.reason in _BLOCKS_READY for i in blocking)
-    ready = Cond("Ready", ready_ok, "PoolReady" if ready_ok else (prog.reason if progressing else degraded.reason),
-                 stable if ready_ok else (prog.message if progressing else degraded.message))
+    if ready_ok:
+        ready = Cond("Ready", True, "PoolReady", stable)
+    elif stalled is not None:
+        ready = Cond("Ready", False, stalled.reason, stalled.message)
+    elif progressing:
+        ready = Cond("Ready", False, prog.reason, prog.message)
+    else:
+        ready = Cond("Ready", False, degraded.reason, degraded.message)
     return three(ready, prog, degraded)
 
 
-_BLOCKS_READY = {"AuthSecretMissing", "NodePoolError", "NodePoolOperationFailed", "InvalidSpec", "GKEAuthFailed"}
+_STALLS = {NODE_POOL_NOT_OWNED}
+_BLOCKS_READY = {"AuthSecretMissing", "NodePoolError", "NodePoolOperationFailed", "InvalidSpec", "GKEAuthFailed",
+                 *_STALLS}
 
 
 # ---------------------------------------------------------------- serving

@@ -36,6 +36,16 @@ class Owner:
                 "controller": True, "blockOwnerDeletion": True}
 
 
+def verbatim(value: str) -> str:
+    """A string from a spec, escaped so that the kubelet passes it on as written when it is a
+    word of a container's `command` or `args` or an `env` value. The kubelet expands `$(NAME)`
+    there to the value of the container's variable NAME (HF_TOKEN, from a Secret, included)
+    and reads `$$` as one `$` (k8s.io/kubernetes third_party/forked/golang/expansion), so every
+    `$` is doubled. Every builder passes spec strings through this; only the operator's own
+    references (`$(POD_IP)`) stay unescaped. Object names need none: they cannot hold a `$`."""
+    return value.replace("$", "$$")
+
+
 def base_labels(owner: Owner, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "tpusync",

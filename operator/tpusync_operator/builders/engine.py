@@ -14,7 +14,7 @@ from typing import Any, Literal
 from .. import versions
 from ..models import DisaggregatedServingSpec, ModelRef
 from . import sglang_pd
-from .common import Owner, env_from_fields
+from .common import Owner, env_from_fields, verbatim
 from .sidecar import CONTROL_SOCKET
 
 # Pinned defaults (override with spec.engine.image; sglang-jax has none: see sglang_pd.py).
@@ -93,8 +93,8 @@ def kv_events_topic(spec: DisaggregatedServingSpec) -> str:
     """The KV-event topic in the form llm-d's pod discovery expects, kv@<pod ip>:<port>@<model>:
     llm-d names a pod by the address and port it routes to, the InferencePool's target port
     (spec.port), not the engine's own port behind a decode pod's routing proxy
-    (docs/block-keys.md)."""
-    return f"kv@$(POD_IP):{spec.port}@{spec.model.name}"
+    (docs/block-keys.md). $(POD_IP) is for the kubelet to expand; the model name is not."""
+    return f"kv@$(POD_IP):{spec.port}@{verbatim(spec.model.name)}"
 
 
 def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, tensor_parallel: int,
@@ -104,14 +104,15 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
     `tensor_parallel` counts TensorCores (JAX devices), not chips: Slice.tensor_parallel. The
     engine publishes the KV events (it knows the tokens of each block); `data_port` is the
     pod's sidecar data port, advertised to decode pods in kv_transfer_params. `multi_host`
-    names the pod's part in a multi-host vLLM replica (a LeaderWorkerSet group).
+    names the pod's part in a multi-host vLLM replica (a LeaderWorkerSet group). Every string
+    from the spec goes through `verbatim`: the kubelet expands no variable in it.
     """
     m = spec.model
     src = ModelSource.of(m)
-    extra = list((spec.prefill if role == "prefill" else spec.decode).args or [])
+    extra = [verbatim(a) for a in (spec.prefill if role == "prefill" else spec.decode).args or []]
     if spec.engine.type == "reference":
-        args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", src.ref,
-                "--served-model-name", m.name, "--control-socket", CONTROL_SOCKET,
+        args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", verbatim(src.ref),
+                "--served-model-name", verbatim(m.name), "--control-socket", CONTROL_SOCKET,
                 "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
                 "--kv-events-topic", kv_events_topic(spec),
                 "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
@@ -125,10 +126,10 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
             return ["sh", "-c", RAY_LEADER_SCRIPT, "vllm"], ["serve", *args]
         return ["vllm", "serve"], args
     # sglang-jax, with its own P/D (sglang_pd.py)
-    args = ["--model-path", src.ref, "--host", "0.0.0.0", "--port", str(port), "--served-model-name", m.name,
-            "--tp-size", str(tensor_parallel)]
+    args = ["--model-path", verbatim(src.ref), "--host", "0.0.0.0", "--port", str(port),
+            "--served-model-name", verbatim(m.name), "--tp-size", str(tensor_parallel)]
     if m.revision:
-        args += ["--revision", m.revision]
+        args += ["--revision", verbatim(m.revision)]
     return ["python", "-m", "sgl_jax.launch_server"], args + sglang_pd.engine_args(owner, role) + extra
 
 
@@ -152,12 +153,12 @@ def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, po
     # KV events for llm-d's precise prefix-cache scoring.
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
               "topic": kv_events_topic(spec)}
-    args = [src.ref, "--port", str(port), "--served-model-name", m.name, "--enable-prefix-caching",
+    args = [verbatim(src.ref), "--port", str(port), "--served-model-name", verbatim(m.name), "--enable-prefix-caching",
             "--tensor-parallel-size", str(tensor_parallel),
             "--kv-transfer-config", json.dumps(kv, separators=(",", ":"), sort_keys=True),
             "--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
     if src.scheme == "hf" and m.revision:
-        args += ["--revision", m.revision]
+        args += ["--revision", verbatim(m.revision)]
     if src.scheme == "gs":
         args += ["--load-format", versions.VLLM_STREAMING_LOAD_FORMAT]
     if needs_render(spec, role):
@@ -219,5 +220,5 @@ def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *,
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
     if spec.engine.type == "sglang-jax":
         env.append(sglang_pd.secret_env(owner))
-    env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
+    env += [{"name": e.name, "value": verbatim(e.value)} for e in spec.engine.env or []]
     return env

@@ -13,6 +13,7 @@ from . import names
 from .common import (
     DISK_ANNOTATION,
     DRAM_ANNOTATION,
+    MANAGED_BY,
     POOL_LABEL,
     Owner,
     base_labels,
@@ -28,6 +29,23 @@ def pool_labels(owner: Owner, component: str) -> dict[str, str]:
 
 
 NAMESPACE_LABEL = "tpusync.dev/namespace"   # on the nodes of a GKE node pool the operator creates
+# The mark of a GKE node pool the operator created, in its labels (config.labels) with the two above.
+MANAGED_BY_LABEL = "tpusync.dev/managed-by"
+OWNER_UID_LABEL = "tpusync.dev/owner-uid"
+NODE_POOL_MARK_KEYS = (MANAGED_BY_LABEL, OWNER_UID_LABEL)
+
+
+def node_pool_mark(owner: Owner) -> dict[str, str]:
+    """The labels every GKE node pool the operator creates carries, naming the TPUSyncPool it
+    is for by uid: a node pool without them is never adopted, resized or deleted (a name in a
+    spec must not hand someone else's node pool to the operator)."""
+    return {MANAGED_BY_LABEL: MANAGED_BY, OWNER_UID_LABEL: owner.uid}
+
+
+def node_pool_marked(node_pool: dict[str, Any], mark: dict[str, str]) -> bool:
+    """Whether a NodePool (GKE's JSON) carries the mark (`node_pool_mark`)."""
+    labels = (node_pool.get("config") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in mark.items())
 
 
 def gke_slices(spec: TPUSyncPoolSpec, tpu: Slice) -> int:
@@ -156,7 +174,7 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice, sli
     cap = spec.capacity
     config: dict[str, Any] = {
         "machineType": tpu.machine_type,
-        "labels": {POOL_LABEL: owner.name, NAMESPACE_LABEL: owner.namespace},
+        "labels": {POOL_LABEL: owner.name, NAMESPACE_LABEL: owner.namespace, **node_pool_mark(owner)},
         "spot": cap.spot,
     }
     if gke.service_account:

@@ -25,6 +25,7 @@ from .common import (
     metadata,
     pod_security_context,
     resources,
+    verbatim,
 )
 from .engine import (
     COMPILE_CACHE_DIR,
@@ -101,7 +102,7 @@ ENGINE_TMP_BYTES = "2Gi"   # scratch only: weights and compiled programs have vo
 def routing_proxy_args(spec: DisaggregatedServingSpec, engine_port_: int) -> list[str]:
     """llm-d's P/D proxy in front of the decode engine (flags: versions.ROUTING_PROXY)."""
     return [f"--port={spec.port}", f"--model-server-port={engine_port_}",
-            f"--kv-connector={proxy_kv_connector(spec)}", "--secure-proxy=false"]
+            f"--kv-connector={verbatim(proxy_kv_connector(spec))}", "--secure-proxy=false"]
 
 
 def weights_read_only(spec: DisaggregatedServingSpec) -> bool:

@@ -1,6 +1,6 @@
 """A minimal client of the tpusync wire protocol in Python, written from docs/wire-protocol.md,
 to send what the C++ client never would: malformed frames, unannounced blocks, bad tags, a
-relayed handshake. Its AEAD is `cryptography`'s ChaCha20-Poly1305, an implementation
+relayed handshake. Its AEAD is `cryptography`'s AES-256-GCM (OpenSSL's), an implementation
 independent of the sidecar's OpenSSL one.
 """
 
@@ -13,7 +13,7 @@ import socket
 import struct
 
 import xxhash
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAGIC, VERSION = 0x59535054, 2
 HELLO, CHALLENGE, AUTH, AUTH_OK = 1, 2, 3, 4
@@ -47,7 +47,7 @@ class Session:
     """One direction's key and frame counter: the nonce of frame n is n."""
 
     def __init__(self, key: bytes, encrypt: bool):
-        self.aead, self.encrypt, self.seq = ChaCha20Poly1305(key), encrypt, 0
+        self.aead, self.encrypt, self.seq = AESGCM(key), encrypt, 0
 
     def _nonce(self) -> bytes:
         nonce = b"\0" * 4 + struct.pack("<Q", self.seq)

@@ -160,8 +160,16 @@ def test_environment(helm):
     assert env["TPUSYNC_RESYNC_SECONDS"] == "12"
     assert env["TPUSYNC_GKE_ENDPOINT"] == "http://127.0.0.1:9999"
     assert env["TPUSYNC_METADATA_URL"] == "http://127.0.0.1:9998"
-    env = {e["name"] for e in container(helm.template())["env"]}
-    assert env == {"POD_ID", "TPUSYNC_RESYNC_SECONDS"}
+    env = {e["name"]: e.get("value") for e in container(helm.template())["env"]}
+    assert set(env) == {"POD_ID", "TPUSYNC_RESYNC_SECONDS", "TPUSYNC_GKE_ENDPOINT"}
+
+
+@pytest.mark.parametrize("values", [None, {"gke": {"endpoint": ""}}], ids=["default", "empty"])
+def test_the_gke_endpoint_is_always_set_by_the_chart(helm, values):
+    """The operator's token goes to the endpoint of its configuration only (no TPUSyncPool
+    field names one): the chart always sets it, GKE's own unless told otherwise."""
+    env = {e["name"]: e.get("value") for e in container(helm.template(values))["env"]}
+    assert env["TPUSYNC_GKE_ENDPOINT"] == "https://container.googleapis.com"
 
 
 @pytest.mark.parametrize("mode,key", [("soft", "preferredDuringSchedulingIgnoredDuringExecution"),

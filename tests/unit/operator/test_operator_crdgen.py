@@ -116,3 +116,17 @@ def test_check_reports_drift(tmp_path):
     diffs = crdgen.check(tmp_path)
     assert len(diffs) == 1 and "shortnames" in diffs[0]
     assert crdgen.main(["--check", str(tmp_path)]) == 1
+
+
+def test_a_pool_names_no_gke_api_endpoint():
+    """The GKE API the operator sends its token to is operator configuration only: the CRD has
+    no such field, so the API server prunes it (and refuses it under strict validation), and
+    the operator's model does not read one either."""
+    gke = build_crd("TPUSyncPool")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["provisioning"]["properties"]["gke"]
+    assert "apiEndpoint" not in gke["properties"] and not gke.get("x-kubernetes-preserve-unknown-fields")
+    assert not any("endpoint" in path.lower() or "url" in path.lower() for path, _ in walk(gke))
+    from tpusync_operator.models import GKEProvisioning
+    parsed = GKEProvisioning.model_validate({"project": "p", "location": "l", "cluster": "c",
+                                             "apiEndpoint": "https://attacker.example"})
+    assert "https://attacker.example" not in repr(parsed.model_dump())

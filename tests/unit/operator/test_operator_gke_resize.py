@@ -45,7 +45,7 @@ class Operator:
 
     def __init__(self, kube, clock, state, client: GKEClient, body: dict):
         self.kube, self.state, self.events = kube, state, []
-        self.deps = Deps(kube=kube, gke=lambda endpoint: client, now=clock, token=lambda: b"t", emit=self._emit)
+        self.deps = Deps(kube=kube, gke=client, now=clock, token=lambda: b"t", emit=self._emit)
         self.key = (body["apiVersion"], body["kind"], "ns", body["metadata"]["name"])
         kube.put(body)
         self.retry: kopf.TemporaryError | None = None

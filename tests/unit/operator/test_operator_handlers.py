@@ -171,6 +171,57 @@ def test_metrics_address_flag(monkeypatch):
     assert served == [(9999, "127.0.0.1")]
 
 
+@pytest.mark.parametrize("configured", ["default", "set"])
+def test_the_operators_token_goes_only_to_the_gke_api_it_is_configured_with(monkeypatch, gke_server, configured):
+    """A pool in mode gke naming an API endpoint of its own (spec.provisioning.gke.apiEndpoint,
+    a field the CRD no longer has: the API server prunes it, and a strict client is refused)
+    gets no request and no token: the operator's one GKE client is on TPUSYNC_GKE_ENDPOINT (the
+    chart's gke.endpoint), or GKE's own endpoint when that is empty. Both are played by the
+    GKE API contract server (tests/support/gke_api.py), which also serves the token."""
+    from op_helpers import FakeKube, PoolBody
+
+    from tests.support.gke_api import PARENT, serve
+    from tpusync_operator import gke
+    from tpusync_operator.reconcile_pool import reconcile_pool
+
+    state, url = gke_server
+    elsewhere, elsewhere_url, stop = serve()
+    monkeypatch.setattr(config, "load_incluster_config", lambda: (_ for _ in ()).throw(config.ConfigException()))
+    monkeypatch.setattr(config, "load_kube_config", _no_kube_config)
+    monkeypatch.setenv("TPUSYNC_METRICS_PORT", "0")
+    monkeypatch.setenv("TPUSYNC_METADATA_URL", url)
+    if configured == "set":
+        monkeypatch.setenv("TPUSYNC_GKE_ENDPOINT", url)
+    else:
+        monkeypatch.delenv("TPUSYNC_GKE_ENDPOINT", raising=False)
+        monkeypatch.setattr(gke, "DEFAULT_ENDPOINT", url)       # GKE's own endpoint, played here
+    body = PoolBody().gke(apiEndpoint=elsewhere_url).build()
+    kube = FakeKube()
+    kube.put(body)
+
+    async def scenario():
+        memo = kopf.Memo()
+        await handlers.configure(settings=kopf.OperatorSettings(), memo=memo)
+        try:
+            memo.deps.kube, memo.deps.emit = kube, lambda *event: None
+            with pytest.raises(kopf.TemporaryError):     # the node pool is being created
+                await reconcile_pool(body, memo.deps)
+        finally:
+            await handlers.cleanup(memo=memo)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop()
+    assert elsewhere.requests == []
+    assert state.mutations() == [("POST", f"{PARENT}/nodePools")]
+    assert {auth for _, path, auth in state.requests if path.startswith("/v1/")} == {"Bearer good"}
+
+
+async def _no_kube_config():
+    return None
+
+
 def test_standalone_and_peering_are_exclusive():
     with pytest.raises(SystemExit):
         entry.main(["--standalone", "--peering", "x"])

@@ -80,10 +80,12 @@ def test_plan_pool_children_and_pruning():
     assert p.store_replicas is None      # a DaemonSet: one per selected node
 
 
-REQ = {"nodePool": {"name": "np", "config": {"machineType": "tpu7x-standard-4t", "spot": False},
+# The labels of a node pool the operator created for its owner (builders.pool.node_pool_mark).
+MARK = {"tpusync.dev/pool": "pool", "tpusync.dev/managed-by": "tpusync-operator", "tpusync.dev/owner-uid": "uid-pool"}
+REQ = {"nodePool": {"name": "np", "config": {"machineType": "tpu7x-standard-4t", "spot": False, "labels": MARK},
                     "initialNodeCount": 2, "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}}
-GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-standard-4t"}, "initialNodeCount": 2,
-        "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}
+GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-standard-4t", "labels": MARK},
+        "initialNodeCount": 2, "placementPolicy": {"type": "COMPACT", "policyName": "wp"}}
 
 
 @pytest.mark.parametrize("op,observed,action,state,ready,reason", [
@@ -97,7 +99,7 @@ GOOD = {"name": "np", "status": "RUNNING", "config": {"machineType": "tpu7x-stan
     (None, {**GOOD, "status": "RECONCILING"}, A.WAIT, "RECONCILING", False, None),
     (None, {**GOOD, "status": "ERROR", "statusMessage": "boom"}, A.NONE, "ERROR", False, "NodePoolError"),
     (None, {**GOOD, "status": "RUNNING_WITH_ERROR"}, A.NONE, "RUNNING_WITH_ERROR", True, "NodePoolError"),
-    (None, {**GOOD, "config": {"machineType": "other"}}, A.NONE, "RUNNING", True, "NodePoolDrift"),
+    (None, {**GOOD, "config": {"machineType": "other", "labels": MARK}}, A.NONE, "RUNNING", True, "NodePoolDrift"),
     (None, {**GOOD, "placementPolicy": {"type": "COMPACT", "policyName": "x"}}, A.NONE, "RUNNING", True,
      "NodePoolDrift"),
 ])
@@ -108,7 +110,7 @@ def test_node_pool_step(op, observed, action, state, ready, reason):
 
 # Sizing edits: a single-host pool (v6e 2x4, 1 host per node) and a multi-host slice of 4 nodes.
 def single(count=None, autoscaling=None):
-    np = {"name": "np", "config": {"machineType": "ct6e-standard-8t"}, "initialNodeCount": count or 0}
+    np = {"name": "np", "config": {"machineType": "ct6e-standard-8t", "labels": MARK}, "initialNodeCount": count or 0}
     if autoscaling:
         np["autoscaling"] = {"enabled": True, "minNodeCount": autoscaling[0], "maxNodeCount": autoscaling[1]}
     return {"nodePool": np}
@@ -116,7 +118,7 @@ def single(count=None, autoscaling=None):
 
 def seen(initial, autoscaling=None, **extra):
     """A node pool as GET returns it: zero and false fields left out, GKE's defaults added."""
-    np = {"name": "np", "status": "RUNNING", "config": {"machineType": "ct6e-standard-8t"},
+    np = {"name": "np", "status": "RUNNING", "config": {"machineType": "ct6e-standard-8t", "labels": MARK},
           "initialNodeCount": initial, **extra}
     if autoscaling:
         np["autoscaling"] = {k: v for k, v in {"enabled": True, "minNodeCount": autoscaling[0],
@@ -197,8 +199,32 @@ def test_failed_edit_is_reported_then_sent_again():
     assert (again.action, again.node_count) == (A.SET_SIZE, 5)
 
 
+@pytest.mark.parametrize("labels", [
+    None,                                                          # a node pool made by hand
+    {"tpusync.dev/pool": "pool", "tpusync.dev/namespace": "ns"},   # the pool's name labels alone
+    {**MARK, "tpusync.dev/owner-uid": "uid-other"},                # another TPUSyncPool's
+    {**MARK, "tpusync.dev/managed-by": "someone"},
+], ids=["unlabelled", "name-labels", "other-owner", "other-manager"])
+@pytest.mark.parametrize("op", [None, {"name": "op1", "status": "DONE"}, {"name": "op1", "status": "RUNNING"}],
+                         ids=["no-operation", "done", "running"])
+def test_a_node_pool_without_the_owners_mark_is_never_touched(labels, op):
+    """Whatever the spec asks (here a resize) and whatever the status recorded: a node pool
+    without the mark the request would put on it is not the operator's."""
+    config = {"machineType": "ct6e-standard-8t", **({"labels": labels} if labels else {})}
+    observed = {**seen(1), "config": config}
+    step = node_pool_step(single(3), op, observed, node_count=None)
+    assert (step.action, step.state, step.ready, step.degraded_reason) == (
+        A.NONE, "NotOwned", False, "NodePoolNotOwned")
+    assert not step.action.calls_gke and step.autoscaling is None and step.node_count is None
+    assert step.message.startswith("GKE node pool np exists but the operator did not create it")
+    assert "tpusync.dev/managed-by=tpusync-operator, tpusync.dev/owner-uid=uid-pool" in step.message
+    assert "spec.provisioning.gke.nodePoolName" in step.message and "delete node pool np yourself" in step.message
+    # With the mark, the same node pool is the operator's: resized.
+    assert node_pool_step(single(3), None, seen(1), node_count=None).action is A.SET_SIZE
+
+
 def test_drift_message_names_fields():
-    step = node_pool_step(REQ, None, {**GOOD, "config": {"machineType": "other", "spot": True}})
+    step = node_pool_step(REQ, None, {**GOOD, "config": {"machineType": "other", "spot": True, "labels": MARK}})
     assert "machineType" in step.message and "spot" in step.message
 
 

@@ -39,7 +39,7 @@ class Recorder:
 
 
 def deps(kube, clock, gke=None):
-    return Deps(kube=kube, gke=(lambda endpoint: gke) if gke else None, now=clock,
+    return Deps(kube=kube, gke=gke, now=clock,
                 token=lambda: b"fixed-token", emit=Recorder(kube))
 
 
@@ -233,9 +233,13 @@ def test_pool_gke_outage_keeps_ready_and_the_last_state(kube, clock):
         "Ready": "True", "Progressing": "False", "Degraded": "False"}
 
 
+# The labels of a node pool the operator created for PoolBody's pool (builders.pool.node_pool_mark).
+MARK = {"tpusync.dev/managed-by": "tpusync-operator", "tpusync.dev/owner-uid": "uid-pool"}
+
+
 def test_pool_delete_waits_for_gke(kube, clock):
     gke = FakeGKE()
-    gke.pools["pool"] = {"name": "pool", "status": "RUNNING"}
+    gke.pools["pool"] = {"name": "pool", "status": "RUNNING", "config": {"labels": MARK}}
     body = PoolBody().gke().build()
     with pytest.raises(kopf.TemporaryError, match="deleted"):
         run(delete_pool, body, deps(kube, clock, gke))

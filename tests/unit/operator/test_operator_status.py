@@ -79,6 +79,23 @@ def test_pool_conditions(o, ready, progressing, degraded, reason):
     assert c["Ready"].reason == reason
 
 
+NOT_OWNED = Cond("Degraded", True, "NodePoolNotOwned", "GKE node pool np exists but the operator did not create it")
+
+
+@pytest.mark.parametrize("ready_hosts,progressing", [(0, "HostsNotReady"), (2, "Stable")])
+def test_a_node_pool_not_owned_stops_the_pool_and_says_why(ready_hosts, progressing):
+    """Nothing is under way (the operator leaves the node pool alone): Ready is False with the
+    reason and message, Progressing is not NodePoolProvisioning."""
+    c = by_type(pool_conditions(obs(mode="gke", node_pool_ready=False, node_pool_state="NotOwned",
+                                    node_pool_message=NOT_OWNED.message, ready_hosts=ready_hosts,
+                                    issues=[NOT_OWNED])))
+    assert (c["Ready"].status, c["Ready"].reason, c["Ready"].message) == (False, "NodePoolNotOwned",
+                                                                            NOT_OWNED.message)
+    assert (c["Degraded"].status, c["Degraded"].reason, c["Degraded"].message) == (True, "NodePoolNotOwned",
+                                                                                   NOT_OWNED.message)
+    assert c["Progressing"].reason == progressing and NOT_OWNED.message not in c["Progressing"].message
+
+
 def test_node_pool_edit_is_progress_of_a_ready_pool():
     c = by_type(pool_conditions(obs(mode="gke", node_pool_updating="resizing GKE node pool np to 3 nodes")))
     assert (c["Progressing"].reason, c["Progressing"].message) == ("NodePoolUpdating",
