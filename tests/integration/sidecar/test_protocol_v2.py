@@ -19,7 +19,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ from tpusync.errors import CapacityError, InvalidArgumentError, PreconditionErro
 
 from .conftest import BLOCK, SECRET
 from .netfault import Relay
+from .support import assert_holds, blocks, engine, metric
 from .wire import (
     AUTH_OK,
     CHALLENGE,
@@ -52,30 +52,6 @@ from .wire import (
 from .wire import BLOCK as BLOCK_OP
 
 FAILED_PRECONDITION, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED = 3, 4, 8  # tpusync::StatusCode, ERROR's status
-
-
-def engine(s) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
-
-
-def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
-    return {k: np.random.default_rng(k).integers(0, 256, size, dtype=np.uint8) for k in range(first, first + n)}
-
-
-def assert_holds(store: tpusync.KVStore, data: dict[int, np.ndarray]) -> None:
-    out = [np.zeros(v.size, np.uint8) for v in data.values()]
-    assert store.get(list(data), out) == [True] * len(data)
-    for (k, want), got in zip(data.items(), out):
-        assert np.array_equal(got, want), f"block {k} differs"
-
-
-def metric(s, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=5).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
-    m = re.search(pattern, text, re.M)
-    assert m, f"{name} {labels} not in /metrics"
-    return float(m.group(1))
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import threading
@@ -19,32 +18,9 @@ from tpusync.errors import UnavailableError
 
 from .conftest import BLOCK, SECRET
 from .netfault import Relay
+from .support import assert_holds, blocks, engine, metric
 from .wire import BLOCK as BLOCK_OP
 from .wire import ERROR, EXISTS, HEADER, HELLO, PULL, PUSH, TIERS, WireClient, frame, keys_body
-
-
-def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
-    return {k: np.random.default_rng(k).integers(0, 256, size, dtype=np.uint8) for k in range(first, first + n)}
-
-
-def engine(s) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
-
-
-def assert_holds(store: tpusync.KVStore, data: dict[int, np.ndarray]) -> None:
-    out = [np.zeros(BLOCK, np.uint8) for _ in data]
-    assert all(store.get(list(data), out))
-    for (k, want), got in zip(data.items(), out):
-        assert np.array_equal(got[: want.size], want), f"block {k} differs"
-
-
-def metric(s, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=5).read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
-    m = re.search(pattern, text, re.M)
-    assert m, f"{name} {labels} not in /metrics"
-    return float(m.group(1))
 
 
 def test_two_sidecars_pull_and_push_byte_exact(launch):
