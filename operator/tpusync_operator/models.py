@@ -377,9 +377,10 @@ class Routing(Model):
     gateway_ref: GatewayRef | None = None
     objective: Objective = sub(Objective, "InferenceObjective priority.")
     gke_gateway_policies: bool = Field(
-        False, description="Create GKE Gateway's HealthCheckPolicy (HTTP /health on the serving port) and "
-                           "GCPBackendPolicy (300 s timeout) for the InferencePool: on GKE's Gateway the default "
-                           "health check gets 404 from a model server and marks every backend unhealthy.")
+        False, description="The Gateway is GKE's: create its HealthCheckPolicy (HTTP /health on the serving port) "
+                           "and GCPBackendPolicy (300 s timeout) for the InferencePool (GKE's default health check "
+                           "gets 404 from a model server and marks every backend unhealthy), and leave the "
+                           "HTTPRoute's timeouts out (GKE's Gateway does not admit them; elsewhere 300 s).")
     epp_image: str = Field(EPP.image, description="llm-d endpoint picker image; its flags and plugin types are "
                                                   f"those of llm-d-router {EPP.version}.")
     proxy_image: str = Field(ROUTING_PROXY.image, description="llm-d P/D routing proxy (decode pods); flags of "

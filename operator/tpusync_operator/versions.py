@@ -199,17 +199,31 @@ HTTPROUTE_API = "gateway.networking.k8s.io/v1"
 # GCPBackendPolicy raises the backend timeout for long generations. Same objects as the
 # upstream charts render for provider gke. The EPP itself is health-checked by GKE on gRPC
 # port 9003 by default (comment in the llm-d chart's gke.yaml), which its NetworkPolicy admits.
+# The HTTPRoute's rules: both upstream charts render backendRefs and matches, and
+# timeouts.request only when the provider is not gke (GKE's Gateway controller does not admit
+# the field; the timeout is the GCPBackendPolicy's timeoutSec there; values.yaml: "HTTPRoute
+# request timeout. Defaults to "300s". Unused when provider.name is gke.").
+_GAIE_SHA = "df9f8909fe06fe2dfd4a6fc0bd0c01a0acabf849"
 GKE_GATEWAY_POLICIES = Pin(
     name="GKE Gateway policies", version="networking.gke.io/v1",
     proof=(_router("config/charts/llm-d-router-gateway/templates/gke.yaml"),
            Source("kubernetes-sigs/gateway-api-inference-extension", "v1.5.0",
-                  "config/charts/inferencepool/templates/gke.yaml")),
+                  "config/charts/inferencepool/templates/gke.yaml", _GAIE_SHA),
+           _router("config/charts/llm-d-router-gateway/templates/httproute.yaml",
+                   "timeouts.request only if provider.name is not gke"),
+           Source("kubernetes-sigs/gateway-api-inference-extension", "v1.5.0",
+                  "config/charts/inferencepool/templates/httproute.yaml", _GAIE_SHA,
+                  "timeouts.request only if provider.name is not gke")),
     values={"apis": frozenset({"networking.gke.io/v1"}),
-            "kinds": frozenset({"HealthCheckPolicy", "GCPBackendPolicy"})},
+            "kinds": frozenset({"HealthCheckPolicy", "GCPBackendPolicy"}),
+            "httproute_rule_fields": frozenset({"matches", "backendRefs", "timeouts"}),
+            "httproute_rule_fields_gke": frozenset({"matches", "backendRefs"})},
 )
 GKE_POLICY_API = "networking.gke.io/v1"
 GKE_HEALTH_CHECK_DEFAULTS = {"timeoutSec": 2, "checkIntervalSec": 2}
 GKE_BACKEND_TIMEOUT_SEC = 300
+# The request timeout of an HTTPRoute rule on other Gateways (the charts' requestTimeout default).
+HTTPROUTE_REQUEST_TIMEOUT = "300s"
 
 # LeaderWorkerSet v1 (sigs.k8s.io/lws; the e2e tier runs its controller at e2e/versions.env
 # LWS_VERSION and installs config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml).

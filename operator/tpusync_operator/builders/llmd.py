@@ -253,6 +253,10 @@ def build_inference_objective(owner: Owner, spec: DisaggregatedServingSpec) -> d
 
 
 def build_http_route(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    """The route from the Gateway to the InferencePool. On GKE's Gateway
+    (routing.gkeGatewayPolicies) the rule has no timeouts: GKE's Gateway controller does not
+    admit rules[].timeouts, and the backend timeout is the GCPBackendPolicy's timeoutSec, as
+    the upstream charts render it for provider gke (versions.GKE_GATEWAY_POLICIES)."""
     gw = spec.routing.gateway_ref
     assert gw is not None
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name}
@@ -260,13 +264,14 @@ def build_http_route(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, 
         parent["namespace"] = gw.namespace
     if gw.section_name:
         parent["sectionName"] = gw.section_name
+    rule: dict[str, Any] = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                            "backendRefs": [{"group": "inference.networking.k8s.io",
+                                             "kind": "InferencePool", "name": owner.name}]}
+    if not spec.routing.gke_gateway_policies:
+        rule["timeouts"] = {"request": versions.HTTPROUTE_REQUEST_TIMEOUT}
     return {"apiVersion": HTTPROUTE_API, "kind": "HTTPRoute",
             "metadata": metadata(owner, owner.name, base_labels(owner, "http-route")),
-            "spec": {"parentRefs": [parent],
-                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                                "backendRefs": [{"group": "inference.networking.k8s.io",
-                                                 "kind": "InferencePool", "name": owner.name}],
-                                "timeouts": {"request": "300s"}}]}}
+            "spec": {"parentRefs": [parent], "rules": [rule]}}
 
 
 def _pool_target_ref(owner: Owner) -> dict[str, str]:

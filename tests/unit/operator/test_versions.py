@@ -252,3 +252,36 @@ def test_the_e2e_control_plane_installs_the_versions_the_operator_names():
                if line and not line.startswith("#"))
     assert env["GATEWAY_API_INFERENCE_EXTENSION_VERSION"] == versions.GATEWAY_API_INFERENCE_EXTENSION.version
     assert env["LWS_VERSION"] == versions.LWS.version
+
+
+def _gke_backend_pools(objs):
+    """InferencePools that a GKE GCPBackendPolicy targets: their Gateway is GKE's."""
+    return {o["spec"]["targetRef"]["name"] for o in objs if o["kind"] == "GCPBackendPolicy"
+            and o["spec"]["targetRef"]["kind"] == "InferencePool"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_http_routes_carry_only_what_upstream_renders_for_their_gateway(case):
+    """Upstream's charts render an HTTPRoute rule's timeouts.request except on GKE, whose Gateway
+    controller does not admit it; there the GCPBackendPolicy carries the timeout (timeoutSec)."""
+    _, objs = case
+    gke = _gke_backend_pools(objs)
+    pin = versions.GKE_GATEWAY_POLICIES
+    for o in objs:
+        if o["kind"] != "HTTPRoute":
+            continue
+        pools = {b["name"] for r in o["spec"]["rules"] for b in r["backendRefs"] if b["kind"] == "InferencePool"}
+        on_gke = bool(pools & gke)
+        allowed = pin.values["httproute_rule_fields_gke" if on_gke else "httproute_rule_fields"]
+        for rule in o["spec"]["rules"]:
+            assert set(rule) <= allowed, (o["metadata"]["name"], sorted(set(rule) - allowed))
+    for o in objs:
+        if o["kind"] == "GCPBackendPolicy":
+            assert o["spec"]["default"]["timeoutSec"] == versions.GKE_BACKEND_TIMEOUT_SEC
+
+
+def test_the_samples_route_through_gkes_gateway():
+    """The check above sees a GKE route: the v7x sample's."""
+    _, objs = CASES[-1]
+    assert _gke_backend_pools(objs) and any(o["kind"] == "HTTPRoute" for o in objs)
+
