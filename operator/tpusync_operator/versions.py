@@ -118,6 +118,12 @@ EPP = Pin(
             "queue-scorer", "kv-cache-utilization-scorer", "prefill-filter", "decode-filter",
             "max-score-picker", "prefix-based-pd-decider", "disagg-profile-handler"}),
         "config_api": frozenset({"llm-d.ai/v1alpha1"}),
+        # precise-prefix-cache-producer's tokenProcessorConfig (kvblock.TokenProcessorConfig,
+        # EPP_CONFIG_SOURCES): blockSize is "Deprecated: Use BlockSizeTokens instead".
+        "token_processor_fields": frozenset({"blockSizeTokens", "hashSeed"}),
+        # The EPP Service's ext-proc port: cleartext HTTP/2 (gRPC), as the pinned router's
+        # chart declares it (EPP_CONFIG_SOURCES).
+        "ext_proc_app_protocol": frozenset({"kubernetes.io/h2c"}),
     },
 )
 _P = "pkg/epp/framework/plugins/"
@@ -137,6 +143,14 @@ EPP_PLUGIN_SOURCES = {
     "prefix-based-pd-decider": _P + "scheduling/profilehandler/disagg/prefix_based_pd_decider.go",
     "disagg-profile-handler": _P + "scheduling/profilehandler/disagg/disagg_profile_handler.go",
 }
+EPP_CONFIG_SOURCES = {
+    "token_processor_fields": _router("pkg/kvcache/kvblock/token_processor.go",
+                                      "TokenProcessorConfig: BlockSize json blockSize (Deprecated), "
+                                      "BlockSizeTokens json blockSizeTokens, HashSeed json hashSeed"),
+    "ext_proc_app_protocol": _router("config/charts/routerlib/templates/_service.yaml",
+                                     "grpc-ext-proc: appProtocol: kubernetes.io/h2c"),
+}
+EPP_EXT_PROC_APP_PROTOCOL = "kubernetes.io/h2c"
 # The EPP's metrics port requires a bearer token (TokenReview + SubjectAccessReview) unless
 # --metrics-endpoint-auth=false; upstream's own chart passes false unless auth is asked for
 # (config/charts/routerlib/templates/_deployment.yaml at v0.10.0).

@@ -68,7 +68,9 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_por
             {"type": "core-metrics-extractor"},
             {"type": "precise-prefix-cache-producer",
              "parameters": {
-                 "tokenProcessorConfig": {"blockSize": r.block_size_tokens},
+                 # blockSizeTokens: the pinned router's name (blockSize is deprecated there;
+                 # versions.EPP_CONFIG_SOURCES).
+                 "tokenProcessorConfig": {"blockSizeTokens": r.block_size_tokens},
                  "kvEventsConfig": {
                      "topicFilter": "kv@",
                      "discoverPods": True,
@@ -215,11 +217,13 @@ def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events
 
 
 def build_epp_service(owner: Owner) -> dict[str, Any]:
+    """The ext-proc port speaks cleartext HTTP/2 (gRPC): appProtocol kubernetes.io/h2c, the
+    pinned router chart's (versions.EPP_EXT_PROC_APP_PROTOCOL)."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
             "spec": {"selector": _epp_selector(owner),
                      "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "protocol": "TCP",
-                                "appProtocol": "http2"},
+                                "appProtocol": versions.EPP_EXT_PROC_APP_PROTOCOL},
                                {"name": "http-metrics", "port": EPP_METRICS_PORT, "protocol": "TCP"}]}}
 
 

@@ -285,3 +285,24 @@ def test_the_samples_route_through_gkes_gateway():
     _, objs = CASES[-1]
     assert _gke_backend_pools(objs) and any(o["kind"] == "HTTPRoute" for o in objs)
 
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_epp_service_and_config_use_the_pinned_routers_names(case):
+    """The ext-proc port's appProtocol is the one the pinned router's chart declares, and the
+    token processor's fields are the pinned router's current ones (not the deprecated blockSize)."""
+    _, objs = case
+    for o in objs:
+        if o["kind"] == "Service" and o["metadata"]["name"].endswith("-epp"):
+            port = next(p for p in o["spec"]["ports"] if p["name"] == "grpc-ext-proc")
+            assert port.get("appProtocol") in versions.EPP.values["ext_proc_app_protocol"], port
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-epp"):
+            config = yaml.safe_load(o["data"][llmd.EPP_CONFIG_KEY])
+            for p in config["plugins"]:
+                tp = p.get("parameters", {}).get("tokenProcessorConfig")
+                if tp is not None:
+                    assert set(tp) <= versions.EPP.values["token_processor_fields"], sorted(tp)
+
+
+def test_every_epp_config_fact_cites_its_source():
+    assert {"token_processor_fields", "ext_proc_app_protocol"} <= set(versions.EPP.values)
+    assert set(versions.EPP_CONFIG_SOURCES) == {"token_processor_fields", "ext_proc_app_protocol"}
