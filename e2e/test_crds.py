@@ -249,3 +249,33 @@ def test_gs_models_only_with_vllm(cluster, tpusync_crds, namespace):
     assert server_dry_run(cluster, namespace, variant(gs, "spec.engine", {"type": "vllm-tpu"})).returncode == 0
     res = server_dry_run(cluster, namespace, variant(gs, "spec.engine", {"type": "reference"}))
     assert res.returncode != 0 and "gs:// models are streamed by vLLM" in res.stderr, res.stderr
+
+
+def test_a_model_length_the_model_cannot_serve_is_refused(cluster, tpusync_crds, namespace):
+    """spec.model.maxModelLen is within maxPositionEmbeddings, or within what ropeScaling makes of
+    the pretrained length (the operator's planner checks the same: test_operator_model_length.py)."""
+    yarn = {"factor": 2, "originalMaxPositionEmbeddings": 32768, "ropeTheta": 1000000}   # factor as a JSON int
+    for model in ({"maxModelLen": 40960, "maxPositionEmbeddings": 40960},
+                  {"maxModelLen": 65536, "maxPositionEmbeddings": 40960, "ropeScaling": yarn},
+                  {"ropeScaling": yarn}):
+        ok = variant(SERVING, "spec.model", {"name": "m", "uri": "hf://org/m", **model})
+        res = server_dry_run(cluster, namespace, ok)
+        assert res.returncode == 0, (model, res.stderr)
+    for model, message in [
+        ({"maxModelLen": 65536}, "spec.model.maxModelLen needs spec.model.maxPositionEmbeddings"),
+        ({"maxModelLen": 65536, "maxPositionEmbeddings": 40960},
+         "spec.model.maxModelLen must not exceed spec.model.maxPositionEmbeddings without spec.model.ropeScaling"),
+        ({"maxModelLen": 65537, "maxPositionEmbeddings": 40960, "ropeScaling": yarn},
+         "spec.model.maxModelLen must not exceed spec.model.ropeScaling.originalMaxPositionEmbeddings x factor"),
+        ({"ropeScaling": {**yarn, "type": "linear"}}, "spec.model.ropeScaling.type"),
+        ({"ropeScaling": {"factor": 2, "originalMaxPositionEmbeddings": 32768}}, "spec.model.ropeScaling.ropeTheta"),
+    ]:
+        res = server_dry_run(cluster, namespace, variant(SERVING, "spec.model", {"name": "m", "uri": "hf://org/m",
+                                                                                 **model}))
+        assert res.returncode != 0, f"accepted: {model!r}"
+        assert message in res.stderr, (model, res.stderr)
+    short = {"name": "m", "uri": "hf://org/m", "maxModelLen": 1, "maxPositionEmbeddings": 2}
+    res = server_dry_run(cluster, namespace, variant(variant(SERVING, "spec.model", short),
+                                                     "spec.engine", {"type": "reference"}))
+    assert res.returncode != 0
+    assert "spec.model.maxModelLen and spec.model.ropeScaling apply only to spec.engine.type vllm-tpu" in res.stderr

@@ -240,6 +240,33 @@ MODEL_URI_PATTERN = (r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+"       
                      r"|/.+)$")                                                     # an absolute path
 
 
+class RopeScaling(Model):
+    """RoPE scaling for a context longer than the model's max_position_embeddings: YaRN, as
+    the model's card documents it (e.g. Qwen3: factor 4.0 over 32768 tokens for 131072, 2.0
+    for 65536). vLLM gets it as --hf-overrides: rope_parameters (with ropeTheta: vLLM
+    replaces the model's rope_parameters whole, and without rope_theta falls back to 10000)
+    and max_position_embeddings = originalMaxPositionEmbeddings x factor, the length YaRN
+    serves."""
+    type: Literal["yarn"] = Field("yarn", description="The RoPE scaling method (rope_type).")
+    factor: Annotated[float, Field(ge=1)] = Field(description="YaRN scaling factor.")
+    original_max_position_embeddings: Annotated[int, Field(ge=1)] = Field(
+        description="The context length the model was pretrained with (YaRN's original_max_position_embeddings).")
+    rope_theta: Annotated[float, Field(ge=1)] = Field(
+        description="The model's rope_theta (its config.json), kept in the rope_parameters vLLM is given.")
+
+
+MAX_MODEL_LEN_UNDECLARED = ("spec.model.maxModelLen needs spec.model.maxPositionEmbeddings (max_position_embeddings "
+                            "in the model's config.json) or spec.model.ropeScaling: the operator does not render a "
+                            "length it cannot check against the model")
+MAX_MODEL_LEN_TOO_LONG = ("spec.model.maxModelLen must not exceed spec.model.maxPositionEmbeddings without "
+                          "spec.model.ropeScaling: the engine refuses to start with a longer context")
+MAX_MODEL_LEN_BEYOND_SCALING = ("spec.model.maxModelLen must not exceed spec.model.ropeScaling."
+                                "originalMaxPositionEmbeddings x factor, the length the RoPE scaling serves")
+LENGTH_NEEDS_VLLM = ("spec.model.maxModelLen and spec.model.ropeScaling apply only to spec.engine.type vllm-tpu "
+                     "(vLLM's --max-model-len and --hf-overrides); pass other engines their own flags in "
+                     "spec.prefill.args / spec.decode.args")
+
+
 class ModelRef(Model):
     """Where the weights come from. hf://ORG/NAME is a Hugging Face repo id, downloaded by the
     engine into the weights volume (spec.storage.weights); gs://BUCKET/PATH is streamed from
@@ -251,6 +278,13 @@ class ModelRef(Model):
          "spec.model.revision applies only to hf:// models"),
         ("!has(self.tokenSecretRef) || self.uri.startsWith('hf://')",
          "spec.model.tokenSecretRef applies only to hf:// models"),
+        ("!has(self.maxModelLen) || has(self.maxPositionEmbeddings) || has(self.ropeScaling)",
+         MAX_MODEL_LEN_UNDECLARED),
+        ("!has(self.maxModelLen) || !has(self.maxPositionEmbeddings) || has(self.ropeScaling) "
+         "|| self.maxModelLen <= self.maxPositionEmbeddings", MAX_MODEL_LEN_TOO_LONG),
+        ("!has(self.maxModelLen) || !has(self.ropeScaling) || double(self.maxModelLen) <= "
+         "double(self.ropeScaling.originalMaxPositionEmbeddings) * self.ropeScaling.factor",
+         MAX_MODEL_LEN_BEYOND_SCALING),
     ))
     name: Annotated[str, Field(min_length=1)] = Field(description="Served model name (the OpenAI model id).")
     uri: Annotated[str, Field(min_length=1, max_length=1024, pattern=MODEL_URI_PATTERN)] = Field(
@@ -260,6 +294,16 @@ class ModelRef(Model):
     token_secret_ref: SecretKeyRef | None = Field(
         None, description="hf:// only: a Secret key holding a Hugging Face token (gated or private models); "
                           "given to the engine as HF_TOKEN.")
+    max_model_len: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="vllm-tpu: the context length (prompt and output tokens) the engines serve, vLLM's "
+                          "--max-model-len; vLLM's default when empty (the model's). Needs maxPositionEmbeddings "
+                          "or ropeScaling, and is refused beyond what they allow (the engine would not start).")
+    max_position_embeddings: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="max_position_embeddings in the model's config.json (e.g. 40960 for Qwen3-235B-A22B): "
+                          "the longest maxModelLen without ropeScaling.")
+    rope_scaling: RopeScaling | None = Field(
+        None, description="vllm-tpu: RoPE scaling (YaRN) for a maxModelLen beyond maxPositionEmbeddings, "
+                          "rendered as vLLM's --hf-overrides.")
 
 
 class VolumeSpec(Model):
@@ -414,6 +458,8 @@ class DisaggregatedServingSpec(Model):
         ("!self.model.uri.startsWith('gs://') || self.engine.type == 'vllm-tpu'", GS_NEEDS_VLLM),
         ("self.engine.type != 'sglang-jax' || !self.routing.enabled || !self.routing.precisePrefixCache",
          "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),
+        ("(!has(self.model.maxModelLen) && !has(self.model.ropeScaling)) || self.engine.type == 'vllm-tpu'",
+         LENGTH_NEEDS_VLLM),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")

@@ -18,7 +18,16 @@ from .builders import pool as pool_builders
 from .builders import serving as serving_builders
 from .builders.common import Owner
 from .builders.serving import PoolInfo, RolePlan
-from .models import GS_NEEDS_VLLM, SGLANG_IMAGE_REQUIRED, DisaggregatedServingSpec, TPUSyncPoolSpec
+from .models import (
+    GS_NEEDS_VLLM,
+    LENGTH_NEEDS_VLLM,
+    MAX_MODEL_LEN_BEYOND_SCALING,
+    MAX_MODEL_LEN_TOO_LONG,
+    MAX_MODEL_LEN_UNDECLARED,
+    SGLANG_IMAGE_REQUIRED,
+    DisaggregatedServingSpec,
+    TPUSyncPoolSpec,
+)
 from .status import NODE_POOL_NOT_OWNED
 from .tpu import Slice, TopologyError, slice_for
 
@@ -373,6 +382,46 @@ def capacity_shortfall(roles: list[RolePlan], pool: PoolInfo) -> str | None:
             f"{pool.name} has {have}{hint}; the replicas that do not fit stay Pending")
 
 
+def _long_option(arg: str) -> str:
+    """An argument's option name as vLLM's parser reads it ('--max_model_len=1' is --max-model-len)."""
+    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else ""
+
+
+# Options the operator renders from spec.model for vLLM, so that it can check them; role args must
+# not set them again (vLLM takes the last of a repeated option).
+_LENGTH_OPTIONS = {"--max-model-len": "spec.model.maxModelLen, which the operator checks against the model's "
+                                      "length"}
+
+
+def check_model_length(spec: DisaggregatedServingSpec) -> None:
+    """The context length the engines get is one the model serves (vLLM exits at start-up
+    otherwise): spec.model.maxModelLen within maxPositionEmbeddings, or within what ropeScaling
+    makes of the model's pretrained length. The model-level rules are CEL too."""
+    m = spec.model
+    if (m.max_model_len is not None or m.rope_scaling is not None) and spec.engine.type != "vllm-tpu":
+        raise PlanError(LENGTH_NEEDS_VLLM)
+    if spec.engine.type == "vllm-tpu":
+        owned = dict(_LENGTH_OPTIONS)
+        if m.rope_scaling is not None:
+            owned["--hf-overrides"] = "spec.model.ropeScaling (rendered as vLLM's --hf-overrides)"
+        for role in ("prefill", "decode"):
+            for arg in (spec.prefill if role == "prefill" else spec.decode).args or []:
+                if _long_option(arg) in owned:
+                    raise PlanError(f"spec.{role}.args: {_long_option(arg)} is set by {owned[_long_option(arg)]}: "
+                                    f"give it there, not in the args")
+    if m.max_model_len is None:
+        return
+    if m.rope_scaling is not None:
+        scaled = m.rope_scaling.original_max_position_embeddings * m.rope_scaling.factor
+        if m.max_model_len > scaled:
+            raise PlanError(f"{MAX_MODEL_LEN_BEYOND_SCALING} ({m.max_model_len} > "
+                            f"{m.rope_scaling.original_max_position_embeddings} x {m.rope_scaling.factor:g})")
+    elif m.max_position_embeddings is None:
+        raise PlanError(MAX_MODEL_LEN_UNDECLARED)
+    elif m.max_model_len > m.max_position_embeddings:
+        raise PlanError(f"{MAX_MODEL_LEN_TOO_LONG} ({m.max_model_len} > {m.max_position_embeddings})")
+
+
 def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                  available_kinds: set[str]) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
@@ -380,6 +429,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         raise PlanError(SGLANG_IMAGE_REQUIRED)
     if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
         raise PlanError(GS_NEEDS_VLLM)
+    check_model_length(spec)
     roles = plan_roles(spec, pool)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
     if spec.routing.enabled:

