@@ -279,3 +279,24 @@ def test_a_model_length_the_model_cannot_serve_is_refused(cluster, tpusync_crds,
                                                      "spec.engine", {"type": "reference"}))
     assert res.returncode != 0
     assert "spec.model.maxModelLen and spec.model.ropeScaling apply only to spec.engine.type vllm-tpu" in res.stderr
+
+
+def test_an_engine_security_context_kubernetes_would_refuse_is_refused(cluster, tpusync_crds, namespace):
+    """spec.engine.securityContext replaces fields of the engine container's; a combination the
+    pod could not have is refused with the field named (the planner checks the same)."""
+    for engine in ({"securityContext": {"runAsUser": 65532, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}},
+                   {"type": "reference", "cpuOnly": True, "securityContext": {"runAsNonRoot": True}},
+                   {"securityContext": {"privileged": True, "allowPrivilegeEscalation": True,
+                                        "capabilities": {"add": ["IPC_LOCK"]}}}):
+        res = server_dry_run(cluster, namespace, variant(SERVING, "spec.engine", engine))
+        assert res.returncode == 0, (engine, res.stderr)
+    for engine, message in [
+        ({"securityContext": {"runAsNonRoot": True}}, "spec.engine.securityContext.runAsNonRoot: true needs"),
+        ({"securityContext": {"runAsNonRoot": True, "runAsUser": 0}},
+         "spec.engine.securityContext.runAsNonRoot: true needs"),
+        ({"securityContext": {"privileged": True}}, "spec.engine.securityContext.privileged: true needs"),
+        ({"securityContext": {"runAsUser": -1}}, "spec.engine.securityContext.runAsUser"),
+    ]:
+        res = server_dry_run(cluster, namespace, variant(SERVING, "spec.engine", engine))
+        assert res.returncode != 0, f"accepted: {engine!r}"
+        assert message in res.stderr, (engine, res.stderr)

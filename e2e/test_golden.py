@@ -6,6 +6,7 @@ golden files catch unintended changes; this is where their content meets a schem
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,56 @@ def test_the_dry_run_refuses_an_unknown_field(cluster, crds, namespace) -> None:
     res = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict",
                           "--field-manager=tpusync-operator", "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert res.returncode != 0 and "clusterIp" in res.stderr, res.stdout + res.stderr
+
+
+def _pod_templates(docs: list[dict]):
+    for d in docs:
+        spec = d.get("spec", {})
+        if "template" in spec:
+            yield d["metadata"]["name"], spec["template"]
+        if "leaderWorkerTemplate" in spec:
+            lwt = spec["leaderWorkerTemplate"]
+            yield d["metadata"]["name"] + "-leader", lwt["leaderTemplate"]
+            yield d["metadata"]["name"] + "-worker", lwt["workerTemplate"]
+
+
+def _tpu_engine(pod_spec: dict) -> bool:
+    return any(c["name"] == "engine" and "google.com/tpu" in c.get("resources", {}).get("limits", {})
+               for c in pod_spec["containers"])
+
+
+@pytest.fixture(scope="module")
+def pss_namespaces(cluster):
+    """Namespaces whose PodSecurity admission enforces the baseline and the restricted standard."""
+    names = {}
+    for level in ("baseline", "restricted"):
+        name = f"pss-{level}-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", name)
+        cluster.kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}")
+        names[level] = name
+    yield names
+    for name in names.values():
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
+def test_golden_pods_meet_their_pod_security_standard(cluster, pss_namespaces, case: Path) -> None:
+    """The API server's PodSecurity admission on the goldens' pods: every pod fits baseline; every
+    pod fits restricted but those of TPU engines, which run as root (not privileged), as GKE
+    documents TPU access (builders.common.tpu_engine_security_context)."""
+    docs = [d for d in yaml.safe_load_all(case.read_text()) if d]
+    checked = 0
+    for name, template in _pod_templates(docs):
+        spec = {**template["spec"]}
+        spec.pop("serviceAccountName", None)      # the Pod's ServiceAccount is not what is checked here
+        for level, namespace in pss_namespaces.items():
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name[:50], "namespace": namespace, "labels": template["metadata"]["labels"]},
+                   "spec": spec}
+            res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
+            admitted = level == "baseline" or not _tpu_engine(spec)
+            assert (res.returncode == 0) == admitted, (case.stem, name, level, res.stderr)
+            if not admitted:
+                assert 'violates PodSecurity "restricted' in res.stderr and "runAsNonRoot" in res.stderr, res.stderr
+            checked += 1
+    assert checked or not case.stem.startswith("serving-"), case.stem

@@ -25,6 +25,13 @@ POOL7 = "kv7"
 REF = "ref"
 VLLM = "vl"
 
+# The namespace enforces the restricted Pod Security Standard (module_namespace). Engines with
+# TPUs run as root by default, as GKE documents TPU access (their pods fit baseline:
+# e2e/test_golden.py), so the servings here run theirs as uid 65532 through
+# spec.engine.securityContext, as on nodes that grant that uid the TPU devices; every pod the
+# operator makes must still be admitted. kwok runs no engine.
+NONROOT_ENGINE = {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
 FINALIZER = "tpusync.dev/operator"
 CONVERGE = 90   # seconds: passes follow watch events; kopf retries failed handlers after their delay
 
@@ -103,6 +110,7 @@ def pool_obj(ns: str, name: str, *, tpu: dict, node_pool: str, hosts: int,
 
 def serving_obj(ns: str, name: str, *, engine: dict, pool: str, prefill: int = 1,
                 decode: int = 1, routing: dict | None = None) -> dict:
+    engine = engine if engine.get("cpuOnly") else {"securityContext": NONROOT_ENGINE, **engine}
     return {"apiVersion": API, "kind": "DisaggregatedServing",
             "metadata": {"name": name, "namespace": ns},
             "spec": {"model": {"name": "Qwen/Qwen3-0.6B", "uri": "hf://Qwen/Qwen3-0.6B"},
@@ -303,6 +311,10 @@ def test_serving_vllm_tpu(cluster, operator, module_namespace):
         assert kv["kv_connector"] == "TPUConnector" and kv["kv_role"] == kv_role
         assert kv["kv_connector_module_path"] == "tpusync.tpu_inference.connector"
         assert eng["resources"]["limits"][TPU] == "4"
+        # spec.engine.securityContext over the operator's root default, on the API server's object
+        sc = eng["securityContext"]
+        assert (sc["runAsUser"], sc["runAsNonRoot"], sc["capabilities"]) == (65532, True, {"drop": ["ALL"]}), sc
+        assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
         assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
         assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
         container(spec, "tpusync-sidecar", init=True)

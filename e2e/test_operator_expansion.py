@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import uuid
 
-from test_operator import API, apply, container, get, items, pool_obj
+from test_operator import API, NONROOT_ENGINE, apply, container, get, items, pool_obj
 
 from tests.support.kube_expansion import command_line, environment
 from tests.support.polling import wait_for
@@ -36,7 +36,8 @@ def test_the_served_model_name_cannot_pick_up_a_secret(cluster, operator, module
     apply(cluster, {"apiVersion": API, "kind": "DisaggregatedServing", "metadata": {"name": SERVING, "namespace": ns},
                     "spec": {"model": {"name": LEAK, "uri": "hf://org/m",
                                        "tokenSecretRef": {"name": "someone-elses-token"}},
-                             "engine": {"type": "reference", "env": [{"name": "MINE", "value": LEAK}]},
+                             "engine": {"type": "reference", "env": [{"name": "MINE", "value": LEAK}],
+                                        "securityContext": NONROOT_ENGINE},   # the restricted namespace
                              "poolRef": {"name": POOL},
                              "prefill": {"replicas": 1, "args": [f"--extra={LEAK}"]}, "decode": {"replicas": 0},
                              "routing": {"enabled": False}}})

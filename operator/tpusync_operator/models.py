@@ -339,10 +339,47 @@ class Storage(Model):
         json_schema_extra={"default": {"size": "32Gi", "medium": "EmptyDir"}})
 
 
+class Capabilities(Model):
+    add: list[Annotated[str, Field(min_length=1)]] | None = None
+    drop: list[Annotated[str, Field(min_length=1)]] | None = None
+
+
+ENGINE_PRIVILEGED_ESCALATION = ("spec.engine.securityContext.privileged: true needs allowPrivilegeEscalation: true "
+                                "(the operator's default is false, and Kubernetes refuses a privileged container "
+                                "that may not escalate)")
+ENGINE_NONROOT_UID = ("spec.engine.securityContext.runAsNonRoot: true needs a runAsUser other than 0: engines "
+                      "with TPUs run as uid 0 by default (GKE documents TPU access for root containers)")
+
+
+class EngineSecurityContext(Model):
+    """Replaces fields of the engine container's securityContext (capabilities as a whole).
+    By default an engine with TPUs runs as root (uid 0), not privileged, without privilege
+    escalation, with seccomp RuntimeDefault and no capability but DAC_OVERRIDE (to open the
+    sidecar's pool file and control socket, which belong to its uid 65532): GKE gives a
+    container the TPU devices it requests without privileged mode (1.28 and later) and
+    documents no access to them for another uid. Set runAsUser, runAsGroup and runAsNonRoot
+    (and capabilities {drop: [ALL]}) where the nodes grant the devices to a non-root uid; add
+    capabilities (e.g. IPC_LOCK) or privileged where a workload needs them. A cpuOnly engine
+    runs as the pod's uid 65532 by default."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.privileged) || !self.privileged || "
+         "(has(self.allowPrivilegeEscalation) && self.allowPrivilegeEscalation)", ENGINE_PRIVILEGED_ESCALATION),
+    ))
+    run_as_user: Annotated[int, Field(ge=0)] | None = None
+    run_as_group: Annotated[int, Field(ge=0)] | None = None
+    run_as_non_root: bool | None = None
+    privileged: bool | None = None
+    allow_privilege_escalation: bool | None = None
+    capabilities: Capabilities | None = None
+
+
 class EngineSpec(Model):
     model_config = ConfigDict(json_schema_extra=cel(
         ("!has(self.cpuOnly) || !self.cpuOnly || self.type == 'reference'",
          "spec.engine.cpuOnly is only valid with type reference"),
+        ("!has(self.securityContext) || !has(self.securityContext.runAsNonRoot) || "
+         "!self.securityContext.runAsNonRoot || (has(self.securityContext.runAsUser) ? "
+         "self.securityContext.runAsUser != 0 : (has(self.cpuOnly) && self.cpuOnly))", ENGINE_NONROOT_UID),
     ))
     type: Literal["vllm-tpu", "sglang-jax", "reference"] = "vllm-tpu"
     image: str | None = Field(None, description="Engine image; a pinned default per type when empty.")
@@ -350,6 +387,10 @@ class EngineSpec(Model):
     cpu_only: bool = Field(False, description="Reference engine only: request no TPUs (tests, kind/kwok).")
     env: list[EnvVar] | None = Field(
         None, description="Extra engine environment variables; values are taken as written ($(VAR) is not expanded).")
+    security_context: EngineSecurityContext | None = Field(
+        None, description="Fields of the engine container's securityContext to replace. By default engines with "
+                          "TPUs run as root, not privileged, with no capability but DAC_OVERRIDE (GKE's documented "
+                          "TPU access); cpuOnly engines as uid 65532.")
 
 
 class PoolRef(Model):

@@ -19,6 +19,8 @@ from .builders import serving as serving_builders
 from .builders.common import Owner
 from .builders.serving import PoolInfo, RolePlan
 from .models import (
+    ENGINE_NONROOT_UID,
+    ENGINE_PRIVILEGED_ESCALATION,
     GS_NEEDS_VLLM,
     LENGTH_NEEDS_VLLM,
     MAX_MODEL_LEN_BEYOND_SCALING,
@@ -422,6 +424,19 @@ def check_model_length(spec: DisaggregatedServingSpec) -> None:
         raise PlanError(f"{MAX_MODEL_LEN_TOO_LONG} ({m.max_model_len} > {m.max_position_embeddings})")
 
 
+def check_engine_security(spec: DisaggregatedServingSpec) -> None:
+    """What the API server or the kubelet would refuse for the engine container of
+    spec.engine.securityContext over the operator's default (CEL too)."""
+    sc = spec.engine.security_context
+    if sc is None:
+        return
+    if sc.privileged and not sc.allow_privilege_escalation:
+        raise PlanError(ENGINE_PRIVILEGED_ESCALATION)
+    uid = sc.run_as_user if sc.run_as_user is not None else (None if spec.engine.cpu_only else 0)
+    if sc.run_as_non_root and uid == 0:
+        raise PlanError(ENGINE_NONROOT_UID)
+
+
 def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                  available_kinds: set[str]) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
@@ -430,6 +445,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
         raise PlanError(GS_NEEDS_VLLM)
     check_model_length(spec)
+    check_engine_security(spec)
     roles = plan_roles(spec, pool)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
     if spec.routing.enabled:

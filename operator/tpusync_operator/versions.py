@@ -397,8 +397,31 @@ RAY = Pin(
 )
 
 
+# How a TPU engine container runs on GKE (builders.common.tpu_engine_security_context). GKE gives a
+# container the TPU devices of its google.com/tpu request without privileged mode from 1.28 on:
+# GKE's own TPU manifest carries "securityContext: privileged: true # Required for GKE versions
+# earlier than 1.28 to access TPUs" (docs.cloud.google.com/kubernetes-engine/docs/concepts/
+# node-auto-provisioning, the tpu-workload Deployment). GKE documents no TPU access for a non-root
+# uid, and every upstream TPU example runs as root (the image's user): GKE's v7x sample with
+# privileged: false, LWS's vLLM TPU example without a securityContext, tpu-inference's v7x P/D
+# manifests privileged with IPC_LOCK and a privileged init container that raises the node's
+# vm.max_map_count and vfio dma_entry_limit. So engines with TPUs run as uid 0, not privileged;
+# spec.engine.securityContext changes that.
+GKE_TPU = Pin(
+    name="GKE TPU containers", version="1.28",
+    proof=(Source("GoogleCloudPlatform/kubernetes-engine-samples", "main",
+                  "ai-ml/gke-tpu-dynamic-slicing/tpu-job-jax-v7x-64.yaml", "2b5036514162a489145c5e5570bc320efbcb37bf",
+                  "tpu7x, securityContext privileged: false, image python:3.12 (root)"),
+           Source("kubernetes-sigs/lws", "v0.8.0", "docs/examples/vllm/TPU/lws.yaml",
+                  note="vllm/vllm-tpu with no securityContext (root)"),
+           Source("vllm-project/tpu-inference", "v0.27.0", ".buildkite/kubernetes/manifests/v7x/single_prefill.yaml",
+                  "e1c03382a5b2d8e296648ead8e4199a324026890",
+                  "root, privileged, IPC_LOCK; node tuning in a privileged init container")),
+    values={"engine_uid": frozenset({"0"})},
+)
+
 ALL: tuple[Pin, ...] = (TPUSYNC, EPP, ROUTING_PROXY, GATEWAY_API_INFERENCE_EXTENSION, INFERENCE_OBJECTIVE,
-                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, RAY, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP)
+                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, RAY, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP, GKE_TPU)
 
 
 def table() -> list[tuple[str, str, str, str]]:

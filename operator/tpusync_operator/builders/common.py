@@ -76,6 +76,19 @@ def container_security_context(read_only_root: bool = True) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def tpu_engine_security_context() -> dict[str, Any]:
+    """An engine container with TPUs, as GKE documents TPU access (versions.GKE_TPU): root, not
+    privileged (GKE 1.28 and later give a container its requested TPU devices without it), no
+    privilege escalation, seccomp RuntimeDefault. Every capability is dropped but DAC_OVERRIDE:
+    root needs it to open the sidecar's pool file (mode 0600) and control socket, which belong
+    to the sidecar's uid 65532. Its pod fits the baseline Pod Security Standard, not restricted;
+    spec.engine.securityContext overrides it."""
+    return {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "privileged": False,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+            "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def resources(res: Any, extra: dict[str, str] | None = None) -> dict[str, Any]:
     """Container resources from models.Resources, plus `extra` in both requests and limits."""
     out: dict[str, Any] = {}

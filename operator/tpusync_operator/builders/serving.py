@@ -25,6 +25,7 @@ from .common import (
     metadata,
     pod_security_context,
     resources,
+    tpu_engine_security_context,
     verbatim,
 )
 from .engine import (
@@ -132,6 +133,15 @@ def engine_volumes(spec: DisaggregatedServingSpec) -> list[dict[str, Any]]:
             _volume("compile-cache", spec.storage.compile_cache)]
 
 
+def engine_security_context(spec: DisaggregatedServingSpec, tpu: bool) -> dict[str, Any]:
+    """The engine container's securityContext: as GKE documents TPU access for an engine with
+    TPUs (common.tpu_engine_security_context), non-root otherwise, with the fields of
+    spec.engine.securityContext in place of the operator's."""
+    base = tpu_engine_security_context() if tpu else container_security_context(read_only_root=False)
+    override = spec.engine.security_context
+    return {**base, **override.dump()} if override is not None else base
+
+
 def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan,
                        *, serving: bool) -> dict[str, Any]:
     """Pod template of one role. `serving` marks pods that take requests (a Deployment pod or
@@ -171,7 +181,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
                              "periodSeconds": 10, "failureThreshold": 360},
             "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                                "periodSeconds": 5, "failureThreshold": 3}}),
-        "securityContext": container_security_context(read_only_root=False),
+        "securityContext": engine_security_context(spec, tpu=plan.chips_per_host > 0),
         "volumeMounts": [
             {"name": "tpusync-shm", "mountPath": "/dev/shm"},
             {"name": "tpusync-run", "mountPath": "/run/tpusync"},

@@ -14,7 +14,7 @@ from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo, engine_port
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import plan_serving
+from tpusync_operator.planner import PlanError, plan_serving
 from tpusync_operator.tpu import slice_for
 
 ALL = {"LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
@@ -68,6 +68,8 @@ def _pods(objs):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pods_run_restricted_with_native_sidecar(case):
+    """Every container but a TPU engine fits the restricted Pod Security Standard; a TPU engine
+    runs as root, not privileged (test_tpu_engines_run_as_gke_documents), so its pod fits baseline."""
     serving, pool = CASES[case]
     pods = list(_pods(plan(serving, pool).apply))
     assert pods
@@ -79,8 +81,14 @@ def test_pods_run_restricted_with_native_sidecar(case):
         for c in spec["initContainers"] + spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
-            assert sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert "privileged" not in sc or sc["privileged"] is False
+            tpu_engine = c["name"] == "engine" and "google.com/tpu" in c.get("resources", {}).get("limits", {})
+            if tpu_engine:
+                assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}, (name, c["name"])
+            else:
+                assert sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+                assert sc.get("runAsNonRoot", True) is True and sc.get("runAsUser", 65532) != 0, (name, c["name"])
         assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
         shm = next(v for v in spec["volumes"] if v["name"] == "tpusync-shm")
         assert shm["emptyDir"]["medium"] == "Memory"
@@ -367,7 +375,6 @@ def test_sglang_and_reference_get_the_repo_id():
 
 
 def test_gs_models_need_vllm():
-    from tpusync_operator.planner import PlanError
     with pytest.raises(PlanError, match="gs://"):
         plan(ServingBody().spec(model={"uri": "gs://bkt/m"}), PoolBody())
 
@@ -487,3 +494,62 @@ def test_ray_worker_script_waits_for_the_head_then_joins(tmp_path):
     assert (tmp_path / "argv").read_text().splitlines() == [
         "start", f"--address=127.0.0.1:{engine.RAY_PORT}", f"--object-store-memory={engine.RAY_OBJECT_STORE_BYTES}",
         "--disable-usage-stats", "--block"]
+
+
+def _engines(objs):
+    return [(name, tpl["spec"]["containers"][0]) for name, tpl in _pods(objs)]
+
+
+def test_tpu_engines_run_as_gke_documents():
+    """GKE gives a container the TPU devices of its google.com/tpu request without privileged
+    mode (1.28 and later); it documents no non-root access to them, and every upstream TPU
+    example runs as root (versions.GKE_TPU). So TPU engines run as uid 0, not privileged, with
+    no capability but DAC_OVERRIDE, which root needs to open the sidecar's pool file and control
+    socket (owned by uid 65532, mode 0600 and 0755). Engines without TPUs stay non-root."""
+    for case in ("serving-reference-v6e", "serving-vllm-v7x-lws-gateway", "serving-sglang-jax-pd"):
+        serving, pool = CASES[case]
+        for name, engine in _engines(plan(serving, pool).apply):
+            assert engine["securityContext"] == {
+                "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "privileged": False,
+                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+                "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]},
+                "seccompProfile": {"type": "RuntimeDefault"}}, (case, name)
+    serving, pool = CASES["serving-reference-cpu-only"]
+    for _, engine in _engines(plan(serving, pool).apply):
+        sc = engine["securityContext"]
+        assert sc["runAsNonRoot"] is True and "runAsUser" not in sc and sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_engine_security_context_is_overridable():
+    """spec.engine.securityContext: the fields given replace the operator's, on every engine
+    container (capabilities as a whole); the sidecar and the proxy keep theirs."""
+    nonroot = {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    serving = ServingBody().spec(engine={"type": "vllm-tpu", "securityContext": nonroot})
+    objs = plan(serving, PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")).apply
+    engines = _engines(objs)
+    assert len(engines) == 4        # LWS leaders and workers of both roles
+    for name, engine in engines:
+        assert engine["securityContext"] == {
+            "runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True, "privileged": False,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}, name
+    for _, tpl in _pods(objs):
+        for c in tpl["spec"]["initContainers"]:
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    privileged = ServingBody().spec(engine={"securityContext": {"privileged": True, "allowPrivilegeEscalation": True,
+                                                                 "capabilities": {"add": ["IPC_LOCK"]}}})
+    for _, engine in _engines(plan(privileged, PoolBody()).apply):
+        sc = engine["securityContext"]
+        assert sc["privileged"] is True and sc["allowPrivilegeEscalation"] is True and sc["runAsUser"] == 0
+        assert sc["capabilities"] == {"add": ["IPC_LOCK"]}
+
+
+@pytest.mark.parametrize("security,field", [
+    ({"runAsNonRoot": True}, "spec.engine.securityContext.runAsNonRoot"),
+    ({"runAsNonRoot": True, "runAsUser": 0}, "spec.engine.securityContext.runAsNonRoot"),
+    ({"privileged": True}, "spec.engine.securityContext.privileged"),
+])
+def test_contradictory_engine_security_contexts_are_refused(security, field):
+    """What the kubelet or the API server would refuse for the pod, refused for the serving."""
+    with pytest.raises(PlanError, match=field.replace(".", r"\.")):
+        plan(ServingBody().spec(engine={"securityContext": security}), PoolBody())
