@@ -20,7 +20,7 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 # OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of the data port's sessions), clang with its runtimes (libFuzzer); iproute2 and
 # iptables for the simulated-hosts fabric (tests/support/fabric.py); clang-tidy for make lint.
 # Installed when missing.
-SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev libipsec-mb-dev clang-14 libclang-rt-14-dev iproute2 iptables \
+SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev libipsec-mb-dev clang-14 libclang-rt-14-dev iproute2 iptables sshfs openssh-server \
   clang-tidy-14
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

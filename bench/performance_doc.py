@@ -65,6 +65,14 @@ SECTIONS = [
      "whole prompt; pd-transfer: the P/D KV transfer against the prefill compute. The reference model is small, "
      "so its KV per token is small next to its compute: the ratios say how little of TTFT tpusync adds, not "
      "what a 235B model would see."),
+    ("shared", "Shared tier", "bench/shared_bench.py",
+     "put: blocks stored through a store with a write-through shared tier (DRAM copy, checksum, O_DIRECT write "
+     "to a temporary name, rename) until flushed; get: the same blocks read by a fresh store on the directory "
+     "(verified, promoted into DRAM, copied out); both against the same number of files of the same sizes "
+     "written and read with plain O_DIRECT syscalls in the same run (ratio = raw time / tier time). hit: the "
+     "reference engine on a fresh host (empty DRAM, no disk, no peer) serving a prompt another host stored, "
+     "against that host recomputing it (ratio = TTFT / recompute TTFT). On this machine's virtual disk a small "
+     "block's cost is the file's (open, stat, a 4 KiB header): 256 KiB gets are far below the raw reads."),
     ("weight_sync", "Weight synchronization", "bench/weight_sync_bench.py",
      "Loopback cases: samplers on one host sharing its copy, a chain of hops, and a naive fan-out, each "
      "against its one-host or one-hop case; tcp-raw: four native raw TCP streams of the same bytes. "
@@ -153,6 +161,10 @@ def targets(res: dict) -> list[Target]:
     check("full-prefix DRAM hit at 8K tokens <= 0.15 x recompute", cases(res, "serving", r"prefix-hit-dram-8k"),
           lambda r: r["ratio"] <= 0.15, ratio)
     check("P/D transfer <= 0.1 x prefill", cases(res, "serving", r"pd-transfer-.*"), lambda r: r["ratio"] <= 0.1, ratio)
+    check("shared tier put and get >= 0.8 x the raw filesystem", cases(res, "shared", r"shared-(put|get)-.*"),
+          lambda r: r["ratio"] >= 0.8, ratio)
+    check("a 64K-token prefix from the shared tier on a fresh host <= 0.15 x recompute",
+          cases(res, "shared", r"shared-hit-64k"), lambda r: r["ratio"] <= 0.15, ratio)
     secs = lambda r: f"{r['ratio']:.2f} ({r['seconds']:.2f} s vs {r['baseline_seconds']:.2f} s)"  # noqa: E731
     check("fabric chain over 4 hosts <= 1.3 x one hop", cases(res, "weight_sync", r"fabric-chain-4-.*"),
           lambda r: r["ratio"] <= 1.3, secs)

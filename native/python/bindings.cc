@@ -109,7 +109,13 @@ pb::dict StatsDict(const StoreStats& s) {
   TPUSYNC_STAT(mlocked);
   TPUSYNC_STAT(direct_io);
   TPUSYNC_STAT(last_error);
+  TPUSYNC_STAT(shared_enabled);
+  TPUSYNC_STAT(hits_shared);
 #undef TPUSYNC_STAT
+  pb::dict shared;
+  for (const auto& [name, field] : kSharedTierCounters) shared[name] = s.shared.*field;
+  shared["direct_io"] = s.shared.direct_io;
+  d["shared"] = shared;
   return d;
 }
 
@@ -148,12 +154,25 @@ std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t b
                                         std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
                                         bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
                                         double writeback_watermark, std::optional<pb::bytes> secret, int streams,
-                                        int timeout_ms, bool encrypt) {
+                                        int timeout_ms, bool encrypt, std::optional<std::string> shared_dir,
+                                        std::string shared_layout, uint64_t shared_bytes,
+                                        const std::string& shared_policy, int shared_evict_interval_ms) {
   StoreOptions o;
   o.pool = {.path = pool_path, .block_bytes = block_bytes, .num_slots = num_slots, .hugepages = hugepages,
             .mlock = mlock, .populate = populate, .unlink_on_close = unlink_on_close};
   o.disk_enabled = disk_dir.has_value();
   if (disk_dir) o.disk = {.dir = *disk_dir, .capacity_bytes = disk_bytes};
+  o.shared_enabled = shared_dir.has_value();
+  if (shared_dir) {
+    if (shared_policy != "write-through" && shared_policy != "demote") {
+      throw pb::value_error("shared_policy must be 'write-through' or 'demote', not '" + shared_policy + "'");
+    }
+    o.shared = {.dir = *shared_dir,
+                .layout = std::move(shared_layout),
+                .capacity_bytes = shared_bytes,
+                .evict_interval = std::chrono::milliseconds(shared_evict_interval_ms)};
+    o.shared_policy = shared_policy == "demote" ? SharedPolicy::kDemote : SharedPolicy::kWriteThrough;
+  }
   o.io_threads = io_threads;
   o.writeback_watermark = writeback_watermark;
   net::PeerOptions peers{.secret = secret ? std::string(*secret) : std::string(), .streams = streams,
@@ -233,9 +252,11 @@ PYBIND11_MODULE(_native, m) {
                   pb::arg("hugepages") = false, pb::arg("mlock") = false, pb::arg("populate") = true,
                   pb::arg("unlink_on_close") = false, pb::arg("io_threads") = 2,
                   pb::arg("writeback_watermark") = 0.05, pb::arg("secret") = pb::none(), pb::arg("streams") = 4,
-                  pb::arg("timeout_ms") = 5000, pb::arg("encrypt") = false,
+                  pb::arg("timeout_ms") = 5000, pb::arg("encrypt") = false, pb::arg("shared_dir") = pb::none(),
+                  pb::arg("shared_layout") = "", pb::arg("shared_bytes") = 0,
+                  pb::arg("shared_policy") = "write-through", pb::arg("shared_evict_interval_ms") = 10000,
                   "Opens (or re-attaches to) a store in this process: a shared-memory DRAM pool, an optional "
-                  "disk tier; with `secret`, transfers with peers' data ports (encrypted with `encrypt`).")
+                  "disk tier, an optional shared tier; with `secret`, transfers with peers' data ports (encrypted with `encrypt`).")
       .def_static("connect_sidecar", &ConnectSidecar, pb::arg("socket_path"), pb::kw_only(),
                   pb::arg("timeout_ms") = 30000,
                   "Connects to the sidecar of this pod over its control socket and maps its pool.")

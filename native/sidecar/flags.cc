@@ -99,6 +99,21 @@ const std::vector<FlagDef>& Defs() {
       {"block-bytes", Bytes(&SidecarFlags::block_bytes), "block size, a multiple of 4096 (default 2Mi)"},
       {"disk-dir", Str(&SidecarFlags::disk_dir), "directory of the disk tier (default: none)"},
       {"disk-bytes", Bytes(&SidecarFlags::disk_bytes), "disk tier size"},
+      {"shared-dir", Str(&SidecarFlags::shared_dir),
+       "directory on a filesystem every host of the pool mounts (Managed Lustre, Filestore, NFS, FUSE): the shared "
+       "tier (default: none)"},
+      {"shared-bytes", Bytes(&SidecarFlags::shared_bytes), "the shared tier's capacity (default 0: the filesystem's)"},
+      {"shared-layout", Str(&SidecarFlags::shared_layout),
+       "what changes a block's bytes besides the block size (model, dtype, parallel sizes, rank): engines with "
+       "another layout never read these blocks"},
+      {"shared-policy", Str(&SidecarFlags::shared_policy),
+       "write-through (every stored block) or demote (blocks leaving DRAM) (default write-through)"},
+      {"shared-high-watermark-percent", Int(&SidecarFlags::shared_high_percent, 1, 100),
+       "the evictor starts above this share of the capacity (default 85)"},
+      {"shared-low-watermark-percent", Int(&SidecarFlags::shared_low_percent, 0, 99),
+       "and deletes the least recently read blocks down to this one (default 70)"},
+      {"shared-evict-interval-ms", Int(&SidecarFlags::shared_evict_interval_ms, 10, 3600000),
+       "how often the evictor scans the tier (default 10000)"},
       {"auth-secret-file", Str(&SidecarFlags::auth_secret_file), "file holding the pool's shared secret"},
       {"streams", Int(&SidecarFlags::streams, 1, 64), "parallel TCP streams per peer (default 4)"},
       {"io-threads", Int(&SidecarFlags::io_threads, 1, 64), "disk write-behind threads (default 2)"},
@@ -170,6 +185,17 @@ Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
   if (f.dram_bytes < f.block_bytes) return InvalidArgument("--dram-bytes must hold at least one block");
   if (!f.disk_dir.empty() && f.disk_bytes < f.block_bytes) {
     return InvalidArgument("--disk-bytes must hold at least one block when --disk-dir is set");
+  }
+  if (!f.shared_dir.empty()) {
+    if (f.shared_policy != "write-through" && f.shared_policy != "demote") {
+      return InvalidArgument("--shared-policy=" + f.shared_policy + ": expected write-through or demote");
+    }
+    if (f.shared_low_percent >= f.shared_high_percent) {
+      return InvalidArgument("--shared-low-watermark-percent must be below --shared-high-watermark-percent");
+    }
+    if (f.shared_bytes != 0 && f.shared_bytes < f.block_bytes) {
+      return InvalidArgument("--shared-bytes must hold at least one block (or be 0: the filesystem's)");
+    }
   }
   return f;
 }

@@ -19,6 +19,13 @@ struct SidecarFlags {
   uint64_t block_bytes = 2ull << 20;
   std::string disk_dir;  // empty: no disk tier
   uint64_t disk_bytes = 0;
+  std::string shared_dir;     // empty: no shared tier
+  uint64_t shared_bytes = 0;  // 0: the whole filesystem
+  std::string shared_layout;  // what, besides the block size, changes a block's bytes
+  std::string shared_policy = "write-through";  // or "demote"
+  int shared_high_percent = 85;
+  int shared_low_percent = 70;
+  int shared_evict_interval_ms = 10000;
   std::string auth_secret_file;  // or env TPUSYNC_AUTH_SECRET
   int streams = 4;
   int io_threads = 2;

@@ -25,6 +25,14 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
             .hugepages = f.hugepages, .mlock = f.mlock};
   o.disk_enabled = !f.disk_dir.empty();
   o.disk = {.dir = f.disk_dir, .capacity_bytes = f.disk_bytes};
+  o.shared_enabled = !f.shared_dir.empty();
+  o.shared = {.dir = f.shared_dir,
+              .layout = f.shared_layout,
+              .capacity_bytes = f.shared_bytes,
+              .high_watermark = f.shared_high_percent / 100.0,
+              .low_watermark = f.shared_low_percent / 100.0,
+              .evict_interval = std::chrono::milliseconds(f.shared_evict_interval_ms)};
+  o.shared_policy = f.shared_policy == "demote" ? SharedPolicy::kDemote : SharedPolicy::kWriteThrough;
   o.io_threads = static_cast<uint32_t>(f.io_threads);
   TPUSYNC_ASSIGN_OR_RETURN(s->store_, Store::Open(o));
   StoreStats st = s->store_->Stats();

@@ -256,6 +256,7 @@ async def optional_crd_seen(memo: kopf.Memo, **_: Any) -> None:
 # re-applied, and watching Secrets would need the right to read every Secret in the cluster.
 CHILD_RESOURCES = [
     ("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "serviceaccounts"),
+    ("", "v1", "persistentvolumeclaims"),
     ("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("rbac.authorization.k8s.io", "v1", "roles"), ("rbac.authorization.k8s.io", "v1", "rolebindings"),

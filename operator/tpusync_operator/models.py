@@ -146,9 +146,41 @@ class DiskTier(Model):
     storage_class_name: str | None = None
 
 
+class SharedTier(Model):
+    """A filesystem every host of the pool mounts (a ReadWriteMany volume): blocks any serving pod
+    of the pool wrote are read by all of them, with no transfer between sidecars, and outlive
+    every host. Managed Lustre (lustre.csi.storage.gke.io) is the documented store for KV caches
+    on GKE; Filestore and GCS FUSE work too (docs/gke.md weighs them)."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("has(self.claimName) != has(self.storageClassName)",
+         "spec.tiers.shared needs exactly one of claimName (an existing ReadWriteMany claim) and storageClassName "
+         "(a claim the operator creates)"),
+        ("!has(self.storageClassName) || has(self.size)",
+         "spec.tiers.shared.size is required with storageClassName: the claim's request"),
+        ("self.lowWatermarkPercent < self.highWatermarkPercent",
+         "spec.tiers.shared.lowWatermarkPercent must be below highWatermarkPercent"),
+    ))
+    claim_name: DNSName | None = Field(
+        None, description="An existing ReadWriteMany PersistentVolumeClaim in the pool's namespace.")
+    storage_class_name: DNSName | None = Field(
+        None, description="The operator creates the ReadWriteMany claim <pool>-shared of this class (e.g. a Managed "
+                          "Lustre class) and keeps it while the pool exists.")
+    size: Quantity | None = Field(None, description="The created claim's request.")
+    capacity: Quantity | None = Field(
+        None, description="The tier's share of the filesystem (its evictor keeps it under this); the whole "
+                          "filesystem when empty.")
+    policy: Literal["WriteThrough", "Demote"] = Field(
+        "WriteThrough", description="WriteThrough: every block a pod stores is written to the tier; Demote: blocks "
+                                    "are written when they leave a pod's DRAM.")
+    high_watermark_percent: Annotated[int, Field(ge=1, le=100)] = Field(
+        85, description="Eviction of the least recently read blocks (of every host) starts above this share...")
+    low_watermark_percent: Annotated[int, Field(ge=0, le=99)] = Field(70, description="...and stops at this one.")
+
+
 class Tiers(Model):
     dram: Quantity = Field("16Gi", description="Host DRAM each sidecar lends to the pool (/dev/shm).")
     disk: DiskTier | None = None
+    shared: SharedTier | None = None
     block_bytes: Quantity = Field("1Mi", description="Transfer block size.")
 
 

@@ -127,6 +127,8 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
         pool_builders.build_peers_service(owner, spec),
         pool_builders.build_network_policy(owner, spec),
     ]
+    if (claim := pool_builders.build_shared_claim(owner, spec)) is not None:
+        apply.append(claim)
     delete: list[Ref] = []
     store = spec.store_nodes
     store_name = names.pool_store(owner.name)

@@ -29,7 +29,9 @@ class BlockStore:
                    disk_bytes: int = 0, hugepages: bool = False, mlock: bool = False, populate: bool = True,
                    unlink_on_close: bool = False, io_threads: int = 2, writeback_watermark: float = 0.05,
                    secret: bytes | None = None, streams: int = 4, timeout_ms: int = 5000,
-                   encrypt: bool = False) -> BlockStore: ...
+                   encrypt: bool = False, shared_dir: str | None = None, shared_layout: str = "",
+                   shared_bytes: int = 0, shared_policy: str = "write-through",
+                   shared_evict_interval_ms: int = 10000) -> BlockStore: ...
     @staticmethod
     def connect_sidecar(socket_path: str, *, timeout_ms: int = 30000) -> BlockStore: ...
     @staticmethod

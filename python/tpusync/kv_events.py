@@ -9,7 +9,8 @@ arrays tagged by name:
 Block hashes are the 64-bit forms of tpusync's block keys (tpusync.hashing.event_hash_of): to
 llm-d (v0.9.0) they are opaque engine keys, mapped to the keys it computes itself from each
 event's token ids (docs/block-keys.md). `medium` says which tier holds the block: "CPU" for
-host DRAM, "DISK" for the disk tier; llm-d keeps it, lower-cased, as the block's tier.
+host DRAM, "DISK" for the disk tier, "SHARED_STORAGE" for the shared tier (vLLM's and
+upstream TPU Sync's name for it); llm-d keeps it, lower-cased, as the block's tier.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class KVEventPublisher:
         self._sock.close(linger=0)
 
 
-_MEDIA_BITS = (("CPU", 1), ("DISK", 2))  # tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2
+# tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2, SHARED 4 (held only there)
+_MEDIA_BITS = (("CPU", 1), ("DISK", 2), ("SHARED_STORAGE", 4))
 _EVERY = frozenset(m for m, _ in _MEDIA_BITS)
 
 

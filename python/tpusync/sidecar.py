@@ -82,6 +82,7 @@ class Sidecar:
 
 def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: int,
            control_socket: str | None = None, disk_dir: str | None = None, disk_bytes: int = 0,
+           shared_dir: str | None = None, shared_layout: str = "",
            data_port: int = 0, http_port: int = 0, streams: int = 4, peers: list[str] | None = None,
            extra: list[str] | None = None, stderr: int | IO[str] | None = None) -> Sidecar:
     """Starts a sidecar on 127.0.0.1 and waits until it listens (it prints one JSON line).
@@ -99,6 +100,8 @@ def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: in
         args.append(f"--control-socket={control_socket}")
     if disk_dir:
         args += [f"--disk-dir={disk_dir}", f"--disk-bytes={disk_bytes}"]
+    if shared_dir:
+        args += [f"--shared-dir={shared_dir}", f"--shared-layout={shared_layout}"]
     args += extra or []
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)

@@ -32,6 +32,7 @@ class Tier(enum.IntEnum):
     DRAM = 1
     DISK = 2
     DRAM_AND_DISK = 3
+    SHARED = 4  # only on the shared tier (a filesystem every host of the pool mounts)
 
 
 class LookupResult(NamedTuple):
@@ -73,6 +74,10 @@ class KVStore:
         secret: bytes | None = None,
         streams: int = 4,
         encrypt: bool = False,
+        shared_dir: str | os.PathLike[str] | None = None,
+        shared_layout: str = "",
+        shared_bytes: int = 0,
+        shared_policy: str = "write-through",
     ) -> KVStore:
         """Opens an in-process store.
 
@@ -82,6 +87,11 @@ class KVStore:
         tier of ``disk_bytes`` that evicted blocks are written behind to. ``secret`` is the
         pool's shared secret, needed by read_remote() to authenticate to peers; sessions with
         peers are authenticated frame by frame, and encrypted too with ``encrypt``.
+        ``shared_dir`` adds the shared tier: a directory every host of the pool mounts, where
+        blocks any host wrote are found (``shared_layout`` names what changes a block's bytes,
+        so engines of another layout never read them; ``shared_bytes`` caps it, 0 = the
+        filesystem; ``shared_policy`` "write-through" writes every block, "demote" those leaving
+        DRAM).
         """
         if block_bytes <= 0 or dram_bytes < block_bytes:
             raise errors.InvalidArgumentError(
@@ -104,6 +114,10 @@ class KVStore:
             secret=secret,
             streams=streams,
             encrypt=encrypt,
+            shared_dir=os.fspath(shared_dir) if shared_dir is not None else None,
+            shared_layout=shared_layout,
+            shared_bytes=shared_bytes,
+            shared_policy=shared_policy,
         )
         return cls(backend, private_pool=path if private else None)
 

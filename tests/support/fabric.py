@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -277,8 +278,11 @@ class Host:
 
     def sidecar(self, *, secret_file: str, dram_bytes: int, block_bytes: int, streams: int = 4,
                 data_port: int = DATA_PORT, http_port: int = HTTP_PORT, extra: Sequence[str] = (),
-                stderr=subprocess.DEVNULL) -> FabricSidecar:
-        """Starts a tpusync-sidecar bound to this host's address; waits until it listens."""
+                stderr=subprocess.DEVNULL, prelude: str | None = None) -> FabricSidecar:
+        """Starts a tpusync-sidecar bound to this host's address; waits until it listens.
+
+        `prelude`, a shell command, runs first in the sidecar's own mount namespace (each
+        `ip netns exec` has one): a FUSE mount made there is seen by that sidecar alone."""
         from tpusync.sidecar import sidecar_binary
 
         tag = f"{self.ns}-{data_port}-{uuid.uuid4().hex[:6]}"
@@ -289,7 +293,8 @@ class Host:
                 f"--auth-secret-file={secret_file}", f"--streams={streams}", f"--control-socket={sock}",
                 f"--peers={','.join(h.ip for h in self.fabric.hosts)}", *extra]  # the pool: every host
         env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
-        proc = self.popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        argv = args if prelude is None else ["sh", "-c", f"{prelude} && exec {shlex.join(args)}"]
+        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"tpusync-sidecar exited with {proc.wait()} before listening in {self.ns}: {args}")

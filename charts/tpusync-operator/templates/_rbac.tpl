@@ -45,7 +45,7 @@ needs create (when it creates) and patch; prune needs delete.
   resources: [events]
   verbs: [create]
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [configmaps, services, serviceaccounts, persistentvolumeclaims]
   verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]

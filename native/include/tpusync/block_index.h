@@ -15,7 +15,12 @@
 
 namespace tpusync {
 
-enum class Tier : uint8_t { kNone = 0, kDram = 1, kDisk = 2, kDramAndDisk = 3 };
+// Where a block is, as a bit set: DRAM 1, disk 2. kShared: on the shared tier only (the store
+// reports the shared tier for blocks it holds in neither DRAM nor disk).
+enum class Tier : uint8_t { kNone = 0, kDram = 1, kDisk = 2, kDramAndDisk = 3, kShared = 4 };
+
+// A tier code from a peer or the sidecar; codes this build does not know read as absent.
+inline Tier TierFromCode(uint64_t code) { return code <= 4 ? static_cast<Tier>(code) : Tier::kNone; }
 
 struct IndexEntry {
   static constexpr uint32_t kNoLocation = UINT32_MAX;
@@ -31,6 +36,10 @@ struct IndexEntry {
   bool demoting = false;          // write-behind of the slot to disk in flight
   bool promoting = false;         // read of the extent into a slot in flight
   bool drop_slot_after_demote = false;
+  bool on_shared = false;         // this store wrote it to, or read it from, the shared tier
+  bool shared_queued = false;     // waiting for its write-through to the shared tier
+  uint32_t shared_pins = 0;       // pins held on the shared tier, given back with the last pin
+  Tier read_ahead_from = Tier::kNone;  // promoted by a get's read-ahead from this tier, not yet read
 
   bool in_dram() const { return slot != kNoLocation && !writing; }
   bool on_disk() const { return extent != kNoLocation; }

@@ -1,9 +1,13 @@
-// Store: the host's block store. A shared-memory DRAM pool in front of an optional disk tier.
+// Store: the host's block store. A shared-memory DRAM pool in front of an optional disk tier
+// and an optional shared tier (a filesystem every host of the pool mounts).
 //
 // put copies blocks into DRAM slots; when DRAM runs low, the least recently used unpinned
 // blocks are written behind to disk by background threads and their slots reused. get copies
-// blocks out, promoting disk blocks back into DRAM after verifying their checksums. Every
-// method is thread-safe. Long calls do their copies and disk I/O without holding the lock.
+// blocks out, promoting disk blocks back into DRAM after verifying their checksums. A block in
+// neither is looked for on the shared tier, where any host may have written it, and promoted
+// into DRAM when found. The shared tier receives every committed block (write-through) or the
+// blocks that leave DRAM (demote), written by the same background threads. Every method is
+// thread-safe. Long calls do their copies and file I/O without holding the lock.
 #pragma once
 
 #include <chrono>
@@ -18,14 +22,23 @@
 #include "tpusync/block_key.h"
 #include "tpusync/block_pool.h"
 #include "tpusync/disk_tier.h"
+#include "tpusync/shared_tier.h"
 #include "tpusync/status.h"
 
 namespace tpusync {
+
+enum class SharedPolicy : uint8_t {
+  kWriteThrough,  // every committed block is written to the shared tier
+  kDemote,        // a block is written there when it leaves DRAM
+};
 
 struct StoreOptions {
   BlockPoolOptions pool;
   bool disk_enabled = false;
   DiskTierOptions disk;  // block_bytes is taken from the pool
+  bool shared_enabled = false;
+  SharedTierOptions shared;  // block_bytes is taken from the pool
+  SharedPolicy shared_policy = SharedPolicy::kWriteThrough;
   uint32_t io_threads = 2;  // two: one checksums a block while the other's write is in flight
   // Write-behind starts when fewer than this fraction of DRAM slots are free.
   double writeback_watermark = 0.05;
@@ -62,6 +75,10 @@ struct StoreStats {
   uint64_t dropped = 0;
   uint64_t recovered_dram = 0, recovered_disk = 0;
   bool hugepages = false, mlocked = false, direct_io = false;
+  // The shared tier (all zero without one): hits are blocks a get found only there.
+  bool shared_enabled = false;
+  uint64_t hits_shared = 0;
+  SharedTierStats shared;
   std::string last_error;
 };
 
@@ -136,16 +153,22 @@ class Store {
   // block shorter than its buffer (found never leaves part of a buffer stale).
   // kInvalidArgument if an output buffer is smaller than its block.
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
-  // The tier of each key and the length of the present prefix; pins the prefix if asked.
+  // The tier of each key and the length of the present prefix; pins the prefix if asked. The
+  // shared tier is asked only about keys of the prefix that neither DRAM nor disk holds (its
+  // other keys read kNone when absent locally).
   LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
   // Pins keep blocks from eviction until released. Both check every key before changing any:
   // kNotFound (pin) or kFailedPrecondition (release of an unpinned key) name the first bad one.
   Status Pin(std::span<const BlockKey> keys);
   Status Release(std::span<const BlockKey> keys);
   // Pushes blocks one tier down and returns when done: DRAM -> disk (through the write-behind
-  // threads; dropped without a disk tier), disk -> gone. Reports the first demotion error.
+  // threads; dropped without a disk tier), disk -> gone. With the demote policy a block leaving
+  // DRAM is written to the shared tier first. The shared tier's own files are left to its
+  // evictor. Reports the first demotion error.
   Status Evict(std::span<const BlockKey> keys);
-  // Waits for queued write-behind; returns the first demotion error since the last Flush.
+  // Waits for queued write-behind (to disk and to the shared tier); returns the first demotion
+  // error since the last Flush. Failed shared-tier writes are counted, not returned: the
+  // block stays readable where it was.
   Status Flush();
   StoreStats Stats() const;
 

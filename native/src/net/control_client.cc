@@ -184,7 +184,7 @@ Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool 
   LookupResult r;
   for (std::byte b : f.body) {
     auto t = std::to_integer<uint8_t>(b);
-    r.tiers.push_back(t <= 3 ? static_cast<Tier>(t) : Tier::kNone);
+    r.tiers.push_back(TierFromCode(t));
   }
   while (r.prefix_len < r.tiers.size() && r.tiers[r.prefix_len] != Tier::kNone) ++r.prefix_len;
   return r;
@@ -230,9 +230,15 @@ Result<StoreStats> SidecarClient::Stats() {
       {"corruptions", &s.corruptions},       {"disk_write_errors", &s.disk_write_errors},
       {"disk_read_errors", &s.disk_read_errors}, {"dropped", &s.dropped},
       {"recovered_dram", &s.recovered_dram}, {"recovered_disk", &s.recovered_disk},
+      {"hits_shared", &s.hits_shared},
   };
-  const std::map<std::string_view, bool*> flags = {
-      {"hugepages", &s.hugepages}, {"mlocked", &s.mlocked}, {"direct_io", &s.direct_io}};
+  std::map<std::string, uint64_t*> shared_fields;
+  for (const auto& [name, field] : kSharedTierCounters) shared_fields["shared_" + std::string(name)] = &(s.shared.*field);
+  const std::map<std::string_view, bool*> flags = {{"hugepages", &s.hugepages},
+                                                   {"mlocked", &s.mlocked},
+                                                   {"direct_io", &s.direct_io},
+                                                   {"shared_enabled", &s.shared_enabled},
+                                                   {"shared_direct_io", &s.shared.direct_io}};
   std::istringstream in(std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
   std::string line;
   while (std::getline(in, line)) {
@@ -244,6 +250,8 @@ Result<StoreStats> SidecarClient::Stats() {
       s.last_error = value;
     } else if (auto it = fields.find(name); it != fields.end()) {
       *it->second = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (auto sh = shared_fields.find(std::string(name)); sh != shared_fields.end()) {
+      *sh->second = std::strtoull(value.c_str(), nullptr, 10);
     } else if (auto fl = flags.find(name); fl != flags.end()) {
       *fl->second = value == "1";
     }
@@ -298,7 +306,7 @@ Result<std::vector<uint8_t>> SidecarClient::PushTo(const std::string& peer, std:
 Result<std::vector<Tier>> SidecarClient::ExistsAt(const std::string& peer, std::span<const BlockKey> keys) {
   TPUSYNC_ASSIGN_OR_RETURN(std::vector<uint8_t> codes, PeerCall(Op::kExistsAt, peer, keys));
   std::vector<Tier> tiers(codes.size());
-  for (size_t i = 0; i < codes.size(); ++i) tiers[i] = codes[i] <= 3 ? static_cast<Tier>(codes[i]) : Tier::kNone;
+  for (size_t i = 0; i < codes.size(); ++i) tiers[i] = TierFromCode(codes[i]);
   return tiers;
 }
 

@@ -24,7 +24,9 @@ std::string StatsText(const StoreStats& s) {
     << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
     << "\ndropped " << s.dropped
     << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\nhugepages "
-    << s.hugepages << "\nmlocked " << s.mlocked << "\ndirect_io " << s.direct_io << "\n";
+    << s.hugepages << "\nmlocked " << s.mlocked << "\ndirect_io " << s.direct_io << "\nshared_enabled "
+    << s.shared_enabled << "\nhits_shared " << s.hits_shared << "\nshared_direct_io " << s.shared.direct_io << "\n";
+  for (const auto& [name, field] : kSharedTierCounters) o << "shared_" << name << " " << s.shared.*field << "\n";
   // Last, and on one line: the rest of the line is the message.
   std::string error = s.last_error;
   std::replace_if(error.begin(), error.end(), [](char ch) { return ch == '\n' || ch == '\r'; }, ' ');

@@ -111,7 +111,27 @@ std::string Metrics::Render(const StoreStats& s) const {
           static_cast<double>(s.disk_write_errors + s.disk_read_errors));
   counter("tpusync_blocks_dropped_total", "Blocks that left DRAM without reaching disk (write-behind failed or disk full of pinned blocks).",
           static_cast<double>(s.dropped));
-  counter("tpusync_hits_total", "Blocks found by get (dram + disk).", static_cast<double>(s.hits_dram + s.hits_disk));
+  counter("tpusync_hits_total", "Blocks found by get (dram + disk + shared).",
+          static_cast<double>(s.hits_dram + s.hits_disk + s.hits_shared));
+  if (s.shared_enabled) {
+    const SharedTierStats& sh = s.shared;
+    gauge("tpusync_shared_capacity_bytes", "The shared tier's capacity.", static_cast<double>(sh.capacity_bytes));
+    gauge("tpusync_shared_used_bytes", "Bytes of blocks on the shared tier, every host's.", static_cast<double>(sh.used_bytes));
+    counter("tpusync_shared_hits_total", "Blocks read from the shared tier.", static_cast<double>(sh.hits));
+    counter("tpusync_shared_misses_total", "Shared-tier reads of absent blocks.", static_cast<double>(sh.misses));
+    counter("tpusync_shared_written_total", "Blocks this host wrote to the shared tier.", static_cast<double>(sh.writes));
+    counter("tpusync_shared_read_bytes_total", "Bytes read from the shared tier.", static_cast<double>(sh.bytes_read));
+    counter("tpusync_shared_written_bytes_total", "Bytes written to the shared tier.", static_cast<double>(sh.bytes_written));
+    counter("tpusync_shared_evictions_total", "Shared-tier files this host's evictor deleted.", static_cast<double>(sh.evictions));
+    counter("tpusync_shared_corrupt_files_total", "Shared-tier files that failed verification (removed).",
+            static_cast<double>(sh.corruptions));
+    counter("tpusync_shared_refused_total", "Shared-tier writes refused: the tier or its filesystem was full.",
+            static_cast<double>(sh.refused_full));
+    counter("tpusync_shared_errors_total", "Shared-tier reads and writes that failed.",
+            static_cast<double>(sh.read_errors + sh.write_errors));
+    counter("tpusync_shared_read_seconds_total", "Time in shared-tier reads that succeeded.", sh.read_ns / 1e9);
+    counter("tpusync_shared_write_seconds_total", "Time in shared-tier writes that succeeded.", sh.write_ns / 1e9);
+  }
   counter("tpusync_misses_total", "Blocks not found by get.", static_cast<double>(s.misses));
   return out;
 }

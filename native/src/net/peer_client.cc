@@ -88,7 +88,7 @@ Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Dea
   std::vector<Tier> tiers(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     auto t = std::to_integer<uint8_t>(f->body[i]);
-    tiers[i] = t <= 3 ? static_cast<Tier>(t) : Tier::kNone;
+    tiers[i] = TierFromCode(t);
   }
   return tiers;
 }

@@ -10,7 +10,7 @@ Tier IndexEntry::tier() const {
 }
 
 bool IndexEntry::dram_evictable() const {
-  return in_dram() && pins == 0 && dram_readers == 0 && !demoting && !promoting;
+  return in_dram() && pins == 0 && dram_readers == 0 && !demoting && !promoting && !shared_queued;
 }
 
 bool IndexEntry::disk_evictable() const {

@@ -54,6 +54,16 @@ class StoreImpl {
   std::optional<uint32_t> AcquireExtentLocked();
   void DropDramLocked(IndexEntry& e);
   void MaybeStartWritebackLocked();
+  // Whether a block leaving DRAM is written somewhere first, and whether it has been.
+  bool writes_behind() const { return disk_ != nullptr || shared_demote_; }
+  bool HasLowerCopy(const IndexEntry& e) const {
+    return (!disk_ || e.on_disk()) && (!shared_demote_ || e.on_shared);
+  }
+  void QueueSharedLocked(IndexEntry& e);
+  Status WriteSharedLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
+  Status PromoteSharedLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
+  Status ReadSharedStaged(const BlockKey& key, const MutableBuffer& out);
+  void ReleaseSharedPinsLocked(IndexEntry& e);
   void StartDemotionLocked(IndexEntry& e);
   Status DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key);
   Status CopyOutLocked(std::unique_lock<std::mutex>& lock, IndexEntry& e, const MutableBuffer& out);
@@ -67,6 +77,8 @@ class StoreImpl {
 
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
+  std::unique_ptr<SharedTier> shared_;  // null without a shared tier
+  bool shared_demote_ = false;      // the shared tier takes blocks leaving DRAM, not every put
   uint32_t writeback_low_ = 0;      // free-slot count that starts write-behind
   uint32_t max_pending_ = 0;        // demotions in flight at most
   std::chrono::milliseconds write_wait_{0};
@@ -76,10 +88,12 @@ class StoreImpl {
   BlockIndex index_;                   // guarded by mu_
   std::deque<BlockKey> demote_queue_;  // guarded by mu_
   std::deque<BlockKey> promote_queue_;  // guarded by mu_: read-ahead of batched gets
+  std::deque<BlockKey> shared_queue_;   // guarded by mu_: write-through to the shared tier
   size_t read_ahead_ = 0;               // disk blocks a get asks the io threads to read ahead
   uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
   uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
   uint32_t leases_ = 0;                // guarded by mu_: write and read leases outstanding
+  uint32_t shared_writes_ = 0;         // guarded by mu_: shared-tier writes in flight
   uint64_t tick_ = 0;                  // guarded by mu_
   uint64_t seq_ = 0;                   // guarded by mu_
   Status flush_error_;                 // guarded by mu_
@@ -93,6 +107,7 @@ struct StoreImpl::Counters {
   uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
   uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0, dropped = 0;
   uint64_t recovered_dram = 0, recovered_disk = 0;
+  uint64_t hits_shared = 0;
   std::string last_error;
 };
 
@@ -105,6 +120,12 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
     d.block_bytes = s->pool_->block_bytes();
     TPUSYNC_ASSIGN_OR_RETURN(s->disk_, DiskTier::Open(d));
   }
+  if (o.shared_enabled) {
+    SharedTierOptions sh = o.shared;
+    sh.block_bytes = s->pool_->block_bytes();
+    TPUSYNC_ASSIGN_OR_RETURN(s->shared_, SharedTier::Open(sh));
+    s->shared_demote_ = o.shared_policy == SharedPolicy::kDemote;
+  }
   const uint32_t slots = s->pool_->num_slots();
   s->max_pending_ = std::max<uint32_t>(2, 2 * o.io_threads);
   // At least max_pending_ slots free or on their way out, so every I/O thread always has a
@@ -114,7 +135,7 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
   s->writeback_low_ = std::max({uint32_t{1}, static_cast<uint32_t>(slots * o.writeback_watermark),
                                 std::min(s->max_pending_, slots / 2)});
   s->write_wait_ = o.write_wait;
-  s->read_ahead_ = s->disk_ ? std::min<size_t>(o.io_threads, slots / 8) : 0;
+  s->read_ahead_ = s->disk_ || s->shared_ ? std::min<size_t>(o.io_threads, slots / 8) : 0;
 
   // Rebuild the index, oldest first so the newest ends up most recent.
   for (const RecoveredSlot& r : s->pool_->recovered()) {
@@ -141,6 +162,8 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
       s->seq_ = std::max(s->seq_, r.seq);
       ++s->c_->recovered_disk;
     }
+  }
+  if (s->disk_ || s->shared_) {
     for (uint32_t i = 0; i < o.io_threads; ++i) {
       s->io_threads_.emplace_back([p = s.get()](const std::stop_token& st) { p->IoLoop(st); });
     }
@@ -164,13 +187,17 @@ void StoreImpl::DropDramLocked(IndexEntry& e) {
   cv_.notify_all();
 }
 
+void StoreImpl::ReleaseSharedPinsLocked(IndexEntry& e) {
+  for (; e.shared_pins > 0; --e.shared_pins) shared_->Release(e.key);
+}
+
 Result<uint32_t> StoreImpl::AcquireSlotLocked(std::unique_lock<std::mutex>& lock, std::optional<TimePoint> deadline,
                                          bool wait_for_leases) {
   for (;;) {
     if (auto slot = pool_->Allocate()) return *slot;
     IndexEntry* victim = index_.DramVictim();
     // Without a write-behind to wait for, a clean copy below, or no lower tier: drop it now.
-    if (victim != nullptr && (!disk_ || victim->on_disk())) {
+    if (victim != nullptr && (!writes_behind() || HasLowerCopy(*victim))) {
       DropDramLocked(*victim);
       continue;
     }
@@ -180,7 +207,8 @@ Result<uint32_t> StoreImpl::AcquireSlotLocked(std::unique_lock<std::mutex>& lock
       continue;
     }
     // Nothing that will free a slot by itself: only pins (and leases, for a promotion).
-    if (victim == nullptr && pending_demotions_ == 0 && busy_ == 0 && (leases_ == 0 || !wait_for_leases)) {
+    if (victim == nullptr && pending_demotions_ == 0 && busy_ == 0 && shared_queue_.empty() && shared_writes_ == 0 &&
+        (leases_ == 0 || !wait_for_leases)) {
       return ResourceExhausted("all " + std::to_string(pool_->num_slots()) + " DRAM slots hold pinned or leased blocks");
     }
     if (std::chrono::steady_clock::now() >= *deadline) {
@@ -247,12 +275,12 @@ void StoreImpl::StartDemotionLocked(IndexEntry& e) {
 }
 
 void StoreImpl::MaybeStartWritebackLocked() {
-  if (!disk_) return;
+  if (!writes_behind()) return;
   uint32_t free = pool_->free_slots();
   while (free + pending_demotions_ < writeback_low_ && pending_demotions_ < max_pending_) {
     IndexEntry* victim = index_.DramVictim();
     if (victim == nullptr) return;
-    if (victim->on_disk()) {
+    if (HasLowerCopy(*victim)) {
       DropDramLocked(*victim);
       ++free;
     } else {
@@ -266,7 +294,7 @@ Status StoreImpl::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKe
   IndexEntry* e = index_.Find(key);
   if (e == nullptr) return Status::Ok();
   Status st = Status::Ok();
-  if (e->in_dram() && !e->on_disk()) {
+  if (disk_ && e->in_dram() && !e->on_disk()) {
     std::optional<uint32_t> extent = AcquireExtentLocked();
     if (!extent) {
       st = ResourceExhausted("disk tier full: every extent holds a pinned or in-use block");
@@ -288,10 +316,14 @@ Status StoreImpl::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKe
       }
     }
   }
+  if (shared_demote_ && e->in_dram() && !e->on_shared) {
+    (void)WriteSharedLocked(lock, key);  // counted by the tier; a demoting block stays put meanwhile
+    e = index_.Find(key);
+  }
   e->demoting = false;
   // A failed demotion still frees the slot: DRAM is a cache and must not stall.
   if (std::exchange(e->drop_slot_after_demote, false) && e->pins == 0 && e->dram_readers == 0) {
-    const uint64_t dropped = e->on_disk() ? 0 : ++c_->dropped;
+    const uint64_t dropped = e->on_disk() || e->on_shared ? 0 : ++c_->dropped;
     if (dropped != 0 && (dropped & (dropped - 1)) == 0) {  // logged at the 1st, 2nd, 4th, ... drop
       Log(LogLevel::kWarning, "disk",
           std::to_string(dropped) + " blocks dropped from DRAM without a disk copy so far; latest: " + st.ToString());
@@ -305,13 +337,27 @@ Status StoreImpl::DemoteLocked(std::unique_lock<std::mutex>& lock, const BlockKe
 void StoreImpl::IoLoop(const std::stop_token& stop) {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, stop, [&] { return !demote_queue_.empty() || !promote_queue_.empty(); });
+    cv_.wait(lock, stop, [&] { return !demote_queue_.empty() || !promote_queue_.empty() || !shared_queue_.empty(); });
     if (stop.stop_requested()) return;
+    if (demote_queue_.empty() && !shared_queue_.empty()) {
+      BlockKey key = shared_queue_.front();
+      shared_queue_.pop_front();
+      (void)WriteSharedLocked(lock, key);  // counted and logged by the tier; the block stays in DRAM
+      if (IndexEntry* e = index_.Find(key)) e->shared_queued = false;
+      cv_.notify_all();
+      continue;
+    }
     if (demote_queue_.empty()) {  // read-ahead for a batched get, only into slots free right now
       BlockKey key = promote_queue_.front();
       promote_queue_.pop_front();
       IndexEntry* e = index_.Find(key);
-      if (e != nullptr && !e->in_dram() && e->on_disk() && !e->promoting) (void)PromoteLocked(lock, *e, nullptr, std::nullopt);
+      Tier from = Tier::kNone;
+      if (e != nullptr && !e->in_dram() && e->on_disk() && !e->promoting) {
+        if (PromoteLocked(lock, *e, nullptr, std::nullopt).ok()) from = Tier::kDisk;
+      } else if (shared_ && (e == nullptr || (e->tier() == Tier::kNone && !e->writing))) {
+        if (PromoteSharedLocked(lock, key).ok()) from = Tier::kShared;
+      }
+      if (IndexEntry* p = index_.Find(key); p != nullptr && from != Tier::kNone) p->read_ahead_from = from;
       continue;
     }
     BlockKey key = demote_queue_.front();
@@ -325,8 +371,83 @@ void StoreImpl::IoLoop(const std::stop_token& stop) {
 
 Status StoreImpl::Flush() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return pending_demotions_ == 0; });
+  cv_.wait(lock, [&] { return pending_demotions_ == 0 && shared_queue_.empty() && shared_writes_ == 0; });
   return std::exchange(flush_error_, Status::Ok());
+}
+
+// ---- the shared tier ----------------------------------------------------------------------
+
+void StoreImpl::QueueSharedLocked(IndexEntry& e) {
+  if (!shared_ || shared_demote_ || e.on_shared) return;
+  e.shared_queued = true;  // kept in DRAM until written: write-through means every block
+  shared_queue_.push_back(e.key);
+  cv_.notify_all();
+}
+
+// Writes a DRAM block to the shared tier with the lock dropped; the slot is held meanwhile.
+Status StoreImpl::WriteSharedLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key) {
+  IndexEntry* e = index_.Find(key);
+  if (e == nullptr || !e->in_dram() || e->on_shared) return Status::Ok();
+  ++e->dram_readers;
+  ++shared_writes_;
+  const std::byte* src = pool_->data(e->slot);
+  const uint64_t length = e->length;
+  lock.unlock();
+  Status st = shared_->Write(key, src, length);
+  lock.lock();
+  --shared_writes_;
+  e = index_.Find(key);  // still present: a block being read is never evicted
+  --e->dram_readers;
+  if (st.ok()) {
+    e->on_shared = true;
+  } else {
+    RecordErrorLocked(st);
+  }
+  cv_.notify_all();
+  return st;
+}
+
+// Brings a block that only the shared tier holds into a DRAM slot, claimed as a writer claims
+// one (so a put of the same key meanwhile waits, and the slot is never half-written to a
+// reader). OK: the key is in DRAM now (promoted here, or stored meanwhile by another caller);
+// kNotFound: absent; kResourceExhausted: no slot free; kDataLoss: the file was damaged.
+Status StoreImpl::PromoteSharedLocked(std::unique_lock<std::mutex>& lock, const BlockKey& key) {
+  TPUSYNC_ASSIGN_OR_RETURN(IndexEntry * e, ClaimLocked(lock, key, std::nullopt, false));
+  if (e == nullptr) return Status::Ok();
+  const uint32_t slot = e->slot;
+  e->promoting = true;  // a get of the key meanwhile waits for this read instead of repeating it
+  ++busy_;
+  lock.unlock();
+  Result<uint64_t> n = shared_->Read(key, pool_->data(slot), pool_->block_bytes());
+  lock.lock();
+  --busy_;
+  e = index_.Find(key);  // a claimed key stays
+  e->writing = false;
+  e->promoting = false;
+  cv_.notify_all();
+  if (!n.ok()) {
+    pool_->Free(slot);
+    e->slot = IndexEntry::kNoLocation;
+    if (e->pins == 0) index_.Erase(key);
+    if (n.status().code() != StatusCode::kNotFound) RecordErrorLocked(n.status());
+    return n.status();
+  }
+  e->length = *n;
+  e->on_shared = true;
+  pool_->Commit(slot, key, e->length, ++tick_);
+  index_.SetDram(*e, slot);
+  ++c_->promotions;
+  MaybeStartWritebackLocked();
+  return Status::Ok();
+}
+
+// A shared-tier read through a staging buffer, for when no DRAM slot is free.
+Status StoreImpl::ReadSharedStaged(const BlockKey& key, const MutableBuffer& out) {
+  AlignedBuffer staging(pool_->block_bytes());
+  TPUSYNC_ASSIGN_OR_RETURN(uint64_t n, shared_->Read(key, staging.data(), staging.size()));
+  if (n != out.size) return NotFound("shared tier: block " + key.ToHex() + " does not fill the buffer");
+  CopyBytes(out.data, staging.data(), n);
+  return Status::Ok();
 }
 
 // ---- put / get ------------------------------------------------------------------------
@@ -363,6 +484,7 @@ Status StoreImpl::Put(std::span<const BlockKey> keys, std::span<const ConstBuffe
     index_.SetDram(*w, slot);
     ++c_->puts;
     c_->bytes_put += w->length;
+    QueueSharedLocked(*w);
     MaybeStartWritebackLocked();
     cv_.notify_all();
   }
@@ -449,7 +571,9 @@ Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuf
     // Disk blocks a little ahead of this one are read by the io threads meanwhile.
     for (; prefetched < std::min(keys.size(), i + 1 + read_ahead_); ++prefetched) {
       IndexEntry* p = index_.Find(keys[prefetched]);
-      if (prefetched > i && p != nullptr && !p->in_dram() && p->on_disk() && !p->promoting) {
+      const bool from_disk = p != nullptr && !p->in_dram() && p->on_disk() && !p->promoting;
+      const bool from_shared = shared_ && (p == nullptr || (p->tier() == Tier::kNone && !p->writing));
+      if (prefetched > i && (from_disk || from_shared)) {
         promote_queue_.push_back(keys[prefetched]);
         cv_.notify_all();
       }
@@ -458,6 +582,25 @@ Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuf
     while (e != nullptr && e->promoting) {  // another reader is bringing it up: share its work
       cv_.wait(lock);
       e = index_.Find(keys[i]);
+    }
+    bool from_shared = false;
+    if ((e == nullptr || e->tier() == Tier::kNone) && shared_ && (e == nullptr || !e->writing)) {
+      Status st = PromoteSharedLocked(lock, keys[i]);
+      if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kUnavailable) {
+        lock.unlock();
+        st = ReadSharedStaged(keys[i], out[i]);
+        lock.lock();
+        if (st.ok()) {
+          ++c_->hits_shared;
+          c_->bytes_got += out[i].size;
+          found[i] = 1;
+        } else {
+          ++c_->misses;
+        }
+        continue;
+      }
+      e = index_.Find(keys[i]);
+      from_shared = st.ok();
     }
     if (e == nullptr || e->tier() == Tier::kNone) {
       ++c_->misses;
@@ -475,7 +618,9 @@ Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuf
       continue;
     }
     if (e->in_dram()) {
-      ++c_->hits_dram;
+      // Counted where the block came from: this get, or its read-ahead.
+      const Tier from = from_shared ? Tier::kShared : std::exchange(e->read_ahead_from, Tier::kNone);
+      ++(from == Tier::kShared ? c_->hits_shared : from == Tier::kDisk ? c_->hits_disk : c_->hits_dram);
       (void)CopyOutLocked(lock, *e, out[i]);
       found[i] = 1;
     } else if (PromoteLocked(lock, *e, &out[i], WriteDeadline()).ok()) {
@@ -493,29 +638,80 @@ Status StoreImpl::Get(std::span<const BlockKey> keys, std::span<const MutableBuf
 LookupResult StoreImpl::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
   LookupResult r;
   r.tiers.resize(keys.size(), Tier::kNone);
-  std::lock_guard lock(mu_);
-  bool in_prefix = true;
+  std::unique_lock lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     IndexEntry* e = index_.Find(keys[i]);
     r.tiers[i] = e == nullptr ? Tier::kNone : e->tier();
-    in_prefix = in_prefix && r.tiers[i] != Tier::kNone;
-    if (!in_prefix) continue;
-    ++r.prefix_len;
-    if (pin_prefix && e->pins++ == 0) index_.AdjustPinned(1);
+  }
+  // The shared tier, asked without the lock (its answers are file system round trips), about
+  // the prefix's keys held neither in DRAM nor on disk; a pinned key is pinned there too.
+  std::vector<bool> shared(keys.size(), false);
+  if (shared_) {
+    lock.unlock();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (r.tiers[i] != Tier::kNone) continue;
+      if (pin_prefix ? !shared_->Pin(keys[i]).ok() : !shared_->Exists(keys[i])) break;
+      shared[i] = true;
+    }
+    lock.lock();
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry* e = index_.Find(keys[i]);
+    const Tier local = e == nullptr ? Tier::kNone : e->tier();
+    const bool present = local != Tier::kNone || shared[i];
+    if (r.prefix_len == i && present) {
+      ++r.prefix_len;
+      if (pin_prefix) {
+        IndexEntry& p = e != nullptr ? *e : index_.Insert(keys[i]);
+        if (p.pins++ == 0) index_.AdjustPinned(1);
+        if (shared[i]) ++p.shared_pins;
+      }
+    } else if (shared[i] && pin_prefix) {
+      shared_->Release(keys[i]);  // past a block evicted meanwhile: not in the prefix
+    }
+    r.tiers[i] = local != Tier::kNone ? local : shared[i] ? Tier::kShared : Tier::kNone;
   }
   return r;
 }
 
 Status StoreImpl::Pin(std::span<const BlockKey> keys) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  auto local = [&](const BlockKey& k) {
+    IndexEntry* e = index_.Find(k);
+    return e != nullptr && e->tier() != Tier::kNone;
+  };
+  // Keys held only on the shared tier are pinned there first, without the lock; a local key
+  // that left meanwhile (to nowhere) fails the whole pin, as an absent key does.
+  std::vector<size_t> on_shared;
   for (size_t i = 0; i < keys.size(); ++i) {
-    IndexEntry* e = index_.Find(keys[i]);
-    if (e == nullptr || e->tier() == Tier::kNone) {
-      return NotFound("pin: block " + keys[i].ToHex() + " (key " + std::to_string(i) + ") is not stored");
+    if (!local(keys[i])) on_shared.push_back(i);
+  }
+  auto not_stored = [&](size_t i) {
+    return NotFound("pin: block " + keys[i].ToHex() + " (key " + std::to_string(i) + ") is not stored");
+  };
+  if (!on_shared.empty()) {
+    if (!shared_) return not_stored(on_shared.front());
+    lock.unlock();
+    for (size_t j = 0; j < on_shared.size(); ++j) {
+      if (!shared_->Pin(keys[on_shared[j]]).ok()) {
+        for (size_t k = 0; k < j; ++k) shared_->Release(keys[on_shared[k]]);
+        return not_stored(on_shared[j]);
+      }
+    }
+    lock.lock();
+  }
+  std::vector<bool> pinned_on_shared(keys.size(), false);
+  for (size_t i : on_shared) pinned_on_shared[i] = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!pinned_on_shared[i] && !local(keys[i])) {
+      for (size_t j : on_shared) shared_->Release(keys[j]);
+      return not_stored(i);
     }
   }
-  for (const BlockKey& k : keys) {
-    if (index_.Find(k)->pins++ == 0) index_.AdjustPinned(1);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry& e = index_.Insert(keys[i]);
+    if (e.pins++ == 0) index_.AdjustPinned(1);
+    if (pinned_on_shared[i]) ++e.shared_pins;
   }
   return Status::Ok();
 }
@@ -531,7 +727,11 @@ Status StoreImpl::Release(std::span<const BlockKey> keys) {
     }
   }
   for (const BlockKey& k : keys) {
-    if (--index_.Find(k)->pins == 0) index_.AdjustPinned(-1);
+    IndexEntry* e = index_.Find(k);
+    if (--e->pins > 0) continue;
+    index_.AdjustPinned(-1);
+    ReleaseSharedPinsLocked(*e);
+    if (e->tier() == Tier::kNone && !e->writing) index_.Erase(k);  // was held only on the shared tier
   }
   cv_.notify_all();
   return Status::Ok();
@@ -553,7 +753,7 @@ Status StoreImpl::Evict(std::span<const BlockKey> keys) {
       continue;
     }
     if (e->in_dram()) {
-      if (disk_ && !e->on_disk()) {
+      if (writes_behind() && !HasLowerCopy(*e)) {
         StartDemotionLocked(*e);  // the write-behind threads write the batch, several at a time
         queued = true;
       } else {
@@ -594,6 +794,12 @@ StoreStats StoreImpl::Stats() const {
   s.dropped = c.dropped;
   s.recovered_dram = c.recovered_dram, s.recovered_disk = c.recovered_disk;
   s.hugepages = pool_->hugepages(), s.mlocked = pool_->mlocked(), s.direct_io = disk_ && disk_->direct_io();
+  s.hits_shared = c.hits_shared;
+  if (shared_) {
+    s.shared_enabled = true;
+    s.shared = shared_->Stats();
+    s.corruptions += s.shared.corruptions;
+  }
   s.last_error = c.last_error;
   return s;
 }
@@ -625,6 +831,7 @@ void StoreImpl::CommitLease(WriteLease& lease, uint64_t length, Status* result) 
   index_.SetDram(*e, lease.slot_);
   ++c_->puts;
   c_->bytes_put += length;
+  QueueSharedLocked(*e);
   MaybeStartWritebackLocked();
   lease.store_ = nullptr;
   cv_.notify_all();
@@ -648,11 +855,29 @@ Result<ReadLease> StoreImpl::Acquire(const BlockKey& key) {
     cv_.wait(lock);
     e = index_.Find(key);
   }
-  if (e == nullptr || e->tier() == Tier::kNone) return NotFound("acquire: block " + key.ToHex() + " is not stored");
-  if (!e->in_dram()) {
-    TPUSYNC_RETURN_IF_ERROR(PromoteLocked(lock, *e, nullptr, WriteDeadline()));
+  // Counted as a get counts them: the sidecar's engines read through leases.
+  uint64_t* hit = &c_->hits_dram;
+  if ((e == nullptr || e->tier() == Tier::kNone) && shared_ && (e == nullptr || !e->writing)) {
+    if (Status st = PromoteSharedLocked(lock, key); !st.ok() && st.code() != StatusCode::kNotFound) {
+      ++c_->misses;
+      return st;
+    }
     e = index_.Find(key);
+    hit = &c_->hits_shared;
   }
+  if (e == nullptr || e->tier() == Tier::kNone) {
+    ++c_->misses;
+    return NotFound("acquire: block " + key.ToHex() + " is not stored");
+  }
+  if (!e->in_dram()) {
+    if (Status st = PromoteLocked(lock, *e, nullptr, WriteDeadline()); !st.ok()) {
+      ++c_->misses;
+      return st;
+    }
+    e = index_.Find(key);
+    hit = &c_->hits_disk;
+  }
+  ++*hit;
   ++e->dram_readers;
   ++leases_;
   index_.TouchDram(*e);

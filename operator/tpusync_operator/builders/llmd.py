@@ -30,8 +30,9 @@ from .common import (
 
 EPP_GRPC_PORT = 9002
 # How llm-d weighs a prefix block by the tier an engine holds it on: the accelerator's own
-# cache, then host DRAM, then disk (what it costs the engine to load it).
-TIER_WEIGHTS = (("gpu", 1.0), ("cpu", 0.8), ("disk", 0.5))
+# cache, then host DRAM, then disk, then the shared tier (what it costs the engine to load it).
+# A medium missing here would score 1.0 at llm-d-kv-cache v0.9.0, as much as the accelerator.
+TIER_WEIGHTS = (("gpu", 1.0), ("cpu", 0.8), ("disk", 0.5), ("shared_storage", 0.4))
 EPP_HEALTH_PORT = 9003
 EPP_METRICS_PORT = 9090
 EPP_CONFIG_KEY = "config.yaml"

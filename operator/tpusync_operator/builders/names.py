@@ -21,6 +21,10 @@ def pool_netpol(pool: str) -> str:
     return f"{pool}-data"
 
 
+def pool_shared_claim(pool: str) -> str:
+    return f"{pool}-shared"
+
+
 def pool_store(pool: str) -> str:
     return f"{pool}-store"
 

@@ -97,6 +97,17 @@ def build_auth_secret(owner: Owner, spec: TPUSyncPoolSpec, token: bytes) -> dict
             "data": {"token": base64.b64encode(token).decode()}}
 
 
+def build_shared_claim(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any] | None:
+    """The shared tier's ReadWriteMany claim, when the operator creates it (storageClassName)."""
+    shared = spec.tiers.shared
+    if shared is None or shared.storage_class_name is None:
+        return None
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": metadata(owner, names.pool_shared_claim(owner.name), pool_labels(owner, "shared-tier")),
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": shared.storage_class_name,
+                     "resources": {"requests": {"storage": shared.size}}}}
+
+
 def build_peers_service(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
     """Headless Service: DNS A records of every pool member, ready or not (peer discovery)."""
     sc = spec.sidecar

@@ -142,6 +142,16 @@ def engine_security_context(spec: DisaggregatedServingSpec, tpu: bool) -> dict[s
     return {**base, **override.dump()} if override is not None else base
 
 
+def shared_layout(spec: DisaggregatedServingSpec, tensor_parallel: int) -> str:
+    """What changes the bytes of a serving's KV blocks besides the block size, fingerprinted by the
+    shared tier so that engines that differ in any of it never read each other's blocks: the
+    weights (model and revision), the engine and its image (its KV layout), the tensor-parallel
+    size. Prefill and decode of one serving agree on all of it unless their parallelism differs."""
+    return ";".join(f"{k}={v}" for k, v in (
+        ("model", spec.model.uri), ("revision", spec.model.revision or ""), ("engine", spec.engine.type),
+        ("image", engine_image(spec)), ("tp", tensor_parallel)))
+
+
 def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan,
                        *, serving: bool) -> dict[str, Any]:
     """Pod template of one role. `serving` marks pods that take requests (a Deployment pod or
@@ -195,7 +205,8 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     res = resources(role_spec.resources, tpu_request)
     if res:
         engine["resources"] = res
-    sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True)
+    sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True,
+                                      shared_layout=shared_layout(spec, pool.tpu.tensor_parallel(plan.chips)))
     init = [sidecar]
     if uses_proxy(spec, role) and serving:
         init.append({
@@ -216,7 +227,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "securityContext": pod_security_context(),
         "initContainers": init,
         "containers": [engine],
-        "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk)
+        "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk, shared=True)
         + engine_volumes(spec),
     }
     if plan.chips_per_host:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models import DiskTier, TPUSyncPoolSpec
+from ..models import DiskTier, SharedTier, TPUSyncPoolSpec
 from ..quantity import to_bytes
 from . import names
 from .common import container_security_context, env_from_fields, resources
@@ -14,13 +14,16 @@ POOL_PATH = "/dev/shm/tpusync-pool"
 RUN_DIR = "/run/tpusync"
 CONTROL_SOCKET = "/run/tpusync/control.sock"
 DISK_DIR = "/var/lib/tpusync/disk"
+SHARED_DIR = "/var/lib/tpusync/shared"
 AUTH_DIR = "/etc/tpusync/auth"
 CONTAINER_NAME = "tpusync-sidecar"
 
 
 def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *, dram_bytes: int,
-                            disk: DiskTier | None, native: bool) -> dict[str, Any]:
-    """The sidecar container; `native` makes it a native sidecar (init container, restartPolicy Always)."""
+                            disk: DiskTier | None, native: bool, shared_layout: str | None = None) -> dict[str, Any]:
+    """The sidecar container; `native` makes it a native sidecar (init container, restartPolicy Always).
+    With `shared_layout` (what changes the bytes of its engines' blocks) it mounts the pool's
+    shared tier, when the pool has one."""
     sc = spec.sidecar
     args = [
         "--bind=0.0.0.0",  # the pod's interfaces; the NetworkPolicy admits only pool members
@@ -42,6 +45,10 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
     if disk is not None:
         args += [f"--disk-dir={DISK_DIR}", f"--disk-bytes={to_bytes(disk.size)}"]
         mounts.append({"name": "tpusync-disk", "mountPath": DISK_DIR})
+    shared = spec.tiers.shared
+    if shared is not None and shared_layout is not None:
+        args += shared_tier_args(shared, shared_layout)
+        mounts.append({"name": "tpusync-shared", "mountPath": SHARED_DIR})
     env = env_from_fields() + [{"name": "TPUSYNC_POOL", "value": pool}]
 
     def probe(path: str, **extra: Any) -> dict[str, Any]:
@@ -72,8 +79,20 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
     return container
 
 
+def shared_tier_args(shared: SharedTier, layout: str) -> list[str]:
+    return [f"--shared-dir={SHARED_DIR}", f"--shared-layout={layout}",
+            f"--shared-bytes={to_bytes(shared.capacity) if shared.capacity else 0}",
+            f"--shared-policy={'demote' if shared.policy == 'Demote' else 'write-through'}",
+            f"--shared-high-watermark-percent={shared.high_watermark_percent}",
+            f"--shared-low-watermark-percent={shared.low_watermark_percent}"]
+
+
+def shared_claim_name(pool: str, shared: SharedTier) -> str:
+    return shared.claim_name or names.pool_shared_claim(pool)
+
+
 def build_sidecar_volumes(pool: str, spec: TPUSyncPoolSpec, *, shm_bytes: int,
-                          disk: DiskTier | None) -> list[dict[str, Any]]:
+                          disk: DiskTier | None, shared: bool = False) -> list[dict[str, Any]]:
     """Volumes the sidecar mounts. No hostPath: memory-backed emptyDir for the zero-copy pool."""
     volumes: list[dict[str, Any]] = [
         {"name": "tpusync-shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(shm_bytes)}},
@@ -88,4 +107,7 @@ def build_sidecar_volumes(pool: str, spec: TPUSyncPoolSpec, *, shm_bytes: int,
                 "resources": {"requests": {"storage": disk.size}}}}}})
         else:
             volumes.append({"name": "tpusync-disk", "emptyDir": {"sizeLimit": disk.size}})
+    if shared and spec.tiers.shared is not None:
+        volumes.append({"name": "tpusync-shared",
+                        "persistentVolumeClaim": {"claimName": shared_claim_name(pool, spec.tiers.shared)}})
     return volumes

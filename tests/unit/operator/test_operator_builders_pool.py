@@ -174,3 +174,15 @@ def test_v5e_multi_host_node_pool_uses_tpu_topology():
     req = b.build_node_pool_request(owner, spec, tpu)["nodePool"]
     assert req["config"]["machineType"] == "ct5lp-hightpu-4t" and req["initialNodeCount"] == 4
     assert req["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+
+
+def test_the_shared_tier_claim_is_created_only_from_a_storage_class():
+    owner, spec, _ = setup(PoolBody().spec(tiers={"shared": {"storageClassName": "lustre-rwx", "size": "18000Gi"}})
+                           .build())
+    claim = b.build_shared_claim(owner, spec)
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == f"{owner.name}-shared"
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "lustre-rwx",
+                             "resources": {"requests": {"storage": "18000Gi"}}}
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == owner.uid  # goes with the pool
+    _, existing, _ = setup(PoolBody().spec(tiers={"shared": {"claimName": "kv-lustre"}}).build())
+    assert b.build_shared_claim(owner, existing) is None

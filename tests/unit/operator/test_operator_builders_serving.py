@@ -553,3 +553,26 @@ def test_contradictory_engine_security_contexts_are_refused(security, field):
     """What the kubelet or the API server would refuse for the pod, refused for the serving."""
     with pytest.raises(PlanError, match=field.replace(".", r"\.")):
         plan(ServingBody().spec(engine={"securityContext": security}), PoolBody())
+
+
+def test_serving_sidecars_mount_the_pools_shared_tier_with_their_layout():
+    pool = PoolBody().spec(tiers={"shared": {"claimName": "kv-lustre", "capacity": "10Ti", "policy": "Demote"}})
+    pods = dict(_pods(plan(ServingBody().spec(engine={"type": "vllm-tpu"}), pool).apply))
+    layouts = set()
+    for name, tpl in pods.items():
+        sidecar = tpl["spec"]["initContainers"][0]
+        args = sidecar["args"]
+        assert "--shared-dir=/var/lib/tpusync/shared" in args and "--shared-policy=demote" in args, name
+        assert f"--shared-bytes={10 << 40}" in args
+        assert {"name": "tpusync-shared", "mountPath": "/var/lib/tpusync/shared"} in sidecar["volumeMounts"]
+        assert {"name": "tpusync-shared", "persistentVolumeClaim": {"claimName": "kv-lustre"}} in tpl["spec"]["volumes"]
+        layouts.add(next(a for a in args if a.startswith("--shared-layout=")))
+    # Prefill and decode of one serving read each other's blocks: one layout, naming the weights,
+    # the engine image and the parallelism.
+    (layout,) = layouts
+    assert "model=hf://" in layout and "engine=vllm-tpu" in layout and ";tp=" in layout and "image=" in layout
+    # A pool without the tier: no flag, no volume.
+    plain = dict(_pods(plan(ServingBody(), PoolBody()).apply))
+    for tpl in plain.values():
+        assert not any(a.startswith("--shared") for a in tpl["spec"]["initContainers"][0]["args"])
+        assert all(v["name"] != "tpusync-shared" for v in tpl["spec"]["volumes"])

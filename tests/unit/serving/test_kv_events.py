@@ -50,13 +50,14 @@ def test_engine_publishes_block_stored_with_the_router_hashes():
     assert struct.unpack(">Q", seq)[0] >= 1
     ts, events, dp_rank = msgpack.unpackb(payload)
     assert dp_rank == 0 and isinstance(ts, float)
-    (tag, hashes, parent, tokens, block_size, lora_id, medium), removed = events
+    (tag, hashes, parent, tokens, block_size, lora_id, medium), *removed = events
     digests = BlockHasher(cfg.page_size).digests(prompt)
     assert tag == "BlockStored" and medium == "CPU" and block_size == 32 and lora_id is None
     assert hashes == [event_hash_of(d) for d in digests] and parent is None
     assert tokens == prompt[:96]
-    # This process never announced them on disk, but an earlier one may have: withdrawn there.
-    assert removed == ["BlockRemoved", hashes, "DISK"]
+    # This process never announced them on disk or the shared tier, but an earlier one may have:
+    # withdrawn there.
+    assert removed == [["BlockRemoved", hashes, "DISK"], ["BlockRemoved", hashes, "SHARED_STORAGE"]]
     pub.close()
     sub.close()
 
@@ -84,7 +85,8 @@ def test_announcer_follows_tiers_in_runs_and_withdraws_what_left():
         ([14], 13, [6, 7], "CPU"),
     ]
     assert [e for e in pub.batches[0] if e[0] == "BlockRemoved"] == [
-        ["BlockRemoved", [13], "CPU"], ["BlockRemoved", [11, 14], "DISK"]]
+        ["BlockRemoved", [13], "CPU"], ["BlockRemoved", [11, 14], "DISK"],
+        ["BlockRemoved", [11, 12, 13, 14], "SHARED_STORAGE"]]
     # Block 12 left DRAM, 13 and 14 are gone: only what was announced is withdrawn.
     assert ann.announce(hashes, keys, tokens, [1, 2, 0, 0], 2) == 1
     assert pub.batches[1] == [

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Shared-tier benchmark: the tier against the raw filesystem, and a prefix served from it
+against recomputing it.
+
+put / get: N blocks of each size stored through a store with a write-through shared tier
+(put + flush: DRAM copy, checksum, O_DIRECT write to a temporary name, rename) and read by a
+fresh store on the same directory (a host that never saw them: open, verify, promote into
+DRAM, copy out); the baseline, in the same run, writes and reads the same number of files of
+the same sizes with plain syscalls (O_DIRECT where the filesystem takes it, one file per block,
+no checksum, no rename). ratio = raw time / tier time (1.0: the tier costs nothing over the
+filesystem).
+
+hit: the reference engine on a fresh host (an empty DRAM pool, no disk, no peer) serves a
+prompt whose blocks another host wrote to the shared tier; TTFT against the same engine
+recomputing the prompt, both in this run. ratio = TTFT / recompute TTFT.
+
+Prints a table and writes bench/results/shared.json: cases shared-put-<size>, shared-get-<size>
+{"case", "seconds", "baseline_seconds", "gbps", "baseline_gbps", "ratio"} and shared-hit-<n>k
+{"case", "tokens", "seconds", "baseline_seconds", "ratio"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from report import report
+from rich.console import Console
+
+from tpusync import KVStore
+from tpusync.serving.engine import Engine
+from tpusync.serving.model import ModelConfig
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def aligned(n: int) -> mmap.mmap:
+    return mmap.mmap(-1, n)  # page-aligned, as O_DIRECT needs
+
+
+def raw_write(dirpath: str, bufs: list[mmap.mmap]) -> float:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
+    t = time.perf_counter()
+    for i, b in enumerate(bufs):
+        fd = os.open(os.path.join(dirpath, f"raw{i}"), flags, 0o600)
+        try:
+            os.write(fd, b)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t
+
+
+def raw_read(dirpath: str, bufs: list[mmap.mmap]) -> float:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    t = time.perf_counter()
+    for i, b in enumerate(bufs):
+        fd = os.open(os.path.join(dirpath, f"raw{i}"), flags)
+        try:
+            os.readv(fd, [b])
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t
+
+
+def throughput_cases(root: str, sizes: list[int], total: int, reps: int, console: Console) -> list[dict]:
+    results = []
+    for size in sizes:
+        n = max(4, total // size)
+        label = f"{size // KIB}k" if size < MIB else f"{size // MIB}m"
+        keys = np.zeros((n, 2), np.uint64)
+        data = [np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(n)]
+        bufs = [aligned(size) for _ in range(n)]
+        for b, d in zip(bufs, data):
+            b[:] = d.tobytes()
+        rows: dict[str, list[float]] = {"put": [], "get": [], "raw-put": [], "raw-get": []}
+        for rep in range(reps):
+            console.print(f"  {label} x {n}: rep {rep + 1}/{reps}")
+            shared, raw = os.path.join(root, f"shared-{uuid.uuid4().hex[:6]}"), os.path.join(root, "raw")
+            os.makedirs(raw, exist_ok=True)
+            keys[:, 0], keys[:, 1] = rep + 1, np.arange(n, dtype=np.uint64)
+            rows["raw-put"].append(raw_write(raw, bufs))
+            rows["raw-get"].append(raw_read(raw, bufs))
+            pool_bytes = (n + 8) * size
+            with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared) as writer:
+                t = time.perf_counter()
+                writer.put(keys, data)
+                writer.flush()
+                rows["put"].append(time.perf_counter() - t)
+            out = [np.empty(size, np.uint8) for _ in range(n)]
+            with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared) as reader:
+                t = time.perf_counter()
+                found = reader.get(keys, out)
+                rows["get"].append(time.perf_counter() - t)
+                assert all(found) and reader.stats()["hits_shared"] == n
+            assert all(np.array_equal(a, b) for a, b in zip(out, data))
+            shutil.rmtree(shared)
+            shutil.rmtree(raw)
+        gb = n * size / 1e9
+        for op in ("put", "get"):
+            tier, base = statistics.median(rows[op]), statistics.median(rows[f"raw-{op}"])
+            results.append({"case": f"shared-{op}-{label}", "block_bytes": size, "blocks": n, "seconds": tier,
+                            "baseline_seconds": base, "gbps": gb / tier, "baseline_gbps": gb / base,
+                            "ratio": base / tier})
+    return results
+
+
+def hit_cases(root: str, lengths: list[int], reps: int, console: Console) -> list[dict]:
+    cfg = ModelConfig(max_seq=max(lengths) * 2)
+    block = -(-cfg.page_bytes // 4096) * 4096
+    dram = (max(lengths) // cfg.page_size + 64) * block
+    shared = os.path.join(root, "shared-hit")
+    Engine(cfg, role="both").warm_up()
+    rng = np.random.default_rng(0)
+    results = []
+    for n in lengths:
+        label = f"{n // 1024}k"
+        base, hit = [], []
+        for rep in range(reps):
+            console.print(f"  {label} tokens: rep {rep + 1}/{reps}")
+            prompt = rng.integers(0, 256, n).tolist()
+            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared) as store_a:
+                # Host a recomputes the prompt (the baseline: nothing is stored anywhere yet) and
+                # stores its blocks, written through to the shared tier.
+                base.append(Engine(cfg, role="both", store=store_a).generate(prompt, 1).stats.ttft_seconds)
+                assert store_a.stats()["hits_shared"] == 0
+                store_a.flush()
+            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared) as store_b:
+                fresh = Engine(cfg, role="both", store=store_b)  # host b: nothing in DRAM, no disk, no peer
+                hit.append(fresh.generate(prompt, 1).stats.ttft_seconds)
+                assert store_b.stats()["hits_shared"] >= n // cfg.page_size - 1, "the prefix did not come from the tier"
+        b, h = statistics.median(base), statistics.median(hit)
+        results.append({"case": f"shared-hit-{label}", "tokens": n, "seconds": h, "baseline_seconds": b,
+                        "ratio": h / b})
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default=None, help="the shared directory's filesystem (default: a temporary directory)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--hit-reps", type=int, default=1, help="the 64K recompute takes minutes on a CPU")
+    ap.add_argument("--lengths", default="8192,65536")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "shared.json"))
+    args = ap.parse_args()
+    console = Console()
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        console.print(f"shared tier on {root}")
+        results = throughput_cases(root, [256 * KIB, 2 * MIB, 8 * MIB], 512 * MIB, args.reps, console)
+        lengths = [int(x) for x in args.lengths.split(",") if x]
+        if lengths:
+            results += hit_cases(root, lengths, args.hit_reps, console)
+    columns = [("case", "case", ""), ("seconds", "seconds", ".4f"), ("baseline s", "baseline_seconds", ".4f"),
+               ("GB/s", "gbps", ".2f"), ("raw GB/s", "baseline_gbps", ".2f"), ("ratio", "ratio", ".3f")]
+    report(console, "shared tier", results, columns, args.out,
+           "put/get ratio = raw filesystem time / tier time (same files, same sizes, O_DIRECT); "
+           "hit ratio = TTFT with the prefix on the shared tier (fresh host) / recompute TTFT")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

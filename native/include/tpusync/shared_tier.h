@@ -1,0 +1,140 @@
+// SharedTier: KV blocks as files on a filesystem that every host of a pool mounts (Managed
+// Lustre, Filestore, GCS FUSE, NFS), written once by any host and read by all.
+//
+// No lock is ever taken across hosts. Each block is one immutable file, written to a temporary
+// name and published by rename, so readers see a whole file or none; two hosts writing the same
+// key publish the same bytes (keys are content addresses) and the last rename wins. Files live
+// under a directory named by a fingerprint of everything that changes a block's bytes (the
+// block size and the layout string the engine supplies: model, dtype, parallel sizes, rank), so
+// engines that disagree on any of it never read each other's blocks:
+//
+//   <dir>/tpusync-shared-v1/<fingerprint>/layout        the fingerprint's inputs, as text
+//   <dir>/tpusync-shared-v1/<fingerprint>/<kk>/<key>    one block: a 4 KiB checksummed header,
+//                                                      the payload padded to 4 KiB
+//   <dir>/tpusync-shared-v1/<fingerprint>/pins/<key>.<instance>   a host's pin of a block
+//   <dir>/tpusync-shared-v1/<fingerprint>/tmp/          files being written or evicted
+//
+// The directory is the index: a lookup is a stat, so a block any host published is found by
+// all. Every read verifies the header and an XXH3 of the payload; a torn, truncated or
+// corrupted file is a miss, removed and counted. Capacity is the tier's own: an evictor on every
+// host deletes the least recently read files (by access time, which a hit sets explicitly, so
+// the order is the pool's, not one host's) from the high watermark down to the low one. An
+// evictor first renames its victims aside, then reads the pin markers, and puts back any victim
+// pinned meanwhile; a pinning host creates its marker before checking that the block exists.
+// Either the pin sees the block gone, or the evictor sees the pin.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tpusync/block_key.h"
+#include "tpusync/status.h"
+
+namespace tpusync {
+
+struct SharedTierOptions {
+  std::string dir;               // the mount (or a directory on it); created if absent
+  std::string layout;            // what, besides the block size, changes a block's bytes
+  uint64_t block_bytes = 0;      // multiple of 4096, same as the DRAM pool's
+  uint64_t capacity_bytes = 0;   // the tier's share of the filesystem; 0: the whole filesystem
+  double high_watermark = 0.85;  // eviction starts above this fraction of the capacity...
+  double low_watermark = 0.70;   // ...and stops at this one
+  bool direct_io = true;         // buffered I/O where the filesystem refuses O_DIRECT
+  // How often the evictor checks usage; pins older than pin_ttl are a dead host's, ignored.
+  std::chrono::milliseconds evict_interval{1000};
+  std::chrono::milliseconds pin_ttl{600000};
+  bool run_evictor = true;
+};
+
+struct SharedTierStats {
+  uint64_t capacity_bytes = 0, used_bytes = 0;  // used: as of the evictor's last scan, plus writes since
+  uint64_t writes = 0, write_dedup = 0, bytes_written = 0, write_errors = 0, refused_full = 0;
+  uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0, corruptions = 0;
+  uint64_t evictions = 0, evicted_bytes = 0, pins_restored = 0, stale_files_removed = 0;
+  uint64_t write_ns = 0, read_ns = 0;  // time spent in writes and reads that succeeded
+  bool direct_io = false;
+};
+
+// Every counter of SharedTierStats by name: the sidecar's stats text, /metrics and Python.
+inline constexpr std::pair<const char*, uint64_t SharedTierStats::*> kSharedTierCounters[] = {
+    {"capacity_bytes", &SharedTierStats::capacity_bytes}, {"used_bytes", &SharedTierStats::used_bytes},
+    {"writes", &SharedTierStats::writes},                 {"write_dedup", &SharedTierStats::write_dedup},
+    {"bytes_written", &SharedTierStats::bytes_written},   {"write_errors", &SharedTierStats::write_errors},
+    {"refused_full", &SharedTierStats::refused_full},     {"hits", &SharedTierStats::hits},
+    {"misses", &SharedTierStats::misses},                 {"bytes_read", &SharedTierStats::bytes_read},
+    {"read_errors", &SharedTierStats::read_errors},       {"corruptions", &SharedTierStats::corruptions},
+    {"evictions", &SharedTierStats::evictions},           {"evicted_bytes", &SharedTierStats::evicted_bytes},
+    {"pins_restored", &SharedTierStats::pins_restored},   {"stale_files_removed", &SharedTierStats::stale_files_removed},
+    {"write_ns", &SharedTierStats::write_ns},             {"read_ns", &SharedTierStats::read_ns},
+};
+
+class SharedTier {
+ public:
+  static Result<std::unique_ptr<SharedTier>> Open(const SharedTierOptions& options);
+  ~SharedTier();  // stops the evictor; removes this instance's pin markers
+  SharedTier(const SharedTier&) = delete;
+  SharedTier& operator=(const SharedTier&) = delete;
+
+  // Publishes a block. `src` is page-aligned and readable for AlignUp(length, 4096) bytes.
+  // OK when the block is on the tier (written here, or found there already).
+  // kResourceExhausted when the filesystem (or the tier's capacity) cannot hold it: nothing is
+  // left behind. Thread-safe.
+  Status Write(const BlockKey& key, const std::byte* src, uint64_t length);
+  // Reads and verifies a block into `dst` (page-aligned, `capacity` bytes, at least the
+  // block's length rounded up to 4096); returns its length. kNotFound if absent, kDataLoss if
+  // the file is damaged (then removed), kInvalidArgument if the block is larger than capacity.
+  Result<uint64_t> Read(const BlockKey& key, std::byte* dst, uint64_t capacity);
+  bool Exists(const BlockKey& key);
+  // Keeps a block from every host's evictor until Release. kNotFound if it is not on the tier.
+  // Pins are counted per key in this process; one marker file per key and instance.
+  Status Pin(const BlockKey& key);
+  void Release(const BlockKey& key);
+
+  // One eviction pass now, over every layout on the filesystem; returns the files removed.
+  // The evictor thread runs the same pass every evict_interval.
+  Result<uint64_t> EvictOnce();
+
+  SharedTierStats Stats() const;
+  const std::string& root() const { return root_; }  // this layout's directory
+  bool direct_io() const { return direct_io_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+
+ private:
+  SharedTier() = default;
+  std::string BlockPath(const BlockKey& key) const;
+  std::string PinPath(const BlockKey& key) const;
+  Status Refuse(uint64_t file_bytes);
+  void Remove(const std::string& path, uint64_t ino, const std::string& why);
+  void EvictLoop(const std::stop_token& stop);
+  void RefreshPins();
+  template <typename T>
+  void Count(T SharedTierStats::* field, T by = 1) {
+    std::lock_guard lock(mu_);
+    stats_.*field += by;
+  }
+
+  SharedTierOptions options_;
+  std::string top_;   // <dir>/tpusync-shared-v1: every layout's directory, for the evictor
+  std::string root_;  // top_/<fingerprint>
+  std::string instance_;  // names this process's temporary files and pin markers
+  uint64_t fingerprint_ = 0;
+  uint64_t block_bytes_ = 0;
+  uint64_t capacity_ = 0;
+  bool direct_io_ = false;
+  std::atomic<uint64_t> temp_seq_{0};
+
+  mutable std::mutex mu_;
+  SharedTierStats stats_;                                              // guarded by mu_
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> pins_;          // guarded by mu_
+  std::jthread evictor_;
+};
+
+}  // namespace tpusync

@@ -1,0 +1,466 @@
+#include "tpusync/shared_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <unordered_set>
+
+#include "checksum.h"
+#include "log.h"
+#include "posix_io.h"
+
+namespace tpusync {
+namespace {
+
+constexpr uint64_t kMagic = 0x54505553594e5348ULL;  // "TPUSYNSH"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeaderBytes = kPageBytes;  // keeps the payload aligned for O_DIRECT
+constexpr const char* kTop = "tpusync-shared-v1";
+constexpr int64_t kAtimeGranularitySeconds = 60;
+
+struct FileHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t block_bytes;
+  uint64_t fingerprint;
+  uint64_t key_hi;
+  uint64_t key_lo;
+  uint64_t length;
+  uint64_t payload_sum;
+  uint64_t header_sum;  // over every field above
+};
+
+uint64_t HeaderSum(const FileHeader& h) { return Checksum(&h, offsetof(FileHeader, header_sum)); }
+
+std::string Hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+Status MakeDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0 || errno == EEXIST) return Status::Ok();
+  return ErrnoStatus(errno, "create directory " + path);
+}
+
+std::vector<std::string> ListDir(const std::string& path) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {  // NOLINT(concurrency-mt-unsafe): one DIR per call
+    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+int64_t SecondsOf(const timespec& t) { return t.tv_sec; }
+
+}  // namespace
+
+Result<std::unique_ptr<SharedTier>> SharedTier::Open(const SharedTierOptions& o) {
+  if (o.block_bytes == 0 || o.block_bytes % kPageBytes != 0) {
+    return InvalidArgument("shared tier block_bytes " + std::to_string(o.block_bytes) + " is not a multiple of 4096");
+  }
+  if (!(o.low_watermark > 0 && o.low_watermark < o.high_watermark && o.high_watermark <= 1)) {
+    return InvalidArgument("shared tier watermarks must satisfy 0 < low < high <= 1");
+  }
+  if (o.dir.empty()) return InvalidArgument("shared tier directory is empty");
+  std::unique_ptr<SharedTier> t(new SharedTier());
+  t->options_ = o;
+  t->block_bytes_ = o.block_bytes;
+
+  // The fingerprint covers every input that changes a block's bytes; the inputs are kept beside
+  // the blocks so a person (or a colliding fingerprint) can tell what a directory holds.
+  const std::string layout =
+      "tpusync shared tier 1\nblock_bytes " + std::to_string(o.block_bytes) + "\nlayout " + o.layout + "\n";
+  const uint64_t fingerprint = Checksum(layout.data(), layout.size());
+  t->fingerprint_ = fingerprint;
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  if (ec) return Status(StatusCode::kIoError, "create shared tier directory " + o.dir + ": " + ec.message());
+  t->top_ = o.dir + "/" + kTop;
+  t->root_ = t->top_ + "/" + Hex16(fingerprint);
+  for (const std::string& d : {t->top_, t->root_, t->root_ + "/tmp", t->root_ + "/pins"}) {
+    TPUSYNC_RETURN_IF_ERROR(MakeDir(d));
+  }
+
+  std::random_device rd;
+  t->instance_ = Hex16((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+
+  const std::string layout_path = t->root_ + "/layout";
+  if (std::ifstream in(layout_path); in) {
+    std::stringstream got;
+    got << in.rdbuf();
+    if (got.str() != layout) {
+      return FailedPrecondition("shared tier " + t->root_ + " holds another layout (" + got.str() +
+                                "): fingerprint collision; use another directory");
+    }
+  } else {
+    const std::string tmp = t->root_ + "/tmp/layout." + t->instance_;
+    if (!(std::ofstream(tmp) << layout) || ::rename(tmp.c_str(), layout_path.c_str()) != 0) {
+      return ErrnoStatus(errno, "publish " + layout_path);
+    }
+  }
+
+  // Direct I/O only where an aligned write through O_DIRECT works (tmpfs and many FUSE
+  // filesystems refuse the flag at open, some only at the first write).
+  if (o.direct_io) {
+    const std::string probe = t->root_ + "/tmp/probe." + t->instance_;
+    UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600));
+    if (fd.valid()) {
+      AlignedBuffer b(kPageBytes);
+      std::memset(b.data(), 0, kPageBytes);
+      t->direct_io_ = ::pwrite(fd.get(), b.data(), kPageBytes, 0) == static_cast<ssize_t>(kPageBytes);
+    }
+    ::unlink(probe.c_str());
+  }
+
+  struct statvfs vfs{};
+  if (::statvfs(t->top_.c_str(), &vfs) != 0) return ErrnoStatus(errno, "statvfs " + t->top_);
+  const uint64_t fs_bytes = uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  t->capacity_ = o.capacity_bytes != 0 ? std::min(o.capacity_bytes, fs_bytes) : fs_bytes;
+  t->stats_.capacity_bytes = t->capacity_;
+  t->stats_.direct_io = t->direct_io_;
+  TPUSYNC_RETURN_IF_ERROR(t->EvictOnce().status());  // also measures what the tier holds
+  if (o.run_evictor) {
+    t->evictor_ = std::jthread([p = t.get()](const std::stop_token& st) { p->EvictLoop(st); });
+  }
+  return t;
+}
+
+SharedTier::~SharedTier() {
+  evictor_ = {};  // joins
+  for (const auto& [key, n] : pins_) ::unlink(PinPath(key).c_str());
+}
+
+std::string SharedTier::BlockPath(const BlockKey& key) const {
+  const std::string hex = key.ToHex();
+  return root_ + "/" + hex.substr(0, 2) + "/" + hex;
+}
+
+std::string SharedTier::PinPath(const BlockKey& key) const { return root_ + "/pins/" + key.ToHex() + "." + instance_; }
+
+bool SharedTier::Exists(const BlockKey& key) {
+  struct stat st{};
+  return ::stat(BlockPath(key).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+Status SharedTier::Refuse(uint64_t file_bytes) {
+  Count(&SharedTierStats::refused_full);
+  return ResourceExhausted("shared tier " + root_ + " cannot hold " + std::to_string(file_bytes) + " more bytes");
+}
+
+Status SharedTier::Write(const BlockKey& key, const std::byte* src, uint64_t length) {
+  if (length == 0 || length > block_bytes_) {
+    return InvalidArgument("shared write: length " + std::to_string(length) + " outside 1.." +
+                           std::to_string(block_bytes_));
+  }
+  if (Exists(key)) {
+    Count(&SharedTierStats::write_dedup);
+    return Status::Ok();
+  }
+  const uint64_t start = NowNs();
+  const uint64_t payload = AlignUp(length, kPageBytes);
+  const uint64_t file_bytes = kHeaderBytes + payload;
+  // At capacity, evict now rather than refuse until the next pass; a pass finds nothing to
+  // delete only when every file is pinned.
+  for (int attempt = 0;; ++attempt) {
+    uint64_t used = 0;
+    {
+      std::lock_guard lock(mu_);
+      used = stats_.used_bytes;
+    }
+    if (used + file_bytes <= capacity_) break;
+    if (attempt == 1) {
+      Count(&SharedTierStats::refused_full);
+      return ResourceExhausted("shared tier " + root_ + " is at its capacity of " + std::to_string(capacity_) +
+                               " bytes, held by pinned blocks");
+    }
+    TPUSYNC_RETURN_IF_ERROR(EvictOnce().status());
+  }
+  struct statvfs vfs{};
+  if (::statvfs(root_.c_str(), &vfs) == 0 && uint64_t{vfs.f_bavail} * vfs.f_frsize < file_bytes) {
+    return Refuse(file_bytes);
+  }
+  const std::string path = BlockPath(key);
+  TPUSYNC_RETURN_IF_ERROR(MakeDir(path.substr(0, path.rfind('/'))));
+  const std::string tmp = root_ + "/tmp/" + key.ToHex() + "." + instance_ + "." + std::to_string(++temp_seq_);
+
+  AlignedBuffer hdr(kHeaderBytes);
+  std::memset(hdr.data(), 0, kHeaderBytes);
+  auto* h = reinterpret_cast<FileHeader*>(hdr.data());
+  *h = FileHeader{kMagic, kVersion, 0, block_bytes_, fingerprint_, key.hi, key.lo, length, Checksum(src, length), 0};
+  h->header_sum = HeaderSum(*h);
+
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0);
+  Status st = Status::Ok();
+  {
+    UniqueFd fd(::open(tmp.c_str(), flags, 0600));
+    if (!fd.valid()) {
+      const int err = errno;
+      if (err == ENOSPC || err == EDQUOT) return Refuse(file_bytes);
+      Count(&SharedTierStats::write_errors);
+      return ErrnoStatus(err, "create " + tmp);
+    }
+    struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {const_cast<std::byte*>(src), payload}};
+    st = PwritevFull(fd.get(), iov, 2, 0, tmp);
+    // close() reports a network filesystem's deferred write errors (NFS, FUSE flush).
+    if (st.ok() && ::close(fd.release()) != 0) st = ErrnoStatus(errno, "close " + tmp);
+  }
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus(errno, "publish " + path);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    if (st.code() == StatusCode::kResourceExhausted) return Refuse(file_bytes);  // ENOSPC, EDQUOT
+    Count(&SharedTierStats::write_errors);
+    return st;
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.writes;
+  stats_.bytes_written += length;
+  stats_.used_bytes += file_bytes;
+  stats_.write_ns += NowNs() - start;
+  return Status::Ok();
+}
+
+// Removes a damaged file unless another host has replaced it with a new one since it was read.
+void SharedTier::Remove(const std::string& path, uint64_t ino, const std::string& why) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino) ::unlink(path.c_str());
+  uint64_t n = 0;
+  {
+    std::lock_guard lock(mu_);
+    n = ++stats_.corruptions;
+  }
+  if ((n & (n - 1)) == 0) {  // logged at the 1st, 2nd, 4th, ... damaged file
+    Log(LogLevel::kWarning, "shared", std::to_string(n) + " damaged files removed from the shared tier so far; latest: " + why);
+  }
+}
+
+Result<uint64_t> SharedTier::Read(const BlockKey& key, std::byte* dst, uint64_t capacity) {
+  const uint64_t start = NowNs();
+  const std::string path = BlockPath(key);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0)));
+  if (!fd.valid()) {
+    const int err = errno;
+    Count(err == ENOENT ? &SharedTierStats::misses : &SharedTierStats::read_errors);
+    if (err == ENOENT) return NotFound("shared tier: block " + key.ToHex() + " is absent");
+    return ErrnoStatus(err, "open " + path);
+  }
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) {
+    Count(&SharedTierStats::read_errors);
+    return ErrnoStatus(errno, "stat " + path);
+  }
+  auto damaged = [&](const std::string& what) -> Status {
+    Remove(path, st.st_ino, path + ": " + what);
+    return DataLoss("shared tier file " + path + " " + what);
+  };
+  // One read of the header and the payload the file's size implies; the header then says
+  // whether that size was right.
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < kHeaderBytes + kPageBytes || file_bytes % kPageBytes != 0 ||
+      file_bytes > kHeaderBytes + block_bytes_) {
+    return damaged("has the wrong size");
+  }
+  if (file_bytes - kHeaderBytes > capacity) {
+    return InvalidArgument("shared read: block " + key.ToHex() + " needs " + std::to_string(file_bytes - kHeaderBytes) +
+                           " bytes, the buffer holds " + std::to_string(capacity));
+  }
+  AlignedBuffer hdr(kHeaderBytes);
+  struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {dst, file_bytes - kHeaderBytes}};
+  if (Status s = PreadvFull(fd.get(), iov, 2, 0, path); !s.ok()) {
+    if (s.code() == StatusCode::kDataLoss) return damaged("is truncated");
+    Count(&SharedTierStats::read_errors);
+    return s;
+  }
+  const auto* h = reinterpret_cast<const FileHeader*>(hdr.data());
+  if (h->magic != kMagic || h->version != kVersion || h->header_sum != HeaderSum(*h) || h->block_bytes != block_bytes_ ||
+      h->fingerprint != fingerprint_ || h->length == 0 || h->length > block_bytes_) {
+    return damaged("has a damaged header");
+  }
+  if (h->key_hi != key.hi || h->key_lo != key.lo) return damaged("names another block");
+  const uint64_t length = h->length, sum = h->payload_sum;
+  if (file_bytes != kHeaderBytes + AlignUp(length, kPageBytes)) return damaged("has the wrong size");
+  if (Checksum(dst, length) != sum) return damaged("fails its payload checksum");
+  // The access time orders the pool-wide LRU; set explicitly, since noatime and relatime
+  // mounts (Lustre's default among them) do not, and at most once a minute per file: a
+  // metadata write per hit would cost more than the order is worth.
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  if (now_s - st.st_atim.tv_sec >= kAtimeGranularitySeconds) {
+    const timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    (void)::futimens(fd.get(), times);
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.hits;
+  stats_.bytes_read += length;
+  stats_.read_ns += NowNs() - start;
+  return length;
+}
+
+Status SharedTier::Pin(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  if (pins_[key]++ == 0) {
+    const std::string marker = PinPath(key);
+    UniqueFd fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    if (!fd.valid()) {
+      pins_.erase(key);
+      return ErrnoStatus(errno, "create pin " + marker);
+    }
+    // The marker exists before the block is looked at: see the header.
+    if (!Exists(key)) {
+      ::unlink(marker.c_str());
+      pins_.erase(key);
+      return NotFound("shared tier: block " + key.ToHex() + " is absent");
+    }
+  }
+  return Status::Ok();
+}
+
+void SharedTier::Release(const BlockKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = pins_.find(key);
+  if (it == pins_.end()) return;
+  if (--it->second == 0) {
+    ::unlink(PinPath(key).c_str());
+    pins_.erase(it);
+  }
+}
+
+void SharedTier::RefreshPins() {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, n] : pins_) (void)::utimensat(AT_FDCWD, PinPath(key).c_str(), nullptr, 0);
+}
+
+Result<uint64_t> SharedTier::EvictOnce() {
+  struct File {
+    int64_t atime;
+    uint64_t bytes;
+    std::string layout_dir, name;
+  };
+  const auto now = std::chrono::system_clock::now();
+  const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+  const int64_t ttl_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(options_.pin_ttl).count());
+  std::vector<File> files;
+  uint64_t used = 0, stale = 0;
+  for (const std::string& layout : ListDir(top_)) {
+    const std::string dir = top_ + "/" + layout;
+    for (const std::string& sub : ListDir(dir)) {
+      struct stat st{};
+      const std::string path = dir + "/" + sub;
+      if (sub == "tmp") {  // a writer or evictor that died mid-way left these
+        for (const std::string& name : ListDir(path)) {
+          const std::string p = path + "/" + name;
+          if (::stat(p.c_str(), &st) == 0 && now_s - SecondsOf(st.st_mtim) > ttl_s && ::unlink(p.c_str()) == 0) ++stale;
+        }
+        continue;
+      }
+      if (sub.size() != 2) continue;  // layout, pins
+      for (const std::string& name : ListDir(path)) {
+        if (::stat((path + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        files.push_back({SecondsOf(st.st_atim) * 1000000000 + st.st_atim.tv_nsec, static_cast<uint64_t>(st.st_size),
+                         dir, sub + "/" + name});
+        used += static_cast<uint64_t>(st.st_size);
+      }
+    }
+  }
+  // Over the tier's capacity, or over the filesystem's watermark when others' files fill it.
+  uint64_t excess = 0;
+  if (used > options_.high_watermark * capacity_) excess = used - static_cast<uint64_t>(options_.low_watermark * capacity_);
+  struct statvfs vfs{};
+  if (::statvfs(top_.c_str(), &vfs) == 0 && vfs.f_blocks > 0) {
+    const double total = static_cast<double>(vfs.f_blocks) * vfs.f_frsize;
+    const double fs_used = static_cast<double>(vfs.f_blocks - vfs.f_bavail) * vfs.f_frsize;
+    if (fs_used > options_.high_watermark * total) {
+      excess = std::max(excess, static_cast<uint64_t>(fs_used - options_.low_watermark * total));
+    }
+  }
+  // Rounds of victims, least recently read first: renamed aside so no reader finds them, then
+  // the pins read (after every rename: a pin made before a rename is seen), pinned victims put
+  // back and the rest deleted, until enough is freed.
+  std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.atime < b.atime; });
+  uint64_t freed = 0, evicted = 0, restored = 0;
+  size_t next = 0;
+  while (freed < excess && next < files.size()) {
+    std::vector<std::pair<const File*, std::string>> aside;
+    for (uint64_t round = freed; round < excess && next < files.size(); ++next) {
+      const File& f = files[next];
+      const std::string moved = f.layout_dir + "/tmp/" + f.name.substr(3) + ".evict." + instance_;
+      if (::rename((f.layout_dir + "/" + f.name).c_str(), moved.c_str()) != 0) continue;  // another evictor's
+      aside.emplace_back(&f, moved);
+      round += f.bytes;
+    }
+    std::unordered_set<std::string> pinned, read_pins;
+    for (const auto& [f, moved] : aside) {
+      if (!read_pins.insert(f->layout_dir).second) continue;
+      const std::string pins = f->layout_dir + "/pins";
+      for (const std::string& name : ListDir(pins)) {
+        struct stat st{};
+        const std::string p = pins + "/" + name;
+        if (::stat(p.c_str(), &st) != 0) continue;
+        if (now_s - SecondsOf(st.st_mtim) > ttl_s) {  // a host that died holding it
+          ::unlink(p.c_str());
+          continue;
+        }
+        pinned.insert(f->layout_dir + "/" + name.substr(0, name.find('.')));
+      }
+    }
+    for (const auto& [f, moved] : aside) {
+      if (pinned.count(f->layout_dir + "/" + f->name.substr(3)) != 0) {
+        if (::rename(moved.c_str(), (f->layout_dir + "/" + f->name).c_str()) == 0) ++restored;
+      } else if (::unlink(moved.c_str()) == 0) {
+        ++evicted;
+        freed += f->bytes;
+      }
+    }
+  }
+  const uint64_t evicted_bytes = freed;
+  std::lock_guard lock(mu_);
+  stats_.used_bytes = used - evicted_bytes;
+  stats_.evictions += evicted;
+  stats_.evicted_bytes += evicted_bytes;
+  stats_.pins_restored += restored;
+  stats_.stale_files_removed += stale;
+  return evicted;
+}
+
+void SharedTier::EvictLoop(const std::stop_token& stop) {
+  std::mutex m;
+  std::condition_variable_any cv;
+  auto last_refresh = std::chrono::steady_clock::now();
+  std::unique_lock lock(m);
+  for (;;) {
+    cv.wait_for(lock, stop, options_.evict_interval, [] { return false; });
+    if (stop.stop_requested()) return;
+    if (Result<uint64_t> r = EvictOnce(); !r.ok()) Log(LogLevel::kWarning, "shared", "eviction pass: " + r.status().ToString());
+    if (std::chrono::steady_clock::now() - last_refresh > options_.pin_ttl / 4) {
+      RefreshPins();
+      last_refresh = std::chrono::steady_clock::now();
+    }
+  }
+}
+
+SharedTierStats SharedTier::Stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace tpusync
