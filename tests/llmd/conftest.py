@@ -152,7 +152,8 @@ class Engine:
 class Host:
     """One sidecar (optionally with a disk tier) and the engines on it."""
 
-    def __init__(self, work: Path, secret: Path, page_size: int, *, disk: bool = False, dram_blocks: int = 256):
+    def __init__(self, work: Path, secret: Path, page_size: int, *, disk: bool = False, dram_blocks: int = 256,
+                 shared_dir: Path | None = None):
         self.name = uuid.uuid4().hex[:8]
         self.pool = f"/dev/shm/tpusync-llmd-{self.name}"
         self.disk_dir = work / f"disk-{self.name}" if disk else None
@@ -160,7 +161,9 @@ class Host:
         self.sidecar = sidecar.launch(pool_path=self.pool, secret_file=str(secret), dram_bytes=dram_blocks * bb,
                                       block_bytes=bb, control_socket=str(work / f"{self.name}.sock"),
                                       disk_dir=str(self.disk_dir) if disk else None,
-                                      disk_bytes=4 * dram_blocks * bb if disk else 0, stderr=subprocess.DEVNULL)
+                                      disk_bytes=4 * dram_blocks * bb if disk else 0,
+                                      shared_dir=str(shared_dir) if shared_dir else None, shared_layout="llmd-test",
+                                      stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
         self.sidecar.stop()

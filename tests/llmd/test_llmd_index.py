@@ -119,7 +119,7 @@ def store_tiers(host, prompt: list[int], page: int) -> dict[str, int]:
     with KVStore.connect(f"unix://{host.sidecar.control_socket}") as store:
         tiers = store.lookup(keys).tiers
     counts = {}
-    for name, bit in (("cpu", Tier.DRAM), ("disk", Tier.DISK)):
+    for name, bit in (("cpu", Tier.DRAM), ("disk", Tier.DISK), ("shared_storage", Tier.SHARED)):
         run = next((i for i, t in enumerate(tiers) if not int(t) & bit), len(tiers))
         if run:
             counts[name] = run
@@ -199,3 +199,37 @@ def test_demotion_and_eviction_by_the_sidecar_reach_the_index(cluster):
     got = eventually(a_gone)
     assert got and got["order"] == [b.pod], got
     assert got["pods"][b.pod]["matchedBlocks"] == 5
+
+
+def test_blocks_left_on_the_shared_tier_are_scored_at_its_weight(cluster):
+    """A pod whose blocks left its DRAM for the shared tier (write-through, then evicted) is
+    told to llm-d as holding them on SHARED_STORAGE, scored by the indexer at the weight the
+    operator renders for it (builders/llmd.py TIER_WEIGHTS), below a pod holding them in DRAM."""
+    from tpusync_operator.builders.llmd import TIER_WEIGHTS
+
+    page = 32
+    audit = ["--kv-events-audit-s", "0.2"]
+    shared = cluster.work / "shared"
+    a_host, b_host = cluster.host(page, shared_dir=shared), cluster.host(page)
+    a = cluster.engine(a_host, page, extra=audit)
+    b = cluster.engine(b_host, page, extra=audit)
+    ix = cluster.indexer(parameters(32, kvCacheBackendConfigs=[{"name": n, "weight": w} for n, w in TIER_WEIGHTS]))
+    probe = tokens(995, 64)
+    connect(ix, a, probe)
+    connect(ix, b, probe)
+    prompt = tokens(301, 320)
+    keys = BlockHasher(page).keys(prompt)
+    served(ix, a, prompt)
+    served(ix, b, prompt)
+    with KVStore.connect(f"unix://{a_host.sidecar.control_socket}") as store:
+        store.flush()       # written through to the shared tier
+        store.evict(keys)   # out of DRAM: only the shared tier holds them now
+    assert store_tiers(a_host, prompt, page) == {"shared_storage": 10}
+
+    def on_shared():
+        pods = ix.score(prompt)["pods"]
+        return pods.get(a.pod, {}).get("tiers") == {"shared_storage": 10} and ix.score(prompt)
+    got = eventually(on_shared)
+    assert got, ix.score(prompt)
+    assert got["pods"][a.pod]["matchedBlocks"] == 10
+    assert got["order"] == [b.pod, a.pod]  # DRAM (0.8) outscores the shared tier (0.4)
