@@ -49,8 +49,9 @@ class Cluster:
             return self.sidecars[name]
         raise AttributeError(name)
 
-    def launch(self, name: str):
-        """Starts sidecar `name` (again: on the same pool file and control socket)."""
+    def launch(self, name: str, shared_dir: Path | None = None):
+        """Starts sidecar `name` (again: on the same pool file and control socket); with
+        `shared_dir`, on that shared tier."""
         from tinymodel import BLOCK_BYTES
 
         from tpusync import sidecar as sidecar_mod
@@ -59,6 +60,8 @@ class Cluster:
         self.sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(self.secret), dram_bytes=32 << 20,
                                                  block_bytes=BLOCK_BYTES,
                                                  control_socket=str(self.work / f"{name}.sock"),
+                                                 shared_dir=str(shared_dir) if shared_dir else None,
+                                                 shared_layout="tinymodel", peers=[] if shared_dir else None,
                                                  stderr=subprocess.DEVNULL)
         return self.sidecars[name]
 
@@ -88,6 +91,8 @@ def cluster(tmp_path_factory):
     try:
         for name in ("s", "p", "d", "f", "q", "empty"):
             c.launch(name)
+        for name in ("sh1", "sh2"):  # two hosts on one shared tier, dialing no peer
+            c.launch(name, shared_dir=work / "shared")
         base = EngineSpec(str(build(work / "model")), work)
         sock = {n: s.control_socket for n, s in c.sidecars.items()}
         specs = {
@@ -98,6 +103,8 @@ def cluster(tmp_path_factory):
             "prefill": base.connector("kv_producer", control_socket=sock["p"], data_address=c.sidecars["p"].address),
             "decode": base.connector("kv_consumer", control_socket=sock["d"]),
             "fragile": base.connector("kv_both", control_socket=sock["f"], retry_s=0),   # reconnect on the next call
+            "shared_a": base.connector("kv_both", control_socket=sock["sh1"]),
+            "shared_b": base.connector("kv_both", control_socket=sock["sh2"]),
         }
         for name, spec in specs.items():
             c.engines[name] = spec.start(name)

@@ -83,3 +83,23 @@ def test_the_in_process_store_serves_the_same_engine_after_a_prefix_cache_reset(
     out = cluster.local.generate(p)
     assert delta(cluster.local.stats(), before)["matched_tokens"] == loadable_blocks(p) * BLOCK_SIZE
     assert out["token_ids"] == want
+
+
+def test_a_fresh_host_loads_the_prefix_from_the_shared_tier(cluster):
+    """Engines on two hosts whose sidecars share a tier (and dial no peer): what one saved, the
+    other loads from the shared filesystem, and decodes the tokens of vLLM without a connector."""
+    p = prompt(7, 300)
+    want = cluster.reference(p)
+    assert cluster.shared_a.generate(p)["token_ids"] == want
+    with cluster.store("sh1") as store:
+        store.flush()  # written through to the shared tier
+    with cluster.store("sh2") as store:
+        sidecar_before = store.stats()["hits_shared"]
+    before = cluster.shared_b.stats()
+    out = cluster.shared_b.generate(p)
+    d = delta(cluster.shared_b.stats(), before)
+    assert d["matched_tokens"] == loadable_blocks(p) * BLOCK_SIZE
+    assert d["loaded_blocks"] == loadable_blocks(p) and d["load_error_blocks"] == 0
+    with cluster.store("sh2") as store:
+        assert store.stats()["hits_shared"] - sidecar_before >= loadable_blocks(p)
+    assert out["token_ids"] == want
