@@ -73,6 +73,14 @@ std::vector<std::string> ListDir(const std::string& path) {
 
 int64_t SecondsOf(const timespec& t) { return t.tv_sec; }
 
+// dir/name, and dir/name + suffix, built in one string (the evictor builds many).
+std::string Join(const std::string& dir, const std::string& name, const std::string& suffix = "") {
+  std::string out;
+  out.reserve(dir.size() + 1 + name.size() + suffix.size());
+  out.append(dir).append("/").append(name).append(suffix);
+  return out;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SharedTier>> SharedTier::Open(const SharedTierOptions& o) {
@@ -362,22 +370,22 @@ Result<uint64_t> SharedTier::EvictOnce() {
   std::vector<File> files;
   uint64_t used = 0, stale = 0;
   for (const std::string& layout : ListDir(top_)) {
-    const std::string dir = top_ + "/" + layout;
+    const std::string dir = Join(top_, layout);
     for (const std::string& sub : ListDir(dir)) {
       struct stat st{};
-      const std::string path = dir + "/" + sub;
+      const std::string path = Join(dir, sub);
       if (sub == "tmp") {  // a writer or evictor that died mid-way left these
         for (const std::string& name : ListDir(path)) {
-          const std::string p = path + "/" + name;
+          const std::string p = Join(path, name);
           if (::stat(p.c_str(), &st) == 0 && now_s - SecondsOf(st.st_mtim) > ttl_s && ::unlink(p.c_str()) == 0) ++stale;
         }
         continue;
       }
       if (sub.size() != 2) continue;  // layout, pins
       for (const std::string& name : ListDir(path)) {
-        if (::stat((path + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (::stat(Join(path, name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
         files.push_back({SecondsOf(st.st_atim) * 1000000000 + st.st_atim.tv_nsec, static_cast<uint64_t>(st.st_size),
-                         dir, sub + "/" + name});
+                         dir, Join(sub, name)});
         used += static_cast<uint64_t>(st.st_size);
       }
     }
@@ -403,29 +411,29 @@ Result<uint64_t> SharedTier::EvictOnce() {
     std::vector<std::pair<const File*, std::string>> aside;
     for (uint64_t round = freed; round < excess && next < files.size(); ++next) {
       const File& f = files[next];
-      const std::string moved = f.layout_dir + "/tmp/" + f.name.substr(3) + ".evict." + instance_;
-      if (::rename((f.layout_dir + "/" + f.name).c_str(), moved.c_str()) != 0) continue;  // another evictor's
+      const std::string moved = Join(f.layout_dir + "/tmp", f.name.substr(3), ".evict." + instance_);
+      if (::rename(Join(f.layout_dir, f.name).c_str(), moved.c_str()) != 0) continue;  // another evictor's
       aside.emplace_back(&f, moved);
       round += f.bytes;
     }
     std::unordered_set<std::string> pinned, read_pins;
     for (const auto& [f, moved] : aside) {
       if (!read_pins.insert(f->layout_dir).second) continue;
-      const std::string pins = f->layout_dir + "/pins";
+      const std::string pins = Join(f->layout_dir, "pins");
       for (const std::string& name : ListDir(pins)) {
         struct stat st{};
-        const std::string p = pins + "/" + name;
+        const std::string p = Join(pins, name);
         if (::stat(p.c_str(), &st) != 0) continue;
         if (now_s - SecondsOf(st.st_mtim) > ttl_s) {  // a host that died holding it
           ::unlink(p.c_str());
           continue;
         }
-        pinned.insert(f->layout_dir + "/" + name.substr(0, name.find('.')));
+        pinned.insert(Join(f->layout_dir, name.substr(0, name.find('.'))));
       }
     }
     for (const auto& [f, moved] : aside) {
-      if (pinned.count(f->layout_dir + "/" + f->name.substr(3)) != 0) {
-        if (::rename(moved.c_str(), (f->layout_dir + "/" + f->name).c_str()) == 0) ++restored;
+      if (pinned.count(Join(f->layout_dir, f->name.substr(3))) != 0) {
+        if (::rename(moved.c_str(), Join(f->layout_dir, f->name).c_str()) == 0) ++restored;
       } else if (::unlink(moved.c_str()) == 0) {
         ++evicted;
         freed += f->bytes;
