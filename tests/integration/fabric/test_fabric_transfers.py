@@ -10,18 +10,12 @@ import time
 import numpy as np
 
 from tests.support import fabric as fab
+from tests.support.keys import keys_for
 from tests.support.polling import wait_for
 
 from .conftest import BLOCK, engine
 
 MIB = 1 << 20
-
-
-def keys_for(tag: int, n: int) -> np.ndarray:
-    k = np.empty((n, 2), np.uint64)
-    k[:, 0] = tag
-    k[:, 1] = np.arange(n, dtype=np.uint64)
-    return k
 
 
 def blocks(data: np.ndarray) -> list[np.ndarray]:

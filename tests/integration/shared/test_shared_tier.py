@@ -16,19 +16,12 @@ import pytest
 import tpusync
 from tests.support import fabric as fab
 from tests.support import sshfs
+from tests.support.keys import keys_for
 
 SECRET = b"shared-tier-integration-secret-0123"
 BLOCK = 256 << 10
 FILE_BYTES = 4096 + BLOCK  # a block's file: header + payload
 LAYOUT = "model=test;dtype=bf16;tp=1;rank=0"
-
-
-def keys_for(tag: int, n: int) -> np.ndarray:
-    """n block keys, (hi, lo) rows: hi the test's tag, lo the block's index."""
-    k = np.empty((n, 2), np.uint64)
-    k[:, 0] = tag
-    k[:, 1] = np.arange(n, dtype=np.uint64)
-    return k
 
 
 def data_for(keys: np.ndarray) -> list[np.ndarray]:
