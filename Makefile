@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install lint lint-python native-test fuzz pytest bench performance-doc clean system-deps caches
+.PHONY: all test demo install lint lint-python native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches
 FUZZ_SECONDS ?= 15
 
 all: test
@@ -110,7 +110,12 @@ bench: install
 	$(PY) bench/serving_bench.py
 	$(PY) bench/weight_sync_bench.py
 	$(PY) bench/routing_bench.py
-	$(MAKE) performance-doc
+	$(MAKE) bench-inplace performance-doc
+
+# In-place weight updates of real engines: runs on the vLLM tier's interpreter (and drives
+# tpu-inference engines on that tier's, when it is built).
+bench-inplace: $(VLLM_OVERLAY)/.ready
+	$(VLLM_PY) bench/inplace_bench.py
 
 # docs/performance.md and its plots, generated from bench/results/*.json (matplotlib in a
 # small environment of its own, cached).

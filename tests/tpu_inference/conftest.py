@@ -57,6 +57,35 @@ def reference(model_dir) -> Reference:
     return Reference(model_dir)
 
 
+@pytest.fixture(scope="session")
+def model_b(tmp_path_factory) -> Path:
+    """Other weights of the same shapes (what an RL trainer would publish)."""
+    from tinymodel import build
+
+    return build(tmp_path_factory.mktemp("tpu-inference-b") / "model", seed=1)
+
+
+@pytest.fixture(scope="session")
+def weights_host(tmp_path_factory):
+    """A sidecar for weight versions (the engine host's, in a pod)."""
+    import os
+    import shutil
+    import uuid
+
+    from tpusync import sidecar as sidecar_mod
+
+    work = tmp_path_factory.mktemp("tpu-inference-weights")
+    (work / "secret").write_bytes(b"tpu-inference-weights-0123456789\n")
+    pool = f"/dev/shm/tpusync-tpuw-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    s = sidecar_mod.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=16 << 20,
+                           block_bytes=64 << 10, control_socket=str(work / "control.sock"), peers=[])
+    yield s
+    s.stop()
+    if os.path.exists(pool):
+        os.unlink(pool)
+    shutil.rmtree(pool + ".weights", ignore_errors=True)
+
+
 # tpu-inference's TPUConnector: ports inside the P/D pair's own network namespace.
 KV_PORTS = {"prefill": "9100", "decode": "9101", "decode-fixed": "9102"}
 SIDE_CHANNEL_PORT = "9600"  # the prefill engine's; decode engines connect to it
@@ -70,6 +99,7 @@ def engines(model_dir, tmp_path_factory):
         prefill        TPUConnector kv_producer            } in one network namespace,
         decode         TPUConnector kv_consumer, as shipped } talking over its loopback
         decode-fixed   TPUConnector kv_consumer with tpusync.tpu_inference.upstream_fix
+        rl             no connector; tpusync's weight-update worker extension
     """
     from tpu_harness import EngineSpec, NetNs, TpuEngine, rendered_kv_transfer_config
 
@@ -88,6 +118,7 @@ def engines(model_dir, tmp_path_factory):
     started = {}
     try:
         started["plain"] = TpuEngine("plain", base)
+        started["rl"] = TpuEngine("rl", base, worker_extension_cls="tpusync.tpu_inference.weights.WeightUpdate")
         specs = {"prefill": tpu_connector("kv_producer"), "decode": tpu_connector("kv_consumer"),
                  "decode-fixed": EngineSpec(base.model, logs, fixed)}
         for name, spec in specs.items():

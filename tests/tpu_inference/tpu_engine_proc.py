@@ -14,6 +14,9 @@ per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Eng
     {"op": "page_digests"} -> {"shards": S, "digests": [[hex per page] per shard]}
         the bytes of each KV cache page, per shard of the `model` axis, every layer's part in
         layer order: what tpusync stores as one shard's part of a block
+    {"op": "weights", "call": NAME, "arg": ..., "kwargs": {...}} -> {"result": ...}
+        LLM.NAME(arg, **kwargs): start_weight_update, finish_weight_update, collective_rpc
+        (a worker extension's method: "arg" is its name)
     {"op": "exit"} -> {}
 
 Runs with JAX_PLATFORMS=cpu, where the test plugin tpusync_cpu_shim stands in for the TPU-only
@@ -74,7 +77,8 @@ def main() -> int:
               enable_prefix_caching=True, seed=0, async_scheduling=False,
               tensor_parallel_size=spec.get("tensor_parallel_size", 1),
               kv_transfer_config=spec.get("kv_transfer_config"),
-              kv_events_config=KVEventsConfig(**events) if events else None)
+              kv_events_config=KVEventsConfig(**events) if events else None,
+              worker_extension_cls=spec.get("worker_extension_cls") or "")
 
     core = llm.llm_engine.engine_core.engine_core  # the in-process EngineCore
 
@@ -112,6 +116,9 @@ def main() -> int:
                 reply({})
             elif cmd["op"] == "page_digests":
                 reply(page_digests(core.model_executor.driver_worker.worker.model_runner.kv_caches))
+            elif cmd["op"] == "weights":
+                call = getattr(llm, cmd["call"])
+                reply({"result": call(*([cmd["arg"]] if "arg" in cmd else []), **cmd.get("kwargs", {}))})
             elif cmd["op"] == "exit":
                 reply({})
                 break

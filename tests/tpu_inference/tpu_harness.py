@@ -53,6 +53,7 @@ class TpuEngine(Engine):
     env: dict[str, str] = field(default_factory=dict)
     tensor_parallel_size: int = 1  # on as many XLA host (CPU) devices, the KV cache sharded on `model`
     python: str = sys.executable  # the tier's interpreter (a bench drives engines from another one)
+    worker_extension_cls: str | None = None  # vLLM's worker_extension_cls
 
     def __post_init__(self) -> None:
         self.log_path = self.spec.logs / f"engine-{self.name}.log"
@@ -63,7 +64,8 @@ class TpuEngine(Engine):
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={self.tensor_parallel_size}"
         arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
                           "kv_events_config": self.spec.kv_events_config,
-                          "tensor_parallel_size": self.tensor_parallel_size})
+                          "tensor_parallel_size": self.tensor_parallel_size,
+                          "worker_extension_cls": self.worker_extension_cls})
         cmd = [self.python, str(ENGINE_SCRIPT), arg]
         if self.netns is not None:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]

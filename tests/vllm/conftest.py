@@ -11,12 +11,18 @@ once, in the background (they take most of the tier's time), and is shared by th
     decode    kv_consumer on sidecar `d`, pulls from the prefill engine's sidecar
     fragile   kv_both on sidecar `f`, which a test kills
     api       the OpenAI-compatible API server, kv_both on sidecar `q` (engine core in its own process)
+    rl        kv_both on sidecar `w`, updatable in place by the tpusync weight-transfer backend
+    rl_api    the API server alike, on the same sidecar `w` (a second sampler on the host)
+    fresh_b   vLLM started from checkpoint B (other weights): what `rl` must serve once updated to B
+
+Sidecar `t` is the trainer's host, which pushes versions to `w`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +44,7 @@ class Cluster:
     engines: dict = field(default_factory=dict)
     sidecars: dict = field(default_factory=dict)
     pools: dict = field(default_factory=dict)
+    model_b: str = ""
     _reference: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str):
@@ -89,11 +96,12 @@ def cluster(tmp_path_factory):
     secret.write_bytes(SECRET + b"\n")
     c = Cluster(work, secret)
     try:
-        for name in ("s", "p", "d", "f", "q", "empty"):
+        for name in ("s", "p", "d", "f", "q", "empty", "w", "t"):
             c.launch(name)
         for name in ("sh1", "sh2"):  # two hosts on one shared tier, dialing no peer
             c.launch(name, shared_dir=work / "shared")
         base = EngineSpec(str(build(work / "model")), work)
+        c.model_b = str(build(work / "model_b", seed=1))
         sock = {n: s.control_socket for n, s in c.sidecars.items()}
         specs = {
             "plain": base,
@@ -105,11 +113,14 @@ def cluster(tmp_path_factory):
             "fragile": base.connector("kv_both", control_socket=sock["f"], retry_s=0),   # reconnect on the next call
             "shared_a": base.connector("kv_both", control_socket=sock["sh1"]),
             "shared_b": base.connector("kv_both", control_socket=sock["sh2"]),
+            "rl": base.weight_transfer().connector("kv_both", control_socket=sock["w"]),
+            "fresh_b": EngineSpec(c.model_b, work),
         }
         for name, spec in specs.items():
             c.engines[name] = spec.start(name)
         c.engines["api"] = base.connector("kv_both", control_socket=sock["q"],
                                           data_address=c.sidecars["q"].address).serve("api")
+        c.engines["rl_api"] = base.weight_transfer().connector("kv_both", control_socket=sock["w"]).serve("rl_api")
         for engine in c.engines.values():
             engine.wait_ready()
         yield c
@@ -122,3 +133,4 @@ def cluster(tmp_path_factory):
         for pool in c.pools.values():
             if os.path.exists(pool):
                 os.unlink(pool)
+            shutil.rmtree(pool + ".weights", ignore_errors=True)  # weight versions' head files

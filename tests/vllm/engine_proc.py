@@ -9,6 +9,9 @@ output goes to stderr):
         -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null}], "stats": {...}}
     {"op": "stats"} -> {"stats": {...}}            the connector's counters in this process
     {"op": "reset_prefix_cache"} -> {}             empties vLLM's own prefix cache
+    {"op": "weights", "call": NAME, "arg": ..., "kwargs": {...}} -> {"result": ...}
+        LLM.NAME(arg, **kwargs): init_weight_transfer_engine, start_weight_update, update_weights,
+        finish_weight_update, get_weight_version (the weight-transfer API, RLOfflineMixin)
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ def main() -> int:
     events = spec.get("kv_events_config")
 
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, block_size=BLOCK_SIZE,
-              kv_cache_memory_bytes=16 << 20, distributed_executor_backend="uni", max_model_len=1024,
+              kv_cache_memory_bytes=spec.get("kv_cache_bytes", 16 << 20), distributed_executor_backend="uni",
+              max_model_len=1024,
               max_num_seqs=4, max_num_batched_tokens=1024, enable_prefix_caching=True, seed=0,
               kv_transfer_config=spec.get("kv_transfer_config"),
-              kv_events_config=KVEventsConfig(**events) if events else None)
+              kv_events_config=KVEventsConfig(**events) if events else None,
+              weight_transfer_config=spec.get("weight_transfer_config"))
 
     def counters() -> dict:
         if not spec.get("kv_transfer_config"):
@@ -67,6 +72,9 @@ def main() -> int:
             elif cmd["op"] == "reset_prefix_cache":
                 llm.reset_prefix_cache()
                 reply({})
+            elif cmd["op"] == "weights":
+                call = getattr(llm, cmd["call"])
+                reply({"result": call(*([cmd["arg"]] if "arg" in cmd else []), **cmd.get("kwargs", {}))})
             elif cmd["op"] == "exit":
                 reply({})
                 break

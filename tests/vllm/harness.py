@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -42,16 +43,22 @@ class EngineSpec:
     logs: Path
     kv_transfer_config: dict[str, Any] | None = None
     kv_events_config: dict[str, Any] | None = None   # vLLM's --kv-events-config (engine processes only)
+    weight_transfer_config: dict[str, Any] | None = None  # vLLM's --weight-transfer-config
+    kv_cache_bytes: int = 16 << 20  # the offline engines' KV cache (a larger model needs more)
 
     def connector(self, role: str, **extra: Any) -> EngineSpec:
         kv = {"kv_connector": "TPUSyncConnector", "kv_connector_module_path": "tpusync.vllm.connector",
               "kv_role": role, "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
-        return EngineSpec(self.model, self.logs, kv, self.kv_events_config)
+        return dataclasses.replace(self, kv_transfer_config=kv)
 
     def events(self, endpoint: str, topic: str) -> EngineSpec:
         """Publishing KV events (vLLM's ZMQ publisher; an ipc:// or tcp://*: endpoint binds)."""
-        return EngineSpec(self.model, self.logs, self.kv_transfer_config,
-                          {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": topic})
+        return dataclasses.replace(self, kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
+                                                           "endpoint": endpoint, "topic": topic})
+
+    def weight_transfer(self, backend: str = "tpusync") -> EngineSpec:
+        """Updatable in place through vLLM's weight-transfer API, with `backend`."""
+        return dataclasses.replace(self, weight_transfer_config={"backend": backend})
 
     def start(self, name: str) -> Engine:
         return Engine(name, self)
@@ -73,7 +80,9 @@ class Engine:
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
                    OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
         arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
-                          "kv_events_config": self.spec.kv_events_config})
+                          "kv_events_config": self.spec.kv_events_config,
+                          "weight_transfer_config": self.spec.weight_transfer_config,
+                          "kv_cache_bytes": self.spec.kv_cache_bytes})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, str(ENGINE_SCRIPT), arg], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True)
@@ -107,6 +116,10 @@ class Engine:
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
         return self._read(CALL_TIMEOUT_S)
+
+    def weights(self, call: str, *arg: Any, **kwargs: Any) -> Any:
+        """LLM.<call>(*arg, **kwargs) in the engine process: vLLM's weight-transfer API, collective_rpc."""
+        return self.call("weights", call=call, kwargs=kwargs, **({"arg": arg[0]} if arg else {}))["result"]
 
     def generate(self, prompt: list[int], max_tokens: int = 16, kv_transfer_params: dict | None = None) -> dict:
         out = self.call("generate", prompts=[prompt], max_tokens=max_tokens, kv_transfer_params=[kv_transfer_params])
@@ -150,6 +163,10 @@ class ApiServer:
             args += ["--kv-transfer-config", json.dumps(spec.kv_transfer_config)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        if spec.weight_transfer_config:
+            # The weight-transfer and /pause routes are mounted only in vLLM's dev mode.
+            args += ["--weight-transfer-config", json.dumps(spec.weight_transfer_config)]
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         self._ready = False
@@ -168,6 +185,10 @@ class ApiServer:
                         f"server {self.name}: not healthy in {START_TIMEOUT_S} s\n{self.log_tail()}") from e
                 time.sleep(1)
         return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def complete(self, prompt: list[int], max_tokens: int = 16, kv_transfer_params: dict | None = None) -> dict:
         """POST /v1/completions, greedy, with the generated token ids in choices[0].token_ids."""

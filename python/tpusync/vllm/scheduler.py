@@ -12,6 +12,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher
+from tpusync.vllm import served_weights
 from tpusync.vllm.common import (
     COUNTERS,
     Pins,
@@ -24,6 +25,7 @@ from tpusync.vllm.common import (
 )
 from tpusync.vllm.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
 from tpusync.vllm.events import ConnectorEvents
+from tpusync.vllm.served_weights import ServedWeights
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -64,6 +66,9 @@ class SchedulerSide:
         self.awaiting_load: dict[str, Pins] = {}
         self.kv_cache_manager: Any = None
         self._warned_no_address = False
+        # Blocks are keyed under the weights the engine serves (tpusync.vllm.served_weights).
+        served_weights.forget(engine_id)
+        self.served = ServedWeights(engine_id)
         # vLLM's KV events are on: announce the blocks the store holds for this engine.
         self.events = ConnectorEvents(cfg, block_size=block_size, block_bytes=block_bytes) if kv_events else None
 
@@ -79,8 +84,12 @@ class SchedulerSide:
             extra.append(f"lora:{request.lora_request.lora_name}")
         if request.cache_salt:
             extra.append(f"salt:{request.cache_salt}")
+        plain = not extra  # the weights' tag below changes no token: llm-d's view of this pod still holds
+        weights = self.served.tag()
+        if weights is not None:
+            extra.append(f"weights:{weights}")
         st = _Request(keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
-                      remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=not extra)
+                      remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=plain)
         self.reqs[request.request_id] = st
         return st
 
@@ -289,6 +298,14 @@ class SchedulerSide:
             return
         tokens = list(request.prompt_token_ids or ())[:len(st.keys) * self.block_size]
         self.events.announce(st.keys, tokens, list(found.tiers), found.prefix_len)
+
+    def reset(self) -> None:
+        """vLLM reset its caches (on pause with clear_cache, around a weight update): requests are
+        keyed afresh, under the weights the engine serves when they are next scheduled."""
+        for st in self.reqs.values():
+            self._unpin(st)
+        self.reqs.clear()
+        self.served.reset()
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.events.take() if self.events is not None else []

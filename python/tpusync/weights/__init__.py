@@ -5,14 +5,17 @@ version, `codec` its stored form, `keys` its block keys, `storage` reading and w
 through a KVStore, `head` the host's current version.
 """
 
+from tpusync.weights.leaves import VersionGoneError
 from tpusync.weights.manager import TransferReport, WeightSynchronizerManager, WorkUnit
 from tpusync.weights.plan import Plan, build_plan, predict, reroute
 from tpusync.weights.receive import ReceiveReport, receive_version
-from tpusync.weights.synchronizer import TemplateMismatchError, VersionGoneError, WeightSynchronizer
+from tpusync.weights.synchronizer import TemplateMismatchError, WeightSynchronizer
+from tpusync.weights.tensors import Shard
 
 __all__ = [
     "Plan",
     "ReceiveReport",
+    "Shard",
     "TemplateMismatchError",
     "TransferReport",
     "VersionGoneError",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpusync import errors
+from tpusync.weights.tensors import itemsize
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class LeafEntry:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * itemsize(self.dtype)
 
 
 @dataclass(frozen=True)

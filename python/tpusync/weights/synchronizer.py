@@ -20,7 +20,6 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,63 +28,18 @@ from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights.checksums import CHECKSUM, checksum
 from tpusync.weights.head import read_head
+from tpusync.weights.inplace import await_version
 from tpusync.weights.keys import commit_key, weight_key
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, single_block
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
-from tpusync.weights.polling import backoff
-from tpusync.weights.pytree import iter_leaf_names
 from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
+from tpusync.weights.tensors import HostLeaf, as_torch, dtype_name, host_leaf, is_state_dict, iter_leaves, numpy_dtype
 
 _GROUP = 16  # blocks reserved or acquired at once
 
 
 class TemplateMismatchError(errors.InvalidArgumentError):
     """The bound template and a published version disagree; the message names the leaf."""
-
-
-class VersionGoneError(errors.NotFoundError):
-    """A version's blocks left this host's pool while it was being loaded (a newer one is current)."""
-
-
-@dataclass
-class HostShard:
-    index: tuple[tuple[int, int], ...]
-    data: np.ndarray  # C-contiguous host copy (or a zero-copy view of a CPU device buffer)
-
-
-@dataclass
-class HostLeaf:
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    sharding: str
-    shards: list[HostShard]
-
-
-def _norm_index(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for sl, n in zip(index, shape):
-        start, stop, step = sl.indices(n)
-        if step != 1:
-            raise errors.InvalidArgumentError(f"strided shard index {index} is not supported")
-        out.append((start, stop))
-    return tuple(out)
-
-
-def _leaf_to_host(name: str, leaf: Any) -> HostLeaf:
-    """The shards of one leaf this process holds, on the host (one copy from each device)."""
-    import jax
-
-    if isinstance(leaf, jax.Array):
-        shape = tuple(leaf.shape)
-        shards = []
-        for s in sorted(leaf.addressable_shards, key=lambda s: _norm_index(s.index, shape)):
-            if s.replica_id != 0:
-                continue  # a replica: publish each distinct piece once
-            data = np.asarray(s.data)  # CPU: the device buffer itself; TPU: one D2H transfer
-            shards.append(HostShard(_norm_index(s.index, shape), np.ascontiguousarray(data)))
-        return HostLeaf(name, shape, np.dtype(leaf.dtype), repr(leaf.sharding), shards)
-    arr = np.ascontiguousarray(np.asarray(leaf))
-    return HostLeaf(name, arr.shape, arr.dtype, "host", [HostShard(tuple((0, n) for n in arr.shape), arr)])
 
 
 def _flat_bytes(arr: np.ndarray) -> np.ndarray:
@@ -117,27 +71,35 @@ class WeightSynchronizer:
 
     def d2h(self, params: Any) -> list[HostLeaf]:
         """Host copies of this process's shards of every leaf (zero-copy on the CPU backend)."""
-        return [_leaf_to_host(name, leaf) for name, leaf in iter_leaf_names(params)]
+        return [host_leaf(name, leaf) for name, leaf in iter_leaves(params)]
 
-    def publish(self, params: Any, version: int, *, on_block: Callable[[int, int], None] | None = None) -> Manifest:
+    def publish(self, params: Any, version: int, *, part: tuple[int, int] | None = None,
+                on_block: Callable[[int, int], None] | None = None) -> Manifest:
         """Stores a version in this host's pool and commits it; returns its manifest.
 
-        Data blocks first, then the manifest, then the commit record: a trainer that dies
-        before the end leaves the previous version current everywhere. `on_block(done, total)`
-        is called after each block (progress; tests use it to stop at an exact point).
+        `params` is a JAX pytree or a torch state dict (name -> tensor, or -> `Shard`s of
+        the leaf's global array). Data blocks first, then the manifest, then the commit
+        record: a trainer that dies before the end leaves the previous version current
+        everywhere. `on_block(done, total)` is called after each block (progress; tests use
+        it to stop at an exact point).
 
-        In a multi-process JAX job every process calls publish with its arrays and stores the
-        shards it holds as part (process_index, process_count) of the version; the manager's
-        start_transfer over all trainer hosts assembles and commits the whole version.
+        A trainer spread over processes on several hosts publishes one part per host:
+        `part=(index, count)` (default: the JAX process index and count of a multi-process
+        JAX job); the manager's start_transfer over all trainer hosts assembles and
+        commits the whole version.
         """
-        import jax
+        state_dict = is_state_dict(params)
+        if part is None and not state_dict:
+            import jax
 
-        part = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
+            part = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else None
         if read_block(self.store, commit_key(self.model, version, part)) is not None:
             raise errors.PreconditionError(f"version {version} of {self.model!r} is already committed")
         start = time.perf_counter()
         leaves = self.d2h(params)
-        treedef = str(jax.tree_util.tree_structure(params))
+        if part is None:
+            _check_whole(leaves)
+        treedef = "" if state_dict else _treedef(params)
         bb = self.store.block_bytes
         total = sum(-(-s.data.nbytes // bb) or 1 for leaf in leaves for s in leaf.shards)
         done = 0
@@ -167,7 +129,7 @@ class WeightSynchronizer:
                         if on_block is not None:
                             on_block(done, total)
                 shard_entries.append(ShardEntry(shard.index, tuple(refs)))
-            entries.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype.name, leaf.sharding, tuple(shard_entries)))
+            entries.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype, leaf.sharding, tuple(shard_entries)))
         manifest = Manifest(self.model, int(version), bb, self.blocks_per_chunk, CHECKSUM, tuple(entries), treedef)
         missing = len(manifest.blocks()) - self.store.lookup([b.key for b in manifest.blocks()]).prefix_len
         if missing:
@@ -209,13 +171,15 @@ class WeightSynchronizer:
 
     # -- sampler side -----------------------------------------------------------------------
 
-    def bind_weights(self, template: Any) -> None:
-        """The pytree to receive into: leaves are jax.Arrays or jax.ShapeDtypeStructs (their
-        sharding is the target layout) or numpy arrays (received as host arrays)."""
-        import jax
-
-        self._template = list(iter_leaf_names(template))
-        self._treedef = jax.tree_util.tree_structure(template)
+    def bind_weights(self, template: Any, *, cast: bool = False) -> None:
+        """What to receive into: a pytree whose leaves are jax.Arrays or jax.ShapeDtypeStructs
+        (their sharding is the target layout) or numpy arrays (received as host arrays), or
+        a torch state dict (received as CPU tensors). With `cast`, a leaf published in
+        another dtype (bfloat16 to float32, say) is converted to the template's; without,
+        that is a TemplateMismatchError."""
+        self._template = list(iter_leaves(template))
+        self._treedef = None if is_state_dict(template) else _tree_structure(template)
+        self._cast = cast
 
     def latest_version(self) -> int | None:
         """The newest version committed on this host (the host's head)."""
@@ -230,23 +194,9 @@ class WeightSynchronizer:
 
     def wait_for_version(self, version: int, timeout: float | None = None) -> int:
         """Blocks until a version >= `version` is loaded (the newest one present); returns it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = backoff()
-        while True:
-            if self._version is not None and self._version >= version:
-                return self._version
-            head = self.latest_version()
-            if head is not None and head >= version:
-                return self._load_newest(head)
-            # Pushed by a peer (push_weights): the commit record is here but no head yet.
-            manifest = read_manifest(self.store, self.model, version)
-            if manifest is not None:
-                commit_on_host(self.store, manifest)
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.DeadlineExceededError(
-                    f"version {version} of {self.model!r} did not arrive within {timeout} s (host has {head})")
-            pause()     # waiting on another process's commit
+        if self._version is not None and self._version >= version:
+            return self._version
+        return self._load_newest(await_version(self.store, self.model, version, timeout))
 
     def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future[int]:
         return self._pool.submit(self.wait_for_version, version, timeout)
@@ -272,8 +222,6 @@ class WeightSynchronizer:
 
     def load(self, version: int) -> None:
         """Loads one committed version from this host's pool and swaps it in."""
-        import jax
-
         if self._template is None:
             raise errors.PreconditionError("bind_weights(template) first")
         start = time.perf_counter()
@@ -287,7 +235,7 @@ class WeightSynchronizer:
             arr, buf = self._leaf_from_pool(entry, tmpl)
             host[name] = buf
             leaves.append(arr)
-        params = jax.tree_util.tree_unflatten(self._treedef, leaves)
+        params = dict(zip(host, leaves)) if self._treedef is None else _unflatten(self._treedef, leaves)
         with self._lock:  # the swap: one reference, so readers see the old or the new version whole
             self._version, self._params, self._host = version, params, host
             self._metrics["versions_loaded"] += 1
@@ -306,53 +254,41 @@ class WeightSynchronizer:
             if entry is None:
                 raise TemplateMismatchError(f"leaf {name!r} is in the template but not in {where} "
                                             f"(published leaves: {', '.join(sorted(published)[:8])}...)")
-            shape, dtype = tuple(tmpl.shape), np.dtype(tmpl.dtype)
+            shape, dtype = tuple(tmpl.shape), dtype_name(tmpl)
             if shape != entry.shape:
                 raise TemplateMismatchError(f"leaf {name!r}: the template has shape {shape}, {where} has {entry.shape}")
-            if dtype != np.dtype(entry.dtype):
-                raise TemplateMismatchError(
-                    f"leaf {name!r}: the template has dtype {dtype.name}, {where} has {entry.dtype}")
+            if dtype != entry.dtype and not self._cast:
+                raise TemplateMismatchError(f"leaf {name!r}: the template has dtype {dtype}, {where} has "
+                                            f"{entry.dtype} (bind_weights(..., cast=True) converts it)")
         extra = sorted(set(published) - bound)
         if extra:
             raise TemplateMismatchError(f"leaf {extra[0]!r} is in version {manifest.version} of {self.model!r} "
                                         "but not in the template")
 
-    def _leaf_from_pool(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, np.ndarray]:
+    def _leaf_from_pool(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, Any]:
         """(the leaf as the template wants it, its host buffer)."""
+        if type(tmpl).__module__.startswith("torch"):
+            return self._torch_leaf(entry, tmpl)
         import jax
         import jax.numpy as jnp
 
-        dtype = np.dtype(entry.dtype)
-        covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in entry.shards)
-        if covered != int(np.prod(entry.shape, dtype=np.int64)):
-            raise errors.PreconditionError(f"leaf {entry.name!r}: the published shards cover {covered} of "
-                                           f"{int(np.prod(entry.shape))} elements (every trainer host must publish)")
+        dtype = numpy_dtype(entry.dtype)
+        want = numpy_dtype(dtype_name(tmpl))
         sharding = getattr(tmpl, "sharding", None)
         local_cpu = (isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)) and sharding is not None
                      and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
                      and jax.devices()[0].platform == "cpu")
-        whole = len(entry.shards) == 1 and entry.shards[0].shape == entry.shape
-        if local_cpu and whole and sharding is not None and len(entry.shards[0].blocks) == 1:
+        if local_cpu and sharding is not None and want == dtype and single_block(entry):
             # The pool slot is the buffer: hold a read lease for as long as the array lives.
-            ref = entry.shards[0].blocks[0]
-            view, release = self._lease(ref.key)
-            if view is None:
-                raise VersionGoneError(f"leaf {entry.name!r}: block missing from this host's pool")
-            if self.verify and checksum(np.frombuffer(view, np.uint8, count=ref.length)) != ref.checksum:
-                release()
-                raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
-            host = np.frombuffer(view, dtype, count=int(np.prod(entry.shape, dtype=np.int64))).reshape(entry.shape)
+            view, release = self._lease(entry)
+            host = view.view(dtype).reshape(entry.shape)
             arr = jax.device_put(host, next(iter(sharding.device_set)), may_alias=True)
             weakref.finalize(arr, release)
             self._metrics["zero_copy_leaves"] += 1
             return arr, host
-        host = _aligned_empty(entry.shape, dtype)
-        for shard in entry.shards:
-            region = tuple(slice(a, b) for a, b in shard.index)
-            target = host if whole else np.empty(shard.shape, dtype)
-            self._copy_blocks(entry.name, shard.blocks, _flat_bytes(target))
-            if not whole:
-                host[region] = target
+        host = leaf_bytes(self.store, entry, verify=self.verify).view(dtype).reshape(entry.shape)
+        if want != dtype:
+            host = host.astype(want)  # the explicit cast bind_weights(cast=True) asked for
         host.flags.writeable = False
         if not isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)):
             return host, host
@@ -363,32 +299,33 @@ class WeightSynchronizer:
         # Resharding: each device takes its slice of the global host buffer.
         return jax.make_array_from_callback(entry.shape, sharding, lambda idx: host[idx]), host
 
-    def _copy_blocks(self, leaf: str, blocks: Sequence[BlockRef], out: np.ndarray) -> None:
-        off = 0
-        for g in range(0, len(blocks), _GROUP):
-            group = blocks[g:g + _GROUP]
-            with self.store.acquire_many([b.key for b in group]) as views:
-                for ref, view in zip(group, views):
-                    if view is None or len(view) < ref.length:
-                        raise VersionGoneError(f"leaf {leaf!r}: a block is missing from this host's pool")
-                    src = np.frombuffer(view, np.uint8, count=ref.length)
-                    if self.verify and checksum(src) != ref.checksum:
-                        raise errors.CorruptionError(f"leaf {leaf!r}: block {g} fails its checksum")
-                    out[off:off + ref.length] = src
-                    off += ref.length
-                del src
-        if off != out.size:
-            raise errors.CorruptionError(f"leaf {leaf!r}: blocks hold {off} bytes, the shard needs {out.size}")
+    def _torch_leaf(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, Any]:
+        """A CPU tensor: on the pool slot itself (a lease held while it lives) when the leaf is
+        one block in the template's dtype, else on a buffer of its own."""
+        if single_block(entry) and dtype_name(tmpl) == entry.dtype:
+            view, release = self._lease(entry)
+            tensor = as_torch(view, entry.dtype, entry.shape)
+            weakref.finalize(tensor, release)
+            self._metrics["zero_copy_leaves"] += 1
+            return tensor, tensor
+        tensor = as_torch(leaf_bytes(self.store, entry, verify=self.verify), entry.dtype, entry.shape)
+        if dtype_name(tmpl) != entry.dtype:
+            tensor = tensor.to(tmpl.dtype)  # the explicit cast bind_weights(cast=True) asked for
+        return tensor, tensor
 
-    def _lease(self, key: int) -> tuple[memoryview | None, Callable[[], None]]:
-        """The block in place and the call that gives it back (dropping the lease: the store
-        refuses to close while one is held, since the array aliases the pool)."""
+    def _lease(self, entry: LeafEntry) -> tuple[np.ndarray, Callable[[], None]]:
+        """A one-block leaf's bytes in place, and the call that gives them back (dropping the
+        lease: the store refuses to close while one is held, since the array aliases the pool)."""
+        ref = entry.shards[0].blocks[0]
         try:
-            lease = self.store.acquire(key)
+            lease = self.store.acquire(ref.key)
         except errors.NotFoundError:
-            return None, lambda: None
+            raise VersionGoneError(f"leaf {entry.name!r}: block missing from this host's pool") from None
+        view = np.frombuffer(memoryview(lease), np.uint8, count=ref.length)
+        if self.verify and checksum(view) != ref.checksum:
+            raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
         holder = [lease]
-        return memoryview(lease), holder.clear
+        return view, holder.clear
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -449,9 +386,27 @@ class WeightSynchronizer:
         self.close()
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised array whose data is `align`-byte aligned (so a CPU device can alias it)."""
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(n + align, np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + n].view(dtype).reshape(shape)
+def _check_whole(leaves: list[HostLeaf]) -> None:
+    """A whole version (not a trainer's part) must hold every element of every leaf."""
+    for leaf in leaves:
+        covered = sum(int(np.prod([b - a for a, b in s.index], dtype=np.int64)) for s in leaf.shards)
+        total = int(np.prod(leaf.shape, dtype=np.int64))
+        if covered != total:
+            raise errors.InvalidArgumentError(f"leaf {leaf.name!r}: the shards given cover {covered} of its {total} "
+                                              "elements (a trainer's part is published with part=(index, count))")
+
+
+def _tree_structure(tree: Any) -> Any:
+    import jax
+
+    return jax.tree_util.tree_structure(tree)
+
+
+def _treedef(params: Any) -> str:
+    return str(_tree_structure(params))
+
+
+def _unflatten(treedef: Any, leaves: list[Any]) -> Any:
+    import jax
+
+    return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -1,0 +1,99 @@
+"""Loading a version into a running engine's own weights, in place, one leaf at a time.
+
+An engine's weights cannot be swapped by one reference the way `WeightSynchronizer` swaps a
+pytree: they are copied into the engine's parameters leaf by leaf. So nothing is touched
+until the whole version is on this host, committed, and pinned for the length of the load
+(no eviction can take a block from under it), and the leaves are read off the pool as they
+are copied: no second full copy of the weights in host memory, one leaf at most.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from tpusync import errors
+from tpusync.weights.checksums import checksum
+from tpusync.weights.head import read_head
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, single_block
+from tpusync.weights.manifest import Manifest
+from tpusync.weights.polling import backoff
+from tpusync.weights.storage import commit_on_host, read_manifest, version_keys
+from tpusync.weights.tensors import as_torch
+
+
+def await_version(store: Any, model: str, version: int | None, timeout: float | None) -> int:
+    """The newest version of `model` committed on this host that is >= `version` (any, for
+    None), waiting up to `timeout` seconds for one. Versions a peer pushed here (their commit
+    records, no head yet) are committed first, so a sampler that missed some catches up."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = backoff()
+    while True:
+        head = read_head(store.pool_path, model) or 0
+        if version is not None and version > head and _commit_pushed(store, model, version):
+            head = version
+        head = _newest_pushed(store, model, head)
+        if head and (version is None or head >= version):
+            return head
+        if deadline is not None and time.monotonic() >= deadline:
+            want = "a version" if version is None else f"version {version}"
+            raise errors.DeadlineExceededError(
+                f"{want} of {model!r} did not arrive within {timeout} s (this host has {head or None})")
+        pause()  # waiting on another process's commit or a peer's push
+
+
+def _commit_pushed(store: Any, model: str, version: int) -> bool:
+    manifest = read_manifest(store, model, version)
+    if manifest is not None:
+        commit_on_host(store, manifest)
+    return manifest is not None
+
+
+def _newest_pushed(store: Any, model: str, head: int) -> int:
+    """Commits the versions pushed after `head`, in order; returns the newest."""
+    while _commit_pushed(store, model, head + 1):
+        head += 1
+    return head
+
+
+@contextlib.contextmanager
+def pinned_version(store: Any, model: str, version: int) -> Iterator[Manifest]:
+    """A committed version's manifest, every block of the version pinned by this process
+    until the block exits. Raises VersionGoneError if it left the pool already."""
+    manifest = read_manifest(store, model, version)
+    if manifest is None:
+        raise VersionGoneError(f"version {version} of {model!r} is not committed on this host")
+    keys = version_keys(manifest)
+    try:
+        store.pin(keys)
+    except errors.NotFoundError:
+        raise VersionGoneError(f"version {version} of {model!r} left this host's pool") from None
+    try:
+        yield manifest
+    finally:
+        with contextlib.suppress(errors.TpuSyncError):
+            store.release(keys)
+
+
+def iter_torch(store: Any, manifest: Manifest, *, verify: bool = False,
+               zero_copy: bool = True) -> Iterator[tuple[str, Any]]:
+    """(leaf name, CPU tensor) for every leaf, in the manifest's order. With `zero_copy`, a
+    one-block leaf is the pool slot itself (its read lease lives as long as the tensor: for
+    consumers that copy out of it); any other leaf is assembled in a buffer of its own, freed
+    once the consumer lets go of it."""
+    for leaf in manifest.leaves:
+        if zero_copy and single_block(leaf):
+            ref = leaf.shards[0].blocks[0]
+            try:
+                data = np.frombuffer(memoryview(store.acquire(ref.key)), np.uint8, count=ref.length)
+            except errors.NotFoundError:
+                raise VersionGoneError(f"leaf {leaf.name!r}: a block is missing from this host's pool") from None
+            if verify and checksum(data) != ref.checksum:
+                raise errors.CorruptionError(f"leaf {leaf.name!r}: a block fails its checksum")
+        else:
+            data = leaf_bytes(store, leaf, verify=verify)
+        yield leaf.name, as_torch(data, leaf.dtype, leaf.shape)

@@ -1,0 +1,71 @@
+"""Reading one leaf of a stored version off a host's pool: its bytes, whole."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tpusync import errors
+from tpusync.weights.checksums import checksum
+from tpusync.weights.manifest import BlockRef, LeafEntry
+from tpusync.weights.tensors import itemsize
+
+_GROUP = 16  # blocks acquired at once
+
+
+class VersionGoneError(errors.NotFoundError):
+    """A version's blocks left this host's pool while it was being loaded (a newer one is current)."""
+
+
+def single_block(entry: LeafEntry) -> bool:
+    """The leaf is one shard in one block: it can be used in place, on the pool slot."""
+    return len(entry.shards) == 1 and entry.shards[0].shape == entry.shape and len(entry.shards[0].blocks) == 1
+
+
+def leaf_bytes(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
+    """The whole leaf's bytes in a buffer of its own (C order, 64-byte aligned, so a CPU device
+    can alias it), its shards put in place. Raises VersionGoneError when a block is missing."""
+    covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in entry.shards)
+    total = int(np.prod(entry.shape, dtype=np.int64))
+    if covered != total:
+        raise errors.PreconditionError(f"leaf {entry.name!r}: the published shards cover {covered} of "
+                                       f"{total} elements (every trainer host must publish)")
+    size = itemsize(entry.dtype)
+    out = aligned_empty(entry.nbytes)
+    if len(entry.shards) == 1:
+        copy_blocks(store, entry.name, entry.shards[0].blocks, out, verify=verify)
+        return out
+    # Shards are regions of the global array: place them through an element-sized view.
+    grid = out.view(f"V{size}").reshape(entry.shape)
+    for shard in entry.shards:
+        piece = np.empty(int(np.prod(shard.shape, dtype=np.int64)) * size, np.uint8)
+        copy_blocks(store, entry.name, shard.blocks, piece, verify=verify)
+        grid[tuple(slice(a, b) for a, b in shard.index)] = piece.view(f"V{size}").reshape(shard.shape)
+    return out
+
+
+def copy_blocks(store: Any, leaf: str, blocks: Sequence[BlockRef], out: np.ndarray, *, verify: bool) -> None:
+    off = 0
+    for g in range(0, len(blocks), _GROUP):
+        group = blocks[g:g + _GROUP]
+        with store.acquire_many([b.key for b in group]) as views:
+            for ref, view in zip(group, views):
+                if view is None or len(view) < ref.length:
+                    raise VersionGoneError(f"leaf {leaf!r}: a block is missing from this host's pool")
+                src = np.frombuffer(view, np.uint8, count=ref.length)
+                if verify and checksum(src) != ref.checksum:
+                    raise errors.CorruptionError(f"leaf {leaf!r}: block {g} fails its checksum")
+                out[off:off + ref.length] = src
+                off += ref.length
+            del src
+    if off != out.size:
+        raise errors.CorruptionError(f"leaf {leaf!r}: blocks hold {off} bytes, the shard needs {out.size}")
+
+
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    """An uninitialised uint8 buffer whose data is `align`-byte aligned."""
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
