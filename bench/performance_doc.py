@@ -76,7 +76,11 @@ SECTIONS = [
      "for 256 KiB and 8 MiB blocks (0.3 to 0.9 across runs on this machine's virtual disk, whose raw reads "
      "vary as much): a small block pays for its file (open, stat, a 4 KiB header, the checksum, the copy into "
      "DRAM and out)."),
-    ("weight_sync", "Weight synchronization", "bench/weight_sync_bench.py",
+    ("weight_sync", "Weight synchronization", "bench/weight_sync_bench.py, bench/inplace_bench.py",
+     "inplace-*: a random Qwen3 (float32) published by a torch trainer, one copy pushed to the samplers' host, "
+     "and every engine there (two vLLM engines; one tpu-inference engine) serving it, updated in place, against "
+     "an engine of the same kind started from the checkpoint; naive-vllm: each sampler on a host of its own, "
+     "pulling its own copy (against inplace); link-raw: four raw TCP streams of the version's bytes. "
      "Loopback cases: samplers on one host sharing its copy, a chain of hops, and a naive fan-out, each "
      "against its one-host or one-hop case; tcp-raw: four native raw TCP streams of the same bytes. "
      "fabric-* cases run on simulated hosts, one network namespace each with its own shaped link, so hops no "
@@ -183,6 +187,8 @@ def targets(res: dict) -> list[Target]:
                                                   if "cpu_vs_raw" in r],
           lambda r: r["cpu_vs_raw"] <= 1.3,
           lambda r: f"{r['cpu_vs_raw']:.2f} ({r['cpu_s_per_gb']:.2f} vs {r['raw_cpu_s_per_gb']:.2f} CPU s/GB)")
+    check("a running engine updated in place <= 0.5 x its reload from the checkpoint",
+          cases(res, "weight_sync", r"inplace-.*"), lambda r: r["ratio"] <= 0.5, secs)
     check("precise routing recomputes <= 0.1 x the tokens random routing does",
           cases(res, "routing", r"precise"), lambda r: r["recomputed_vs_random"] <= 0.1,
           lambda r: f"{r['recomputed_vs_random']:.3f} ({r['recomputed_tokens']} tokens)")
