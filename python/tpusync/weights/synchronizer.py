@@ -63,6 +63,7 @@ class WeightSynchronizer:
         self._host: dict[str, np.ndarray] = {}
         self._template: list[tuple[str, Any]] | None = None
         self._treedef: Any = None
+        self._cast = False
         self._metrics = {"versions_published": 0, "bytes_published": 0, "last_publish_seconds": 0.0,
                          "versions_loaded": 0, "bytes_loaded": 0, "last_load_seconds": 0.0,
                          "zero_copy_leaves": 0, "load_retries": 0}
