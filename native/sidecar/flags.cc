@@ -1,23 +1,31 @@
 #include "sidecar/flags.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
 
 namespace tpusync {
 namespace {
 
 // Accepts plain integers with an optional binary suffix: 64Ki, 512Mi, 2Gi, 1Ti.
 Result<uint64_t> ParseBytes(const std::string& name, const std::string& v) {
+  const std::string what = "--" + name + "=" + v + ": ";
+  if (!v.empty() && v[0] == '-') return InvalidArgument(what + "a size cannot be negative");
   char* end = nullptr;
+  errno = 0;
   unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   std::string suffix(end);
   const std::map<std::string, uint64_t> mult = {{"", 1}, {"Ki", 1ull << 10}, {"Mi", 1ull << 20},
                                                 {"Gi", 1ull << 30}, {"Ti", 1ull << 40}};
   auto it = mult.find(suffix);
-  if (v.empty() || end == v.c_str() || it == mult.end()) {
-    return InvalidArgument("--" + name + "=" + v + ": expected bytes such as 1073741824 or 1Gi");
+  if (v.empty() || end == v.c_str() || it == mult.end() || !std::isdigit(static_cast<unsigned char>(v[0]))) {
+    return InvalidArgument(what + "expected bytes such as 1073741824 or 1Gi");
   }
+  if (errno == ERANGE || n > UINT64_MAX / it->second) return InvalidArgument(what + "too large");
   return uint64_t{n} * it->second;
 }
 
@@ -154,10 +162,12 @@ std::string EnvName(const std::string& flag) {
 
 Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
   SidecarFlags f;
+  std::set<std::string> given;  // in the environment or on the command line
   for (const FlagDef& d : Defs()) {  // environment first, flags override
     // Flags are parsed at startup, before any thread exists.
     const char* v = std::getenv(EnvName(d.name).c_str());  // NOLINT(concurrency-mt-unsafe)
     if (v != nullptr) TPUSYNC_RETURN_IF_ERROR(d.set(f, d.name, v));
+    if (v != nullptr) given.insert(d.name);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -178,6 +188,19 @@ Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
       value = args[++i];
     }
     TPUSYNC_RETURN_IF_ERROR(def->set(f, name, value));
+    given.insert(name);
+  }
+  // A tier's settings without the tier would be ignored: refuse them instead.
+  for (const char* flag : {"disk-bytes"}) {
+    if (given.count(flag) != 0 && f.disk_dir.empty()) {
+      return InvalidArgument(std::string("--") + flag + " without --disk-dir: there is no disk tier to size");
+    }
+  }
+  for (const char* flag : {"shared-bytes", "shared-layout", "shared-policy", "shared-high-watermark-percent",
+                           "shared-low-watermark-percent", "shared-evict-interval-ms"}) {
+    if (given.count(flag) != 0 && f.shared_dir.empty()) {
+      return InvalidArgument(std::string("--") + flag + " without --shared-dir: there is no shared tier");
+    }
   }
   if (f.block_bytes == 0 || f.block_bytes % 4096 != 0) {
     return InvalidArgument("--block-bytes=" + std::to_string(f.block_bytes) + ": must be a multiple of 4096");

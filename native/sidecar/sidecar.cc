@@ -1,5 +1,7 @@
 #include "sidecar/sidecar.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "log.h"
@@ -40,6 +42,12 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
       "pool " + f.pool_path + ": " + std::to_string(st.dram_slots) + " slots of " + std::to_string(st.block_bytes) +
           " bytes, re-attached " + std::to_string(st.recovered_dram) + " DRAM and " +
           std::to_string(st.recovered_disk) + " disk blocks");
+  Log(LogLevel::kInfo, "sidecar",
+      "tiers: DRAM " + std::to_string(f.dram_bytes) + " bytes; disk " +
+          (f.disk_dir.empty() ? std::string("off") : f.disk_dir + " " + std::to_string(f.disk_bytes) + " bytes") +
+          "; shared " +
+          (f.shared_dir.empty() ? std::string("off")
+                                : f.shared_dir + " (" + f.shared_policy + ", layout \"" + f.shared_layout + "\")"));
 
   net::PeerClientOptions client_options{.streams = f.streams,
                                         .connect_timeout = std::chrono::milliseconds(f.handshake_timeout_ms),
@@ -109,7 +117,10 @@ void Sidecar::Stop() {
   auto drain = std::chrono::milliseconds(flags_.drain_timeout_ms);
   Log(LogLevel::kInfo, "sidecar", "draining: " + std::to_string(data_->active()) + " data connections");
   data_->Stop(drain);
-  if (control_) control_->Stop(drain);
+  if (control_) {
+    control_->Stop(drain);
+    ::unlink(flags_.control_socket.c_str());  // a clean stop leaves no socket behind
+  }
   Status st = store_->Flush();
   if (!st.ok()) Log(LogLevel::kWarning, "sidecar", "write-behind at exit: " + st.ToString());
   http_->Stop(std::chrono::milliseconds(1000));

@@ -31,6 +31,12 @@ TEST(SidecarFlags, BadValuesNameTheFlag) {
       {{"--disk-dir=/d"}, "--disk-bytes"},
       {{"stray"}, "unexpected argument"},
       {{"--pool-path"}, "needs a value"},
+      {{"--dram-bytes=-1Gi"}, "--dram-bytes=-1Gi: a size cannot be negative"},
+      {{"--dram-bytes=20000000Ti"}, "--dram-bytes=20000000Ti: too large"},
+      {{"--dram-bytes=+5Gi"}, "expected bytes"},
+      {{"--disk-bytes=10Gi"}, "--disk-bytes without --disk-dir"},
+      {{"--shared-layout=m"}, "--shared-layout without --shared-dir"},
+      {{"--shared-policy=demote"}, "--shared-policy without --shared-dir"},
   };
   for (const auto& [args, want] : cases) {
     auto f = ParseSidecarFlags(args);

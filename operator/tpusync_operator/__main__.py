@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["render"]:
         from .render import main as render_main
         return render_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--standalone", action="store_true", help="run without peering")
     mode.add_argument("--peering", default="tpusync-operator", help="ClusterKopfPeering name")

@@ -5,13 +5,17 @@ a decode server and, for reference, a monolithic server without any cache. Sends
 that share a long prefix and, for each, prints the time to first token monolithic vs
 disaggregated (prefill, KV pulled sidecar to sidecar, decode) vs a prefix-cache hit, the
 bytes moved and the transfer time, and checks that all three produced the same tokens.
-Exits non-zero on any mismatch; stops everything it started.
+Ends with what the run showed (TTFT ratios against monolithic serving, the KV bytes the
+decode host did not pull because it held them) and what to try next. Exits non-zero on any
+mismatch; stops everything it started.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tpusync import sidecar
+from tpusync import cli, sidecar
 from tpusync.launch import start_server
 from tpusync.serving.model import ModelConfig
 
@@ -57,13 +61,23 @@ def post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float, list[in
     return final, ttft, tokens
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, "python -m tpusync.demo", argv)
+
+
+def _main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tpusync.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=cli.positive(int), default=REQUESTS, help="requests sharing the prefix")
+    cli.add_debug(ap)
+    args = ap.parse_args(argv)
     console = Console(width=max(Console().width, 132))
     cfg = ModelConfig(**MODEL)
     block = -(-cfg.page_bytes // 4096) * 4096
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, cfg.vocab, SHARED_PREFIX).tolist()
-    prompts = [prefix + rng.integers(0, cfg.vocab, SUFFIX).tolist() for _ in range(REQUESTS)]
+    prompts = [prefix + rng.integers(0, cfg.vocab, SUFFIX).tolist() for _ in range(args.requests)]
+    seen: dict[str, list[float]] = {"mono": [], "pd": [], "hit": [], "pulled": [], "prompt_kv": []}
     started: list[Any] = []
     pools = [f"/dev/shm/tpusync-demo-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     failures = 0
@@ -72,7 +86,7 @@ def main() -> int:
             secret = os.path.join(work, "secret")
             with open(secret, "w") as f:
                 f.write(uuid.uuid4().hex * 2)
-            task = progress.add_task("starting sidecars and model servers", total=5 + REQUESTS)
+            task = progress.add_task("starting sidecars and model servers", total=5 + args.requests)
             p_side, d_side = (
                 sidecar.launch(pool_path=pool, secret_file=secret, dram_bytes=256 << 20, block_bytes=block,
                                control_socket=os.path.join(work, f"{name}.sock"), stderr=subprocess.DEVNULL)
@@ -93,13 +107,13 @@ def main() -> int:
             started.append(decode)
             progress.advance(task)
 
-            table = Table(title=f"tpusync demo: {REQUESTS} requests, {SHARED_PREFIX}-token shared prefix + "
+            table = Table(title=f"tpusync demo: {args.requests} requests, {SHARED_PREFIX}-token shared prefix + "
                                 f"{SUFFIX} own tokens, {MAX_TOKENS} generated (TTFT in ms)")
             for col in ("req", "mono TTFT", "P/D TTFT", "prefill computed", "KV pulled", "transfer ms",
                         "hit TTFT", "hit computed", "tokens"):
                 table.add_column(col, justify="right")
             for i, prompt in enumerate(prompts):
-                progress.update(task, description=f"request {i + 1}/{REQUESTS}")
+                progress.update(task, description=f"request {i + 1}/{args.requests}")
                 _, mono_ttft, mono_tokens = post(mono.url, {"prompt": prompt, "max_tokens": MAX_TOKENS})
                 p_final, p_ttft, p_tokens = post(prefill.url, {"prompt": prompt, "max_tokens": 1})
                 params = p_final.get("kv_transfer_params")
@@ -111,6 +125,11 @@ def main() -> int:
                 d_stats, p_stats, h_stats = d_final["tpusync"], p_final["tpusync"], h_final["tpusync"]
                 same = mono_tokens == d_tokens == h_tokens and p_tokens == mono_tokens[:1]
                 failures += not same
+                seen["mono"].append(mono_ttft)
+                seen["pd"].append(p_ttft + d_ttft)
+                seen["hit"].append(h_ttft)
+                seen["pulled"].append(d_stats["pulled_bytes"])
+                seen["prompt_kv"].append(len(prompt) // cfg.page_size * block)
                 table.add_row(
                     str(i), f"{mono_ttft * 1e3:.0f}", f"{(p_ttft + d_ttft) * 1e3:.0f}",
                     f"{p_stats['computed_tokens']}", f"{d_stats['pulled_bytes'] / 2**20:.1f} MiB",
@@ -130,6 +149,15 @@ def main() -> int:
         console.print(f"[red]{failures} request(s) produced different tokens[/]")
         return 1
     console.print("[green]all runs produced identical tokens[/]")
+    median = statistics.median
+    not_pulled = sum(seen["prompt_kv"]) - sum(seen["pulled"])
+    console.print(
+        f"What this showed: P/D TTFT {median(seen['pd']) / median(seen['mono']):.2f} x and a DRAM prefix hit "
+        f"{median(seen['hit']) / median(seen['mono']):.2f} x monolithic (medians); the decode host pulled "
+        f"{sum(seen['pulled']) / 2**20:.1f} MiB of KV and did not pull {not_pulled / 2**20:.1f} MiB it already held "
+        "(the shared prefix, after the first request).\n"
+        "Next: `make test` (every tier, real engines included), docs/serving.md (the reference server), "
+        "docs/vllm.md (vLLM with TPUSyncConnector), docs/weights.md (RL weight updates), docs/gke.md (install).")
     return 0
 
 

@@ -8,17 +8,11 @@ import logging
 import os
 import sys
 
+from tpusync import cli
 from tpusync.serving.engine import ROLES, Engine
 from tpusync.serving.model import ModelConfig
 from tpusync.serving.server import BODY_BYTES_PER_TOKEN, DEFAULT_MAX_BODY_BYTES, CompletionServer
 from tpusync.store import KVStore
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,19 +37,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--kv-events-audit-s", type=float, default=2.0,
                     help="how often to ask the store which announced blocks it demoted or evicted (0: never)")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
-    ap.add_argument("--max-prompt-tokens", type=_positive, default=None,
+    ap.add_argument("--max-prompt-tokens", type=cli.positive(int), default=None,
                     help="the longest prompt any route takes, /v1/completions/render included; longer ones get 400 "
                          "before they are tokenised (default: the model's max_seq)")
-    ap.add_argument("--max-body-bytes", type=_positive, default=None,
+    ap.add_argument("--max-body-bytes", type=cli.positive(int), default=None,
                     help="the largest request body; larger ones get 413 before they are read (default: "
                          f"{DEFAULT_MAX_BODY_BYTES >> 20} MiB, or {BODY_BYTES_PER_TOKEN} bytes a prompt token if "
                          "that is more)")
     ap.add_argument("--no-warm-up", action="store_true")
+    cli.add_debug(ap)
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return cli.run(_main, "python -m tpusync.serving", argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="ts=%(created).6f level=%(levelname)s msg=%(message)s")
     cfg = ModelConfig(**json.loads(args.model_config))
     store = None

@@ -1,6 +1,6 @@
 """python -m tpusync.weights: predict a plan, or run a local demo with a progress bar.
 
-    python -m tpusync.weights plan --params-b 235 --hosts 16 --link-gbps 50 [--topology tree --fanout 2]
+    python -m tpusync.weights plan --params-b 235 --hosts 16 --link-gb-per-s 50 [--topology tree --fanout 2]
     python -m tpusync.weights demo --hosts 3 --mib 256 [--topology tree --fanout 2]
     python -m tpusync.weights receive --control-socket SOCK --host ADDR --model M --version V \
         --source ADDR [--source ADDR ...] --destination ADDR [--destination ADDR ...] [--topology ...]
@@ -8,6 +8,7 @@
 `demo` starts one sidecar per simulated host on 127.0.0.1 (host 0 is the trainer's),
 publishes random bf16 weights, sends them to every other host with a rich progress bar per
 host, checks a sampler on the last host received them byte for byte, and prints metrics.
+Errors are one line; --debug shows the traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import uuid
 
+from tpusync import cli
 from tpusync.weights import plan as planmod
 
 MIB = 1 << 20
@@ -27,10 +29,10 @@ MIB = 1 << 20
 
 def cmd_plan(args: argparse.Namespace) -> int:
     total = int(args.params_b * 1e9 * args.bytes_per_param)
-    p = planmod.predict(total, args.hosts, link_bytes_per_s=args.link_gbps * 1e9, chunk_bytes=args.chunk_mib * MIB,
+    p = planmod.predict(total, args.hosts, link_bytes_per_s=args.link_gb_per_s * 1e9, chunk_bytes=args.chunk_mib * MIB,
                         topology=args.topology, fanout=args.fanout)
     print(f"{args.params_b:g}B params x {args.bytes_per_param} B = {total / 1e9:.1f} GB to {args.hosts} hosts "
-          f"at {args.link_gbps:g} GB/s per link, {args.topology}"
+          f"at {args.link_gb_per_s:g} GB/s per link, {args.topology}"
           f"{f' fan-out {args.fanout}' if args.topology == planmod.TREE else ''}, {args.chunk_mib} MiB chunks:")
     print(f"  plan:  {p.seconds:.2f} s (depth {p.depth}, {p.link_copies} copies on the busiest uplink)")
     print(f"  naive: {p.naive_seconds:.2f} s (the trainer sends every host its own copy)")
@@ -122,7 +124,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
         report = receive_version(
             store, args.model, args.version, host=args.host, sources=args.source, destinations=args.destination,
-            topology=args.topology, fanout=args.fanout, timeout=args.timeout, stall_seconds=args.stall_seconds,
+            topology=args.topology, fanout=args.fanout, timeout=args.timeout_seconds, stall_seconds=args.stall_seconds,
             on_chunk=landed)
     print(f"committed version {report.version} of {report.model!r}: {report.bytes} bytes in "
           f"{report.seconds:.3f} s; rerouted: {report.rerouted or 'none'}", flush=True)
@@ -130,31 +132,37 @@ def cmd_receive(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, "python -m tpusync.weights", argv)
+
+
+def _main(argv: list[str]) -> int:
+    count, size = cli.positive(int), cli.positive(float)
     ap = argparse.ArgumentParser(prog="python -m tpusync.weights", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="predict a transfer's time from the plan")
-    p.add_argument("--params-b", type=float, default=235.0, help="parameters, in billions")
-    p.add_argument("--bytes-per-param", type=int, default=2)
-    p.add_argument("--hosts", type=int, default=16)
-    p.add_argument("--link-gbps", type=float, default=50.0, help="GB/s per host link")
-    p.add_argument("--chunk-mib", type=int, default=64)
+    p.add_argument("--params-b", type=size, default=235.0, help="parameters, in billions")
+    p.add_argument("--bytes-per-param", type=count, default=2)
+    p.add_argument("--hosts", type=count, default=16)
+    p.add_argument("--link-gb-per-s", type=size, default=50.0, help="GB/s per host link (gigabytes)")
+    p.add_argument("--chunk-mib", type=count, default=64)
     d = sub.add_parser("demo", help="run a transfer between local sidecars with a progress bar")
-    d.add_argument("--hosts", type=int, default=3)
-    d.add_argument("--mib", type=int, default=256)
+    d.add_argument("--hosts", type=count, default=3)
+    d.add_argument("--mib", type=count, default=256)
     r = sub.add_parser("receive", help="land a version on this host along the plan and commit it")
     r.add_argument("--control-socket", required=True, help="this host's sidecar control socket")
     r.add_argument("--host", required=True, help="this host's data address, as in --destination")
     r.add_argument("--model", required=True)
-    r.add_argument("--version", type=int, required=True)
+    r.add_argument("--version", type=count, required=True)
     r.add_argument("--source", action="append", required=True,
                    help="a trainer host's data address (several: every host of the trainer, in process order)")
     r.add_argument("--destination", action="append", required=True, help="every destination host, in plan order")
-    r.add_argument("--timeout", type=float, default=300.0)
-    r.add_argument("--stall-seconds", type=float, default=30.0)
+    r.add_argument("--timeout-seconds", type=size, default=300.0)
+    r.add_argument("--stall-seconds", type=size, default=30.0)
     for q in (p, d, r):
         q.add_argument("--topology", choices=[planmod.CHAIN, planmod.TREE], default=planmod.CHAIN)
-        q.add_argument("--fanout", type=int, default=2)
+        q.add_argument("--fanout", type=count, default=2)
+        cli.add_debug(q)
     args = ap.parse_args(argv)
     return {"plan": cmd_plan, "demo": cmd_demo, "receive": cmd_receive}[args.cmd](args)
 

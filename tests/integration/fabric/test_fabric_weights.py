@@ -36,7 +36,7 @@ def receivers(trainer, cars, *, topology: str = plan.CHAIN, stall: float = 30.0)
             f"--topology={topology}", "--fanout=2"]
     return {c.address: c.host.popen(
         [sys.executable, "-m", "tpusync.weights", "receive", f"--control-socket={c.control_socket}",
-         f"--host={c.address}", "--model=m", "--version=1", f"--stall-seconds={stall}", "--timeout=60", *args],
+         f"--host={c.address}", "--model=m", "--version=1", f"--stall-seconds={stall}", "--timeout-seconds=60", *args],
         stdout=subprocess.PIPE, text=True, cwd=ROOT) for c in cars}
 
 

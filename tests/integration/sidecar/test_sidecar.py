@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -363,3 +365,29 @@ def test_sidecar_refuses_to_start_without_a_secret(tmp_path):
     with pytest.raises(tpusync.errors.UnavailableError, match="exited with 1"):
         sidecar_mod.launch(pool_path=f"/dev/shm/tpusync-nosecret-{tmp_path.name}", secret_file=str(tmp_path / "none"),
                            dram_bytes=4 * BLOCK, block_bytes=BLOCK)
+
+
+def test_a_clean_stop_removes_the_control_socket_and_the_start_logs_the_tiers(launch, tmp_path):
+    log = tmp_path / "sidecar.log"
+    with open(log, "w") as err:
+        s = launch("tiers", disk_dir=str(tmp_path / "disk"), disk_bytes=8 * BLOCK, stderr=err)
+        assert os.path.exists(s.control_socket)
+        assert s.stop() == 0
+    assert not os.path.exists(s.control_socket)
+    text = log.read_text()
+    assert f"tiers: DRAM {64 << 20} bytes; disk {tmp_path / 'disk'} {8 * BLOCK} bytes; shared off" in text, text
+    assert subprocess.run(s.args[:1] + ["--help"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--dram-bytes=-1Gi", "--dram-bytes=-1Gi: a size cannot be negative"),
+    ("--disk-bytes=1Gi", "--disk-bytes without --disk-dir: there is no disk tier to size"),
+    ("--shared-policy=demote", "--shared-policy without --shared-dir: there is no shared tier"),
+])
+def test_flags_that_cannot_work_are_refused_with_one_line(secret_file, flag, message):
+    from tpusync import sidecar as sidecar_mod
+
+    done = subprocess.run([sidecar_mod.sidecar_binary(), "--block-bytes=4096", "--dram-bytes=1Mi", "--pool-path=/x",
+                           f"--auth-secret-file={secret_file}", flag], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr == f"tpusync-sidecar: {message}\n", done.stderr

@@ -20,7 +20,7 @@ def receivers(sources, destinations, *, version: int = 1, only=None, stall: floa
     args = [f"--source={s.address}" for s in sources] + [f"--destination={d.address}" for d in destinations]
     return {d.address: subprocess.Popen(
         [sys.executable, "-m", "tpusync.weights", "receive", f"--control-socket={d.control_socket}",
-         f"--host={d.address}", "--model=m", f"--version={version}", f"--stall-seconds={stall}", "--timeout=60",
+         f"--host={d.address}", "--model=m", f"--version={version}", f"--stall-seconds={stall}", "--timeout-seconds=60",
          *args], stdout=subprocess.PIPE, text=True, cwd=ROOT) for d in destinations if only is None or d in only}
 
 

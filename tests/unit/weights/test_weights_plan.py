@@ -93,7 +93,7 @@ def test_chunk_ranges_cover_every_block_once():
 def test_cli_plan_prints_the_prediction(capsys):
     from tpusync.weights.__main__ import main
 
-    assert main(["plan", "--params-b", "235", "--hosts", "16", "--link-gbps", "50"]) == 0
+    assert main(["plan", "--params-b", "235", "--hosts", "16", "--link-gb-per-s", "50"]) == 0
     out = capsys.readouterr().out
     assert "470.0 GB to 16 hosts" in out and "plan:  9.42 s" in out and "naive: 150.40 s" in out
 
