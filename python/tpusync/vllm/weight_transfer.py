@@ -26,6 +26,7 @@ served. The trainer side, `TpusyncTrainerWeightTransferEngine`, drives the same 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -46,6 +47,7 @@ from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.vllm import served_weights
 from tpusync.vllm.plugin import BACKEND
+from tpusync.weights.codec import manifest_digest
 from tpusync.weights.inplace import await_version, iter_torch, pinned_version
 
 log = init_logger("vllm.tpusync")
@@ -81,8 +83,6 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
             served_weights.forget(self._engine_id)
 
     def init_transfer_engine(self, init_info: TpusyncInitInfo) -> None:
-        import os
-
         address = init_info.control_socket or os.environ.get("TPUSYNC_CONTROL_SOCKET")
         if not address:
             raise errors.InvalidArgumentError("init_info.control_socket (or $TPUSYNC_CONTROL_SOCKET) names this "
@@ -120,8 +120,7 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
             _reprocess_tied(self.model)
         self.loaded = version
         if self._engine_id is not None:
-            served_weights.record(self._engine_id, f"{model}@{version}:{manifest.checksum}:"
-                                                   f"{manifest.leaves[0].shards[0].blocks[0].key:032x}")
+            served_weights.record(self._engine_id, f"{model}@{version}:{manifest_digest(manifest)}")
         log.info("tpusync: loaded version %d of %r in place (%d tensors, %.1f MiB)", version, model,
                  len(loaded) if loaded is not None else len(manifest.leaves), manifest.nbytes / 2**20)
 

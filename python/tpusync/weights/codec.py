@@ -53,6 +53,11 @@ def decode_commit(data: bytes) -> CommitRecord:
                         tuple(int.from_bytes(k, "big") for k in m["parts"]))
 
 
+def manifest_digest(manifest: Manifest) -> str:
+    """The SHA-256 of the manifest's stored form (the commit record's), in hex: a version's identity."""
+    return hashlib.sha256(encode_manifest(manifest)).hexdigest()
+
+
 def manifest_blocks(manifest: Manifest) -> tuple[CommitRecord, list[tuple[int, bytes]]]:
     """The commit record and the manifest's (key, bytes) parts, each at most block_bytes."""
     data = encode_manifest(manifest)
