@@ -35,6 +35,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tpusync.sidecar import write_secret
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "vllm"))
@@ -54,7 +56,7 @@ TPU_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"
 
 def sidecars(work: Path, names: list[str], dram: int) -> dict:
     secret = work / "secret"
-    secret.write_bytes(os.urandom(16).hex().encode() + b"\n")
+    write_secret(secret, os.urandom(16).hex().encode() + b"\n")
     out = {}
     for n in names:
         out[n] = sidecar_mod.launch(pool_path=f"/dev/shm/tpusync-inplace-{os.getpid()}-{n}-{uuid.uuid4().hex[:6]}",

@@ -41,6 +41,7 @@ from tpusync import sidecar
 from tpusync.hashing import BlockHasher
 from tpusync.launch import interrupt
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "page_size": 32, "chunk": 32}
@@ -72,7 +73,7 @@ class Fleet:
 
     def __init__(self, work: Path, n: int, prefix_cache: bool):
         self.secret = work / "secret"
-        self.secret.write_text(uuid.uuid4().hex * 2)
+        write_secret(self.secret, uuid.uuid4().hex * 2)
         block = -(-ModelConfig(**MODEL).page_bytes // 4096) * 4096
         self.sidecars, self.servers, self.pools = [], [], []
         for i in range(n):

@@ -40,6 +40,7 @@ from rich.console import Console
 from tpusync import KVStore, Tier, sidecar
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 
 def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
@@ -69,7 +70,7 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
                         "from tinymodel import build; build(sys.argv[2])", str(ROOT / "tests" / "vllm"), str(model)],
                        check=True, capture_output=True)
         secret = work / "secret"
-        secret.write_text(uuid.uuid4().hex * 2)
+        write_secret(secret, uuid.uuid4().hex * 2)
         sides: dict[str, Any] = {}
         try:
             for name, disk in (("host", True), ("prefill", False), ("decode", False)):
@@ -197,7 +198,7 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory() as work, console.status("starting sidecars") as status:
         secret = os.path.join(work, "secret")
-        Path(secret).write_text(uuid.uuid4().hex * 2)
+        write_secret(secret, uuid.uuid4().hex * 2)
         pools = []
 
         def side(name: str, **kw):

@@ -35,6 +35,7 @@ from rich.console import Console
 
 import tpusync
 from tpusync import sidecar
+from tpusync.sidecar import write_secret
 
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
 # root goes there too, for tests.support.
@@ -305,7 +306,7 @@ def main() -> int:
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as workdir, console.status("benchmarking") as status:
         secret_file = os.path.join(workdir, "secret")
-        Path(secret_file).write_bytes(os.urandom(32).hex().encode())
+        write_secret(secret_file, os.urandom(32).hex().encode())
         for total in sizes if "network" in only else []:
             for n in streams:
                 status.update(f"raw TCP, {total // GIB} GiB, {n} streams")

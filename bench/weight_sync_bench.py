@@ -46,6 +46,8 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from tpusync.sidecar import write_secret
+
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
 # root goes there too, for tests.support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -386,7 +388,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="tpusync-wbench-") as workdir:
         secret_file = f"{workdir}/secret"
-        Path(secret_file).write_bytes(os.urandom(32).hex().encode())
+        write_secret(secret_file, os.urandom(32).hex().encode())
         reps = args.reps
         for gib in args.gib:
             total = int(gib * GIB) // LEAF * LEAF

@@ -107,6 +107,8 @@ const std::vector<FlagDef>& Defs() {
       {"block-bytes", Bytes(&SidecarFlags::block_bytes), "block size, a multiple of 4096 (default 2Mi)"},
       {"disk-dir", Str(&SidecarFlags::disk_dir), "directory of the disk tier (default: none)"},
       {"disk-bytes", Bytes(&SidecarFlags::disk_bytes), "disk tier size"},
+      {"create-disk-dir", Bool(&SidecarFlags::create_disk_dir),
+       "create --disk-dir when it does not exist (else refused: a mistyped SSD path would land on the boot disk)"},
       {"shared-dir", Str(&SidecarFlags::shared_dir),
        "directory on a filesystem every host of the pool mounts (Managed Lustre, Filestore, NFS, FUSE): the shared "
        "tier (default: none)"},
@@ -182,7 +184,8 @@ Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
       if (name == d.name) def = &d;
     }
     if (def == nullptr) return InvalidArgument("unknown flag --" + name + " (see --help)");
-    bool is_bool = name == "help" || name == "hugepages" || name == "mlock" || name == "encrypt";
+    bool is_bool = name == "help" || name == "hugepages" || name == "mlock" || name == "encrypt" ||
+                   name == "create-disk-dir";
     if (!has_value && !is_bool) {
       if (i + 1 >= args.size()) return InvalidArgument("--" + name + " needs a value");
       value = args[++i];
@@ -191,7 +194,7 @@ Result<SidecarFlags> ParseSidecarFlags(const std::vector<std::string>& args) {
     given.insert(name);
   }
   // A tier's settings without the tier would be ignored: refuse them instead.
-  for (const char* flag : {"disk-bytes"}) {
+  for (const char* flag : {"disk-bytes", "create-disk-dir"}) {
     if (given.count(flag) != 0 && f.disk_dir.empty()) {
       return InvalidArgument(std::string("--") + flag + " without --disk-dir: there is no disk tier to size");
     }

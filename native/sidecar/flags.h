@@ -18,6 +18,7 @@ struct SidecarFlags {
   uint64_t dram_bytes = 1ull << 30;
   uint64_t block_bytes = 2ull << 20;
   std::string disk_dir;  // empty: no disk tier
+  bool create_disk_dir = false;  // else a --disk-dir that does not exist is refused
   uint64_t disk_bytes = 0;
   std::string shared_dir;     // empty: no shared tier
   uint64_t shared_bytes = 0;  // 0: the whole filesystem

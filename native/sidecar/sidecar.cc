@@ -1,5 +1,6 @@
 #include "sidecar/sidecar.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -22,6 +23,13 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
                               "the data port never runs unauthenticated");
   }
 
+  if (!f.disk_dir.empty() && !f.create_disk_dir) {
+    struct stat st{};
+    if (::stat(f.disk_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return NotFound("--disk-dir=" + f.disk_dir + " is not a directory: mount the disk there, or pass " +
+                      "--create-disk-dir to create it");
+    }
+  }
   StoreOptions o;
   o.pool = {.path = f.pool_path, .block_bytes = f.block_bytes, .num_slots = f.dram_bytes / f.block_bytes,
             .hugepages = f.hugepages, .mlock = f.mlock};

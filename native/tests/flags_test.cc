@@ -36,6 +36,7 @@ TEST(SidecarFlags, BadValuesNameTheFlag) {
       {{"--dram-bytes=+5Gi"}, "expected bytes"},
       {{"--disk-bytes=10Gi"}, "--disk-bytes without --disk-dir"},
       {{"--shared-layout=m"}, "--shared-layout without --shared-dir"},
+      {{"--create-disk-dir"}, "--create-disk-dir without --disk-dir"},
       {{"--shared-policy=demote"}, "--shared-policy without --shared-dir"},
   };
   for (const auto& [args, want] : cases) {

@@ -84,8 +84,7 @@ def _main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as work, Progress(console=console, transient=True) as progress:
         try:
             secret = os.path.join(work, "secret")
-            with open(secret, "w") as f:
-                f.write(uuid.uuid4().hex * 2)
+            sidecar.write_secret(secret, uuid.uuid4().hex * 2)
             task = progress.add_task("starting sidecars and model servers", total=5 + args.requests)
             p_side, d_side = (
                 sidecar.launch(pool_path=pool, secret_file=secret, dram_bytes=256 << 20, block_bytes=block,

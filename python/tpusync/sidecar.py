@@ -80,6 +80,17 @@ class Sidecar:
         self.stop()
 
 
+def write_secret(path: str | os.PathLike[str], secret: bytes | str) -> str:
+    """Writes a pool secret file readable by its owner only (the sidecar refuses one that others
+    can read); returns its path."""
+    data = secret.encode() if isinstance(secret, str) else secret
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
+        f.write(data)
+    return os.fspath(path)
+
+
 def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: int,
            control_socket: str | None = None, disk_dir: str | None = None, disk_bytes: int = 0,
            shared_dir: str | None = None, shared_layout: str = "",
@@ -98,8 +109,8 @@ def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: in
     ]
     if control_socket:
         args.append(f"--control-socket={control_socket}")
-    if disk_dir:
-        args += [f"--disk-dir={disk_dir}", f"--disk-bytes={disk_bytes}"]
+    if disk_dir:  # created if missing, as the directory of a local run (a pod mounts its disk there)
+        args += [f"--disk-dir={disk_dir}", f"--disk-bytes={disk_bytes}", "--create-disk-dir"]
     if shared_dir:
         args += [f"--shared-dir={shared_dir}", f"--shared-layout={shared_layout}"]
     args += extra or []

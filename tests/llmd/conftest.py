@@ -24,6 +24,7 @@ from tests.support.polling import wait_for
 from tpusync import sidecar
 from tpusync.launch import interrupt
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 INDEXER = os.environ.get("TPUSYNC_LLMD_INDEXER", "")
 if not INDEXER:
@@ -177,7 +178,7 @@ class Cluster:
     def __init__(self, work: Path):
         self.work = work
         self.secret = work / "secret"
-        self.secret.write_text(uuid.uuid4().hex * 2)
+        write_secret(self.secret, uuid.uuid4().hex * 2)
         self.hosts: list[Host] = []
         self.engines: list[Engine] = []
         self.indexers: list[Indexer] = []

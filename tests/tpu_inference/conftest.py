@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tpusync.sidecar import write_secret
+
 _spec = importlib.util.find_spec("tpu_inference")
 if _spec is None or _spec.origin is None:  # tests/tpu_inference itself can pass for a namespace package
     collect_ignore_glob = ["*"]  # not the tier's environment
@@ -75,7 +77,7 @@ def weights_host(tmp_path_factory):
     from tpusync import sidecar as sidecar_mod
 
     work = tmp_path_factory.mktemp("tpu-inference-weights")
-    (work / "secret").write_bytes(b"tpu-inference-weights-0123456789\n")
+    write_secret(work / "secret", b"tpu-inference-weights-0123456789\n")
     pool = f"/dev/shm/tpusync-tpuw-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     s = sidecar_mod.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=16 << 20,
                            block_bytes=64 << 10, control_socket=str(work / "control.sock"), peers=[])

@@ -22,6 +22,7 @@ from harness import delta, prompt
 from tpusync import errors
 from tpusync.hashing import BlockHasher
 from tpusync.pages import shard_key
+from tpusync.sidecar import write_secret
 from tpusync.store import KVStore, Tier
 from tpusync.tpu_inference.shards import ShardedStore
 
@@ -41,7 +42,7 @@ def tp_cluster(model_dir, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("tpusync-tp")
     secret = work / "secret"
-    secret.write_bytes(SECRET + b"\n")
+    write_secret(secret, SECRET + b"\n")
     sidecars, pools, engines = {}, [], {}
     try:
         for name in ("p", "d"):

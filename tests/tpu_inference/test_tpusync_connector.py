@@ -22,6 +22,7 @@ from harness import delta, prompt
 from test_llmd_index import MODEL, Indexer, connect, eventually, held, indexer_binary
 
 from tpusync.hashing import BlockHasher
+from tpusync.sidecar import write_secret
 from tpusync.store import KVStore
 
 SECRET = b"tpu-inference-tier-secret-0123456789"
@@ -77,7 +78,7 @@ def cluster(model_dir, tmp_path_factory):
     from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
     c = Cluster(tmp_path_factory.mktemp("tpusync-connector"))
-    (c.work / "secret").write_bytes(SECRET + b"\n")
+    write_secret(c.work / "secret", SECRET + b"\n")
 
     def connector(role: str, sidecar, kv_role: str | None = None, **extra: Any) -> EngineSpec:
         kv = rendered_kv_transfer_config("tpusync", role, kv_role=kv_role, control_socket=sidecar.control_socket,

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tpusync.sidecar import write_secret
+
 _vllm = importlib.util.find_spec("vllm")
 if _vllm is None or _vllm.origin is None:  # no vLLM (tests/vllm itself can pass for a namespace package)
     collect_ignore_glob = ["*"]  # the main .venv: this tier runs in its own environment, tests/vllm/vllm.mk
@@ -93,7 +95,7 @@ def cluster(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("vllm")
     secret = work / "secret"
-    secret.write_bytes(SECRET + b"\n")
+    write_secret(secret, SECRET + b"\n")
     c = Cluster(work, secret)
     try:
         for name in ("s", "p", "d", "f", "q", "empty", "w", "t"):

@@ -30,6 +30,7 @@ from tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 from tests.support.polling import wait_for
 from tpusync.hashing import BlockHasher
 from tpusync.launch import interrupt
+from tpusync.sidecar import write_secret
 from tpusync.store import KVStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +120,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     binary = indexer_binary()
     work = tmp_path_factory.mktemp("llmd-vllm")
     secret = work / "secret"
-    secret.write_bytes(uuid.uuid4().hex.encode() * 2 + b"\n")
+    write_secret(secret, uuid.uuid4().hex.encode() * 2 + b"\n")
     sidecars, pools, pods, indexers = {}, [], {}, {}
     try:
         for name, disk in (("s", True), ("d", False)):

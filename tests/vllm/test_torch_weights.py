@@ -18,6 +18,7 @@ import torch
 
 from tpusync import KVStore, WeightSynchronizer, errors
 from tpusync import sidecar as sidecar_mod
+from tpusync.sidecar import write_secret
 from tpusync.weights import Shard, TemplateMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ JAX_PROC = Path(__file__).with_name("jax_weights_proc.py")
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     work = tmp_path_factory.mktemp("torch-weights")
-    (work / "secret").write_bytes(b"torch-weights-secret-0123456789ab\n")
+    write_secret(work / "secret", b"torch-weights-secret-0123456789ab\n")
     pool = f"/dev/shm/tpusync-torchw-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     s = sidecar_mod.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=8 << 20, block_bytes=4096,
                            control_socket=str(work / "control.sock"), peers=[])

@@ -1,10 +1,13 @@
 #include "net/conn.h"
 
+#include <sys/stat.h>
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -102,6 +105,13 @@ bool SameMac(std::span<const std::byte> a, std::span<const std::byte> b) {
 }  // namespace
 
 Result<Secret> Secret::FromFile(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return FailedPrecondition("auth secret file " + path + " is open to other users (mode " + mode +
+                              "): chmod 600 it (640 or 440 to share it with a group)");
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) return NotFound("auth secret file " + path + " cannot be read");
   std::stringstream ss;

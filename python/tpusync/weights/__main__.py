@@ -52,8 +52,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console = Console()
     workdir = tempfile.mkdtemp(prefix="tpusync-weights-demo-")
     secret = os.path.join(workdir, "secret")
-    with open(secret, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
+    sidecar.write_secret(secret, os.urandom(32).hex())
     total = args.mib * MIB
     cars = []
     try:

@@ -6,6 +6,7 @@ import pytest
 
 import tpusync
 from tests.support import fabric as fab
+from tpusync.sidecar import write_secret
 
 SECRET = b"fabric-integration-secret-0123456789"
 BLOCK = 256 << 10
@@ -14,7 +15,7 @@ BLOCK = 256 << 10
 @pytest.fixture
 def secret_file(tmp_path):
     path = tmp_path / "secret"
-    path.write_bytes(SECRET + b"\n")
+    write_secret(path, SECRET + b"\n")
     return str(path)
 
 

@@ -20,6 +20,7 @@ from tpusync import sidecar
 from tpusync.launch import start_server
 from tpusync.serving import codec
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -37,7 +38,7 @@ def post(url: str, body: dict, path: str = "/v1/completions") -> dict:
 def cluster(tmp_path_factory):
     work = tmp_path_factory.mktemp("pd")
     secret = work / "secret"
-    secret.write_text(uuid.uuid4().hex * 2)
+    write_secret(secret, uuid.uuid4().hex * 2)
     pools = [f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     started = []
     try:

@@ -23,6 +23,7 @@ from tpusync import sidecar
 from tpusync.hashing import BlockHasher
 from tpusync.launch import start_server
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -35,7 +36,7 @@ def servers(tmp_path_factory):
     whose log the tests read."""
     work = tmp_path_factory.mktemp("hardening")
     secret = work / "secret"
-    secret.write_text(uuid.uuid4().hex * 2)
+    write_secret(secret, uuid.uuid4().hex * 2)
     pool = f"/dev/shm/tpusync-hardening-{uuid.uuid4().hex[:8]}"
     log_path = work / "cached.log"
     started = []

@@ -12,6 +12,7 @@ import tpusync
 from tpusync import sidecar
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
+from tpusync.sidecar import write_secret
 
 CFG = ModelConfig(max_seq=2048, layers=2, d_model=128, mlp=256)
 BLOCK = -(-CFG.page_bytes // 4096) * 4096
@@ -19,7 +20,7 @@ BLOCK = -(-CFG.page_bytes // 4096) * 4096
 
 def test_a_prefix_from_the_shared_tier_on_a_fresh_host_decodes_as_recompute(tmp_path):
     secret = tmp_path / "secret"
-    secret.write_text(uuid.uuid4().hex * 2)
+    write_secret(secret, uuid.uuid4().hex * 2)
     shared = str(tmp_path / "shared")
 
     def host(name: str) -> sidecar.Sidecar:

@@ -17,6 +17,7 @@ import tpusync
 from tests.support import fabric as fab
 from tests.support import sshfs
 from tests.support.keys import keys_for
+from tpusync.sidecar import write_secret
 
 SECRET = b"shared-tier-integration-secret-0123"
 BLOCK = 256 << 10
@@ -67,7 +68,7 @@ class Pool:
     def __init__(self, tmp_path, mode: str, n: int, size: str | None) -> None:
         self.tmp, self.mode, self.n = tmp_path, mode, n
         self.secret_file = str(tmp_path / "secret")
-        (tmp_path / "secret").write_bytes(SECRET + b"\n")
+        write_secret(tmp_path / "secret", SECRET + b"\n")
         self.export = str(tmp_path / "shared")
         os.makedirs(self.export, exist_ok=True)
         # A filesystem of `size` as the shared directory, mounted before any host's process starts

@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from tpusync import sidecar as sidecar_mod
+from tpusync.sidecar import write_secret
 
 SECRET = b"integration-test-secret-0123456789"
 BLOCK = 256 << 10
@@ -16,7 +17,7 @@ BLOCK = 256 << 10
 @pytest.fixture
 def secret_file(tmp_path):
     path = tmp_path / "secret"
-    path.write_bytes(SECRET + b"\n")
+    write_secret(path, SECRET + b"\n")
     return str(path)
 
 

@@ -391,3 +391,22 @@ def test_flags_that_cannot_work_are_refused_with_one_line(secret_file, flag, mes
                            f"--auth-secret-file={secret_file}", flag], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert done.stderr == f"tpusync-sidecar: {message}\n", done.stderr
+
+
+def test_a_secret_others_can_read_and_a_missing_disk_dir_are_refused(secret_file, tmp_path):
+    from tpusync import sidecar as sidecar_mod
+
+    base = [sidecar_mod.sidecar_binary(), "--block-bytes=4096", "--dram-bytes=1Mi",
+            f"--pool-path=/dev/shm/tpusync-refused-{tmp_path.name}", "--data-port=0", "--http-port=0"]
+    os.chmod(secret_file, 0o644)
+    done = subprocess.run([*base, f"--auth-secret-file={secret_file}"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert f"auth secret file {secret_file} is open to other users (mode 0644): chmod 600 it" in done.stderr
+
+    os.chmod(secret_file, 0o640)  # a group may share it (the operator mounts it 0440)
+    missing = tmp_path / "no-such-ssd"
+    done = subprocess.run([*base, f"--auth-secret-file={secret_file}", f"--disk-dir={missing}", "--disk-bytes=1Mi"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert f"--disk-dir={missing} is not a directory: mount the disk there, or pass --create-disk-dir" in done.stderr
+    assert not missing.exists()

@@ -15,6 +15,7 @@ import pytest
 
 import tpusync
 from tpusync import sidecar as sidecar_mod
+from tpusync.sidecar import write_secret
 from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
 
 from .model import params
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def hosts(tmp_path):
     """hosts(n) starts n sidecars (host 0 is the trainer's); all are killed afterwards."""
     secret = tmp_path / "secret"
-    secret.write_bytes(SECRET + b"\n")
+    write_secret(secret, SECRET + b"\n")
     started = []
 
     def _start(n: int, dram_bytes: int = 64 << 20):
