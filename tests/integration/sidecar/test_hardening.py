@@ -5,6 +5,7 @@ other loopback addresses (127.0.0.2...), legitimate clients from 127.0.0.1."""
 from __future__ import annotations
 
 import http.client
+import os
 import signal
 import socket
 import subprocess
@@ -115,10 +116,14 @@ def test_release_for_the_host_cannot_drop_another_connections_pin(launch):
 def test_control_socket_path_holding_a_file_is_refused_not_deleted(tmp_path, secret_file):
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me")
-    with pytest.raises(tpusync.errors.UnavailableError):
-        sidecar_mod.launch(pool_path=f"/dev/shm/tpusync-it-file-{id(precious)}", secret_file=secret_file,
-                           dram_bytes=4 * BLOCK, block_bytes=BLOCK, control_socket=str(precious),
-                           stderr=subprocess.DEVNULL)
+    pool = f"/dev/shm/tpusync-it-file-{id(precious)}"
+    try:
+        with pytest.raises(tpusync.errors.UnavailableError):
+            sidecar_mod.launch(pool_path=pool, secret_file=secret_file, dram_bytes=4 * BLOCK, block_bytes=BLOCK,
+                               control_socket=str(precious), stderr=subprocess.DEVNULL)
+    finally:
+        if os.path.exists(pool):
+            os.unlink(pool)
     assert precious.read_text() == "keep me"
 
 
