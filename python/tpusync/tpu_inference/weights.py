@@ -16,15 +16,19 @@ it onto the engine's mesh), read off the host's pool one leaf at a time; then th
 runner's flat weight leaves, which every jitted step takes as its first argument, are
 refreshed, or the engine would keep serving the arrays it had. A version that does not
 arrive in time fails the call with the engine untouched.
+
+The contract is tpu-inference 0.32.0's (tests/tpu_inference/requirements.txt):
+tpu_inference/worker/tpu_worker.py (start_weight_update frees the KV cache, finish_weight_update
+reallocates it, update_weights expects the weights out of band), runner/tpu_runner.py
+(refresh_state_leaves), models/jax/utils/weight_utils.py (LoadableWithIterator.load_weights).
+tests/tpu_inference/test_weight_update.py runs it in a real engine.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from tpusync import errors
-from tpusync.store import KVStore
+from tpusync import errors, sidecar
 from tpusync.weights.inplace import await_version, iter_torch, pinned_version
 
 
@@ -42,13 +46,10 @@ class WeightUpdate:
         import jax
         from vllm.config import set_current_vllm_config
 
-        address = control_socket or os.environ.get("TPUSYNC_CONTROL_SOCKET")
-        if not address:
-            raise errors.InvalidArgumentError("control_socket (or $TPUSYNC_CONTROL_SOCKET) names this host's sidecar")
         runner = self.model_runner
         if not hasattr(runner.model, "load_weights"):
             raise errors.InvalidArgumentError(f"{type(runner.model).__name__} cannot load weights from an iterator")
-        store = KVStore.connect(address if "://" in address else f"unix://{address}", secret_file=secret_file)
+        store = sidecar.connect(control_socket, secret_file=secret_file)
         try:
             loaded = await_version(store, model, version, timeout_s)
             with pinned_version(store, model, loaded) as manifest, jax.set_mesh(runner.mesh), \

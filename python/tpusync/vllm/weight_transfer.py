@@ -21,12 +21,18 @@ the weights in memory), under vLLM's layerwise reload, which redoes each layer's
 post-load processing (the CPU backend's repacked GEMM weights, quantization). A version
 that does not arrive in time fails the update with the engine untouched, serving what it
 served. The trainer side, `TpusyncTrainerWeightTransferEngine`, drives the same calls.
+
+The contract is vLLM 0.32.0's (the vLLM tier's pinned wheel, tests/vllm/requirements.txt):
+vllm/distributed/weight_transfer/base.py (WeightTransferEngine, TrainerWeightTransferEngine,
+the init/update info dataclasses), factory.py (register_engine), vllm/plugins/__init__.py
+(the `vllm.general_plugins` group), vllm/config/weight_transfer.py (`backend`),
+vllm/model_executor/model_loader/reload/ (layerwise reload). tests/vllm/test_weight_transfer.py
+runs it inside real vLLM engines, driven by vLLM's own trainer factory and HTTP client.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -43,7 +49,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.logger import init_logger
 
-from tpusync import errors
+from tpusync import errors, sidecar
 from tpusync.store import KVStore
 from tpusync.vllm import served_weights
 from tpusync.vllm.plugin import BACKEND
@@ -83,15 +89,9 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
             served_weights.forget(self._engine_id)
 
     def init_transfer_engine(self, init_info: TpusyncInitInfo) -> None:
-        address = init_info.control_socket or os.environ.get("TPUSYNC_CONTROL_SOCKET")
-        if not address:
-            raise errors.InvalidArgumentError("init_info.control_socket (or $TPUSYNC_CONTROL_SOCKET) names this "
-                                              "host's tpusync sidecar")
-        if "://" not in address:
-            address = f"unix://{address}"
         if self.store is not None:
             self.store.close()
-        self.store = KVStore.connect(address, secret_file=init_info.secret_file)
+        self.store = sidecar.connect(init_info.control_socket, secret_file=init_info.secret_file)
         self.info = init_info
 
     def start_weight_update(self) -> None:
@@ -181,8 +181,7 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
 
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.info = info
-        address = info.control_socket if "://" in info.control_socket else f"unix://{info.control_socket}"
-        self.sync = WeightSynchronizer(KVStore.connect(address, secret_file=info.secret_file), info.model)
+        self.sync = WeightSynchronizer(sidecar.connect(info.control_socket, secret_file=info.secret_file), info.model)
         self.version = self.sync.latest_version() or 0
         self._lock = threading.Lock()
 

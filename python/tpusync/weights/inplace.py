@@ -14,12 +14,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from tpusync import errors
-from tpusync.weights.checksums import checksum
 from tpusync.weights.head import read_head
-from tpusync.weights.leaves import VersionGoneError, leaf_bytes, single_block
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
 from tpusync.weights.manifest import Manifest
 from tpusync.weights.polling import backoff
 from tpusync.weights.storage import commit_on_host, read_manifest, version_keys
@@ -87,13 +84,7 @@ def iter_torch(store: Any, manifest: Manifest, *, verify: bool = False,
     once the consumer lets go of it."""
     for leaf in manifest.leaves:
         if zero_copy and single_block(leaf):
-            ref = leaf.shards[0].blocks[0]
-            try:
-                data = np.frombuffer(memoryview(store.acquire(ref.key)), np.uint8, count=ref.length)
-            except errors.NotFoundError:
-                raise VersionGoneError(f"leaf {leaf.name!r}: a block is missing from this host's pool") from None
-            if verify and checksum(data) != ref.checksum:
-                raise errors.CorruptionError(f"leaf {leaf.name!r}: a block fails its checksum")
+            data = leaf_in_place(store, leaf, verify=verify)
         else:
             data = leaf_bytes(store, leaf, verify=verify)
         yield leaf.name, as_torch(data, leaf.dtype, leaf.shape)

@@ -24,6 +24,19 @@ def single_block(entry: LeafEntry) -> bool:
     return len(entry.shards) == 1 and entry.shards[0].shape == entry.shape and len(entry.shards[0].blocks) == 1
 
 
+def leaf_in_place(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
+    """A one-block leaf's bytes on the pool slot itself; the view holds the block's read lease
+    (the store refuses to close while one is held) for as long as it, or an array over it, lives."""
+    ref = entry.shards[0].blocks[0]
+    try:
+        view = np.frombuffer(memoryview(store.acquire(ref.key)), np.uint8, count=ref.length)
+    except errors.NotFoundError:
+        raise VersionGoneError(f"leaf {entry.name!r}: a block is missing from this host's pool") from None
+    if verify and checksum(view) != ref.checksum:
+        raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
+    return view
+
+
 def leaf_bytes(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
     """The whole leaf's bytes in a buffer of its own (C order, 64-byte aligned, so a CPU device
     can alias it), its shards put in place. Raises VersionGoneError when a block is missing."""

@@ -30,7 +30,7 @@ from tpusync.weights.checksums import CHECKSUM, checksum
 from tpusync.weights.head import read_head
 from tpusync.weights.inplace import await_version
 from tpusync.weights.keys import commit_key, weight_key
-from tpusync.weights.leaves import VersionGoneError, leaf_bytes, single_block
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
 from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
 from tpusync.weights.tensors import HostLeaf, as_torch, dtype_name, host_leaf, is_state_dict, iter_leaves, numpy_dtype
@@ -280,11 +280,11 @@ class WeightSynchronizer:
                      and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
                      and jax.devices()[0].platform == "cpu")
         if local_cpu and sharding is not None and want == dtype and single_block(entry):
-            # The pool slot is the buffer: hold a read lease for as long as the array lives.
-            view, release = self._lease(entry)
+            # The pool slot is the buffer: its read lease (held by the view) lives as long as the array.
+            view = leaf_in_place(self.store, entry, verify=self.verify)
             host = view.view(dtype).reshape(entry.shape)
             arr = jax.device_put(host, next(iter(sharding.device_set)), may_alias=True)
-            weakref.finalize(arr, release)
+            weakref.finalize(arr, [view].clear)
             self._metrics["zero_copy_leaves"] += 1
             return arr, host
         host = leaf_bytes(self.store, entry, verify=self.verify).view(dtype).reshape(entry.shape)
@@ -304,29 +304,13 @@ class WeightSynchronizer:
         """A CPU tensor: on the pool slot itself (a lease held while it lives) when the leaf is
         one block in the template's dtype, else on a buffer of its own."""
         if single_block(entry) and dtype_name(tmpl) == entry.dtype:
-            view, release = self._lease(entry)
-            tensor = as_torch(view, entry.dtype, entry.shape)
-            weakref.finalize(tensor, release)
+            tensor = as_torch(leaf_in_place(self.store, entry, verify=self.verify), entry.dtype, entry.shape)
             self._metrics["zero_copy_leaves"] += 1
             return tensor, tensor
         tensor = as_torch(leaf_bytes(self.store, entry, verify=self.verify), entry.dtype, entry.shape)
         if dtype_name(tmpl) != entry.dtype:
             tensor = tensor.to(tmpl.dtype)  # the explicit cast bind_weights(cast=True) asked for
         return tensor, tensor
-
-    def _lease(self, entry: LeafEntry) -> tuple[np.ndarray, Callable[[], None]]:
-        """A one-block leaf's bytes in place, and the call that gives them back (dropping the
-        lease: the store refuses to close while one is held, since the array aliases the pool)."""
-        ref = entry.shards[0].blocks[0]
-        try:
-            lease = self.store.acquire(ref.key)
-        except errors.NotFoundError:
-            raise VersionGoneError(f"leaf {entry.name!r}: block missing from this host's pool") from None
-        view = np.frombuffer(memoryview(lease), np.uint8, count=ref.length)
-        if self.verify and checksum(view) != ref.checksum:
-            raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
-        holder = [lease]
-        return view, holder.clear
 
     # -- reading ----------------------------------------------------------------------------
 
