@@ -50,9 +50,10 @@ def merge_conditions(old: list[dict[str, Any]] | None, new: list[Cond], generati
 
 
 def transitions(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Conditions whose status changed (for events)."""
-    previous = {c.get("type"): c.get("status") for c in old or []}
-    return [c for c in new if previous.get(c["type"]) != c["status"]]
+    """Conditions whose status or reason changed (for events): Degraded staying True for a new
+    cause (an API error, then a missing CRD) is news too."""
+    previous = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
+    return [c for c in new if previous.get(c["type"]) != (c["status"], c.get("reason"))]
 
 
 def three(ready: Cond, progressing: Cond, degraded: Cond) -> list[Cond]:

@@ -31,6 +31,10 @@ def test_transition_time_changes_only_with_status():
     flipped = merge_conditions(same, [Cond("Ready", True, "C")], 2, T0 + timedelta(minutes=9))
     assert flipped[0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
     assert transitions(same, flipped) == flipped and transitions(flipped, flipped) == []
+    # Degraded staying True with a new cause is a transition (its event names the new cause).
+    api = merge_conditions(None, [Cond("Degraded", True, "APIError", "429")], 1, T0)
+    crd = merge_conditions(api, [Cond("Degraded", True, "MissingCRD", "InferencePool")], 1, T0)
+    assert transitions(api, crd) == crd and transitions(crd, crd) == []
 
 
 def pod(name, ready, dram=0, disk=0, deleting=False):
