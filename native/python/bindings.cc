@@ -319,6 +319,16 @@ PYBIND11_MODULE(_native, m) {
           "Waits for queued write-behind; raises the first demotion error since the last flush.")
       .def("stats", [](S& s) { return StatsDict(Take(NoGil([&] { return s->Stats(); }))); })
       .def(
+          "changes",
+          [](S& s, uint64_t epoch, uint64_t seq, uint32_t wait_ms, uint32_t max_keys) {
+            ChangeBatch b = Take(NoGil([&] { return s->Changes({epoch, seq}, std::chrono::milliseconds(wait_ms), max_keys); }));
+            pb::list keys(b.keys.size());
+            for (size_t i = 0; i < b.keys.size(); ++i) keys[i] = KeyToInt(b.keys[i]);
+            return pb::make_tuple(b.next.epoch, b.next.seq, b.lost, keys);
+          },
+          pb::arg("epoch"), pb::arg("seq"), pb::kw_only(), pb::arg("wait_ms"), pb::arg("max_keys") = 65536,
+          "Keys whose tier changed after the cursor: (epoch, seq, lost, keys) for the next call.")
+      .def(
           "reserve",
           [](S& s, const pb::handle& keys) {
             std::vector<BlockKey> k = ParseKeys(keys);

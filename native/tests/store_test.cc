@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -442,6 +443,70 @@ TEST_F(StoreTest, BlocksDroppedBecauseTheDiskIsFullOfPinsAreCounted) {
   EXPECT_NE(st.last_error.find("disk tier full"), std::string::npos);
   EXPECT_TRUE(GetMatches(*s, 0)) << s->Stats().last_error;  // the pinned ones are intact
   EXPECT_TRUE(GetMatches(*s, 15));
+}
+
+}  // namespace
+}  // namespace tpusync
+
+// ---- the change feed --------------------------------------------------------------------
+
+namespace tpusync {
+namespace {
+
+bool Holds(const std::vector<BlockKey>& keys, const BlockKey& k) {
+  return std::find(keys.begin(), keys.end(), k) != keys.end();
+}
+
+TEST(ChangeFeedTest, ReadsInOrderAndReportsWhatItLost) {
+  ChangeFeed feed(4);
+  ChangeBatch first = feed.Since({}, std::chrono::milliseconds(0), 16);
+  EXPECT_TRUE(first.lost);  // a first read has no cursor of this feed
+  feed.Record(Key(1));
+  feed.Record(Key(2));
+  ChangeBatch b = feed.Since(first.next, std::chrono::milliseconds(0), 1);
+  ASSERT_FALSE(b.lost);
+  EXPECT_EQ(b.keys, std::vector<BlockKey>{Key(1)});
+  b = feed.Since(b.next, std::chrono::milliseconds(0), 16);
+  EXPECT_EQ(b.keys, std::vector<BlockKey>{Key(2)});
+  for (uint64_t i = 3; i < 9; ++i) feed.Record(Key(i));  // 6 changes into a ring of 4
+  ChangeBatch overrun = feed.Since(b.next, std::chrono::milliseconds(0), 16);
+  EXPECT_TRUE(overrun.lost);
+  EXPECT_TRUE(feed.Since(overrun.next, std::chrono::milliseconds(0), 16).keys.empty());
+  EXPECT_TRUE(feed.Since({feed.epoch() + 1, 0}, std::chrono::milliseconds(0), 16).lost);  // another feed's cursor
+}
+
+TEST(ChangeFeedTest, AWaitEndsWithTheFirstChange) {
+  ChangeFeed feed;
+  ChangeCursor at = feed.Since({}, std::chrono::milliseconds(0), 16).next;
+  std::thread writer([&] { feed.Record(Key(7)); });
+  // Far longer than the test may take: it returns because the change came, not because it timed out.
+  ChangeBatch b;
+  while (b.keys.empty()) b = feed.Since(at, std::chrono::milliseconds(60000), 16);
+  writer.join();
+  EXPECT_EQ(b.keys, std::vector<BlockKey>{Key(7)});
+}
+
+TEST_F(StoreTest, EveryTierChangeIsInTheFeed) {
+  auto s = Open(4, 8);
+  ASSERT_NE(s, nullptr);
+  ChangeCursor at = s->Changes({}, std::chrono::milliseconds(0), 1024).next;
+  PutRange(*s, 0, 2);
+  ChangeBatch put = s->Changes(at, std::chrono::milliseconds(0), 1024);
+  ASSERT_FALSE(put.lost);
+  EXPECT_TRUE(Holds(put.keys, Key(0)) && Holds(put.keys, Key(1)));
+  const std::vector<BlockKey> one = {Key(0)};
+  ASSERT_TRUE(s->Evict(one).ok());  // DRAM -> disk
+  ChangeBatch demoted = s->Changes(put.next, std::chrono::milliseconds(0), 1024);
+  EXPECT_TRUE(Holds(demoted.keys, Key(0)));
+  EXPECT_FALSE(Holds(demoted.keys, Key(1)));
+  ASSERT_TRUE(s->Evict(one).ok());  // disk -> gone
+  ChangeBatch gone = s->Changes(demoted.next, std::chrono::milliseconds(0), 1024);
+  EXPECT_TRUE(Holds(gone.keys, Key(0)));
+  EXPECT_EQ(s->Lookup(one, false).tiers[0], Tier::kNone);
+  PutRange(*s, 2, 6);  // DRAM holds 4: the oldest are written behind on their own
+  ASSERT_TRUE(s->Flush().ok());
+  ChangeBatch behind = s->Changes(gone.next, std::chrono::milliseconds(0), 1024);
+  EXPECT_TRUE(Holds(behind.keys, Key(1)));  // it left DRAM with no call naming it
 }
 
 }  // namespace

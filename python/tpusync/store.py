@@ -42,6 +42,19 @@ class LookupResult(NamedTuple):
     """Per key, a Tier code (uint8): NONE, DRAM, DISK or DRAM_AND_DISK."""
 
 
+class Changes(NamedTuple):
+    """What `KVStore.changes` found after a cursor: pass `cursor` to the next call."""
+
+    cursor: tuple[int, int]
+    """(epoch, seq): the store instance and the position of the next change."""
+    lost: bool
+    """Changes were missed (a cursor of another store instance, or one that fell too far
+    behind): reread every block of interest."""
+    keys: list[int]
+    """Keys whose tier changed (entered or left DRAM or the disk, or removed from the shared
+    tier by this store), oldest first; a key may repeat."""
+
+
 class KVStore:
     """A content-addressed store of fixed-size blocks keyed by 128-bit hashes.
 
@@ -188,6 +201,19 @@ class KVStore:
     def stats(self) -> dict[str, Any]:
         """Occupancy, hit and eviction counters, integrity and I/O error counts."""
         return self._backend.stats()
+
+    def changes(self, cursor: tuple[int, int] = (0, 0), *, wait_s: float = 0.0, max_keys: int = 65536) -> Changes:
+        """The keys whose tier changed after `cursor` (from an earlier call; (0, 0) the first
+        time, which reads as lost), waiting up to `wait_s` (at most 60) for the first one.
+
+        What KV events are announced from: the sidecar records each block entering or leaving
+        a tier as it happens. Through a sidecar the wait holds this connection: poll on a
+        KVStore of its own. PreconditionError on the data port."""
+        if not 0 <= wait_s <= 60:
+            raise errors.InvalidArgumentError(f"changes: wait_s must be within 0..60, not {wait_s}")
+        epoch, seq, lost, keys = self._backend.changes(cursor[0], cursor[1], wait_ms=round(wait_s * 1000),
+                                                       max_keys=max_keys)
+        return Changes((epoch, seq), lost, keys)
 
     # -- peers ----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tpusync/block_key.h"
+#include "tpusync/change_feed.h"
 
 namespace tpusync {
 
@@ -80,7 +81,15 @@ class BlockIndex {
   size_t pinned_blocks() const { return pinned_; }
   void AdjustPinned(int delta) { pinned_ += delta; }
 
+  // Every change of tier membership (and Changed: a commit, a shared-tier copy) is recorded
+  // in `feed` when one is set.
+  void set_feed(ChangeFeed* feed) { feed_ = feed; }
+  void Changed(const BlockKey& key) {
+    if (feed_ != nullptr) feed_->Record(key);
+  }
+
  private:
+  ChangeFeed* feed_ = nullptr;
   std::unordered_map<BlockKey, IndexEntry, BlockKeyHash> map_;
   std::list<BlockKey> dram_lru_;  // front = most recent
   std::list<BlockKey> disk_lru_;

@@ -62,6 +62,10 @@ class BlockStore {
   // Counters of the store behind this backend. Fields a backend cannot observe stay zero
   // (the sidecar does not report its mapping flags; the data port reports only block_bytes).
   virtual Result<StoreStats> Stats() = 0;
+  // Store::Changes: the keys whose tier changed since `since`, waiting up to `wait` (at most
+  // net::kMaxChangesWaitMs) for one. Through the sidecar the wait holds the client's channel:
+  // poll on a client of its own. kFailedPrecondition on the data port (no store to watch).
+  virtual Result<ChangeBatch> Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) = 0;
 
   // Zero-copy slots, batched. Reserve is all or nothing: a slot per key not yet stored (null
   // for stored ones), or kResourceExhausted (no free slot for every key) or kUnavailable

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,6 +53,9 @@ struct SharedTierOptions {
   std::chrono::milliseconds evict_interval{1000};
   std::chrono::milliseconds pin_ttl{600000};
   bool run_evictor = true;
+  // Called (from the thread that removed it, with no lock of the tier held) for each block of
+  // this layout that this instance removed: evicted, or found damaged. The store's change feed.
+  std::function<void(const BlockKey&)> on_removed = nullptr;
 };
 
 struct SharedTierStats {
@@ -112,7 +116,10 @@ class SharedTier {
   std::string BlockPath(const BlockKey& key) const;
   std::string PinPath(const BlockKey& key) const;
   Status Refuse(uint64_t file_bytes);
-  void Remove(const std::string& path, uint64_t ino, const std::string& why);
+  void Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why);
+  void Removed(const BlockKey& key) const {
+    if (options_.on_removed) options_.on_removed(key);
+  }
   void EvictLoop(const std::stop_token& stop);
   void RefreshPins();
   template <typename T>

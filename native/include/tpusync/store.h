@@ -21,6 +21,7 @@
 #include "tpusync/block_index.h"
 #include "tpusync/block_key.h"
 #include "tpusync/block_pool.h"
+#include "tpusync/change_feed.h"
 #include "tpusync/disk_tier.h"
 #include "tpusync/shared_tier.h"
 #include "tpusync/status.h"
@@ -171,6 +172,9 @@ class Store {
   // block stays readable where it was.
   Status Flush();
   StoreStats Stats() const;
+  // The keys whose tier changed after `since` (ChangeFeed::Since): a block that entered or
+  // left DRAM or the disk, or a shared-tier file this store removed (evicted, damaged).
+  ChangeBatch Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys);
 
   // Zero-copy access. Reserve: kFailedPrecondition if the key is already stored, kUnavailable
   // if another lease holds it, kResourceExhausted if no slot is free. With `wait`, it first

@@ -54,11 +54,12 @@ void SidecarClient::Close() {
   socket_.Close();
 }
 
-Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status) {
+Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status,
+                                  std::chrono::milliseconds wait) {
   if (!socket_.valid()) {
     return Status(StatusCode::kUnavailable, "the control channel is closed (by close(), or after an earlier failure)");
   }
-  Deadline d = Deadline::After(timeout_);
+  Deadline d = Deadline::After(timeout_ + wait);
   Status st = conn_->Send(op, body, d, count, status);
   Result<Frame> f = st.ok() ? conn_->Recv(d) : Result<Frame>(st);
   // A reply that did not arrive whole leaves the channel out of step: drop it.
@@ -208,6 +209,30 @@ Status SidecarClient::Evict(std::span<const BlockKey> keys) {
 Status SidecarClient::Flush() {
   std::lock_guard lock(mu_);
   return Call(Op::kFlush, {}, 0).status();
+}
+
+Result<ChangeBatch> SidecarClient::Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) {
+  if (wait.count() < 0 || wait.count() > kMaxChangesWaitMs || max_keys == 0 || max_keys > kMaxKeys) {
+    return InvalidArgument("changes: wait must be 0.." + std::to_string(kMaxChangesWaitMs) + " ms and max_keys 1.." +
+                           std::to_string(kMaxKeys));
+  }
+  BodyWriter w;
+  w.U64(since.epoch);
+  w.U64(since.seq);
+  w.U32(static_cast<uint32_t>(wait.count()));
+  w.U32(static_cast<uint32_t>(max_keys));
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(Op::kChanges, w.bytes(), 0, 0, wait));
+  BodyReader r(f.body);
+  ChangeBatch b;
+  std::span<const std::byte> keys;
+  if (f.header.op != Op::kChangesReply || f.header.count > max_keys || !r.U64(&b.next.epoch) || !r.U64(&b.next.seq) ||
+      !r.Bytes(uint64_t{f.header.count} * 16, &keys) || !r.done()) {
+    return InvalidArgument("bad frame: CHANGES reply");
+  }
+  TPUSYNC_ASSIGN_OR_RETURN(b.keys, ParseKeyList(keys, f.header.count));
+  b.lost = f.header.status != 0;
+  return b;
 }
 
 Result<StoreStats> SidecarClient::Stats() {

@@ -31,6 +31,7 @@ class SidecarClient final : public BlockStore {
   Status Evict(std::span<const BlockKey> keys) override;
   Status Flush() override;
   Result<StoreStats> Stats() override;
+  Result<ChangeBatch> Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) override;
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey> keys) override;
   Status Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) override;
   Status Abort(std::span<const BlockKey> keys) override;
@@ -47,7 +48,9 @@ class SidecarClient final : public BlockStore {
 
  private:
   SidecarClient() = default;
-  Result<Frame> Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status = 0);
+  // `wait`: how long the sidecar may take besides the timeout (a long poll).
+  Result<Frame> Call(Op op, std::span<const std::byte> body, uint32_t count, uint16_t status = 0,
+                     std::chrono::milliseconds wait = {});
   Result<Frame> CallKeys(Op op, std::span<const BlockKey> keys, uint16_t status = 0);
   Result<std::vector<uint8_t>> PeerCall(Op op, const std::string& peer, std::span<const BlockKey> keys,
                                         std::vector<uint64_t>* digests = nullptr);

@@ -114,7 +114,7 @@ void ControlService::Serve(Connection& conn) {
       }
       break;
     }
-    Status st = Handle(c, *f, session, d);
+    Status st = Handle(c, *f, session, d, stop);
     metrics_.Latency(ServerOp::kControl, std::chrono::duration<double>(Clock::now() - start).count());
     if (!st.ok()) {
       metrics_.Error(ServerOp::kControl);
@@ -127,7 +127,7 @@ void ControlService::Serve(Connection& conn) {
   }
 }
 
-Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, Deadline d) {
+Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, Deadline d, const WakeFd& stop) {
   switch (f.header.op) {
     case Op::kInfo: {
       BodyWriter w;
@@ -234,6 +234,8 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       }
       return SendOk(c, d);
     }
+    case Op::kChanges:
+      return HandleChanges(c, f, stop);
     case Op::kPullFrom:
     case Op::kPushTo:
     case Op::kExistsAt:
@@ -242,6 +244,34 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       return InvalidArgument("bad frame: op " + std::to_string(static_cast<int>(f.header.op)) +
                              " is not a control request");
   }
+}
+
+// Waits in short slices, so that a stopping sidecar or a client that hung up (or sent
+// something: it must not, mid-poll) ends the poll; the reply's deadline starts when it ends.
+Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd& stop) {
+  BodyReader r(f.body);
+  ChangeCursor since;
+  uint32_t wait_ms = 0, max_keys = 0;
+  if (!r.U64(&since.epoch) || !r.U64(&since.seq) || !r.U32(&wait_ms) || !r.U32(&max_keys) || !r.done() ||
+      max_keys == 0 || max_keys > kMaxKeys || wait_ms > kMaxChangesWaitMs) {
+    return InvalidArgument("bad frame: CHANGES body");
+  }
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  const auto until = Clock::now() + std::chrono::milliseconds(wait_ms);
+  ChangeBatch b;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    b = store_.Changes(since, std::clamp(left, std::chrono::milliseconds(0), kSlice), max_keys);
+    if (b.lost || !b.keys.empty() || left <= kSlice) break;
+    Result<bool> input = c.socket().WaitReadable(stop.fd(), Deadline::After(std::chrono::milliseconds(0)));
+    if (input.ok()) break;  // the client's input or hang-up (true), or the sidecar stopping (false)
+  }
+  BodyWriter w;
+  w.U64(b.next.epoch);
+  w.U64(b.next.seq);
+  WriteKeyList(w, b.keys);
+  return c.Send(Op::kChangesReply, w.bytes(), Deadline::After(op_timeout_), static_cast<uint32_t>(b.keys.size()),
+                b.lost ? 1 : 0);
 }
 
 // Body: peer address, then the keys.

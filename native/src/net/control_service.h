@@ -35,8 +35,9 @@ class ControlService {
 
  private:
   struct Session;
-  Status Handle(FramedConn& c, const Frame& f, Session& session, Deadline d);
+  Status Handle(FramedConn& c, const Frame& f, Session& session, Deadline d, const WakeFd& stop);
   Status HandlePeerOp(FramedConn& c, const Frame& f, Deadline d);
+  Status HandleChanges(FramedConn& c, const Frame& f, const WakeFd& stop);
 
   Status PinForHost(std::span<const BlockKey> keys);
   Status ReleaseForHost(std::span<const BlockKey> keys);

@@ -103,6 +103,7 @@ class DataPortStore final : public BlockStore {
     s.block_bytes = block_bytes_;
     return s;
   }
+  Result<ChangeBatch> Changes(ChangeCursor, std::chrono::milliseconds, size_t) override { return NoPool("changes"); }
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey>) override { return NoPool("reserve"); }
   Status Commit(std::span<const BlockKey>, std::span<const uint64_t>) override { return NoPool("commit"); }
   Status Abort(std::span<const BlockKey>) override { return NoPool("abort"); }

@@ -71,6 +71,11 @@ class LocalBlockStore final : public BlockStore {
     TPUSYNC_RETURN_IF_ERROR(Open());
     return store_->Stats();
   }
+  Result<ChangeBatch> Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) override {
+    std::shared_lock open(close_mu_);
+    TPUSYNC_RETURN_IF_ERROR(Open());
+    return store_->Changes(since, wait, max_keys);
+  }
 
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey> keys) override;
   Status Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) override;

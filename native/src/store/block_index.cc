@@ -34,12 +34,15 @@ void BlockIndex::Erase(const BlockKey& key) {
   ClearDram(it->second);
   ClearDisk(it->second);
   if (it->second.pins > 0) --pinned_;
+  const BlockKey erased = key;  // `key` may be the erased entry's own
   map_.erase(it);
+  Changed(erased);
 }
 
 void BlockIndex::SetDram(IndexEntry& e, uint32_t slot) {
   e.slot = slot;
   TouchDram(e);
+  Changed(e.key);
 }
 
 void BlockIndex::TouchDram(IndexEntry& e) {
@@ -51,6 +54,7 @@ void BlockIndex::TouchDram(IndexEntry& e) {
 
 void BlockIndex::ClearDram(IndexEntry& e) {
   if (e.in_dram_lru_) dram_lru_.erase(e.dram_lru_);
+  if (e.slot != IndexEntry::kNoLocation) Changed(e.key);
   e.in_dram_lru_ = false;
   e.slot = IndexEntry::kNoLocation;
 }
@@ -61,10 +65,12 @@ void BlockIndex::SetDisk(IndexEntry& e, uint32_t extent) {
   disk_lru_.push_front(e.key);
   e.disk_lru_ = disk_lru_.begin();
   e.in_disk_lru_ = true;
+  Changed(e.key);
 }
 
 void BlockIndex::ClearDisk(IndexEntry& e) {
   if (e.in_disk_lru_) disk_lru_.erase(e.disk_lru_);
+  if (e.extent != IndexEntry::kNoLocation) Changed(e.key);
   e.in_disk_lru_ = false;
   e.extent = IndexEntry::kNoLocation;
 }

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <unordered_set>
 
 #include "checksum.h"
@@ -22,6 +23,20 @@
 
 namespace tpusync {
 namespace {
+
+// A block file's name: its key as BlockKey::ToHex writes it.
+bool KeyFromHex(std::string_view hex, BlockKey* key) {
+  if (hex.size() != 32) return false;
+  uint64_t half[2] = {0, 0};
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = hex[i];
+    const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return false;
+    half[i / 16] = half[i / 16] << 4 | static_cast<uint64_t>(v);
+  }
+  *key = {half[0], half[1]};
+  return true;
+}
 
 constexpr uint64_t kMagic = 0x54505553594e5348ULL;  // "TPUSYNSH"
 constexpr uint32_t kVersion = 1;
@@ -249,9 +264,9 @@ Status SharedTier::Write(const BlockKey& key, const std::byte* src, uint64_t len
 }
 
 // Removes a damaged file unless another host has replaced it with a new one since it was read.
-void SharedTier::Remove(const std::string& path, uint64_t ino, const std::string& why) {
+void SharedTier::Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why) {
   struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino) ::unlink(path.c_str());
+  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino && ::unlink(path.c_str()) == 0) Removed(key);
   uint64_t n = 0;
   {
     std::lock_guard lock(mu_);
@@ -278,7 +293,7 @@ Result<uint64_t> SharedTier::Read(const BlockKey& key, std::byte* dst, uint64_t 
     return ErrnoStatus(errno, "stat " + path);
   }
   auto damaged = [&](const std::string& what) -> Status {
-    Remove(path, st.st_ino, path + ": " + what);
+    Remove(key, path, st.st_ino, path + ": " + what);
     return DataLoss("shared tier file " + path + " " + what);
   };
   // One read of the header and the payload the file's size implies; the header then says
@@ -437,6 +452,8 @@ Result<uint64_t> SharedTier::EvictOnce() {
       } else if (::unlink(moved.c_str()) == 0) {
         ++evicted;
         freed += f->bytes;
+        BlockKey key;
+        if (f->layout_dir == root_ && KeyFromHex(f->name.substr(3), &key)) Removed(key);
       }
     }
   }

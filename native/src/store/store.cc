@@ -32,6 +32,7 @@ class StoreImpl {
 
   Result<WriteLease> Reserve(const BlockKey& key, bool wait);
   Result<ReadLease> Acquire(const BlockKey& key);
+  ChangeFeed& feed() { return feed_; }
 
   const BlockPool& pool() const { return *pool_; }
 
@@ -75,6 +76,7 @@ class StoreImpl {
   void AbortLease(WriteLease& lease);
   void ReleaseRead(const BlockKey& key);
 
+  ChangeFeed feed_;  // first: the shared tier's evictor records into it until it stops
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
   std::unique_ptr<SharedTier> shared_;  // null without a shared tier
@@ -123,6 +125,7 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
   if (o.shared_enabled) {
     SharedTierOptions sh = o.shared;
     sh.block_bytes = s->pool_->block_bytes();
+    sh.on_removed = [feed = &s->feed_](const BlockKey& key) { feed->Record(key); };
     TPUSYNC_ASSIGN_OR_RETURN(s->shared_, SharedTier::Open(sh));
     s->shared_demote_ = o.shared_policy == SharedPolicy::kDemote;
   }
@@ -163,6 +166,7 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
       ++s->c_->recovered_disk;
     }
   }
+  s->index_.set_feed(&s->feed_);  // after the rebuild: a reader's first batch reads as lost anyway
   if (s->disk_ || s->shared_) {
     for (uint32_t i = 0; i < o.io_threads; ++i) {
       s->io_threads_.emplace_back([p = s.get()](const std::stop_token& st) { p->IoLoop(st); });
@@ -935,6 +939,9 @@ Status Store::Release(std::span<const BlockKey> keys) { return impl_->Release(ke
 Status Store::Evict(std::span<const BlockKey> keys) { return impl_->Evict(keys); }
 Status Store::Flush() { return impl_->Flush(); }
 StoreStats Store::Stats() const { return impl_->Stats(); }
+ChangeBatch Store::Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) {
+  return impl_->feed().Since(since, wait, max_keys);
+}
 Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) { return impl_->Reserve(key, wait); }
 Result<ReadLease> Store::Acquire(const BlockKey& key) { return impl_->Acquire(key); }
 const BlockPool& Store::pool() const { return impl_->pool(); }

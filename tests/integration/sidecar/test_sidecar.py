@@ -410,3 +410,37 @@ def test_a_secret_others_can_read_and_a_missing_disk_dir_are_refused(secret_file
     assert done.returncode == 1
     assert f"--disk-dir={missing} is not a directory: mount the disk there, or pass --create-disk-dir" in done.stderr
     assert not missing.exists()
+
+
+def test_the_change_feed_reports_evictions_as_they_happen(launch, tmp_path):
+    """A watcher long-polling the sidecar learns of a block leaving DRAM at once: the write-behind
+    of a full pool, which no engine call names, and a restart (lost)."""
+    a = launch("a", dram_bytes=4 * BLOCK, disk_dir=str(tmp_path / "disk"), disk_bytes=64 * BLOCK)
+    watcher, writer = engine(a), engine(a)
+    cursor = watcher.changes().cursor
+    got: list[tpusync.store.Changes] = []
+
+    def watch() -> None:  # waits far longer than the test takes: the change ends the wait
+        got.append(watcher.changes(cursor, wait_s=60))
+
+    t = threading.Thread(target=watch)
+    t.start()
+    data = blocks(0, 12)
+    writer.put(list(data), list(data.values()))
+    t.join(timeout=30)
+    assert not t.is_alive() and not got[0].lost and 0 in got[0].keys
+    writer.flush()
+    changed = set(got[0].keys)
+    cursor = got[0].cursor
+    while True:  # drain: what was recorded since, without waiting
+        batch = watcher.changes(cursor)
+        if not batch.keys:
+            break
+        changed |= set(batch.keys)
+        cursor = batch.cursor
+    on_disk = [k for k, t in zip(data, writer.lookup(list(data)).tiers) if t == Tier.DISK]
+    assert on_disk and set(on_disk) <= changed   # every block written behind was reported
+    a.kill()
+    a2 = launch("a2", pool_path=a.pool_path, dram_bytes=4 * BLOCK, disk_dir=str(tmp_path / "disk"),
+                disk_bytes=64 * BLOCK)
+    assert engine(a2).changes(cursor).lost      # another sidecar's cursor: reread everything

@@ -20,6 +20,7 @@ constexpr uint16_t kVersion = 2;
 constexpr size_t kHeaderBytes = 32;
 constexpr uint64_t kMaxBodyBytes = 64ull << 20;  // metadata bodies; block payloads are bounded by block_bytes
 constexpr uint32_t kMaxKeys = 1u << 20;
+constexpr uint32_t kMaxChangesWaitMs = 60000;  // a CHANGES long poll waits at most this long
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kMaxErrorBytes = 4096;  // ERROR and END bodies: a message
@@ -57,6 +58,8 @@ enum class Op : uint16_t {
   kPullFrom = 45,    // peer address + keys -> kTiers (1 = now held locally)
   kPushTo = 46,      // peer address + keys -> kTiers (1 = the peer holds it)
   kExistsAt = 47,    // peer address + keys -> kTiers
+  kChanges = 48,     // epoch, seq, wait ms, max keys -> kChangesReply (a long poll: a channel of its own)
+  kChangesReply = 49,  // status = 1: changes lost; epoch, seq of the next read, then count keys
   kOk = 60,
   kError = 61,       // status = StatusCode, body = message
 };
