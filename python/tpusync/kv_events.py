@@ -19,11 +19,14 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
+
+if TYPE_CHECKING:
+    from tpusync.store import KVStore
 
 Event = list[Any]  # one positional event, as above
 
@@ -124,13 +127,15 @@ class BlockAnnouncer:
     tier the block left, or a block past the held prefix, is withdrawn (BlockRemoved) when this
     engine announced it there, or may have (before this process started).
 
-    The sidecar demotes and evicts blocks on its own; `audit` (the engine calls it every few
-    seconds) asks the store where the remembered blocks are now and announces the changes.
+    The sidecar demotes and evicts blocks on its own; `audit` asks the store where the
+    remembered blocks are now and announces the changes: for the keys of the store's change
+    feed as it reports them (`follow`), or for every remembered block on a timer.
     """
 
     def __init__(self, publisher: EventSink, block_size: int, *, remember: int = 1 << 16) -> None:
         self.publisher, self.block_size, self.remember = publisher, block_size, remember
         self._blocks: dict[int, _Block] = {}  # event hash -> block, least recently served first
+        self._by_key: dict[int, int] = {}     # store key -> event hash, of the blocks above
         self._lock = threading.Lock()
 
     def announce(self, hashes: Sequence[int], keys: Sequence[int], tokens: Sequence[int], tiers: Sequence[int],
@@ -164,19 +169,25 @@ class BlockAnnouncer:
                 b = self.block_size
                 self._blocks[h] = _Block(keys[i], hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]),
                                          media[i])
+                self._by_key[keys[i]] = h
             while len(self._blocks) > self.remember:
-                del self._blocks[next(iter(self._blocks))]
+                self._by_key.pop(self._blocks.pop(next(iter(self._blocks))).key, None)
             # Sent under the lock: batches leave in the order the announcer's state changed.
             return self.publisher.send(batch) if batch else None
 
-    def audit(self, lookup: Callable[[list[int]], Sequence[int]]) -> int | None:
+    def audit(self, lookup: Callable[[list[int]], Sequence[int]], keys: Collection[int] | None = None) -> int | None:
         """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key)
         and announces what changed since; returns the batch's sequence number, None if nothing did.
+        `keys`: only the remembered blocks of these store keys (a change feed's batch).
 
         The lookup runs without the lock, so an engine announcing a request never waits for it;
         a block announced again meanwhile is left to that newer announcement."""
         with self._lock:
-            items = list(self._blocks.items())
+            if keys is None:
+                items = list(self._blocks.items())
+            else:
+                hashes = {h for k in keys if (h := self._by_key.get(k)) is not None}
+                items = [(h, self._blocks[h]) for h in hashes]
         if not items:
             return None
         tiers = lookup([b.key for _, b in items])
@@ -194,6 +205,19 @@ class BlockAnnouncer:
             for _, b, media in now:
                 b.media = media
             return self.publisher.send(batch) if batch else None
+
+
+def follow(announcer: BlockAnnouncer, store: KVStore, stop: threading.Event, *, wait_s: float = 1.0) -> None:
+    """Announces what the store's change feed reports as it happens: the blocks it demoted or
+    evicted, within a round trip of the change. Returns when `stop` is set (within `wait_s`).
+    `store` is a connection of its own (the feed's long poll holds it); a batch the feed lost
+    (the sidecar restarted, or this fell behind) is an audit of every remembered block."""
+    cursor = (0, 0)
+    while not stop.is_set():
+        batch = store.changes(cursor, wait_s=wait_s)
+        cursor = batch.cursor
+        if batch.lost or batch.keys:
+            announcer.audit(lambda keys: store.lookup(keys).tiers.tolist(), None if batch.lost else batch.keys)
 
 
 def _parents_first(blocks: dict[int, _Block]) -> list[int]:

@@ -35,7 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--kv-events-endpoint", default=None, help='publish KV events here, e.g. "tcp://*:5557"')
     ap.add_argument("--kv-events-topic", default=None, help="default: kv@<host>:<port>@<model>")
     ap.add_argument("--kv-events-audit-s", type=float, default=2.0,
-                    help="how often to ask the store which announced blocks it demoted or evicted (0: never)")
+                    help="how often to ask the store where every announced block is (0: never); its change "
+                         "feed reports demotions and evictions as they happen, this finds the rest (another "
+                         "host evicting a shared-tier file)")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
     ap.add_argument("--max-prompt-tokens", type=cli.positive(int), default=None,
                     help="the longest prompt any route takes, /v1/completions/render included; longer ones get 400 "
@@ -62,15 +64,17 @@ def _main(argv: list[str]) -> int:
         store = KVStore.connect(f"unix://{args.control_socket}")
     elif args.embedded_store_bytes:
         store = KVStore.local(dram_bytes=args.embedded_store_bytes, block_bytes=-(-cfg.page_bytes // 4096) * 4096)
-    events = None
+    events = feed = None
     if args.kv_events_endpoint:
         from tpusync.kv_events import KVEventPublisher
 
         events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic or "kv@")
+        # The store's change feed, on a connection of its own (its long poll holds it).
+        feed = KVStore.connect(f"unix://{args.control_socket}") if args.control_socket else store
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
                     prefix_cache=not args.no_prefix_cache, kv_events=events,
-                    kv_events_audit_s=args.kv_events_audit_s)
+                    kv_events_audit_s=args.kv_events_audit_s, kv_events_feed=feed)
     if not args.no_warm_up:
         engine.warm_up()
     server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
-from tpusync.kv_events import BlockAnnouncer, EventSink
+from tpusync.kv_events import BlockAnnouncer, EventSink, follow
 from tpusync.pages import compile_loads, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.store import KVStore
@@ -75,7 +75,8 @@ class Result:
 class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
-                 prefix_cache: bool = True, kv_events: EventSink | None = None, kv_events_audit_s: float = 2.0) -> None:
+                 prefix_cache: bool = True, kv_events: EventSink | None = None, kv_events_audit_s: float = 2.0,
+                 kv_events_feed: KVStore | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
@@ -92,6 +93,12 @@ class Engine:
             # this engine announced are now, so the router stops sending their prefixes here.
             threading.Thread(target=self._audit_loop, args=(self.announcer, store, kv_events_audit_s), daemon=True,
                              name="kv-events-audit").start()
+        if self.announcer is not None and kv_events_feed is not None and prefix_cache:
+            # `kv_events_feed` (a connection of its own to the same store) reports each block the
+            # store demotes or evicts as it does: announced at once. The audit above still finds
+            # what the feed cannot see (another host evicting a shared-tier file).
+            threading.Thread(target=self._follow_loop, args=(self.announcer, kv_events_feed), daemon=True,
+                             name="kv-events-feed").start()
         self.params = init_params(cfg)
         self.k, self.v = empty_cache(cfg)
         self.lock = threading.Lock()
@@ -256,6 +263,15 @@ class Engine:
                 announcer.audit(lambda keys: store.lookup(keys).tiers.tolist())
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 log.warning("KV events audit: %s", e)
+
+    def _follow_loop(self, announcer: BlockAnnouncer, feed: KVStore) -> None:
+        never = threading.Event()
+        while True:
+            try:
+                follow(announcer, feed, never)
+            except errors.TpuSyncError as e:  # the sidecar is away: the audit covers meanwhile
+                log.warning("KV events feed: %s", e)
+                never.wait(1.0)  # a back-off before the next long poll, not a synchronisation
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
         return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],

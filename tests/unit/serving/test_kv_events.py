@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import msgpack
 import numpy as np
 import zmq
 
 import tpusync
+from tests.support.polling import wait_for
 from tpusync.hashing import BlockHasher, event_hash_of
-from tpusync.kv_events import BlockAnnouncer, KVEventPublisher
+from tpusync.kv_events import BlockAnnouncer, KVEventPublisher, follow
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
 
@@ -112,3 +114,25 @@ def test_audit_announces_what_the_store_did_since():
     assert ann.audit(lambda keys: [where[k] for k in keys]) == 2
     assert pub.batches[2] == [["BlockStored", [12], 11, [7, 8], 2, None, "CPU"],
                               ["BlockRemoved", [11], "CPU"]]
+
+
+def test_follow_announces_an_eviction_when_the_store_makes_it():
+    """No audit timer: the store's change feed names the block that left DRAM, and the
+    announcer withdraws it (a block it did not change is not looked up again)."""
+    block = 4096
+    pub = _Recorder()
+    ann = BlockAnnouncer(pub, 2)
+    with tpusync.KVStore.local(dram_bytes=8 * block, block_bytes=block) as store:
+        keys = [1001, 1002, 1003]
+        store.put(keys, [np.full(block, i, np.uint8) for i in range(3)])
+        ann.announce([11, 12, 13], keys, list(range(6)), store.lookup(keys).tiers.tolist(), 3)
+        stop = threading.Event()
+        t = threading.Thread(target=follow, args=(ann, store, stop), kwargs={"wait_s": 0.2})
+        t.start()
+        try:
+            store.evict([1002])  # no disk tier: the block is gone
+            wait_for("the eviction withdrawn", lambda: ["BlockRemoved", [12], "CPU"] in pub.batches[-1], 30)
+        finally:
+            stop.set()
+            t.join()
+    assert all(["BlockRemoved", [11], "CPU"] not in b and ["BlockRemoved", [13], "CPU"] not in b for b in pub.batches)
