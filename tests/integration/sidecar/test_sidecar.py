@@ -438,7 +438,7 @@ def test_the_change_feed_reports_evictions_as_they_happen(launch, tmp_path):
             break
         changed |= set(batch.keys)
         cursor = batch.cursor
-    on_disk = [k for k, t in zip(data, writer.lookup(list(data)).tiers) if t == Tier.DISK]
+    on_disk = [k for k, tier in zip(data, writer.lookup(list(data)).tiers) if tier == Tier.DISK]
     assert on_disk and set(on_disk) <= changed   # every block written behind was reported
     a.kill()
     a2 = launch("a2", pool_path=a.pool_path, dram_bytes=4 * BLOCK, disk_dir=str(tmp_path / "disk"),
