@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.polling import wait_for
+from tests.support.processes import free_port
 from tpusync import sidecar
 from tpusync.launch import interrupt
 from tpusync.serving.model import ModelConfig
@@ -40,12 +40,6 @@ def model_config(page_size: int) -> dict:
 
 def block_bytes(page_size: int) -> int:
     return -(-ModelConfig(**model_config(page_size)).page_bytes // 4096) * 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict, timeout: float = 120) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,11 +20,19 @@ class ProcessExited(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (another process may take it before use)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port free on 127.0.0.1 right now, below the kernel's ephemeral range: a port the
+    kernel hands out can be reused for any outgoing connection before the caller binds it
+    (and was: a coordinator failed to bind one), this one only by another explicit bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(10000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000..{low - 1} on {LOOPBACK}")
 
 
 @dataclass

@@ -116,11 +116,16 @@ def test_blocks_are_readable_as_they_arrive(launch):
     engine(a).put(list(data), list(data.values()))
     relay = Relay(a.data_port)
     relay.hold(after_bytes=10 * BLOCK)   # freeze the stream after about ten blocks
+    reader = engine(b)                   # another engine in b's pod, while the pull is in flight
+    cursor = reader.changes().cursor
     result: list[list[bool]] = []
     t = threading.Thread(target=lambda: result.append(engine(b).read_remote(relay.address, list(data))))
     t.start()
     assert relay.reached.wait(30)
-    reader = engine(b)                   # another engine in b's pod, while the pull is in flight
+    # The relay has forwarded the bytes; b commits each block as it lands, and says so in its
+    # change feed.
+    committed = reader.changes(cursor, wait_s=30)
+    assert committed.keys and not committed.lost, committed
     present = [k for k, tier in zip(data, reader.lookup(list(data)).tiers) if tier != Tier.NONE]
     assert 0 < len(present) < 64, present
     assert_holds(reader, {k: data[k] for k in present})   # whole and byte-exact already

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tpusync
+from tests.support.processes import free_port
 from tpusync import sidecar as sidecar_mod
 from tpusync.sidecar import write_secret
 from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
@@ -79,9 +79,7 @@ def trainer():
     started = []
 
     def _start(trainer_hosts, version: int, seed: int, stop_at: dict[int, int] | None = None):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         procs = []
         for pid, host in enumerate(trainer_hosts):
             extra = [str(stop_at[pid])] if stop_at and pid in stop_at else []

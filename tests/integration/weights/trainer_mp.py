@@ -33,7 +33,8 @@ def main(argv: list[str]) -> None:
     sock, coordinator, pid, version, seed = argv[:5]
     stop_at = int(argv[5]) if len(argv) > 5 else None
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=2, process_id=int(pid))
+    # Bound where it is reached: JAX's default is every address ([::]).
+    jax.distributed.initialize(coordinator, num_processes=2, process_id=int(pid), coordinator_bind_address=coordinator)
     mesh = Mesh(np.array(jax.devices()).reshape(4), ("x",))
 
     def place(path, host):
