@@ -7,8 +7,8 @@ the tier the sidecar holds it; what the sidecar demotes or evicts is updated or 
 Engines: a (kv_both on host s, which has a disk tier), b (kv_both on s too: a fresh engine
 that loads what a saved), dec (kv_consumer on host d, pulls from s for P/D). Pods are the
 topics' names; events travel over ipc:// sockets (no network address). Each engine publishes
-only when it steps, so changes the connector finds by itself (its store audit, every 0.2 s
-here) reach the index with the engine's next request.
+only when it steps, so changes the connector learns by itself (from the sidecar's change feed)
+reach the index with the engine's next request.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tpusync.store import KVStore
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
-AUDIT_S = 0.2
+AUDIT_S = 3600.0  # past every wait here: what the sidecar changes can reach the index only by its feed
 WEIGHTS = [{"name": "gpu", "weight": 1.0}, {"name": "cpu", "weight": 0.8}, {"name": "disk", "weight": 0.5}]
 
 
@@ -103,7 +103,7 @@ class Pod:
 def eventually(check: Callable[[], Any], step: Callable[[], Any] | None = None, timeout_s: float = 60) -> Any:
     """Polls `check()` (a request to the indexer) until it is truthy; the last value otherwise.
     `step` runs before each poll: a request that makes the engine step, so it publishes what its
-    audit found (vLLM publishes events only from its step loop)."""
+    feed reported (vLLM publishes events only from its step loop)."""
     return wait_for("the indexer to see the change", check, timeout_s, interval=0.05, step=step,
                     raise_on_timeout=False)
 
@@ -250,7 +250,7 @@ def test_blocks_received_by_pd_are_in_the_index_for_the_decode_pod(fleet: Any) -
 
 def test_demotion_and_eviction_by_the_sidecar_reach_the_index_for_every_engine_on_the_host(fleet: Any) -> None:
     """The sidecar writes the blocks behind to disk, then drops them: both engines of the host
-    that announced them say so (their store audits), at their next step."""
+    that announced them say so (from the sidecar's change feed), at their next step."""
     pods, indexers, sidecars = fleet
     a, b, ix = pods["a"], pods["b"], indexers[16]
     tokens = prompt(500, 300)  # 9 full blocks

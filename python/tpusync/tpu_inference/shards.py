@@ -86,6 +86,7 @@ def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int)
     sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
     if sched.events is not None:
         sched.events._audit_link = ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards)
+        sched.events.without_feed()
 
 
 def check_shards(total: int, expected: int) -> None:

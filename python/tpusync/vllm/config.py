@@ -17,7 +17,8 @@
     timeout_s        control-socket and peer call timeout (default 30)
     retry_s          after a store failure, how long to run without it before reconnecting (default 5)
     kv_events_audit_s  with vLLM's KV events enabled (--kv-events-config), how often to ask the
-                     store which announced blocks it demoted or evicted (default 2; 0: never)
+                     store where the announced blocks are, for what its change feed cannot
+                     report (docs/vllm.md; default 2; 0: never)
 
 `kv_transfer_params` follow vLLM's NixlConnector conventions. The router (or a proxy) sends the
 prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finished` answers

@@ -9,12 +9,15 @@ OffloadingConnector announces its CPU tier the same way).
 
 What to announce is `tpusync.kv_events.BlockAnnouncer`'s job, the same one the reference
 server uses: after a request finishes, the prompt's full blocks the sidecar holds, from the
-first one, per tier ("CPU" for host DRAM, "DISK"); every `kv_events_audit_s` seconds, what the
-sidecar demoted or evicted since. This module only turns its positional events into vLLM's
-`BlockStored` / `BlockRemoved` and queues them until the scheduler takes them.
+first one, per tier ("CPU" for host DRAM, "DISK"); what the sidecar demotes or evicts, as its
+change feed reports it (`tpusync.kv_events.follow`); every `kv_events_audit_s` seconds, what
+the feed cannot report (another host removing a shared-tier file). This module only turns its
+positional events into vLLM's `BlockStored` / `BlockRemoved` and queues them until the
+scheduler takes them.
 
-The engine publishes only when it steps: an audit's findings while the engine is idle go out
-with its next step (vLLM's engine loop sleeps on its input queue until a request comes).
+The engine publishes only when it steps: what the feed or an audit finds while the engine is
+idle goes out with its next step (vLLM's engine loop sleeps on its input queue until a request
+comes).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 from tpusync import errors
-from tpusync.kv_events import BlockAnnouncer, Event
+from tpusync.kv_events import BlockAnnouncer, Event, follow
 from tpusync.vllm.common import StoreLink, log
 
 if TYPE_CHECKING:
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from tpusync.vllm.config import ConnectorConfig
 
 _LOW64 = (1 << 64) - 1
+_FEED = "tpusync-kv-events-feed"
 
 
 def event_hash(key: int) -> int:
@@ -58,20 +62,23 @@ def _tiers(store: KVStore, keys: list[int]) -> list[int]:
 
 
 class ConnectorEvents:
-    """The scheduler half's KV events: announcements after requests, the store audit on a
-    thread of its own (its own store connection), and the queue `take()` drains. Thread-safe."""
+    """The scheduler half's KV events: announcements after requests, the store's change feed
+    and the store audit on threads (and store connections) of their own, and the queue
+    `take()` drains. Thread-safe."""
 
     def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int) -> None:
         self._pending: list[KVCacheEvent] = []
         self._lock = threading.Lock()
         self.announcer = BlockAnnouncer(self, block_size)
         self._audit_link = StoreLink(cfg, block_bytes, "KV event audits")
+        self._feed_link = StoreLink(cfg, block_bytes, "the KV events feed")
+        self._retry_s = max(cfg.retry_s, 0.5)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads = [threading.Thread(target=self._feed_loop, daemon=True, name=_FEED)]
         if cfg.kv_events_audit_s > 0:
-            self._thread = threading.Thread(target=self._audit_loop, args=(cfg.kv_events_audit_s,), daemon=True,
-                                            name="tpusync-kv-events-audit")
-            self._thread.start()
+            self._threads.append(threading.Thread(target=self._audit_loop, args=(cfg.kv_events_audit_s,),
+                                                  daemon=True, name="tpusync-kv-events-audit"))
+        self._started = False
 
     def send(self, events: list[Event]) -> None:
         """BlockAnnouncer's sink: queued for the scheduler's next take_events()."""
@@ -80,13 +87,37 @@ class ConnectorEvents:
             self._pending.extend(converted)
 
     def take(self) -> list[KVCacheEvent]:
+        """The events since the last take (the scheduler's, after every step)."""
         with self._lock:
             out, self._pending = self._pending, []
+            start, self._started = not self._started, True
+        if start:  # at the first step: by then the connector has set its links (tpu_inference.shards)
+            for t in self._threads:
+                t.start()
         return out
+
+    def without_feed(self) -> None:
+        """Audits alone, for a store whose change feed names no block key (sharded blocks: a
+        shard's key is a hash of its block's). Before the first take()."""
+        self._threads = [t for t in self._threads if t.name != _FEED]
 
     def announce(self, keys: list[int], tokens: list[int], tiers: list[int], held: int) -> None:
         """A request's prompt blocks (store keys, their tokens) and where the store holds them."""
         self.announcer.announce([event_hash(k) for k in keys], keys, tokens, tiers, held)
+
+    def _feed_loop(self) -> None:
+        while not self._stop.is_set():
+            store = self._feed_link.get()
+            if store is None:
+                self._stop.wait(self._retry_s)  # the link is down that long: a back-off
+                continue
+            try:
+                follow(self.announcer, store, self._stop)
+            except errors.TpuSyncError as e:  # the sidecar is away; reconnecting, a lost batch audits all
+                self._feed_link.failed(e)
+            except Exception as e:  # noqa: BLE001 - never let the feed thread die
+                log.exception("tpusync KV events feed failed")
+                self._feed_link.failed(e)
 
     def _audit_loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):  # a period, not a synchronisation: nothing waits on it
@@ -102,6 +133,8 @@ class ConnectorEvents:
 
     def shutdown(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=5)
         self._audit_link.close()
+        self._feed_link.close()
