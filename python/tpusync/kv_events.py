@@ -175,6 +175,13 @@ class BlockAnnouncer:
             # Sent under the lock: batches leave in the order the announcer's state changed.
             return self.publisher.send(batch) if batch else None
 
+    def cleared(self) -> None:
+        """The index forgot every block of this engine (the engine's AllBlocksCleared): the next
+        audit announces each remembered block again, wherever the store still holds it."""
+        with self._lock:
+            for b in self._blocks.values():
+                b.media = frozenset()
+
     def audit(self, lookup: Callable[[list[int]], Sequence[int]], keys: Collection[int] | None = None) -> int | None:
         """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key)
         and announces what changed since; returns the batch's sequence number, None if nothing did.

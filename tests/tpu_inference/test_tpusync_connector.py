@@ -77,12 +77,15 @@ def cluster(model_dir, tmp_path_factory):
     fresh (kv_both on p, publishing KV events to llm-d's indexer)."""
     from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
+    from tpusync_operator.builders.engine import VLLM_RELAYED_KV_EVENTS
+
     c = Cluster(tmp_path_factory.mktemp("tpusync-connector"))
     write_secret(c.work / "secret", SECRET + b"\n")
 
-    def connector(role: str, sidecar, kv_role: str | None = None, **extra: Any) -> EngineSpec:
+    def connector(role: str, sidecar, kv_role: str | None = None, kv_events_endpoint: str | None = None,
+                  **extra: Any) -> EngineSpec:
         kv = rendered_kv_transfer_config("tpusync", role, kv_role=kv_role, control_socket=sidecar.control_socket,
-                                         data_address=sidecar.address)
+                                         data_address=sidecar.address, kv_events_endpoint=kv_events_endpoint)
         kv["kv_connector_extra_config"].update(extra)
         return EngineSpec(str(model_dir), c.work, kv)
 
@@ -92,9 +95,11 @@ def cluster(model_dir, tmp_path_factory):
         c.engines["prefill"] = TpuEngine("tpusync-prefill", connector("prefill", p))
         c.engines["decode"] = TpuEngine("tpusync-decode", connector("decode", d, retry_s=0))
         endpoint, pod = f"ipc://{c.work}/events-fresh", "127.0.0.1:8101"  # a name in the topic only
+        # Published as the operator deploys it: vLLM's publisher in-process, relayed by the connector.
         c.engines["fresh"] = TpuEngine("tpusync-fresh", connector("decode", p, kv_role="kv_both",
+                                                                  kv_events_endpoint=endpoint,
                                                                   kv_events_audit_s=AUDIT_S).events(
-            endpoint, f"kv@{pod}@{MODEL}"))
+            VLLM_RELAYED_KV_EVENTS, f"kv@{pod}@{MODEL}"))
         for e in c.engines.values():
             e.wait_ready()
         c.indexer = Indexer(binary, BLOCK_SIZE)

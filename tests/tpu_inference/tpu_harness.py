@@ -27,11 +27,14 @@ __all__ = ["EngineSpec", "NetNs", "TpuEngine", "rendered_kv_transfer_config"]
 
 
 def rendered_kv_transfer_config(connector: str, role: str, *, kv_role: str | None = None,
-                                control_socket: str | None = None, data_address: str = "127.0.0.1:7600") -> dict:
+                                control_socket: str | None = None, data_address: str = "127.0.0.1:7600",
+                                kv_events_endpoint: str | None = None) -> dict:
     """The --kv-transfer-config the operator renders for `role` of a vllm-tpu serving with
     `connector`, with what the pod fills in: $(POD_IP) and the data port (from `data_address`,
     the test sidecar's), and the control socket's path (test sidecars do not live in
-    /run/tpusync). `kv_role` overrides the role's (a test engine that both saves and loads)."""
+    /run/tpusync). `kv_role` overrides the role's (a test engine that both saves and loads).
+    tpusync's connector relays the KV events on `kv_events_endpoint` (tests bind no tcp://*),
+    or leaves them to vLLM's publisher without it."""
     from tpusync_operator.builders.engine import kv_transfer_config
     from tpusync_operator.models import DisaggregatedServingSpec
 
@@ -39,7 +42,14 @@ def rendered_kv_transfer_config(connector: str, role: str, *, kv_role: str | Non
         "model": {"name": "m", "uri": "/models/m"}, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
         "kvTransfer": {"connector": connector}})
     ip, port = data_address.rsplit(":", 1)
-    kv = json.loads(json.dumps(kv_transfer_config(spec, role, int(port))).replace("$(POD_IP)", ip))
+    kv = json.loads(json.dumps(kv_transfer_config(spec, role, int(port), 5557)).replace("$(POD_IP)", ip))
+    extra = kv.get("kv_connector_extra_config", {})
+    if "kv_events_endpoint" in extra:
+        assert extra["kv_events_endpoint"] == "tcp://*:5557"
+        if kv_events_endpoint is None:
+            del extra["kv_events_endpoint"]
+        else:
+            extra["kv_events_endpoint"] = kv_events_endpoint
     if control_socket is not None:
         kv["kv_connector_extra_config"]["control_socket"] = control_socket
     if kv_role is not None:

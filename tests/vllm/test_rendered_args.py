@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 import vllm
 from vllm.config import KVEventsConfig, KVTransferConfig
+from vllm.distributed.kv_events import ZmqEventPublisher
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+from tpusync.vllm.config import ConnectorConfig
+from tpusync.vllm.relay import reachable
 from tpusync_operator import versions
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.engine import vllm_argv
@@ -142,6 +145,10 @@ def test_rendered_vllm_serve_args_parse_and_validate(args, capsys):
     ev = engine_args.kv_events_config
     assert isinstance(ev, KVEventsConfig) and ev.enable_kv_cache_events and ev.publisher == "zmq"
     assert ev.topic.startswith(f"kv@{POD_IP}:")
+    relay_at = (kv.kv_connector_extra_config or {}).get("kv_events_endpoint")
+    if relay_at is not None:  # tpusync's connector relays vLLM's publisher, which must bind where it reaches
+        assert ConnectorConfig.from_extra(kv.kv_connector_extra_config).kv_events_endpoint == relay_at
+        assert ZmqEventPublisher._is_bind_endpoint(ev.endpoint) and reachable(ev.endpoint) == ev.endpoint
 
     if args[0].startswith("gs://"):
         assert engine_args.load_format == versions.VLLM_STREAMING_LOAD_FORMAT

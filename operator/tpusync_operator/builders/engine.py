@@ -28,6 +28,11 @@ DEFAULT_IMAGES = {
 TPU_CONNECTOR_NAME = "TPUConnector"
 # connector tpusync: tpusync's connector for tpu-inference (python/tpusync/tpu_inference).
 TPUSYNC_CONNECTOR_MODULE = "tpusync.tpu_inference.connector"
+# With tpusync's connector, vLLM's KV-events publisher binds in-process and the connector relays it,
+# its own events between vLLM's, on the pod's KV-events port (python/tpusync/vllm/relay.py): what the sidecar
+# demotes or evicts reaches the router while the engine is idle, not at its next step.
+# vLLM binds inproc:// endpoints (vllm 0.32.0 distributed/kv_events.py, _is_bind_endpoint).
+VLLM_RELAYED_KV_EVENTS = "inproc://tpusync-vllm-kv-events"
 # connector tpu-inference: tpu_inference's own TPUConnector, with the fix vLLM 0.32 needs for
 # correct decode tokens (python/tpusync/tpu_inference/upstream_fix.py), and its KV transfer and
 # side-channel ports.
@@ -133,7 +138,8 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
     return ["python", "-m", "sgl_jax.launch_server"], args + sglang_pd.engine_args(owner, role) + extra
 
 
-def kv_transfer_config(spec: DisaggregatedServingSpec, role: str, data_port: int) -> dict[str, Any]:
+def kv_transfer_config(spec: DisaggregatedServingSpec, role: str, data_port: int,
+                       kv_events_port: int) -> dict[str, Any]:
     """vLLM's --kv-transfer-config of one role (tests/tpu_inference runs real engines with it)."""
     kv = {"kv_connector": TPU_CONNECTOR_NAME, "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
           # A block that cannot be loaded after all is recomputed, not a failed request.
@@ -142,16 +148,19 @@ def kv_transfer_config(spec: DisaggregatedServingSpec, role: str, data_port: int
         return kv | {"kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE}
     return kv | {"kv_connector_module_path": TPUSYNC_CONNECTOR_MODULE,
                  "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
-                                               "data_address": f"$(POD_IP):{data_port}"}}
+                                               "data_address": f"$(POD_IP):{data_port}",
+                                               "kv_events_endpoint": f"tcp://*:{kv_events_port}"}}
 
 
 def vllm_args(spec: DisaggregatedServingSpec, role: str, src: ModelSource, *, port: int, tensor_parallel: int,
               data_port: int, kv_events_port: int) -> list[str]:
     """`vllm serve` arguments (after the subcommand) of one role."""
     m = spec.model
-    kv = kv_transfer_config(spec, role, data_port)
-    # KV events for llm-d's precise prefix-cache scoring.
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_events_port}",
+    kv = kv_transfer_config(spec, role, data_port, kv_events_port)
+    # KV events for llm-d's precise prefix-cache scoring, on the pod's KV-events port.
+    relayed = "kv_events_endpoint" in kv.get("kv_connector_extra_config", {})
+    events = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": VLLM_RELAYED_KV_EVENTS if relayed else f"tcp://*:{kv_events_port}",
               "topic": kv_events_topic(spec)}
     args = [verbatim(src.ref), "--port", str(port), "--served-model-name", verbatim(m.name), "--enable-prefix-caching",
             "--tensor-parallel-size", str(tensor_parallel),

@@ -27,7 +27,7 @@ from tpusync.vllm.scheduler import SchedulerSide
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from vllm.config import VllmConfig
+    from vllm.config import KVEventsConfig, VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -51,10 +51,10 @@ class WorkerHalf(Protocol):
     def shutdown(self) -> None: ...
 
 
-def kv_events_enabled(vllm_config: VllmConfig) -> bool:
-    """Whether the engine publishes KV events (--kv-events-config enable_kv_cache_events)."""
+def kv_events(vllm_config: VllmConfig) -> KVEventsConfig | None:
+    """The engine's KV-events configuration, if it publishes them (--kv-events-config)."""
     events = vllm_config.kv_events_config
-    return bool(events is not None and events.enable_kv_cache_events)
+    return events if events is not None and events.enable_kv_cache_events else None
 
 
 class ConnectorBase(KVConnectorBase_V1):
@@ -77,7 +77,7 @@ class ConnectorBase(KVConnectorBase_V1):
                 self._cfg, block_size=vllm_config.cache_config.block_size,
                 block_bytes=group.kv_cache_spec.page_size_bytes * len(group.layer_names),
                 engine_id=str(kvt.engine_id), save=kvt.is_kv_producer, pull=kvt.is_kv_consumer,
-                kv_events=kv_events_enabled(vllm_config))
+                kv_events=kv_events(vllm_config), dp_rank=vllm_config.parallel_config.data_parallel_index)
         else:
             self._worker = self._make_worker(self._cfg)
 

@@ -19,6 +19,10 @@
     kv_events_audit_s  with vLLM's KV events enabled (--kv-events-config), how often to ask the
                      store where the announced blocks are, for what its change feed cannot
                      report (docs/vllm.md; default 2; 0: never)
+    kv_events_endpoint  where the router subscribes to this engine's KV events, when the connector
+                     publishes its own as they happen instead of at vLLM's next step (e.g.
+                     "tcp://*:5557"; vLLM's --kv-events-config endpoint then binds where the
+                     connector relays it from, e.g. "inproc://vllm-kv-events"; tpusync.vllm.relay)
 
 `kv_transfer_params` follow vLLM's NixlConnector conventions. The router (or a proxy) sends the
 prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finished` answers
@@ -49,6 +53,9 @@ from tpusync.hashing import DEFAULT_SEED
 STORES = ("sidecar", "local")
 
 
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
 @dataclass(frozen=True)
 class ConnectorConfig:
     control_socket: str | None = None
@@ -62,6 +69,7 @@ class ConnectorConfig:
     timeout_s: float = 30.0
     retry_s: float = 5.0
     kv_events_audit_s: float = 2.0
+    kv_events_endpoint: str | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> ConnectorConfig:
@@ -95,10 +103,15 @@ class ConnectorConfig:
             timeout_s=float(extra.get("timeout_s", cls.timeout_s)),
             retry_s=float(extra.get("retry_s", cls.retry_s)),
             kv_events_audit_s=float(extra.get("kv_events_audit_s", cls.kv_events_audit_s)),
+            kv_events_endpoint=extra.get("kv_events_endpoint") or None,
         )
         if cfg.timeout_s <= 0 or cfg.retry_s < 0 or cfg.dram_bytes <= 0 or cfg.kv_events_audit_s < 0:
             raise errors.InvalidArgumentError("timeout_s and dram_bytes must be positive, retry_s and "
                                               "kv_events_audit_s not negative")
+        endpoint = cfg.kv_events_endpoint
+        if endpoint is not None and not (isinstance(endpoint, str) and endpoint.startswith(ZMQ_SCHEMES)):
+            raise errors.InvalidArgumentError(f"kv_events_endpoint must be a ZMQ endpoint ({', '.join(ZMQ_SCHEMES)}…), "
+                                              f"not {endpoint!r}")
         return cfg
 
 

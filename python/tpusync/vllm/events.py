@@ -15,9 +15,11 @@ the feed cannot report (another host removing a shared-tier file). This module o
 positional events into vLLM's `BlockStored` / `BlockRemoved` and queues them until the
 scheduler takes them.
 
-The engine publishes only when it steps: what the feed or an audit finds while the engine is
+vLLM publishes only when its engine steps: what the feed or an audit finds while the engine is
 idle goes out with its next step (vLLM's engine loop sleeps on its input queue until a request
-comes).
+comes). With `kv_events_endpoint` the connector publishes every event the moment it has it,
+between vLLM's own on the router's endpoint (`tpusync.vllm.relay`); after vLLM clears its
+prefix cache, it announces again what the store holds.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from tpusync import errors
 from tpusync.kv_events import BlockAnnouncer, Event, follow
 from tpusync.vllm.common import StoreLink, log
+from tpusync.vllm.relay import relay_for
 
 if TYPE_CHECKING:
+    from vllm.config import KVEventsConfig
+
     from tpusync.store import KVStore
     from tpusync.vllm.config import ConnectorConfig
 
@@ -64,9 +69,17 @@ def _tiers(store: KVStore, keys: list[int]) -> list[int]:
 class ConnectorEvents:
     """The scheduler half's KV events: announcements after requests, the store's change feed
     and the store audit on threads (and store connections) of their own, and the queue
-    `take()` drains. Thread-safe."""
+    `take()` drains, or the relay (`cfg.kv_events_endpoint`). Thread-safe."""
 
-    def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int) -> None:
+    def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int,
+                 vllm_events: KVEventsConfig | None = None, dp_rank: int = 0) -> None:
+        self._wake = threading.Event()  # an audit now, not at the end of its period
+        self._cleared = threading.Event()  # ... after vLLM's AllBlocksCleared
+        self._relay = None
+        if cfg.kv_events_endpoint is not None:
+            if vllm_events is None:
+                raise errors.InvalidArgumentError("kv_events_endpoint needs vLLM's --kv-events-config")
+            self._relay = relay_for(cfg.kv_events_endpoint, vllm_events, dp_rank, self._on_cleared)
         self._pending: list[KVCacheEvent] = []
         self._lock = threading.Lock()
         self.announcer = BlockAnnouncer(self, block_size)
@@ -75,14 +88,19 @@ class ConnectorEvents:
         self._retry_s = max(cfg.retry_s, 0.5)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._feed_loop, daemon=True, name=_FEED)]
-        if cfg.kv_events_audit_s > 0:
-            self._threads.append(threading.Thread(target=self._audit_loop, args=(cfg.kv_events_audit_s,),
-                                                  daemon=True, name="tpusync-kv-events-audit"))
+        if cfg.kv_events_audit_s > 0 or self._relay is not None:
+            period = cfg.kv_events_audit_s or None  # None: only after a clear
+            self._threads.append(threading.Thread(target=self._audit_loop, args=(period,), daemon=True,
+                                                  name="tpusync-kv-events-audit"))
         self._started = False
 
     def send(self, events: list[Event]) -> None:
-        """BlockAnnouncer's sink: queued for the scheduler's next take_events()."""
+        """BlockAnnouncer's sink: published now by the relay, or queued for the scheduler's next
+        take_events()."""
         converted = [to_vllm(e) for e in events]
+        if self._relay is not None:
+            self._relay.send(converted)
+            return
         with self._lock:
             self._pending.extend(converted)
 
@@ -119,22 +137,41 @@ class ConnectorEvents:
                 log.exception("tpusync KV events feed failed")
                 self._feed_link.failed(e)
 
-    def _audit_loop(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):  # a period, not a synchronisation: nothing waits on it
+    def _on_cleared(self) -> None:
+        """The relay forwarded vLLM's AllBlocksCleared (on its thread: no lock taken here)."""
+        self._cleared.set()
+        self._wake.set()
+
+    def _audit_loop(self, every_s: float | None) -> None:
+        while True:
+            # A period, or a clear to repair (retried while the store is away); nothing waits on it.
+            self._wake.wait(self._retry_s if self._cleared.is_set() else every_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             store = self._audit_link.get()
             if store is None:
                 continue
+            repair = self._cleared.is_set()
+            if repair:
+                self._cleared.clear()
+                self.announcer.cleared()
             try:
                 self.announcer.audit(partial(_tiers, store))
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 self._audit_link.failed(e)
+                if repair:
+                    self._cleared.set()
             except Exception:  # noqa: BLE001 - never let the audit thread die
                 log.exception("tpusync KV event audit failed")
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._wake.set()
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=5)
         self._audit_link.close()
         self._feed_link.close()
+        if self._relay is not None:
+            self._relay.stop()

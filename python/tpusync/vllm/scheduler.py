@@ -28,6 +28,7 @@ from tpusync.vllm.events import ConnectorEvents
 from tpusync.vllm.served_weights import ServedWeights
 
 if TYPE_CHECKING:
+    from vllm.config import KVEventsConfig
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -52,7 +53,7 @@ class SchedulerSide:
     """Called by TPUSyncConnector's scheduler-side methods, on vLLM's scheduler thread."""
 
     def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int, engine_id: str,
-                 save: bool, pull: bool, kv_events: bool = False) -> None:
+                 save: bool, pull: bool, kv_events: KVEventsConfig | None = None, dp_rank: int = 0) -> None:
         self.cfg, self.block_size, self.engine_id = cfg, block_size, engine_id
         self.save, self.pull = save, pull
         self.hasher = BlockHasher(block_size, cfg.hash_seed)
@@ -70,7 +71,8 @@ class SchedulerSide:
         served_weights.forget(engine_id)
         self.served = ServedWeights(engine_id)
         # vLLM's KV events are on: announce the blocks the store holds for this engine.
-        self.events = ConnectorEvents(cfg, block_size=block_size, block_bytes=block_bytes) if kv_events else None
+        self.events = None if kv_events is None else ConnectorEvents(
+            cfg, block_size=block_size, block_bytes=block_bytes, vllm_events=kv_events, dp_rank=dp_rank)
 
     def _track(self, request: Request) -> _Request | None:
         st = self.reqs.get(request.request_id)

@@ -147,11 +147,14 @@ def test_vllm_kv_transfer_config():
     dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
     assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert dargs[dargs.index("--port") + 1] == "8200"
-    # KV events for precise prefix-cache routing, on the pool's port; the topic names the pod as
-    # llm-d routes to it: the serving port (8000), not the engine's behind the routing proxy
+    # KV events for precise prefix-cache routing, on the pool's port, where the connector relays
+    # vLLM's in-process publisher beside its own; the topic names the pod as llm-d routes to it:
+    # the serving port (8000), not the engine's behind the routing proxy
     events = json.loads(dargs[dargs.index("--kv-events-config") + 1])
-    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "inproc://tpusync-vllm-kv-events",
                       "topic": "kv@$(POD_IP):8000@m"}
+    dkv = json.loads(dargs[dargs.index("--kv-transfer-config") + 1])
+    assert dkv["kv_connector_extra_config"]["kv_events_endpoint"] == "tcp://*:5557"
     env = {e["name"] for e in pods["llm-decode/leader"]["spec"]["containers"][0]["env"]}
     assert "POD_IP" in env   # what $(POD_IP) expands from
 
@@ -262,6 +265,8 @@ def test_vllm_tpu_inference_connector():
     kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
     assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpusync.tpu_inference.upstream_fix",
                   "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
+    events = json.loads(c["args"][c["args"].index("--kv-events-config") + 1])
+    assert events["endpoint"] == "tcp://*:5557"  # no tpusync connector to relay it: vLLM binds the pod's port
     assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"tpu-kv": 9100, "tpu-kv-side": 9600}.items()
 
 

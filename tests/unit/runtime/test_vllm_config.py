@@ -28,6 +28,8 @@ def test_config_from_extra_and_environment(extra, env, want):
     {"store": "sidecar"},              # no control socket anywhere
     {"store": "s3"},
     {"timeout_s": 0},
+    {"kv_events_endpoint": "http://router:5557"},
+    {"kv_events_endpoint": 5557},
 ])
 def test_bad_config_is_refused_at_startup(extra):
     with pytest.raises(errors.InvalidArgumentError):
