@@ -62,6 +62,8 @@ def test_the_router_receives_both_streams_on_one_endpoint_in_one_sequence(tmp_pa
         relay.stop()
         engine.shutdown()
     assert not relay._thread.is_alive()
+    for _ in range(2000):  # past the queue's high-water mark: a stopped relay never blocks the scheduler
+        relay.send([BlockRemoved(block_hashes=[3], medium="CPU")])
 
 
 @pytest.mark.parametrize("endpoint, want", [

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
 
 _BATCH, _STOP = b"batch", b"stop"
+_CLEARED_TAG = AllBlocksCleared.__name__.encode()
 
 
 def reachable(endpoint: str) -> str:
@@ -89,6 +90,7 @@ class EventRelay:
         self._encoder, self._decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(KVEventBatch)
         self._lock = threading.Lock()  # the outbox, for every thread that sends
         self._seq = 0
+        self._dropped = 0
         # Sockets may change threads across a memory barrier; starting the thread is one.
         self._thread = threading.Thread(target=self._run, daemon=True, name="tpusync-kv-events-relay")
         self._thread.start()
@@ -98,15 +100,25 @@ class EventRelay:
         with self._lock:
             payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events,
                                                         data_parallel_rank=self._dp_rank))
-            self._outbox.send_multipart([_BATCH, payload])
+            self._put([_BATCH, payload])
 
     def stop(self) -> None:
         """Publishes what was sent before, then closes the endpoint."""
         with self._lock:
-            self._outbox.send_multipart([_STOP])
+            self._put([_STOP])
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self._close()
+
+    def _put(self, frames: list[bytes]) -> None:
+        # Never blocks: the caller may be the engine's scheduler thread, and a relay that stopped
+        # (or lags a full queue behind) must not stop the engine.
+        try:
+            self._outbox.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # zmq.Again: a full queue; ENOTSOCK: stopped
+            self._dropped += 1
+            if self._dropped & (self._dropped - 1) == 0:  # the 1st, 2nd, 4th...
+                log.warning("tpusync KV events relay dropped %d batches of the connector's: %s", self._dropped, e)
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -131,6 +143,8 @@ class EventRelay:
             return
         topic, _, payload = frames
         self._publish(topic, payload)
+        if _CLEARED_TAG not in payload:  # msgspec writes the tag of every event: most batches end here
+            return
         try:
             cleared = any(isinstance(e, AllBlocksCleared) for e in self._decoder.decode(payload).events)
         except msgspec.DecodeError as e:
