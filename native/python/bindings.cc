@@ -294,6 +294,35 @@ PYBIND11_MODULE(_native, m) {
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false,
           "Returns (prefix_len, tiers as uint8 codes); pins the present prefix when pin=True.")
       .def(
+          "where",
+          [](S& s, const pb::handle& keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            return TierArray(Take(NoGil([&] { return s->Where(k); })));
+          },
+          pb::arg("keys"), "The tier of every key (uint8 codes), the shared tier asked about each.")
+      .def(
+          "describe",
+          [](S& s, const pb::handle& keys, const std::vector<pb::bytes>& records) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            std::vector<std::string> r(records.begin(), records.end());
+            ThrowIfError(NoGil([&] { return s->Describe(k, r); }));
+          },
+          pb::arg("keys"), pb::arg("records"), "Writes each block's record on the shared tier (kept if there).")
+      .def(
+          "records",
+          [](S& s, const pb::handle& keys, uint32_t max_keys) {
+            std::vector<BlockKey> k = ParseKeys(keys);
+            SharedRecords r = Take(NoGil([&] { return s->Records(k, max_keys); }));
+            pb::list out_keys(r.keys.size()), out_records(r.keys.size());
+            for (size_t i = 0; i < r.keys.size(); ++i) {
+              out_keys[i] = KeyToInt(r.keys[i]);
+              out_records[i] = pb::bytes(r.records[i]);
+            }
+            return pb::make_tuple(out_keys, out_records);
+          },
+          pb::arg("keys"), pb::kw_only(), pb::arg("max_keys") = 65536,
+          "(keys, records) of the shared tier: of these keys, or with none the catalog (b'': no record).")
+      .def(
           "pin",
           [](S& s, const pb::handle& keys, bool for_host) {
             std::vector<BlockKey> k = ParseKeys(keys);

@@ -123,7 +123,8 @@ const std::vector<FlagDef>& Defs() {
       {"shared-low-watermark-percent", Int(&SidecarFlags::shared_low_percent, 0, 99),
        "and deletes the least recently read blocks down to this one (default 70)"},
       {"shared-evict-interval-ms", Int(&SidecarFlags::shared_evict_interval_ms, 10, 3600000),
-       "how often the evictor scans the tier (default 10000)"},
+       "how often the tier is scanned: its evictor runs, and the blocks other hosts published or removed reach the "
+       "engines' KV events (default 10000)"},
       {"auth-secret-file", Str(&SidecarFlags::auth_secret_file), "file holding the pool's shared secret"},
       {"streams", Int(&SidecarFlags::streams, 1, 64), "parallel TCP streams per peer (default 4)"},
       {"io-threads", Int(&SidecarFlags::io_threads, 1, 64), "disk write-behind threads (default 2)"},

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <unordered_set>
 
 #include "posix_io.h"
 #include "test_util.h"
@@ -197,6 +199,102 @@ TEST(SharedTier, BufferedIoWhenDirectIoIsOff) {
   EXPECT_TRUE(ReadBlock(**t, 1, 100).ok());
 }
 
+std::span<const std::byte> Bytes(const std::string& s) { return std::as_bytes(std::span(s)); }
+
+TEST(SharedTier, ARecordIsReadByEveryHostAndLeavesWithItsBlock) {
+  TempDir d;
+  auto a = Open(d, "l", 4 * kFileBytes), b = Open(d, "l", 4 * kFileBytes), other = Open(d, "other");
+  ASSERT_TRUE(a->Describe(Key(1), Bytes("tokens of block 1")).ok());  // before the block: kept
+  ASSERT_TRUE(WriteBlock(*a, 1).ok());
+  EXPECT_EQ(b->Record(Key(1)), "tokens of block 1");
+  EXPECT_EQ(other->Record(Key(1)), "");  // another layout's engines never see it
+  ASSERT_TRUE(b->Describe(Key(1), Bytes("another description")).ok());  // written once
+  EXPECT_EQ(a->Record(Key(1)), "tokens of block 1");
+  EXPECT_EQ(a->Describe(Key(2), {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->Describe(Key(2), Bytes(std::string(kMaxRecordBytes + 1, 'x'))).code(), StatusCode::kInvalidArgument);
+  // Evicted (the tier over its watermark): the record goes with the block.
+  for (uint64_t i = 2; i < 5; ++i) ASSERT_TRUE(WriteBlock(*a, i).ok());
+  SetAtime(FileOf(*a, 1), 1000);
+  ASSERT_TRUE(b->EvictOnce().ok());
+  EXPECT_FALSE(a->Exists(Key(1)));
+  EXPECT_EQ(a->Record(Key(1)), "");
+  EXPECT_FALSE(std::filesystem::exists(a->root() + "/records/" + Key(1).ToHex().substr(0, 2) + "/" + Key(1).ToHex()));
+}
+
+TEST(SharedTier, ADamagedRecordReadsAsNoneAndIsRemoved) {
+  TempDir d;
+  auto a = Open(d);
+  ASSERT_TRUE(WriteBlock(*a, 1).ok());
+  ASSERT_TRUE(a->Describe(Key(1), Bytes("parent and tokens")).ok());
+  const std::string hex = Key(1).ToHex();
+  const std::string path = a->root() + "/records/" + hex.substr(0, 2) + "/" + hex;
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('X');
+  }
+  EXPECT_EQ(a->Record(Key(1)), "");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_EQ(a->Stats().corruptions, 1u);
+  EXPECT_TRUE(a->Describe(Key(1), Bytes("parent and tokens")).ok());  // described again
+  EXPECT_EQ(a->Record(Key(1)), "parent and tokens");
+  ::truncate(path.c_str(), 10);
+  EXPECT_EQ(a->Record(Key(1)), "");
+}
+
+TEST(SharedTier, EachScanReportsWhatOtherHostsPublishedAndRemoved) {
+  TempDir d;
+  std::mutex m;
+  std::vector<BlockKey> seen;
+  auto b = SharedTier::Open({.dir = d.path(), .layout = "l", .block_bytes = kBlock, .run_evictor = false,
+                             .on_changed = [&](const BlockKey& k) {
+                               std::lock_guard lock(m);
+                               seen.push_back(k);
+                             }});
+  ASSERT_TRUE(b.ok());
+  auto a = Open(d, "l");
+  ASSERT_TRUE(WriteBlock(*a, 1).ok());
+  ASSERT_TRUE(WriteBlock(*a, 2).ok());
+  ASSERT_TRUE((*b)->EvictOnce().ok());
+  std::unordered_set<BlockKey, BlockKeyHash> got(seen.begin(), seen.end());
+  EXPECT_EQ(got, (std::unordered_set<BlockKey, BlockKeyHash>{Key(1), Key(2)}));
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_EQ((*b)->Stats().blocks, 2u);
+  // Most recently read first.
+  SetAtime(FileOf(*a, 1), 1000);
+  SetAtime(FileOf(*a, 2), 2000);
+  ASSERT_TRUE((*b)->EvictOnce().ok());
+  EXPECT_EQ((*b)->Catalog(10), (std::vector<BlockKey>{Key(2), Key(1)}));
+  EXPECT_EQ((*b)->Catalog(1), (std::vector<BlockKey>{Key(2)}));
+  seen.clear();
+  ASSERT_TRUE((*b)->EvictOnce().ok());
+  EXPECT_TRUE(seen.empty());  // nothing changed
+  ASSERT_EQ(::unlink(FileOf(*a, 2).c_str()), 0);  // another host's evictor
+  ASSERT_TRUE((*b)->EvictOnce().ok());
+  EXPECT_EQ(seen, std::vector<BlockKey>{Key(2)});
+  EXPECT_EQ((*b)->Catalog(10), std::vector<BlockKey>{Key(1)});
+}
+
+TEST(SharedTier, ARecordWhoseBlockNeverCameIsRemovedAfterThePinTtl) {
+  TempDir d;
+  auto t = SharedTier::Open({.dir = d.path(), .layout = "l", .block_bytes = kBlock,
+                             .pin_ttl = std::chrono::milliseconds(1000), .run_evictor = false});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Describe(Key(7), Bytes("never stored")).ok());
+  ASSERT_TRUE((*t)->Describe(Key(8), Bytes("stored")).ok());
+  ASSERT_TRUE(WriteBlock(**t, 8).ok());
+  ASSERT_TRUE((*t)->EvictOnce().ok());
+  EXPECT_EQ((*t)->Record(Key(7)), "never stored");  // younger than the ttl: its block may be on its way
+  for (uint64_t i : {7, 8}) {
+    const std::string hex = Key(i).ToHex();
+    const timespec old[2] = {{1000, 0}, {1000, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, ((*t)->root() + "/records/" + hex.substr(0, 2) + "/" + hex).c_str(), old, 0), 0);
+  }
+  ASSERT_TRUE((*t)->EvictOnce().ok());
+  EXPECT_EQ((*t)->Record(Key(7)), "");
+  EXPECT_EQ((*t)->Record(Key(8)), "stored");
+}
+
 // ---- through the Store -----------------------------------------------------------------
 
 StoreOptions StoreOpts(const ShmPath& pool, const TempDir& shared, SharedPolicy policy, uint32_t slots = 8) {
@@ -278,6 +376,62 @@ TEST(SharedTierStore, DemotionWritesBlocksLeavingDram) {
     EXPECT_EQ(GetOne(**s, i, &found), Pattern(Key(i), kBlock)) << i;
     EXPECT_TRUE(found) << i;
   }
+}
+
+TEST(SharedTierStore, WhereAsksTheSharedTierAboutEveryKeyLookupOnlyThePrefix) {
+  TwoHosts h;
+  BlockKey keys[3] = {Key(2), Key(1), Key(3)};  // absent, on the tier, absent
+  EXPECT_EQ(h.b->Lookup(keys, false).tiers, (std::vector<Tier>{Tier::kNone, Tier::kNone, Tier::kNone}));
+  EXPECT_EQ(h.b->Where(keys), (std::vector<Tier>{Tier::kNone, Tier::kShared, Tier::kNone}));
+  EXPECT_EQ(h.a->Where(keys), (std::vector<Tier>{Tier::kNone, Tier::kDram, Tier::kNone}));
+}
+
+TEST(SharedTierStore, RecordsByKeyAndTheCatalog) {
+  TwoHosts h;
+  BlockKey one = Key(1);
+  std::string record = "block 1";
+  ASSERT_TRUE(h.a->Describe(std::span(&one, 1), std::span(&record, 1)).ok());
+  BlockKey keys[2] = {Key(1), Key(2)};
+  Result<SharedRecords> r = h.b->Records(keys, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->records, (std::vector<std::string>{"block 1", ""}));
+  // A host started later finds the block in its first scan: the catalog.
+  ShmPath pool_c;
+  auto c = Store::Open(StoreOpts(pool_c, h.shared, SharedPolicy::kWriteThrough));
+  ASSERT_TRUE(c.ok());
+  Result<SharedRecords> all = (*c)->Records({}, 10);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->keys, std::vector<BlockKey>{Key(1)});
+  EXPECT_EQ(all->records, std::vector<std::string>{"block 1"});
+}
+
+TEST(SharedTierStore, AnotherHostsBlockReachesTheChangeFeedAtTheNextScan) {
+  TempDir shared;
+  ShmPath pool_a, pool_b;
+  StoreOptions ob = StoreOpts(pool_b, shared, SharedPolicy::kWriteThrough);
+  ob.shared.run_evictor = true;
+  ob.shared.evict_interval = std::chrono::milliseconds(20);
+  auto b = Store::Open(ob);
+  auto a = Store::Open(StoreOpts(pool_a, shared, SharedPolicy::kWriteThrough));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ChangeCursor cursor = (*b)->Changes({}, std::chrono::milliseconds(0), 10).next;
+  ASSERT_TRUE(PutOne(**a, 5).ok());
+  ASSERT_TRUE((*a)->Flush().ok());
+  ChangeBatch got = (*b)->Changes(cursor, std::chrono::milliseconds(10000), 10);
+  EXPECT_FALSE(got.lost);
+  EXPECT_EQ(got.keys, std::vector<BlockKey>{Key(5)});
+}
+
+TEST(SharedTierStore, NoSharedTierNoRecords) {
+  ShmPath pool;
+  StoreOptions o;
+  o.pool = {.path = pool.path(), .block_bytes = kBlock, .num_slots = 2};
+  auto s = Store::Open(o);
+  ASSERT_TRUE(s.ok());
+  BlockKey k = Key(1);
+  std::string record = "x";
+  EXPECT_EQ((*s)->Describe(std::span(&k, 1), std::span(&record, 1)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*s)->Records({}, 1).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(SharedTierStore, APinnedSharedBlockIsPinnedOnTheTier) {

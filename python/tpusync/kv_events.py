@@ -11,22 +11,33 @@ llm-d (v0.9.0) they are opaque engine keys, mapped to the keys it computes itsel
 event's token ids (docs/block-keys.md). `medium` says which tier holds the block: "CPU" for
 host DRAM, "DISK" for the disk tier, "SHARED_STORAGE" for the shared tier (vLLM's and
 upstream TPU Sync's name for it); llm-d keeps it, lower-cased, as the block's tier.
+
+Every engine that mounts a shared tier announces what the tier holds, whoever stored it: the
+engine that stores a block writes a record beside it on the tier (its parent and tokens,
+`encode_record`), and each engine's `follow` learns from its store's change feed which blocks
+other hosts published or removed, reads their records and announces them under its own topic
+(llm-d v0.9.0 credits a block only to the pod whose stream announced it).
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
+from tpusync import errors
+
 if TYPE_CHECKING:
-    from tpusync.store import KVStore
+    from tpusync.store import Changes, KVStore
+
+log = logging.getLogger(__name__)
 
 Event = list[Any]  # one positional event, as above
 
@@ -96,12 +107,38 @@ class KVEventPublisher:
 
 
 # tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2, SHARED 4 (held only there)
-_MEDIA_BITS = (("CPU", 1), ("DISK", 2), ("SHARED_STORAGE", 4))
+_SHARED = 4
+_MEDIA_BITS = (("CPU", 1), ("DISK", 2), ("SHARED_STORAGE", _SHARED))
+_LOW64 = (1 << 64) - 1
 _EVERY = frozenset(m for m, _ in _MEDIA_BITS)
 
 
 def _media(tier: int) -> frozenset[str]:
     return frozenset(m for m, bit in _MEDIA_BITS if int(tier) & bit)
+
+
+# A block's record on the shared tier: version, flags (1: has a parent, 2: has a LoRA id), the
+# parent's event hash, the LoRA id, then the token ids (uint32, little-endian).
+_RECORD = struct.Struct("<BBxxQq")
+_RECORD_VERSION = 1
+
+
+def encode_record(parent: int | None, tokens: Sequence[int], lora_id: int | None = None) -> bytes:
+    """What another host needs to announce a block it did not compute: its parent and tokens."""
+    flags = (1 if parent is not None else 0) | (2 if lora_id is not None else 0)
+    return _RECORD.pack(_RECORD_VERSION, flags, parent or 0, lora_id or 0) + array("I", tokens).tobytes()
+
+
+def decode_record(record: bytes) -> tuple[int | None, array[int], int | None] | None:
+    """(parent, tokens, lora_id) of a record, None if it is not one this version reads."""
+    if len(record) <= _RECORD.size or (len(record) - _RECORD.size) % 4:
+        return None
+    version, flags, parent, lora = _RECORD.unpack_from(record)
+    if version != _RECORD_VERSION:
+        return None
+    tokens = array("I")
+    tokens.frombytes(record[_RECORD.size:])
+    return (parent if flags & 1 else None), tokens, (lora if flags & 2 else None)
 
 
 @dataclass
@@ -110,6 +147,7 @@ class _Block:
     parent: int | None        # the event hash of the block before it
     tokens: array[int]        # its token ids, to announce it again on another tier
     media: frozenset[str]     # where llm-d was last told it is
+    described: bool = False   # its record is on the shared tier (or was queued to be written)
 
 
 class BlockAnnouncer:
@@ -136,6 +174,8 @@ class BlockAnnouncer:
         self.publisher, self.block_size, self.remember = publisher, block_size, remember
         self._blocks: dict[int, _Block] = {}  # event hash -> block, least recently served first
         self._by_key: dict[int, int] = {}     # store key -> event hash, of the blocks above
+        self._records: dict[int, bytes] = {}  # store key -> record, to write beside the block
+        self.describing = True                # until the store turns out to have no shared tier
         self._lock = threading.Lock()
 
     def announce(self, hashes: Sequence[int], keys: Sequence[int], tokens: Sequence[int], tiers: Sequence[int],
@@ -165,10 +205,14 @@ class BlockAnnouncer:
                 if gone:
                     batch.append(block_removed(gone, medium=name))
             for i, h in enumerate(hashes):
-                self._blocks.pop(h, None)
+                old = self._blocks.pop(h, None)
                 b = self.block_size
-                self._blocks[h] = _Block(keys[i], hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]),
-                                         media[i])
+                block = _Block(keys[i], hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]), media[i],
+                               described=old is not None and old.described)
+                if i < held and not block.described and self.describing and len(self._records) < self.remember:
+                    self._records[keys[i]] = encode_record(block.parent, block.tokens)
+                    block.described = True
+                self._blocks[h] = block
                 self._by_key[keys[i]] = h
             while len(self._blocks) > self.remember:
                 self._by_key.pop(self._blocks.pop(next(iter(self._blocks))).key, None)
@@ -182,9 +226,41 @@ class BlockAnnouncer:
             for b in self._blocks.values():
                 b.media = frozenset()
 
-    def audit(self, lookup: Callable[[list[int]], Sequence[int]], keys: Collection[int] | None = None) -> int | None:
-        """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key)
-        and announces what changed since; returns the batch's sequence number, None if nothing did.
+    def take_records(self) -> dict[int, bytes]:
+        """The records of the blocks announced since the last take, for `KVStore.describe`."""
+        with self._lock:
+            out, self._records = self._records, {}
+            return out
+
+    def unknown(self, keys: Collection[int]) -> list[int]:
+        """The store keys among `keys` of blocks this announcer does not remember."""
+        with self._lock:
+            return [k for k in dict.fromkeys(keys) if k not in self._by_key]
+
+    def adopt(self, records: Mapping[int, bytes]) -> list[int]:
+        """Remembers blocks that another engine stored, from their shared-tier records (store key
+        -> record); the next audit of their keys announces them where the store finds them.
+        Returns the keys adopted (an empty or unreadable record adopts nothing)."""
+        adopted = []
+        with self._lock:
+            for key, record in records.items():
+                decoded = decode_record(record) if record else None
+                if key in self._by_key or decoded is None or len(decoded[1]) != self.block_size:
+                    continue
+                parent, tokens, _ = decoded
+                h = key & _LOW64  # the event hash of a store key (docs/block-keys.md)
+                self._blocks[h] = _Block(key, parent, tokens, frozenset(), described=True)
+                self._by_key[key] = h
+                adopted.append(key)
+            while len(self._blocks) > self.remember:
+                self._by_key.pop(self._blocks.pop(next(iter(self._blocks))).key, None)
+        return adopted
+
+    def audit(self, lookup: Callable[[list[int]], Sequence[int]],
+              keys: Collection[int] | None = None) -> int | None:
+        """Asks the store where the remembered blocks are (`lookup(keys)` -> Tier codes per key,
+        every key answered: `tiers_of`) and announces what changed since; returns the batch's
+        sequence number, None if nothing did.
         `keys`: only the remembered blocks of these store keys (a change feed's batch).
 
         The lookup runs without the lock, so an engine announcing a request never waits for it;
@@ -214,17 +290,72 @@ class BlockAnnouncer:
             return self.publisher.send(batch) if batch else None
 
 
-def follow(announcer: BlockAnnouncer, store: KVStore, stop: threading.Event, *, wait_s: float = 1.0) -> None:
+def follow(announcer: BlockAnnouncer, store: KVStore, stop: threading.Event, *, wait_s: float = 0.25,
+           catalog: int = 4096, record_wait_s: float = 60.0) -> None:
     """Announces what the store's change feed reports as it happens: the blocks it demoted or
     evicted, within a round trip of the change. Returns when `stop` is set (within `wait_s`).
     `store` is a connection of its own (the feed's long poll holds it); a batch the feed lost
-    (the sidecar restarted, or this fell behind) is an audit of every remembered block."""
+    (the sidecar restarted, or this fell behind) is an audit of every remembered block.
+
+    With a shared tier it also writes the records of the blocks this engine announced, and
+    announces the blocks other hosts stored there as the store's scans find them (and, when
+    the feed was lost, the `catalog` most recently read). Records are written at the next wake
+    after the announcement, at most `wait_s` later; a block found without its record (its
+    engine writes it after storing the block) is asked for again at each wake, for up to
+    `record_wait_s`."""
     cursor = (0, 0)
+    awaiting: dict[int, float] = {}  # blocks found on the tier without a record yet -> until when
+    tiers = tiers_of(store)
     while not stop.is_set():
         batch = store.changes(cursor, wait_s=wait_s)
         cursor = batch.cursor
-        if batch.lost or batch.keys:
-            announcer.audit(lambda keys: store.lookup(keys).tiers.tolist(), None if batch.lost else batch.keys)
+        adopted = _shared_blocks(announcer, store, batch, awaiting, catalog, record_wait_s)
+        if batch.lost or batch.keys or adopted:
+            announcer.audit(tiers, None if batch.lost else [*batch.keys, *adopted])
+
+
+def tiers_of(store: KVStore) -> Callable[[list[int]], Sequence[int]]:
+    """An audit's lookup: where the store holds each key now (`KVStore.where`)."""
+    return lambda keys: store.where(keys).tolist()
+
+
+def _shared_blocks(announcer: BlockAnnouncer, store: KVStore, batch: Changes, awaiting: dict[int, float],
+                   catalog: int, record_wait_s: float) -> list[int]:
+    """One wake of `follow` on the shared tier: the records of this engine's blocks written,
+    and the blocks only the tier holds (another host stored them) adopted from their records.
+    Returns the keys adopted."""
+    if not announcer.describing:
+        return []
+    try:
+        if records := announcer.take_records():
+            try:
+                store.describe(list(records), list(records.values()))
+            except errors.PreconditionError:
+                raise
+            except errors.TpuSyncError as e:  # a record is a help to other hosts, never a request's failure
+                log.warning("could not write %d block records on the shared tier: %s", len(records), e)
+        if batch.lost:
+            found = store.records(max_keys=catalog)
+        else:
+            now = time.monotonic()
+            for k in [k for k, until in awaiting.items() if until < now]:
+                del awaiting[k]
+            ask = announcer.unknown([*batch.keys, *awaiting])
+            # Only blocks held on the tier alone: this engine's own puts are never asked about.
+            ask = [k for k, tier in zip(ask, store.where(ask).tolist()) if tier == _SHARED] if ask else []
+            found = store.records(ask) if ask else {}
+    except errors.PreconditionError:  # no shared tier behind this store
+        announcer.describing = False
+        announcer.take_records()
+        return []
+    adopted = announcer.adopt(found)
+    for k in adopted:
+        awaiting.pop(k, None)
+    deadline = time.monotonic() + record_wait_s
+    for k, record in found.items():
+        if not record and k not in awaiting and len(awaiting) < catalog:
+            awaiting[k] = deadline
+    return adopted
 
 
 def _parents_first(blocks: dict[int, _Block]) -> list[int]:

@@ -51,8 +51,9 @@ class Changes(NamedTuple):
     """Changes were missed (a cursor of another store instance, or one that fell too far
     behind): reread every block of interest."""
     keys: list[int]
-    """Keys whose tier changed (entered or left DRAM or the disk, or removed from the shared
-    tier by this store), oldest first; a key may repeat."""
+    """Keys whose tier changed (entered or left DRAM or the disk, removed from the shared tier
+    by this store, or found published or removed there by another host's at a scan), oldest
+    first; a key may repeat."""
 
 
 class KVStore:
@@ -91,6 +92,7 @@ class KVStore:
         shared_layout: str = "",
         shared_bytes: int = 0,
         shared_policy: str = "write-through",
+        shared_scan_interval_s: float = 10.0,
     ) -> KVStore:
         """Opens an in-process store.
 
@@ -104,7 +106,8 @@ class KVStore:
         blocks any host wrote are found (``shared_layout`` names what changes a block's bytes,
         so engines of another layout never read them; ``shared_bytes`` caps it, 0 = the
         filesystem; ``shared_policy`` "write-through" writes every block, "demote" those leaving
-        DRAM).
+        DRAM; every ``shared_scan_interval_s`` the tier is scanned: its evictor runs, and the
+        blocks other hosts published or removed reach `changes`).
         """
         if block_bytes <= 0 or dram_bytes < block_bytes:
             raise errors.InvalidArgumentError(
@@ -131,6 +134,7 @@ class KVStore:
             shared_layout=shared_layout,
             shared_bytes=shared_bytes,
             shared_policy=shared_policy,
+            shared_evict_interval_ms=round(shared_scan_interval_s * 1000),
         )
         return cls(backend, private_pool=path if private else None)
 
@@ -176,6 +180,12 @@ class KVStore:
         prefix_len, tiers = self._backend.lookup(keys, pin=pin)
         return LookupResult(prefix_len, tiers)
 
+    def where(self, keys: Keys) -> np.ndarray:
+        """The Tier code of every key (uint8), the shared tier asked about each key held neither
+        in DRAM nor on disk: lookup asks it only up to the end of the present prefix. Where
+        announced blocks are now, for KV events. On the data port, the peer's lookup."""
+        return self._backend.where(keys)
+
     def pin(self, keys: Keys, *, for_host: bool = False) -> None:
         """Keeps blocks from eviction until released. NotFoundError if any key is absent.
 
@@ -214,6 +224,22 @@ class KVStore:
         epoch, seq, lost, keys = self._backend.changes(cursor[0], cursor[1], wait_ms=round(wait_s * 1000),
                                                        max_keys=max_keys)
         return Changes((epoch, seq), lost, keys)
+
+    # -- the shared tier's block records ----------------------------------------------------
+
+    def describe(self, keys: Keys, records: Sequence[bytes]) -> None:
+        """Writes a record beside each block on the shared tier (at most 16 KiB each; a record
+        already there is kept), for every host to read back: what an engine needs to announce a
+        block that another host stored (tpusync.kv_events). PreconditionError without a
+        shared tier."""
+        self._backend.describe(keys, list(records))
+
+    def records(self, keys: Keys | None = None, *, max_keys: int = 65536) -> dict[int, bytes]:
+        """The records of these keys (b"" where there is none), or with no keys the shared
+        tier's catalog: the blocks it held at its last scan, most recently read first, at most
+        max_keys, with their records. PreconditionError without a shared tier."""
+        got_keys, got = self._backend.records([] if keys is None else keys, max_keys=max_keys)
+        return dict(zip(got_keys, got))
 
     # -- peers ----------------------------------------------------------------------------
 

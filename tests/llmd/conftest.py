@@ -148,7 +148,7 @@ class Host:
     """One sidecar (optionally with a disk tier) and the engines on it."""
 
     def __init__(self, work: Path, secret: Path, page_size: int, *, disk: bool = False, dram_blocks: int = 256,
-                 shared_dir: Path | None = None):
+                 shared_dir: Path | None = None, shared_scan_ms: int = 10000):
         self.name = uuid.uuid4().hex[:8]
         self.pool = f"/dev/shm/tpusync-llmd-{self.name}"
         self.disk_dir = work / f"disk-{self.name}" if disk else None
@@ -158,6 +158,7 @@ class Host:
                                       disk_dir=str(self.disk_dir) if disk else None,
                                       disk_bytes=4 * dram_blocks * bb if disk else 0,
                                       shared_dir=str(shared_dir) if shared_dir else None, shared_layout="llmd-test",
+                                      extra=[f"--shared-evict-interval-ms={shared_scan_ms}"] if shared_dir else None,
                                       stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:

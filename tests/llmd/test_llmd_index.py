@@ -233,3 +233,49 @@ def test_blocks_left_on_the_shared_tier_are_scored_at_its_weight(cluster):
     assert got, ix.score(prompt)
     assert got["pods"][a.pod]["matchedBlocks"] == 10
     assert got["order"] == [b.pod, a.pod]  # DRAM (0.8) outscores the shared tier (0.4)
+
+
+def test_every_pod_that_mounts_the_shared_tier_is_scored_for_its_blocks(cluster):
+    """Pods a, b and c mount one shared tier; only a serves the prompt. b's and c's engines
+    never saw it, yet llm-d's indexer scores them for all of it at the shared tier's weight:
+    their sidecars' scans found a's blocks on the tier, and their engines announced them under
+    their own topics from the records a's engine wrote beside them. a (DRAM) ranks first; d,
+    which does not mount the tier, is not scored. When the blocks leave the tier (another
+    host's evictor), b and c leave the score and a stays. No audit runs: the feed alone."""
+    import time
+
+    from tpusync_operator.builders.llmd import TIER_WEIGHTS
+
+    page = 32
+    no_audit = ["--kv-events-audit-s", "0"]
+    shared = cluster.work / "shared-every-pod"
+    hosts = [cluster.host(page, shared_dir=shared, shared_scan_ms=100) for _ in range(3)] + [cluster.host(page)]
+    a, b, c, d = (cluster.engine(h, page, extra=no_audit) for h in hosts)
+    ix = cluster.indexer(parameters(32, kvCacheBackendConfigs=[{"name": n, "weight": w} for n, w in TIER_WEIGHTS]))
+    probe = tokens(994, 64)
+    for e in (a, b, c, d):
+        connect(ix, e, probe)
+    prompt = tokens(302, 320)
+    start = time.monotonic()
+    served(ix, a, prompt)
+
+    def everywhere():
+        got = ix.score(prompt)
+        pods = got["pods"]
+        return all(pods.get(e.pod, {}).get("tiers") == {"shared_storage": 10} for e in (b, c)) and got
+    got = eventually(everywhere)
+    assert got, ix.score(prompt)
+    print(f"\nanother host's blocks scored for every pod on the tier {time.monotonic() - start:.2f} s after the "
+          "request (sidecar scans every 0.1 s)")
+    assert got["pods"][a.pod]["tiers"] == {"cpu": 10}
+    assert got["order"][0] == a.pod and set(got["order"][1:]) == {b.pod, c.pod}
+    assert d.pod not in got["pods"]
+
+    for f in shared.glob("tpusync-shared-v1/*/??/*"):
+        f.unlink()
+
+    def left():
+        got = ix.score(prompt)
+        return got["order"] == [a.pod] and got
+    got = eventually(left)
+    assert got, ix.score(prompt)

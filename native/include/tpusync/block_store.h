@@ -66,6 +66,12 @@ class BlockStore {
   // net::kMaxChangesWaitMs) for one. Through the sidecar the wait holds the client's channel:
   // poll on a client of its own. kFailedPrecondition on the data port (no store to watch).
   virtual Result<ChangeBatch> Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) = 0;
+  // Store::Where: the tier of every key, the shared tier asked about each (on the data port,
+  // the peer's EXISTS: its shared tier asked up to the prefix's end). Store::Describe and
+  // Store::Records: the shared tier's block records; kFailedPrecondition on the data port.
+  virtual Result<std::vector<Tier>> Where(std::span<const BlockKey> keys) = 0;
+  virtual Status Describe(std::span<const BlockKey> keys, std::span<const std::string> records) = 0;
+  virtual Result<SharedRecords> Records(std::span<const BlockKey> keys, size_t max_keys) = 0;
 
   // Zero-copy slots, batched. Reserve is all or nothing: a slot per key not yet stored (null
   // for stored ones), or kResourceExhausted (no free slot for every key) or kUnavailable

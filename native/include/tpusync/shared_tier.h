@@ -11,6 +11,7 @@
 //   <dir>/tpusync-shared-v1/<fingerprint>/layout        the fingerprint's inputs, as text
 //   <dir>/tpusync-shared-v1/<fingerprint>/<kk>/<key>    one block: a 4 KiB checksummed header,
 //                                                      the payload padded to 4 KiB
+//   <dir>/tpusync-shared-v1/<fingerprint>/records/<kk>/<key>   a block's record (below)
 //   <dir>/tpusync-shared-v1/<fingerprint>/pins/<key>.<instance>   a host's pin of a block
 //   <dir>/tpusync-shared-v1/<fingerprint>/tmp/          files being written or evicted
 //
@@ -22,6 +23,12 @@
 // evictor first renames its victims aside, then reads the pin markers, and puts back any victim
 // pinned meanwhile; a pinning host creates its marker before checking that the block exists.
 // Either the pin sees the block gone, or the evictor sees the pin.
+//
+// A block may have a record: a small, opaque, checksummed description that its engine
+// supplies (for KV events: the block's tokens and parent), so that every host can announce
+// blocks that any host wrote. Records are immutable like blocks and leave with them. Each
+// scan (the evictor's pass) also diffs the layout's blocks against the previous scan, so a
+// host learns within a pass which blocks other hosts published or removed (`on_changed`).
 #pragma once
 
 #include <atomic>
@@ -30,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -53,16 +61,20 @@ struct SharedTierOptions {
   std::chrono::milliseconds evict_interval{1000};
   std::chrono::milliseconds pin_ttl{600000};
   bool run_evictor = true;
-  // Called (from the thread that removed it, with no lock of the tier held) for each block of
-  // this layout that this instance removed: evicted, or found damaged. The store's change feed.
-  std::function<void(const BlockKey&)> on_removed = nullptr;
+  // Called (with no lock of the tier held) for each block of this layout that this instance
+  // removed (evicted, found damaged), and for each block a scan found published or removed
+  // since the previous scan (by any host; not at the first scan). The store's change feed.
+  std::function<void(const BlockKey&)> on_changed = nullptr;
 };
+
+inline constexpr uint64_t kMaxRecordBytes = 16 << 10;  // a block's record, at most
 
 struct SharedTierStats {
   uint64_t capacity_bytes = 0, used_bytes = 0;  // used: as of the evictor's last scan, plus writes since
   uint64_t writes = 0, write_dedup = 0, bytes_written = 0, write_errors = 0, refused_full = 0;
   uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0, corruptions = 0;
   uint64_t evictions = 0, evicted_bytes = 0, pins_restored = 0, stale_files_removed = 0;
+  uint64_t blocks = 0;  // this layout's blocks at the last scan
   uint64_t write_ns = 0, read_ns = 0;  // time spent in writes and reads that succeeded
   bool direct_io = false;
 };
@@ -78,6 +90,7 @@ inline constexpr std::pair<const char*, uint64_t SharedTierStats::*> kSharedTier
     {"evictions", &SharedTierStats::evictions},           {"evicted_bytes", &SharedTierStats::evicted_bytes},
     {"pins_restored", &SharedTierStats::pins_restored},   {"stale_files_removed", &SharedTierStats::stale_files_removed},
     {"write_ns", &SharedTierStats::write_ns},             {"read_ns", &SharedTierStats::read_ns},
+    {"blocks", &SharedTierStats::blocks},
 };
 
 class SharedTier {
@@ -97,13 +110,25 @@ class SharedTier {
   // the file is damaged (then removed), kInvalidArgument if the block is larger than capacity.
   Result<uint64_t> Read(const BlockKey& key, std::byte* dst, uint64_t capacity);
   bool Exists(const BlockKey& key);
+  // Exists, asked of the file server: an open, which NFS and FUSE filesystems revalidate (a
+  // stat may answer from an attribute cache for seconds after another host removed the file).
+  bool Holds(const BlockKey& key);
   // Keeps a block from every host's evictor until Release. kNotFound if it is not on the tier.
   // Pins are counted per key in this process; one marker file per key and instance.
   Status Pin(const BlockKey& key);
   void Release(const BlockKey& key);
 
-  // One eviction pass now, over every layout on the filesystem; returns the files removed.
-  // The evictor thread runs the same pass every evict_interval.
+  // A block's record: written once (a record already there is kept; records, like blocks,
+  // are content-addressed), before or after the block itself; one whose block never appears
+  // is removed after pin_ttl. kInvalidArgument if empty or over kMaxRecordBytes.
+  Status Describe(const BlockKey& key, std::span<const std::byte> record);
+  // The record of a block, verified; empty if there is none (or it was damaged: then removed).
+  std::string Record(const BlockKey& key);
+  // This layout's blocks as of the last scan, most recently read first, at most `max`.
+  std::vector<BlockKey> Catalog(size_t max) const;
+
+  // One pass now (eviction over every layout on the filesystem, and this layout's catalog);
+  // returns the files evicted. The evictor thread runs the same pass every evict_interval.
   Result<uint64_t> EvictOnce();
 
   SharedTierStats Stats() const;
@@ -115,10 +140,11 @@ class SharedTier {
   SharedTier() = default;
   std::string BlockPath(const BlockKey& key) const;
   std::string PinPath(const BlockKey& key) const;
+  std::string RecordPath(const BlockKey& key) const;
   Status Refuse(uint64_t file_bytes);
   void Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why);
-  void Removed(const BlockKey& key) const {
-    if (options_.on_removed) options_.on_removed(key);
+  void Changed(const BlockKey& key) const {
+    if (options_.on_changed) options_.on_changed(key);
   }
   void EvictLoop(const std::stop_token& stop);
   void RefreshPins();
@@ -141,6 +167,9 @@ class SharedTier {
   mutable std::mutex mu_;
   SharedTierStats stats_;                                              // guarded by mu_
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> pins_;          // guarded by mu_
+  std::vector<BlockKey> catalog_;  // guarded by mu_: the last scan's blocks, most recently read first
+  std::mutex scan_mu_;             // one pass at a time: each diffs against the one before
+  bool scanned_ = false;           // guarded by scan_mu_
   std::jthread evictor_;
 };
 

@@ -63,6 +63,12 @@ struct LookupResult {
   std::vector<Tier> tiers;  // per key
 };
 
+// Blocks of the shared tier and their records (SharedTier::Describe); an empty record: none.
+struct SharedRecords {
+  std::vector<BlockKey> keys;
+  std::vector<std::string> records;
+};
+
 struct StoreStats {
   uint64_t block_bytes = 0;
   uint64_t dram_slots = 0, dram_used = 0;
@@ -158,6 +164,10 @@ class Store {
   // shared tier is asked only about keys of the prefix that neither DRAM nor disk holds (its
   // other keys read kNone when absent locally).
   LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
+  // The tier of every key, the shared tier asked about each key that neither DRAM nor disk
+  // holds (Lookup asks it only up to the prefix's end), by an open that a network filesystem
+  // revalidates (SharedTier::Holds): where an announcer's blocks are now.
+  std::vector<Tier> Where(std::span<const BlockKey> keys);
   // Pins keep blocks from eviction until released. Both check every key before changing any:
   // kNotFound (pin) or kFailedPrecondition (release of an unpinned key) name the first bad one.
   Status Pin(std::span<const BlockKey> keys);
@@ -175,6 +185,12 @@ class Store {
   // The keys whose tier changed after `since` (ChangeFeed::Since): a block that entered or
   // left DRAM or the disk, or a shared-tier file this store removed (evicted, damaged).
   ChangeBatch Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys);
+  // The shared tier's block records (SharedTier::Describe, SharedTier::Record): written by the
+  // engine that stored a block, read by every host's. Records of `keys`, or with no keys the
+  // catalog: the blocks the tier held at its last scan, most recently read first, at most
+  // max_keys. kFailedPrecondition without a shared tier.
+  Status Describe(std::span<const BlockKey> keys, std::span<const std::string> records);
+  Result<SharedRecords> Records(std::span<const BlockKey> keys, size_t max_keys);
 
   // Zero-copy access. Reserve: kFailedPrecondition if the key is already stored, kUnavailable
   // if another lease holds it, kResourceExhausted if no slot is free. With `wait`, it first

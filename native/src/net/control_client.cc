@@ -180,7 +180,7 @@ Status SidecarClient::GetBatch(std::span<const BlockKey> keys, std::span<const M
 
 Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
   std::lock_guard lock(mu_);
-  TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, pin_prefix ? 1 : 0));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, pin_prefix ? kLookupPin : 0));
   if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS reply");
   LookupResult r;
   for (std::byte b : f.body) {
@@ -189,6 +189,64 @@ Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool 
   }
   while (r.prefix_len < r.tiers.size() && r.tiers[r.prefix_len] != Tier::kNone) ++r.prefix_len;
   return r;
+}
+
+Result<std::vector<Tier>> SidecarClient::Where(std::span<const BlockKey> keys) {
+  std::lock_guard lock(mu_);
+  TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, kLookupEveryKey));
+  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS reply");
+  std::vector<Tier> tiers;
+  for (std::byte b : f.body) tiers.push_back(TierFromCode(std::to_integer<uint8_t>(b)));
+  return tiers;
+}
+
+// Records go in batches small enough that every reply fits in one frame.
+constexpr size_t kRecordsPerCall = kMaxBodyBytes / 2 / (kMaxRecordBytes + 20);
+
+Status SidecarClient::Describe(std::span<const BlockKey> keys, std::span<const std::string> records) {
+  if (keys.size() != records.size()) return InvalidArgument("describe: one record per key");
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < keys.size(); i += kRecordsPerCall) {
+    const size_t n = std::min(kRecordsPerCall, keys.size() - i);
+    BodyWriter w;
+    WriteKeyList(w, keys.subspan(i, n));
+    for (size_t j = i; j < i + n; ++j) {
+      if (records[j].empty() || records[j].size() > kMaxRecordBytes) {
+        return InvalidArgument("describe: record " + std::to_string(j) + " of " + std::to_string(records[j].size()) +
+                               " bytes is outside 1.." + std::to_string(kMaxRecordBytes));
+      }
+      w.Str(records[j]);
+    }
+    TPUSYNC_RETURN_IF_ERROR(Call(Op::kDescribe, w.bytes(), static_cast<uint32_t>(n)).status());
+  }
+  return Status::Ok();
+}
+
+Result<SharedRecords> SidecarClient::Records(std::span<const BlockKey> keys, size_t max_keys) {
+  if (max_keys == 0 || max_keys > kMaxKeys) return InvalidArgument("records: max_keys must be 1.." + std::to_string(kMaxKeys));
+  SharedRecords out;
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i == 0 || i < keys.size(); i += kRecordsPerCall) {
+    const size_t n = std::min(kRecordsPerCall, keys.size() - i);
+    BodyWriter w;
+    WriteKeyList(w, keys.subspan(i, n));
+    w.U32(static_cast<uint32_t>(max_keys));
+    TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(Op::kRecords, w.bytes(), static_cast<uint32_t>(n)));
+    BodyReader r(f.body);
+    std::span<const std::byte> key_bytes;
+    if (f.header.op != Op::kRecordsReply || (n != 0 && f.header.count != n) || f.header.count > max_keys ||
+        !r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) {
+      return InvalidArgument("bad frame: RECORDS reply");
+    }
+    TPUSYNC_ASSIGN_OR_RETURN(std::vector<BlockKey> got, ParseKeyList(key_bytes, f.header.count));
+    for (const BlockKey& k : got) {
+      out.keys.push_back(k);
+      if (!r.Str(&out.records.emplace_back(), kMaxRecordBytes)) return InvalidArgument("bad frame: RECORDS reply");
+    }
+    if (!r.done()) return InvalidArgument("bad frame: RECORDS reply");
+    if (keys.empty()) break;
+  }
+  return out;
 }
 
 Status SidecarClient::Pin(std::span<const BlockKey> keys, bool for_host) {

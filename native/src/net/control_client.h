@@ -32,6 +32,9 @@ class SidecarClient final : public BlockStore {
   Status Flush() override;
   Result<StoreStats> Stats() override;
   Result<ChangeBatch> Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) override;
+  Result<std::vector<Tier>> Where(std::span<const BlockKey> keys) override;
+  Status Describe(std::span<const BlockKey> keys, std::span<const std::string> records) override;
+  Result<SharedRecords> Records(std::span<const BlockKey> keys, size_t max_keys) override;
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey> keys) override;
   Status Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) override;
   Status Abort(std::span<const BlockKey> keys) override;

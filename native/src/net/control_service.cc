@@ -138,7 +138,12 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     }
     case Op::kLookup: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      bool pin = f.header.status != 0;
+      if (f.header.status == kLookupEveryKey) {
+        std::vector<Tier> tiers = store_.Where(keys);
+        return c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), d, static_cast<uint32_t>(keys.size()));
+      }
+      if (f.header.status > kLookupPin) return InvalidArgument("bad frame: LOOKUP flags " + std::to_string(f.header.status));
+      bool pin = f.header.status == kLookupPin;
       LookupResult r = store_.Lookup(keys, pin);
       if (pin) session.Pinned(std::span(keys).first(r.prefix_len));
       return c.Send(Op::kTiers, std::as_bytes(std::span(r.tiers)), d, static_cast<uint32_t>(keys.size()));
@@ -236,6 +241,10 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     }
     case Op::kChanges:
       return HandleChanges(c, f, stop);
+    case Op::kDescribe:
+      return HandleDescribe(c, f, d);
+    case Op::kRecords:
+      return HandleRecords(c, f, d);
     case Op::kPullFrom:
     case Op::kPushTo:
     case Op::kExistsAt:
@@ -272,6 +281,41 @@ Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd
   WriteKeyList(w, b.keys);
   return c.Send(Op::kChangesReply, w.bytes(), Deadline::After(op_timeout_), static_cast<uint32_t>(b.keys.size()),
                 b.lost ? 1 : 0);
+}
+
+// Body: the keys, then a record per key.
+Status ControlService::HandleDescribe(FramedConn& c, const Frame& f, Deadline d) {
+  BodyReader r(f.body);
+  std::span<const std::byte> key_bytes;
+  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return InvalidArgument("bad frame: DESCRIBE body");
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  std::vector<std::string> records(keys.size());
+  for (std::string& record : records) {
+    if (!r.Str(&record, kMaxRecordBytes)) return InvalidArgument("bad frame: DESCRIBE body");
+  }
+  if (!r.done()) return InvalidArgument("bad frame: DESCRIBE body");
+  TPUSYNC_RETURN_IF_ERROR(store_.Describe(keys, records));
+  return SendOk(c, d);
+}
+
+// Body: the keys (none: the catalog), then max keys. The reply holds as many records as fit
+// in a frame; a client asking by key sends few enough that all do.
+Status ControlService::HandleRecords(FramedConn& c, const Frame& f, Deadline d) {
+  BodyReader r(f.body);
+  std::span<const std::byte> key_bytes;
+  uint32_t max_keys = 0;
+  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.U32(&max_keys) || !r.done() || max_keys == 0 ||
+      max_keys > kMaxKeys) {
+    return InvalidArgument("bad frame: RECORDS body");
+  }
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  TPUSYNC_ASSIGN_OR_RETURN(SharedRecords got, store_.Records(keys, max_keys));
+  size_t n = 0, bytes = 0;
+  while (n < got.keys.size() && bytes + 20 + got.records[n].size() <= kMaxBodyBytes) bytes += 20 + got.records[n++].size();
+  BodyWriter w;
+  WriteKeyList(w, std::span(got.keys).first(n));
+  for (size_t i = 0; i < n; ++i) w.Str(got.records[i]);
+  return c.Send(Op::kRecordsReply, w.bytes(), d, static_cast<uint32_t>(n));
 }
 
 // Body: peer address, then the keys.

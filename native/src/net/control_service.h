@@ -22,6 +22,10 @@ namespace tpusync::net {
 enum SlotResult : uint8_t { kSlotOk = 0, kSlotAlreadyStored = 1, kSlotNoRoom = 2, kSlotMissing = 3, kSlotBusy = 4 };
 // PIN / RELEASE header status flag: a pin held for the host, not the connection.
 constexpr uint16_t kPinForHost = 1;
+// LOOKUP header status flags: pin the prefix; or the tier of every key, the shared tier asked
+// about each (Store::Where), nothing pinned.
+constexpr uint16_t kLookupPin = 1;
+constexpr uint16_t kLookupEveryKey = 2;
 // PULL_FROM header status flag: reply with the XXH3-64 of each block that landed.
 constexpr uint16_t kWantDigests = 1;
 
@@ -38,6 +42,8 @@ class ControlService {
   Status Handle(FramedConn& c, const Frame& f, Session& session, Deadline d, const WakeFd& stop);
   Status HandlePeerOp(FramedConn& c, const Frame& f, Deadline d);
   Status HandleChanges(FramedConn& c, const Frame& f, const WakeFd& stop);
+  Status HandleDescribe(FramedConn& c, const Frame& f, Deadline d);
+  Status HandleRecords(FramedConn& c, const Frame& f, Deadline d);
 
   Status PinForHost(std::span<const BlockKey> keys);
   Status ReleaseForHost(std::span<const BlockKey> keys);

@@ -104,6 +104,12 @@ class DataPortStore final : public BlockStore {
     return s;
   }
   Result<ChangeBatch> Changes(ChangeCursor, std::chrono::milliseconds, size_t) override { return NoPool("changes"); }
+  Result<std::vector<Tier>> Where(std::span<const BlockKey> keys) override {  // the peer's EXISTS
+    TPUSYNC_ASSIGN_OR_RETURN(LookupResult r, Lookup(keys, false));
+    return std::move(r.tiers);
+  }
+  Status Describe(std::span<const BlockKey>, std::span<const std::string>) override { return NoPool("describe"); }
+  Result<SharedRecords> Records(std::span<const BlockKey>, size_t) override { return NoPool("records"); }
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey>) override { return NoPool("reserve"); }
   Status Commit(std::span<const BlockKey>, std::span<const uint64_t>) override { return NoPool("commit"); }
   Status Abort(std::span<const BlockKey>) override { return NoPool("abort"); }

@@ -20,7 +20,7 @@ T GetLe(const std::byte* p) {
 }  // namespace
 
 bool IsKnownOp(uint16_t op) {
-  return (op >= 1 && op <= 4) || (op >= 10 && op <= 16) || (op >= 30 && op <= 49) || op == 60 || op == 61;
+  return (op >= 1 && op <= 4) || (op >= 10 && op <= 16) || (op >= 30 && op <= 52) || op == 60 || op == 61;
 }
 
 std::string_view OpName(Op op) {

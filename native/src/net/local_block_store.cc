@@ -76,6 +76,21 @@ class LocalBlockStore final : public BlockStore {
     TPUSYNC_RETURN_IF_ERROR(Open());
     return store_->Changes(since, wait, max_keys);
   }
+  Result<std::vector<Tier>> Where(std::span<const BlockKey> keys) override {
+    std::shared_lock open(close_mu_);
+    TPUSYNC_RETURN_IF_ERROR(Open());
+    return store_->Where(keys);
+  }
+  Status Describe(std::span<const BlockKey> keys, std::span<const std::string> records) override {
+    std::shared_lock open(close_mu_);
+    TPUSYNC_RETURN_IF_ERROR(Open());
+    return store_->Describe(keys, records);
+  }
+  Result<SharedRecords> Records(std::span<const BlockKey> keys, size_t max_keys) override {
+    std::shared_lock open(close_mu_);
+    TPUSYNC_RETURN_IF_ERROR(Open());
+    return store_->Records(keys, max_keys);
+  }
 
   Result<std::vector<BlockSlot>> Reserve(std::span<const BlockKey> keys) override;
   Status Commit(std::span<const BlockKey> keys, std::span<const uint64_t> lengths) override;

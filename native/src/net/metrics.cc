@@ -117,6 +117,8 @@ std::string Metrics::Render(const StoreStats& s) const {
     const SharedTierStats& sh = s.shared;
     gauge("tpusync_shared_capacity_bytes", "The shared tier's capacity.", static_cast<double>(sh.capacity_bytes));
     gauge("tpusync_shared_used_bytes", "Bytes of blocks on the shared tier, every host's.", static_cast<double>(sh.used_bytes));
+    gauge("tpusync_shared_blocks", "Blocks of this layout on the shared tier at the last scan, every host's.",
+          static_cast<double>(sh.blocks));
     counter("tpusync_shared_hits_total", "Blocks read from the shared tier.", static_cast<double>(sh.hits));
     counter("tpusync_shared_misses_total", "Shared-tier reads of absent blocks.", static_cast<double>(sh.misses));
     counter("tpusync_shared_written_total", "Blocks this host wrote to the shared tier.", static_cast<double>(sh.writes));

@@ -59,6 +59,21 @@ struct FileHeader {
 
 uint64_t HeaderSum(const FileHeader& h) { return Checksum(&h, offsetof(FileHeader, header_sum)); }
 
+// A record file: this header, then `length` bytes of record.
+constexpr uint64_t kRecordMagic = 0x54505553594e5243ULL;  // "TPUSYNRC"
+struct RecordHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t length;
+  uint64_t fingerprint;
+  uint64_t key_hi;
+  uint64_t key_lo;
+  uint64_t record_sum;
+  uint64_t header_sum;  // over every field above
+};
+
+uint64_t HeaderSum(const RecordHeader& h) { return Checksum(&h, offsetof(RecordHeader, header_sum)); }
+
 std::string Hex16(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -121,7 +136,7 @@ Result<std::unique_ptr<SharedTier>> SharedTier::Open(const SharedTierOptions& o)
   if (ec) return Status(StatusCode::kIoError, "create shared tier directory " + o.dir + ": " + ec.message());
   t->top_ = o.dir + "/" + kTop;
   t->root_ = t->top_ + "/" + Hex16(fingerprint);
-  for (const std::string& d : {t->top_, t->root_, t->root_ + "/tmp", t->root_ + "/pins"}) {
+  for (const std::string& d : {t->top_, t->root_, t->root_ + "/tmp", t->root_ + "/pins", t->root_ + "/records"}) {
     TPUSYNC_RETURN_IF_ERROR(MakeDir(d));
   }
 
@@ -181,9 +196,19 @@ std::string SharedTier::BlockPath(const BlockKey& key) const {
 
 std::string SharedTier::PinPath(const BlockKey& key) const { return root_ + "/pins/" + key.ToHex() + "." + instance_; }
 
+std::string SharedTier::RecordPath(const BlockKey& key) const {
+  const std::string hex = key.ToHex();
+  return root_ + "/records/" + hex.substr(0, 2) + "/" + hex;
+}
+
 bool SharedTier::Exists(const BlockKey& key) {
   struct stat st{};
   return ::stat(BlockPath(key).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool SharedTier::Holds(const BlockKey& key) {
+  const UniqueFd fd(::open(BlockPath(key).c_str(), O_RDONLY | O_CLOEXEC));
+  return fd.valid();
 }
 
 Status SharedTier::Refuse(uint64_t file_bytes) {
@@ -266,7 +291,10 @@ Status SharedTier::Write(const BlockKey& key, const std::byte* src, uint64_t len
 // Removes a damaged file unless another host has replaced it with a new one since it was read.
 void SharedTier::Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why) {
   struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino && ::unlink(path.c_str()) == 0) Removed(key);
+  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino && ::unlink(path.c_str()) == 0) {
+    ::unlink(RecordPath(key).c_str());
+    Changed(key);
+  }
   uint64_t n = 0;
   {
     std::lock_guard lock(mu_);
@@ -339,6 +367,70 @@ Result<uint64_t> SharedTier::Read(const BlockKey& key, std::byte* dst, uint64_t 
   return length;
 }
 
+Status SharedTier::Describe(const BlockKey& key, std::span<const std::byte> record) {
+  if (record.empty() || record.size() > kMaxRecordBytes) {
+    return InvalidArgument("shared describe: a record of " + std::to_string(record.size()) + " bytes is outside 1.." +
+                           std::to_string(kMaxRecordBytes));
+  }
+  const std::string path = RecordPath(key);
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) return Status::Ok();
+  TPUSYNC_RETURN_IF_ERROR(MakeDir(path.substr(0, path.rfind('/'))));
+  RecordHeader h{kRecordMagic, kVersion, static_cast<uint32_t>(record.size()), fingerprint_, key.hi, key.lo,
+                 Checksum(record.data(), record.size()), 0};
+  h.header_sum = HeaderSum(h);
+  const std::string tmp = root_ + "/tmp/" + key.ToHex() + ".record." + instance_ + "." + std::to_string(++temp_seq_);
+  Status st_write = Status::Ok();
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd.valid()) return ErrnoStatus(errno, "create " + tmp);
+    struct iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(record.data()), record.size()}};
+    st_write = PwritevFull(fd.get(), iov, 2, 0, tmp);
+    if (st_write.ok() && ::close(fd.release()) != 0) st_write = ErrnoStatus(errno, "close " + tmp);
+  }
+  if (st_write.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st_write = ErrnoStatus(errno, "publish " + path);
+  if (!st_write.ok()) ::unlink(tmp.c_str());
+  return st_write;
+}
+
+std::string SharedTier::Record(const BlockKey& key) {
+  const std::string path = RecordPath(key);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st{};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) return {};
+  RecordHeader h{};
+  std::string record;
+  const auto size = static_cast<uint64_t>(st.st_size);
+  bool whole = size > sizeof(h) && size - sizeof(h) <= kMaxRecordBytes;
+  if (whole) {
+    record.resize(size - sizeof(h));
+    struct iovec iov[2] = {{&h, sizeof(h)}, {record.data(), record.size()}};
+    whole = PreadvFull(fd.get(), iov, 2, 0, path).ok() && h.magic == kRecordMagic && h.version == kVersion &&
+            h.header_sum == HeaderSum(h) && h.fingerprint == fingerprint_ && h.key_hi == key.hi && h.key_lo == key.lo &&
+            h.length == record.size() && Checksum(record.data(), record.size()) == h.record_sum;
+  }
+  if (!whole) {  // damaged: gone, so that a host that knows the block can describe it again
+    struct stat now{};
+    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino) ::unlink(path.c_str());
+    uint64_t n = 0;
+    {
+      std::lock_guard lock(mu_);
+      n = ++stats_.corruptions;
+    }
+    if ((n & (n - 1)) == 0) {
+      Log(LogLevel::kWarning, "shared", std::to_string(n) + " damaged files removed from the shared tier so far; latest: " +
+                                            path + ": a damaged record");
+    }
+    return {};
+  }
+  return record;
+}
+
+std::vector<BlockKey> SharedTier::Catalog(size_t max) const {
+  std::lock_guard lock(mu_);
+  return {catalog_.begin(), catalog_.begin() + static_cast<ptrdiff_t>(std::min(max, catalog_.size()))};
+}
+
 Status SharedTier::Pin(const BlockKey& key) {
   std::lock_guard lock(mu_);
   if (pins_[key]++ == 0) {
@@ -377,12 +469,14 @@ Result<uint64_t> SharedTier::EvictOnce() {
   struct File {
     int64_t atime;
     uint64_t bytes;
-    std::string layout_dir, name;
+    std::string layout_dir, name;  // name: <kk>/<key>
   };
+  std::lock_guard scan(scan_mu_);
   const auto now = std::chrono::system_clock::now();
   const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
   const int64_t ttl_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(options_.pin_ttl).count());
   std::vector<File> files;
+  std::unordered_set<std::string> names;  // every block file's layout_dir/name, for orphaned records
   uint64_t used = 0, stale = 0;
   for (const std::string& layout : ListDir(top_)) {
     const std::string dir = Join(top_, layout);
@@ -396,12 +490,23 @@ Result<uint64_t> SharedTier::EvictOnce() {
         }
         continue;
       }
-      if (sub.size() != 2) continue;  // layout, pins
+      if (sub.size() != 2) continue;  // layout, pins, records
       for (const std::string& name : ListDir(path)) {
         if (::stat(Join(path, name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
         files.push_back({SecondsOf(st.st_atim) * 1000000000 + st.st_atim.tv_nsec, static_cast<uint64_t>(st.st_size),
                          dir, Join(sub, name)});
+        names.insert(Join(dir, files.back().name));
         used += static_cast<uint64_t>(st.st_size);
+      }
+    }
+    // Records whose block never came, or left without them (a host died in between).
+    const std::string records = Join(dir, "records");
+    for (const std::string& sub : ListDir(records)) {
+      for (const std::string& name : ListDir(Join(records, sub))) {
+        if (names.count(Join(dir, Join(sub, name))) != 0) continue;
+        struct stat st{};
+        const std::string p = Join(Join(records, sub), name);
+        if (::stat(p.c_str(), &st) == 0 && now_s - SecondsOf(st.st_mtim) > ttl_s && ::unlink(p.c_str()) == 0) ++stale;
       }
     }
   }
@@ -421,6 +526,7 @@ Result<uint64_t> SharedTier::EvictOnce() {
   // back and the rest deleted, until enough is freed.
   std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.atime < b.atime; });
   uint64_t freed = 0, evicted = 0, restored = 0;
+  std::unordered_set<BlockKey, BlockKeyHash> gone;  // this layout's blocks evicted here
   size_t next = 0;
   while (freed < excess && next < files.size()) {
     std::vector<std::pair<const File*, std::string>> aside;
@@ -450,20 +556,43 @@ Result<uint64_t> SharedTier::EvictOnce() {
       if (pinned.count(Join(f->layout_dir, f->name.substr(3))) != 0) {
         if (::rename(moved.c_str(), Join(f->layout_dir, f->name).c_str()) == 0) ++restored;
       } else if (::unlink(moved.c_str()) == 0) {
+        ::unlink(Join(f->layout_dir, "records/" + f->name).c_str());
         ++evicted;
         freed += f->bytes;
         BlockKey key;
-        if (f->layout_dir == root_ && KeyFromHex(f->name.substr(3), &key)) Removed(key);
+        if (f->layout_dir == root_ && KeyFromHex(f->name.substr(3), &key)) gone.insert(key);
       }
     }
   }
-  const uint64_t evicted_bytes = freed;
-  std::lock_guard lock(mu_);
-  stats_.used_bytes = used - evicted_bytes;
-  stats_.evictions += evicted;
-  stats_.evicted_bytes += evicted_bytes;
-  stats_.pins_restored += restored;
-  stats_.stale_files_removed += stale;
+  // This layout's catalog, most recently read first, and what changed since the last pass.
+  std::vector<BlockKey> catalog;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    BlockKey key;
+    if (it->layout_dir == root_ && KeyFromHex(it->name.substr(3), &key) && gone.count(key) == 0) catalog.push_back(key);
+  }
+  std::vector<BlockKey> changed(gone.begin(), gone.end());
+  {
+    std::lock_guard lock(mu_);
+    if (scanned_) {
+      const std::unordered_set<BlockKey, BlockKeyHash> before(catalog_.begin(), catalog_.end());
+      const std::unordered_set<BlockKey, BlockKeyHash> after(catalog.begin(), catalog.end());
+      for (const BlockKey& k : catalog) {
+        if (before.count(k) == 0) changed.push_back(k);  // published since
+      }
+      for (const BlockKey& k : catalog_) {
+        if (after.count(k) == 0 && gone.count(k) == 0) changed.push_back(k);  // removed elsewhere
+      }
+    }
+    scanned_ = true;
+    catalog_ = std::move(catalog);
+    stats_.blocks = catalog_.size();
+    stats_.used_bytes = used - freed;
+    stats_.evictions += evicted;
+    stats_.evicted_bytes += freed;
+    stats_.pins_restored += restored;
+    stats_.stale_files_removed += stale;
+  }
+  for (const BlockKey& k : changed) Changed(k);
   return evicted;
 }
 

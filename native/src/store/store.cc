@@ -24,6 +24,7 @@ class StoreImpl {
   Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers);
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBuffer> out, std::span<uint8_t> found);
   LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
+  std::vector<Tier> Where(std::span<const BlockKey> keys);
   Status Pin(std::span<const BlockKey> keys);
   Status Release(std::span<const BlockKey> keys);
   Status Evict(std::span<const BlockKey> keys);
@@ -33,6 +34,7 @@ class StoreImpl {
   Result<WriteLease> Reserve(const BlockKey& key, bool wait);
   Result<ReadLease> Acquire(const BlockKey& key);
   ChangeFeed& feed() { return feed_; }
+  SharedTier* shared() { return shared_.get(); }
 
   const BlockPool& pool() const { return *pool_; }
 
@@ -125,7 +127,7 @@ Result<std::unique_ptr<StoreImpl>> StoreImpl::Open(const StoreOptions& o) {
   if (o.shared_enabled) {
     SharedTierOptions sh = o.shared;
     sh.block_bytes = s->pool_->block_bytes();
-    sh.on_removed = [feed = &s->feed_](const BlockKey& key) { feed->Record(key); };
+    sh.on_changed = [feed = &s->feed_](const BlockKey& key) { feed->Record(key); };
     TPUSYNC_ASSIGN_OR_RETURN(s->shared_, SharedTier::Open(sh));
     s->shared_demote_ = o.shared_policy == SharedPolicy::kDemote;
   }
@@ -678,6 +680,21 @@ LookupResult StoreImpl::Lookup(std::span<const BlockKey> keys, bool pin_prefix) 
   return r;
 }
 
+std::vector<Tier> StoreImpl::Where(std::span<const BlockKey> keys) {
+  std::vector<Tier> tiers(keys.size(), Tier::kNone);
+  {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const IndexEntry* e = index_.Find(keys[i]);
+      tiers[i] = e == nullptr ? Tier::kNone : e->tier();
+    }
+  }
+  for (size_t i = 0; shared_ && i < keys.size(); ++i) {  // file system round trips: without the lock
+    if (tiers[i] == Tier::kNone && shared_->Holds(keys[i])) tiers[i] = Tier::kShared;
+  }
+  return tiers;
+}
+
 Status StoreImpl::Pin(std::span<const BlockKey> keys) {
   std::unique_lock lock(mu_);
   auto local = [&](const BlockKey& k) {
@@ -941,6 +958,27 @@ Status Store::Flush() { return impl_->Flush(); }
 StoreStats Store::Stats() const { return impl_->Stats(); }
 ChangeBatch Store::Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys) {
   return impl_->feed().Since(since, wait, max_keys);
+}
+std::vector<Tier> Store::Where(std::span<const BlockKey> keys) { return impl_->Where(keys); }
+
+Status Store::Describe(std::span<const BlockKey> keys, std::span<const std::string> records) {
+  SharedTier* shared = impl_->shared();
+  if (shared == nullptr) return FailedPrecondition("describe: this store has no shared tier");
+  if (keys.size() != records.size()) return InvalidArgument("describe: one record per key");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    TPUSYNC_RETURN_IF_ERROR(shared->Describe(keys[i], std::as_bytes(std::span(records[i]))));
+  }
+  return Status::Ok();
+}
+
+Result<SharedRecords> Store::Records(std::span<const BlockKey> keys, size_t max_keys) {
+  SharedTier* shared = impl_->shared();
+  if (shared == nullptr) return FailedPrecondition("records: this store has no shared tier");
+  SharedRecords r;
+  r.keys = keys.empty() ? shared->Catalog(max_keys) : std::vector<BlockKey>(keys.begin(), keys.end());
+  r.records.reserve(r.keys.size());
+  for (const BlockKey& k : r.keys) r.records.push_back(shared->Record(k));
+  return r;
 }
 Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) { return impl_->Reserve(key, wait); }
 Result<ReadLease> Store::Acquire(const BlockKey& key) { return impl_->Acquire(key); }

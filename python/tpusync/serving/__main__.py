@@ -35,9 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--kv-events-endpoint", default=None, help='publish KV events here, e.g. "tcp://*:5557"')
     ap.add_argument("--kv-events-topic", default=None, help="default: kv@<host>:<port>@<model>")
     ap.add_argument("--kv-events-audit-s", type=float, default=2.0,
-                    help="how often to ask the store where every announced block is (0: never); its change "
-                         "feed reports demotions and evictions as they happen, this finds the rest (another "
-                         "host evicting a shared-tier file)")
+                    help="how often to ask the store where every announced block is (0: never): a backstop; "
+                         "its change feed reports demotions and evictions as they happen, and what other hosts "
+                         "publish on or remove from the shared tier at each of the sidecar's scans")
     ap.add_argument("--model-config", default="{}", help="JSON overrides of ModelConfig fields")
     ap.add_argument("--max-prompt-tokens", type=cli.positive(int), default=None,
                     help="the longest prompt any route takes, /v1/completions/render included; longer ones get 400 "

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
-from tpusync.kv_events import BlockAnnouncer, EventSink, follow
+from tpusync.kv_events import BlockAnnouncer, EventSink, follow, tiers_of
 from tpusync.pages import compile_loads, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.store import KVStore
@@ -95,8 +95,8 @@ class Engine:
                              name="kv-events-audit").start()
         if self.announcer is not None and kv_events_feed is not None and prefix_cache:
             # `kv_events_feed` (a connection of its own to the same store) reports each block the
-            # store demotes or evicts as it does: announced at once. The audit above still finds
-            # what the feed cannot see (another host evicting a shared-tier file).
+            # store demotes or evicts as it does, and the blocks other hosts publish on or remove
+            # from the shared tier at the sidecar's scans: announced at once (kv_events.follow).
             threading.Thread(target=self._follow_loop, args=(self.announcer, kv_events_feed), daemon=True,
                              name="kv-events-feed").start()
         self.params = init_params(cfg)
@@ -260,7 +260,7 @@ class Engine:
         while True:
             time.sleep(every_s)  # a period, not a synchronisation: nothing waits on it
             try:
-                announcer.audit(lambda keys: store.lookup(keys).tiers.tolist())
+                announcer.audit(tiers_of(store))
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 log.warning("KV events audit: %s", e)
 

@@ -42,11 +42,18 @@ class ShardedStore:
         blocks, partial = divmod(found.prefix_len, self.shards)
         if pin and partial:  # shards of a block past the whole ones: not offered, so not pinned
             self.store.release(sk[blocks * self.shards:found.prefix_len])
-        tiers = np.asarray(found.tiers, np.uint8).reshape(len(keys), self.shards)
+        return LookupResult(blocks, self._by_block(found.tiers, len(keys)))
+
+    def _by_block(self, shard_tiers: np.ndarray, n: int) -> np.ndarray:
+        tiers = np.asarray(shard_tiers, np.uint8).reshape(n, self.shards)
         common = np.bitwise_and.reduce(tiers, axis=1)  # the tier every shard is in
         # Every shard present, but not in one common tier (some in DRAM only, some on disk only).
         common[(common == Tier.NONE) & (tiers != Tier.NONE).all(axis=1)] = Tier.DISK
-        return LookupResult(blocks, common)
+        return np.asarray(common, np.uint8)
+
+    def where(self, keys: Sequence[int]) -> np.ndarray:
+        """KVStore.where by block, as lookup combines its shards' tiers."""
+        return self._by_block(self.store.where(self._keys(keys)), len(keys))
 
     def release(self, keys: Sequence[int], *, for_host: bool = False) -> None:
         self.store.release(self._keys(keys), for_host=for_host)

@@ -25,20 +25,18 @@ prefix cache, it announces again what the store holds.
 from __future__ import annotations
 
 import threading
-from functools import partial
 from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 from tpusync import errors
-from tpusync.kv_events import BlockAnnouncer, Event, follow
+from tpusync.kv_events import BlockAnnouncer, Event, follow, tiers_of
 from tpusync.vllm.common import StoreLink, log
 from tpusync.vllm.relay import relay_for
 
 if TYPE_CHECKING:
     from vllm.config import KVEventsConfig
 
-    from tpusync.store import KVStore
     from tpusync.vllm.config import ConnectorConfig
 
 _LOW64 = (1 << 64) - 1
@@ -60,10 +58,6 @@ def to_vllm(event: Event) -> KVCacheEvent:
         _, hashes, medium = event
         return BlockRemoved(block_hashes=hashes, medium=medium)
     raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")
-
-
-def _tiers(store: KVStore, keys: list[int]) -> list[int]:
-    return [int(t) for t in store.lookup(keys).tiers]
 
 
 class ConnectorEvents:
@@ -116,8 +110,9 @@ class ConnectorEvents:
 
     def without_feed(self) -> None:
         """Audits alone, for a store whose change feed names no block key (sharded blocks: a
-        shard's key is a hash of its block's). Before the first take()."""
+        shard's key is a hash of its block's), and no shared-tier records. Before the first take()."""
         self._threads = [t for t in self._threads if t.name != _FEED]
+        self.announcer.describing = False
 
     def announce(self, keys: list[int], tokens: list[int], tiers: list[int], held: int) -> None:
         """A request's prompt blocks (store keys, their tokens) and where the store holds them."""
@@ -157,7 +152,7 @@ class ConnectorEvents:
                 self._cleared.clear()
                 self.announcer.cleared()
             try:
-                self.announcer.audit(partial(_tiers, store))
+                self.announcer.audit(tiers_of(store))
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
                 self._audit_link.failed(e)
                 if repair:

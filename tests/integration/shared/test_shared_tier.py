@@ -146,6 +146,46 @@ def test_a_block_written_on_one_host_is_served_on_another_without_a_transfer(mak
     assert metric(b, "tpusync_shared_hits_total") == 8
 
 
+def test_each_host_learns_what_another_stored_and_reads_its_records(make_pool):
+    """What every host's engine needs to announce blocks it did not store: b's change feed names
+    the blocks a stored within one of b's scans, `where` finds them on the tier, and the records
+    a's engine wrote beside them read back through b's sidecar, and from the catalog. A block
+    removed behind b's back is named again at b's next scan."""
+    pool = make_pool(2)
+    a, b = pool.start(0), pool.start(1, evict_ms=100)
+    keys = keys_for(3, 4)
+    ints = [int(hi) << 64 | int(lo) for hi, lo in keys]
+    records = [b"parent and tokens of block %d" % i for i in range(4)]
+
+    def named(eb, cursor, want: set[int]):
+        seen: set[int] = set()
+        while not want <= seen:  # each call a long poll on b's feed, bounded by the test's timeout
+            batch = eb.changes(cursor, wait_s=5)
+            assert batch.keys or not batch.lost, "b's feed named nothing in 5 s"
+            cursor = batch.cursor
+            seen |= set(batch.keys)
+        return cursor
+
+    with engine(a) as ea, engine(b) as eb:
+        cursor = eb.changes().cursor
+        ea.put(keys, data_for(keys))
+        ea.flush()
+        ea.describe(keys, records)
+        cursor = named(eb, cursor, set(ints))
+        assert metric(b, "tpusync_shared_blocks") == 4
+        assert list(eb.where(keys)) == [tpusync.Tier.SHARED] * 4
+        assert eb.records(keys) == dict(zip(ints, records))
+        assert eb.records(max_keys=16) == dict(zip(ints, records))  # the catalog of b's last scan
+        assert eb.lookup(keys[::-1][:2]).tiers.tolist() == [tpusync.Tier.SHARED] * 2
+        gone = next(f for f in pool.files() if f.endswith(f"{ints[0]:032x}"))
+        os.unlink(gone)
+        named(eb, cursor, {ints[0]})
+        assert list(eb.where(keys)) == [tpusync.Tier.NONE] + [tpusync.Tier.SHARED] * 3
+        assert eb.stats()["shared"]["blocks"] == 3
+        with pytest.raises(tpusync.errors.InvalidArgumentError):
+            eb.describe(keys[:1], [b"x" * ((16 << 10) + 1)])
+
+
 def test_two_hosts_writing_the_same_blocks_at_once(make_pool):
     pool = make_pool(2)
     cars = [pool.start(0), pool.start(1)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from array import array
 
 import msgpack
 import numpy as np
@@ -12,7 +13,7 @@ import zmq
 import tpusync
 from tests.support.polling import wait_for
 from tpusync.hashing import BlockHasher, event_hash_of
-from tpusync.kv_events import BlockAnnouncer, KVEventPublisher, follow
+from tpusync.kv_events import BlockAnnouncer, KVEventPublisher, decode_record, encode_record, follow
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
 
@@ -136,3 +137,69 @@ def test_follow_announces_an_eviction_when_the_store_makes_it():
             stop.set()
             t.join()
     assert all(["BlockRemoved", [11], "CPU"] not in b and ["BlockRemoved", [13], "CPU"] not in b for b in pub.batches)
+
+
+def test_a_block_record_round_trips_and_a_foreign_one_reads_as_none():
+    record = encode_record(12, [1, 2, 3, 4], lora_id=7)
+    assert decode_record(record) == (12, array("I", [1, 2, 3, 4]), 7)
+    assert decode_record(encode_record(None, [5, 6])) == (None, array("I", [5, 6]), None)
+    assert decode_record(record[:-1]) is None  # not whole tokens
+    assert decode_record(record[:16]) is None  # no tokens
+    assert decode_record(b"\x02" + record[1:]) is None  # a version this one does not read
+
+
+def _shared_stored(pub: _Recorder) -> dict[int, tuple[int | None, list[int]]]:
+    """hash -> (parent, tokens) of the blocks a recorder was last told are on the shared tier."""
+    held: dict[int, tuple[int | None, list[int]]] = {}
+    for batch in pub.batches:
+        for e in batch:
+            if e[0] == "BlockStored" and e[6] == "SHARED_STORAGE":
+                for i, h in enumerate(e[1]):
+                    held[h] = (e[2] if i == 0 else e[1][i - 1], e[3][i * e[4]:(i + 1) * e[4]])
+            elif e[0] == "BlockRemoved" and e[2] == "SHARED_STORAGE":
+                for h in e[1]:
+                    held.pop(h, None)
+    return held
+
+
+def test_every_engine_on_a_shared_tier_announces_what_another_host_stored(tmp_path):
+    """Hosts a, b and c mount one shared tier. a's engine stores and announces a prompt's blocks
+    (in DRAM: "CPU"). b's engine never saw the prompt, yet announces every block as
+    SHARED_STORAGE with a's parents and tokens once its scan finds them; c, started later,
+    finds them in the tier's catalog. Removed from the tier behind their backs (another host's
+    evictor), they are withdrawn."""
+    block = 4096
+    shared = {"block_bytes": block, "dram_bytes": 8 * block, "shared_dir": tmp_path, "shared_layout": "l",
+              "shared_scan_interval_s": 0.05}
+    keys, tokens = [2001, 2002, 2003], list(range(6))
+    want = {2001: (None, [0, 1]), 2002: (2001, [2, 3]), 2003: (2002, [4, 5])}
+    stop = threading.Event()
+    threads = []
+
+    def engine(store):
+        pub = _Recorder()
+        ann = BlockAnnouncer(pub, 2)
+        threads.append(threading.Thread(target=follow, args=(ann, store, stop), kwargs={"wait_s": 0.1}))
+        threads[-1].start()
+        return pub, ann
+
+    with tpusync.KVStore.local(**shared) as a, tpusync.KVStore.local(**shared) as b:
+        try:
+            pub_a, ann_a = engine(a)
+            pub_b, _ = engine(b)
+            a.put(keys, [np.full(block, i, np.uint8) for i in range(3)])
+            ann_a.announce(keys, keys, tokens, a.lookup(keys).tiers.tolist(), 3)
+            wait_for("b announces a's blocks", lambda: _shared_stored(pub_b) == want, 30)
+            assert _shared_stored(pub_a) == {}  # a holds them in DRAM: "CPU", as announced
+            with tpusync.KVStore.local(**shared) as c:
+                pub_c, _ = engine(c)
+                wait_for("c announces the catalog", lambda: _shared_stored(pub_c) == want, 30)
+                for f in tmp_path.glob("tpusync-shared-v1/*/??/*"):
+                    f.unlink()
+                wait_for("b withdraws them", lambda: _shared_stored(pub_b) == {}, 30)
+                wait_for("c withdraws them", lambda: _shared_stored(pub_c) == {}, 30)
+                stop.set()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()

@@ -60,6 +60,9 @@ enum class Op : uint16_t {
   kExistsAt = 47,    // peer address + keys -> kTiers
   kChanges = 48,     // epoch, seq, wait ms, max keys -> kChangesReply (a long poll: a channel of its own)
   kChangesReply = 49,  // status = 1: changes lost; epoch, seq of the next read, then count keys
+  kDescribe = 50,    // keys, then a record (u32 length + bytes) per key -> kOk
+  kRecords = 51,     // keys (none: the shared tier's catalog), max keys -> kRecordsReply
+  kRecordsReply = 52,  // count keys, then a record per key (empty: none)
   kOk = 60,
   kError = 61,       // status = StatusCode, body = message
 };
