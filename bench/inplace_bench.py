@@ -43,9 +43,8 @@ sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 sys.path.insert(0, str(ROOT / "tests" / "tpu_inference"))
 import rawtcp  # noqa: E402
 from harness import EngineSpec, prompt  # noqa: E402  (tests/vllm)
-from report import report  # noqa: E402
+from report import merged, report  # noqa: E402
 from tinymodel import build  # noqa: E402
-from weight_sync_bench import merged  # noqa: E402
 
 from tpusync import KVStore, WeightSynchronizer  # noqa: E402
 from tpusync import sidecar as sidecar_mod  # noqa: E402

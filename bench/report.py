@@ -24,5 +24,13 @@ def report(console: Console, title: str, results: list[dict], columns: list[tupl
     console.print(f"wrote {out}")
 
 
+def merged(path: str, fresh: list[dict]) -> list[dict]:
+    """The results file's rows with those of a partial run put in place of the same cases."""
+    old = json.loads(Path(path).read_text()) if Path(path).exists() else []
+    by_case = {r["case"]: r for r in fresh}
+    out = [by_case.pop(r["case"], r) for r in old]
+    return out + list(by_case.values())
+
+
 RATE_COLUMNS = [("case", "case", ""), ("seconds", "seconds", ".4f"), ("GB/s", "gbps", ".2f"),
                 ("baseline GB/s", "baseline_gbps", ".2f"), ("ratio", "ratio", ".2f")]

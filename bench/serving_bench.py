@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import report
+from report import merged, report
 from rich.console import Console
 
 from tpusync import KVStore, Tier, sidecar
@@ -174,9 +174,7 @@ def run_tpu_inference(args: argparse.Namespace, console: Console) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
         report(console, "tpusync serving on tpu-inference (CPU): TTFT vs recompute", results,
                TPU_INFERENCE_COLUMNS, tmp.name, TPU_INFERENCE_NOTE)
-    old = json.loads(out.read_text()) if out.exists() else []
-    names = {r["case"] for r in results}
-    out.write_text(json.dumps([r for r in old if r["case"] not in names] + results, indent=2) + "\n")
+    out.write_text(json.dumps(merged(str(out), results), indent=2) + "\n")
     console.print(f"merged into {out}")
     return 0
 

@@ -17,7 +17,6 @@ Prints a table and writes bench/results/transfer.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import rawtcp
-from report import RATE_COLUMNS, report
+from report import RATE_COLUMNS, merged, report
 from rich.console import Console
 
 import tpusync
@@ -271,14 +270,6 @@ def bench_fabric(secret_file, profile: fab.Profile, total: int, block: int, stre
             r["line_rate_gbps"] = profile.rate_bytes_per_s / 1e9
             out.append(r)
     return out
-
-
-def merged(path: str, fresh: list[dict]) -> list[dict]:
-    """The results file's rows with those of a partial run (--only) put in place of the same cases."""
-    old = json.loads(Path(path).read_text()) if Path(path).exists() else []
-    by_case = {r["case"]: r for r in fresh}
-    out = [by_case.pop(r["case"], r) for r in old]
-    return out + list(by_case.values())
 
 
 def _timed(fn) -> float:

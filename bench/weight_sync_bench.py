@@ -29,7 +29,6 @@ bench/results/weight_sync.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -52,7 +51,7 @@ from tpusync.sidecar import write_secret
 # root goes there too, for tests.support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rawtcp
-from report import report
+from report import merged, report
 
 from tests.support import fabric as fab
 from tpusync import KVStore, sidecar
@@ -360,14 +359,6 @@ def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list
 
 
 PARTS = ("onehost", "chain", "naive", "fabric")
-
-
-def merged(path: str, fresh: list[dict]) -> list[dict]:
-    """The results file's rows with those of a partial run (--only) put in place of the same cases."""
-    old = json.loads(Path(path).read_text()) if Path(path).exists() else []
-    by_case = {r["case"]: r for r in fresh}
-    out = [by_case.pop(r["case"], r) for r in old]
-    return out + list(by_case.values())
 
 
 def main() -> None:
