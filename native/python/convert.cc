@@ -103,6 +103,7 @@ void Raise(const Status& st) {
     case StatusCode::kUnavailable: name = "UnavailableError"; break;
     case StatusCode::kDeadlineExceeded: name = "DeadlineExceededError"; break;
     case StatusCode::kUnauthenticated: name = "AuthError"; break;
+    case StatusCode::kMalformed: name = "ProtocolError"; break;
     default: break;
   }
   pb::object cls = pb::module_::import("tpusync.errors").attr(name);

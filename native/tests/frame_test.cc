@@ -64,7 +64,7 @@ TEST(Frame, MalformedHeadersAreRejectedWithAReason) {
     c.mutate(b);
     auto d = DecodeHeader(b.data(), 1 << 20);
     ASSERT_FALSE(d.ok());
-    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(d.status().code(), StatusCode::kMalformed);
     EXPECT_NE(d.status().message().find(c.reason), std::string::npos) << d.status().message();
   }
 }
@@ -263,7 +263,7 @@ TEST(Handshake, DataBeforeAuthenticationIsRefused) {
   std::vector<std::byte> keys(16);
   ASSERT_TRUE(client.Send(Op::kPull, keys, Deadline::After(std::chrono::seconds(1)), 1).ok());
   Status st = ServerHandshake(server, TestSecret(), {.block_bytes = 8192}, Soon());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
   EXPECT_NE(st.message().find("expected HELLO"), std::string::npos);
 }
 
@@ -277,7 +277,7 @@ TEST(Handshake, AnOldPeerIsToldWhichProtocolVersionsMeet) {
   auto hdr = Encode(h);
   ASSERT_TRUE(p.b.WriteFull(hdr.data(), hdr.size(), Soon()).ok());
   Status st = ServerHandshake(server, TestSecret(), {.block_bytes = 8192}, Soon());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
   EXPECT_NE(st.message().find("protocol version 1, this build speaks 2"), std::string::npos) << st.ToString();
 }
 
@@ -290,7 +290,7 @@ TEST(Handshake, OversizedHelloIsRefusedOnItsHeader) {
   auto hdr = Encode(h);
   ASSERT_TRUE(p.b.WriteFull(hdr.data(), hdr.size(), Deadline::After(std::chrono::seconds(1))).ok());
   Status st = ServerHandshake(server, TestSecret(), {.block_bytes = 8192}, Soon());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_EQ(st.code(), StatusCode::kMalformed) << st.ToString();
   EXPECT_NE(st.message().find("HELLO body of 33554432 bytes"), std::string::npos) << st.ToString();
 }
 
@@ -419,6 +419,25 @@ TEST(Conn, AMultiChunkBlockArrivesWholeWithTheDigestOfItsBytes) {
     EXPECT_EQ(dst, payload);
     EXPECT_EQ(digest, XXH3_64bits(payload.data(), payload.size())) << encrypt;
   }
+}
+
+TEST(FramedConn, AnErrorReplyKeepsTheChannelInStepAMalformedFrameDoesNot) {
+  Pair p;
+  FramedConn a(p.a, 4096), b(p.b, 4096);
+  ASSERT_TRUE(a.SendError(NotFound("no such block"), Soon()).ok());
+  Result<Frame> f = b.Recv(Soon());
+  EXPECT_EQ(f.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(b.in_step());
+  // A reply is told by its frame, not its text: one that reads like a broken frame is a reply.
+  ASSERT_TRUE(a.SendError(Status(StatusCode::kUnavailable, "bad frame: a peer's own words"), Soon()).ok());
+  f = b.Recv(Soon());
+  EXPECT_EQ(f.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(b.in_step());
+  std::vector<std::byte> junk(kHeaderBytes, std::byte{0x5a});
+  ASSERT_TRUE(p.a.WriteFull(junk.data(), junk.size(), Soon()).ok());
+  f = b.Recv(Soon());
+  EXPECT_EQ(f.status().code(), StatusCode::kMalformed);
+  EXPECT_FALSE(b.in_step());
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST_F(NetTest, ABodyThatDisagreesWithItsKeyCountIsRefusedBeforeItIsRead) {
   // The reply comes without the body: nothing waited for (or allocated) 64 MiB.
   Result<Frame> reply = c.Recv(Soon());
   ASSERT_FALSE(reply.ok());
-  EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(reply.status().code(), StatusCode::kMalformed);
   EXPECT_NE(reply.status().message().find("16 bytes per key"), std::string::npos) << reply.status().message();
   EXPECT_EQ(metrics_.bad_frames.load(), 1u);
 }

@@ -283,14 +283,17 @@ TEST(SharedTier, ARecordWhoseBlockNeverCameIsRemovedAfterThePinTtl) {
   ASSERT_TRUE((*t)->Describe(Key(7), Bytes("never stored")).ok());
   ASSERT_TRUE((*t)->Describe(Key(8), Bytes("stored")).ok());
   ASSERT_TRUE(WriteBlock(**t, 8).ok());
-  ASSERT_TRUE((*t)->EvictOnce().ok());
+  auto sweep = [&] {  // a pass checks one of the 256 record directories
+    for (int i = 0; i < 256; ++i) ASSERT_TRUE((*t)->EvictOnce().ok());
+  };
+  sweep();
   EXPECT_EQ((*t)->Record(Key(7)), "never stored");  // younger than the ttl: its block may be on its way
   for (uint64_t i : {7, 8}) {
     const std::string hex = Key(i).ToHex();
     const timespec old[2] = {{1000, 0}, {1000, 0}};
     ASSERT_EQ(::utimensat(AT_FDCWD, ((*t)->root() + "/records/" + hex.substr(0, 2) + "/" + hex).c_str(), old, 0), 0);
   }
-  ASSERT_TRUE((*t)->EvictOnce().ok());
+  sweep();
   EXPECT_EQ((*t)->Record(Key(7)), "");
   EXPECT_EQ((*t)->Record(Key(8)), "stored");
 }

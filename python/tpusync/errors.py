@@ -36,6 +36,11 @@ class UnavailableError(TpuSyncError, ConnectionError):
     """A peer or service cannot be reached."""
 
 
+class ProtocolError(UnavailableError):
+    """A peer's bytes broke the wire protocol (a malformed or altered frame): the connection was
+    closed, as for an unreachable peer."""
+
+
 class DeadlineExceededError(TpuSyncError, TimeoutError):
     """An operation did not finish before its deadline."""
 

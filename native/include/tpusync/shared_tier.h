@@ -120,7 +120,8 @@ class SharedTier {
 
   // A block's record: written once (a record already there is kept; records, like blocks,
   // are content-addressed), before or after the block itself; one whose block never appears
-  // is removed after pin_ttl. kInvalidArgument if empty or over kMaxRecordBytes.
+  // is removed after pin_ttl, by a pass over its directory (one of 256 a pass).
+  // kInvalidArgument if empty or over kMaxRecordBytes.
   Status Describe(const BlockKey& key, std::span<const std::byte> record);
   // The record of a block, verified; empty if there is none (or it was damaged: then removed).
   std::string Record(const BlockKey& key);
@@ -170,6 +171,7 @@ class SharedTier {
   std::vector<BlockKey> catalog_;  // guarded by mu_: the last scan's blocks, most recently read first
   std::mutex scan_mu_;             // one pass at a time: each diffs against the one before
   bool scanned_ = false;           // guarded by scan_mu_
+  uint32_t orphan_sweep_ = 0;      // guarded by scan_mu_: the records directory this pass checks
   std::jthread evictor_;
 };
 

@@ -20,6 +20,7 @@ enum class StatusCode {
   kDeadlineExceeded,
   kUnauthenticated,     // a peer failed the shared-secret handshake
   kInternal,
+  kMalformed,           // a peer's bytes break the wire protocol: the channel is out of step
 };
 
 std::string_view StatusCodeName(StatusCode code);

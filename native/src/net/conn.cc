@@ -19,8 +19,6 @@ namespace {
 
 constexpr uint64_t kChunk = 256 << 10;  // checksum and send/receive in cache-sized pieces
 
-Status BadFrame(const std::string& why) { return InvalidArgument("bad frame: " + why); }
-
 // HMAC-SHA256(secret, label || transcript): the proofs and the session keys.
 Result<std::vector<std::byte>> Mac(const Secret& secret, std::string_view label, std::span<const std::byte> transcript) {
   std::vector<std::byte> msg;
@@ -157,6 +155,7 @@ Status FramedConn::SendError(const Status& st, Deadline d) {
 }
 
 Result<FrameHeader> FramedConn::RecvHeader(Deadline d) {
+  in_step_ = false;  // until a whole ERROR reply says otherwise
   recv_deadline_ = FrameDeadline(d);
   std::byte hdr[kHeaderBytes];
   TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(hdr, kHeaderBytes, recv_deadline_));
@@ -184,8 +183,9 @@ Result<Frame> FramedConn::RecvBody(const FrameHeader& h) {
     return BadFrame("body checksum mismatch");
   }
   if (h.op == Op::kError) {
-    auto code = static_cast<StatusCode>(std::min<uint16_t>(h.status, static_cast<uint16_t>(StatusCode::kInternal)));
-    if (code == StatusCode::kOk) code = StatusCode::kInternal;
+    auto code = static_cast<StatusCode>(h.status);
+    if (code == StatusCode::kOk || h.status > static_cast<uint16_t>(StatusCode::kMalformed)) code = StatusCode::kInternal;
+    in_step_ = true;  // an ERROR reply arrived whole
     return Status(code, "peer: " + std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
   }
   return f;

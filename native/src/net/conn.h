@@ -52,6 +52,9 @@ class FramedConn {
   // Receives a non-block frame and verifies its body (checksum, or tag when sealed). An
   // kError frame from the peer comes back as the Status it carries.
   Result<Frame> Recv(Deadline d);
+  // Whether the last Recv or Expect that failed still consumed a whole frame (the peer's ERROR
+  // reply): the channel is in step and may carry the next request.
+  bool in_step() const { return in_step_; }
   // Recv, but the frame must be `op` (or kError) with a body of at most `max_body` bytes,
   // checked before the body is read.
   Result<Frame> Expect(Op op, Deadline d, uint64_t max_body = kMaxBodyBytes);
@@ -88,6 +91,7 @@ class FramedConn {
   std::unique_ptr<SessionCipher> cipher_;
   std::chrono::milliseconds progress_{0};
   Deadline recv_deadline_ = Deadline::Never();  // the frame being received
+  bool in_step_ = true;
 };
 
 // What each side brings to the handshake.

@@ -28,7 +28,7 @@ Result<std::unique_ptr<SidecarClient>> SidecarClient::Connect(const std::string&
   uint64_t slots = 0;
   if (info.header.op != Op::kInfoReply || !r.Str(&c->pool_path_, 4096) || !r.U64(&c->block_bytes_) ||
       !r.U64(&slots) || !r.done()) {
-    return InvalidArgument("bad frame: INFO reply");
+    return BadFrame("INFO reply");
   }
   c->batch_ = std::clamp<size_t>(slots / 4, 1, 1024);
   UniqueFd fd(::open(c->pool_path_.c_str(), O_RDWR | O_CLOEXEC));
@@ -63,7 +63,7 @@ Result<Frame> SidecarClient::Call(Op op, std::span<const std::byte> body, uint32
   Status st = conn_->Send(op, body, d, count, status);
   Result<Frame> f = st.ok() ? conn_->Recv(d) : Result<Frame>(st);
   // A reply that did not arrive whole leaves the channel out of step: drop it.
-  if (!f.ok() && (st.code() != StatusCode::kOk || f.status().message().rfind("peer: ", 0) != 0)) socket_.Close();
+  if (!f.ok() && (!st.ok() || !conn_->in_step())) socket_.Close();
   return f;
 }
 
@@ -80,10 +80,10 @@ Result<std::vector<SidecarClient::Slot>> SidecarClient::Slots(Op op, std::span<c
   for (Slot& s : slots) {
     if (!r.U8(&s.code) || !r.U64(&s.offset) || !r.U64(&s.size)) break;
     if (s.code == kSlotOk && (s.offset + s.size > pool_.size() || s.size > block_bytes_)) {
-      return InvalidArgument("bad frame: slot outside the pool file");
+      return BadFrame("slot outside the pool file");
     }
   }
-  if (f.header.op != Op::kSlots || !r.done()) return InvalidArgument("bad frame: SLOTS reply");
+  if (f.header.op != Op::kSlots || !r.done()) return BadFrame("SLOTS reply");
   return slots;
 }
 
@@ -181,7 +181,7 @@ Status SidecarClient::GetBatch(std::span<const BlockKey> keys, std::span<const M
 Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool pin_prefix) {
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, pin_prefix ? kLookupPin : 0));
-  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS reply");
+  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return BadFrame("TIERS reply");
   LookupResult r;
   for (std::byte b : f.body) {
     auto t = std::to_integer<uint8_t>(b);
@@ -194,7 +194,7 @@ Result<LookupResult> SidecarClient::Lookup(std::span<const BlockKey> keys, bool 
 Result<std::vector<Tier>> SidecarClient::Where(std::span<const BlockKey> keys) {
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(Frame f, CallKeys(Op::kLookup, keys, kLookupEveryKey));
-  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS reply");
+  if (f.header.op != Op::kTiers || f.body.size() != keys.size()) return BadFrame("TIERS reply");
   std::vector<Tier> tiers;
   for (std::byte b : f.body) tiers.push_back(TierFromCode(std::to_integer<uint8_t>(b)));
   return tiers;
@@ -236,14 +236,14 @@ Result<SharedRecords> SidecarClient::Records(std::span<const BlockKey> keys, siz
     std::span<const std::byte> key_bytes;
     if (f.header.op != Op::kRecordsReply || (n != 0 && f.header.count != n) || f.header.count > max_keys ||
         !r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) {
-      return InvalidArgument("bad frame: RECORDS reply");
+      return BadFrame("RECORDS reply");
     }
     TPUSYNC_ASSIGN_OR_RETURN(std::vector<BlockKey> got, ParseKeyList(key_bytes, f.header.count));
     for (const BlockKey& k : got) {
       out.keys.push_back(k);
-      if (!r.Str(&out.records.emplace_back(), kMaxRecordBytes)) return InvalidArgument("bad frame: RECORDS reply");
+      if (!r.Str(&out.records.emplace_back(), kMaxRecordBytes)) return BadFrame("RECORDS reply");
     }
-    if (!r.done()) return InvalidArgument("bad frame: RECORDS reply");
+    if (!r.done()) return BadFrame("RECORDS reply");
     if (keys.empty()) break;
   }
   return out;
@@ -286,7 +286,7 @@ Result<ChangeBatch> SidecarClient::Changes(ChangeCursor since, std::chrono::mill
   std::span<const std::byte> keys;
   if (f.header.op != Op::kChangesReply || f.header.count > max_keys || !r.U64(&b.next.epoch) || !r.U64(&b.next.seq) ||
       !r.Bytes(uint64_t{f.header.count} * 16, &keys) || !r.done()) {
-    return InvalidArgument("bad frame: CHANGES reply");
+    return BadFrame("CHANGES reply");
   }
   TPUSYNC_ASSIGN_OR_RETURN(b.keys, ParseKeyList(keys, f.header.count));
   b.lost = f.header.status != 0;
@@ -296,7 +296,7 @@ Result<ChangeBatch> SidecarClient::Changes(ChangeCursor since, std::chrono::mill
 Result<StoreStats> SidecarClient::Stats() {
   std::lock_guard lock(mu_);
   TPUSYNC_ASSIGN_OR_RETURN(Frame f, Call(Op::kStats, {}, 0));
-  if (f.header.op != Op::kStatsReply) return InvalidArgument("bad frame: STATS reply");
+  if (f.header.op != Op::kStatsReply) return BadFrame("STATS reply");
   // "name value" lines (ControlService's StatsText); names this client does not know are
   // skipped, so an older client reads a newer sidecar.
   StoreStats s;
@@ -355,7 +355,7 @@ Result<std::vector<uint8_t>> SidecarClient::PeerCall(Op op, const std::string& p
   const size_t fixed = keys.size() * (digests != nullptr ? 9 : 1);
   if (f.header.op != Op::kTiers || f.body.size() < fixed || (!failed && f.body.size() != fixed) ||
       f.body.size() > fixed + kMaxErrorBytes) {
-    return InvalidArgument("bad frame: peer reply");
+    return BadFrame("peer reply");
   }
   std::vector<uint8_t> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) out[i] = std::to_integer<uint8_t>(f.body[i]);

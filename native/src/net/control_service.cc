@@ -108,7 +108,7 @@ void ControlService::Serve(Connection& conn) {
     auto start = Clock::now();
     Result<Frame> f = c.Recv(d);
     if (!f.ok()) {
-      if (f.status().code() == StatusCode::kInvalidArgument) {
+      if (f.status().code() == StatusCode::kMalformed) {
         ++metrics_.bad_frames;
         (void)c.SendError(f.status(), d);
       }
@@ -118,7 +118,8 @@ void ControlService::Serve(Connection& conn) {
     metrics_.Latency(ServerOp::kControl, std::chrono::duration<double>(Clock::now() - start).count());
     if (!st.ok()) {
       metrics_.Error(ServerOp::kControl);
-      if (st.code() == StatusCode::kInvalidArgument && st.message().rfind("bad frame", 0) == 0) {
+      if (st.code() == StatusCode::kMalformed) {
+        ++metrics_.bad_frames;
         (void)c.SendError(st, d);
         break;  // malformed input closes the channel
       }
@@ -142,7 +143,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
         std::vector<Tier> tiers = store_.Where(keys);
         return c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), d, static_cast<uint32_t>(keys.size()));
       }
-      if (f.header.status > kLookupPin) return InvalidArgument("bad frame: LOOKUP flags " + std::to_string(f.header.status));
+      if (f.header.status > kLookupPin) return BadFrame("LOOKUP flags " + std::to_string(f.header.status));
       bool pin = f.header.status == kLookupPin;
       LookupResult r = store_.Lookup(keys, pin);
       if (pin) session.Pinned(std::span(keys).first(r.prefix_len));
@@ -196,7 +197,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
     }
     case Op::kCommit: {
-      if (f.body.size() != uint64_t{f.header.count} * 24) return InvalidArgument("bad frame: COMMIT body");
+      if (f.body.size() != uint64_t{f.header.count} * 24) return BadFrame("COMMIT body");
       BodyReader r(f.body);
       std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
       for (auto& [k, len] : items) {
@@ -205,7 +206,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
       for (auto& [k, len] : items) {
         if (!r.U64(&len)) break;
       }
-      if (!r.done()) return InvalidArgument("bad frame: COMMIT body");
+      if (!r.done()) return BadFrame("COMMIT body");
       for (auto& [k, len] : items) {
         auto it = session.reserved.find(k);
         if (it == session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
@@ -250,7 +251,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     case Op::kExistsAt:
       return HandlePeerOp(c, f, d);
     default:
-      return InvalidArgument("bad frame: op " + std::to_string(static_cast<int>(f.header.op)) +
+      return BadFrame("op " + std::to_string(static_cast<int>(f.header.op)) +
                              " is not a control request");
   }
 }
@@ -263,7 +264,7 @@ Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd
   uint32_t wait_ms = 0, max_keys = 0;
   if (!r.U64(&since.epoch) || !r.U64(&since.seq) || !r.U32(&wait_ms) || !r.U32(&max_keys) || !r.done() ||
       max_keys == 0 || max_keys > kMaxKeys || wait_ms > kMaxChangesWaitMs) {
-    return InvalidArgument("bad frame: CHANGES body");
+    return BadFrame("CHANGES body");
   }
   constexpr auto kSlice = std::chrono::milliseconds(100);
   const auto until = Clock::now() + std::chrono::milliseconds(wait_ms);
@@ -287,13 +288,13 @@ Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd
 Status ControlService::HandleDescribe(FramedConn& c, const Frame& f, Deadline d) {
   BodyReader r(f.body);
   std::span<const std::byte> key_bytes;
-  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return InvalidArgument("bad frame: DESCRIBE body");
+  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return BadFrame("DESCRIBE body");
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
   std::vector<std::string> records(keys.size());
   for (std::string& record : records) {
-    if (!r.Str(&record, kMaxRecordBytes)) return InvalidArgument("bad frame: DESCRIBE body");
+    if (!r.Str(&record, kMaxRecordBytes)) return BadFrame("DESCRIBE body");
   }
-  if (!r.done()) return InvalidArgument("bad frame: DESCRIBE body");
+  if (!r.done()) return BadFrame("DESCRIBE body");
   TPUSYNC_RETURN_IF_ERROR(store_.Describe(keys, records));
   return SendOk(c, d);
 }
@@ -306,7 +307,7 @@ Status ControlService::HandleRecords(FramedConn& c, const Frame& f, Deadline d) 
   uint32_t max_keys = 0;
   if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.U32(&max_keys) || !r.done() || max_keys == 0 ||
       max_keys > kMaxKeys) {
-    return InvalidArgument("bad frame: RECORDS body");
+    return BadFrame("RECORDS body");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
   TPUSYNC_ASSIGN_OR_RETURN(SharedRecords got, store_.Records(keys, max_keys));
@@ -324,7 +325,7 @@ Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
   std::string peer;
   std::span<const std::byte> key_bytes;
   if (!r.Str(&peer, 512) || !r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.done()) {
-    return InvalidArgument("bad frame: peer request body");
+    return BadFrame("peer request body");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
   // Only the pool's members are dialled (PoolMembers): no engine request reaches another host.

@@ -53,29 +53,29 @@ void EncodeHeader(const FrameHeader& h, std::byte out[kHeaderBytes]) {
 Result<FrameHeader> DecodeHeader(const std::byte in[kHeaderBytes], uint64_t max_block_body) {
   FrameHeader h;
   h.magic = GetLe<uint32_t>(in);
-  if (h.magic != kMagic) return InvalidArgument("bad frame: wrong magic");
+  if (h.magic != kMagic) return BadFrame("wrong magic");
   h.version = GetLe<uint16_t>(in + 4);
   if (h.version != kVersion) {
-    return InvalidArgument("bad frame: the peer speaks tpusync wire protocol version " + std::to_string(h.version) +
+    return BadFrame("the peer speaks tpusync wire protocol version " + std::to_string(h.version) +
                            ", this build speaks " + std::to_string(kVersion) +
                            "; run the same tpusync release on every member of the pool");
   }
   uint16_t op = GetLe<uint16_t>(in + 6);
-  if (!IsKnownOp(op)) return InvalidArgument("bad frame: unknown op " + std::to_string(op));
+  if (!IsKnownOp(op)) return BadFrame("unknown op " + std::to_string(op));
   h.op = static_cast<Op>(op);
   h.status = GetLe<uint16_t>(in + 8);
   h.reserved = GetLe<uint16_t>(in + 10);
-  if (h.reserved != 0) return InvalidArgument("bad frame: reserved field is not zero");
+  if (h.reserved != 0) return BadFrame("reserved field is not zero");
   h.count = GetLe<uint32_t>(in + 12);
   h.body_len = GetLe<uint64_t>(in + 16);
   h.body_sum = GetLe<uint64_t>(in + 24);
   const uint64_t limit = h.op == Op::kBlock ? max_block_body : kMaxBodyBytes;
   if (h.body_len > limit) {
-    return InvalidArgument("bad frame: " + std::string(OpName(h.op)) + " body of " + std::to_string(h.body_len) +
+    return BadFrame("" + std::string(OpName(h.op)) + " body of " + std::to_string(h.body_len) +
                            " bytes exceeds " + std::to_string(limit));
   }
   if (h.op != Op::kBlock && h.count > kMaxKeys) {
-    return InvalidArgument("bad frame: " + std::to_string(h.count) + " keys exceed " + std::to_string(kMaxKeys));
+    return BadFrame("" + std::to_string(h.count) + " keys exceed " + std::to_string(kMaxKeys));
   }
   return h;
 }
@@ -136,7 +136,7 @@ bool BodyReader::Str(std::string* s, size_t max_len) {
 
 Result<std::vector<BlockKey>> ParseKeyList(std::span<const std::byte> body, uint32_t count) {
   if (body.size() != uint64_t{count} * 16) {
-    return InvalidArgument("bad frame: " + std::to_string(count) + " keys need " + std::to_string(count * 16ull) +
+    return BadFrame("" + std::to_string(count) + " keys need " + std::to_string(count * 16ull) +
                            " body bytes, got " + std::to_string(body.size()));
   }
   std::vector<BlockKey> keys(count);

@@ -83,7 +83,7 @@ Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Dea
   if (!f.ok() || f->body.size() != keys.size()) {
     s.conn.reset();
     s.socket.Close();
-    return f.ok() ? InvalidArgument("bad frame: TIERS count") : f.status();
+    return f.ok() ? BadFrame("TIERS count") : f.status();
   }
   std::vector<Tier> tiers(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -108,14 +108,14 @@ Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<c
   WriteKeyList(w, keys);
   TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPull, w.bytes(), d, static_cast<uint32_t>(keys.size())));
   TPUSYNC_ASSIGN_OR_RETURN(Frame tiers, s.conn->Expect(Op::kTiers, d));
-  if (tiers.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS count");
+  if (tiers.body.size() != keys.size()) return BadFrame("TIERS count");
   std::vector<uint8_t> expected(keys.size());
   for (size_t j = 0; j < keys.size(); ++j) expected[j] = std::to_integer<uint8_t>(tiers.body[j]) != 0;
   for (;;) {
     TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, s.conn->RecvBlockHeader(d));
     if (h.op == Op::kEnd) return Status::Ok();
     if (h.count >= keys.size() || !expected[h.count]) {
-      return InvalidArgument("bad frame: BLOCK index " + std::to_string(h.count) + " was not announced");
+      return BadFrame("BLOCK index " + std::to_string(h.count) + " was not announced");
     }
     expected[h.count] = 0;
     if (h.status != 0) continue;  // the peer lost it since announcing it
@@ -144,7 +144,7 @@ Status PeerClient::PushOn(Stream& s, std::span<const BlockKey> keys, std::span<c
   WriteKeyList(w, keys);
   TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPush, w.bytes(), d, static_cast<uint32_t>(keys.size())));
   TPUSYNC_ASSIGN_OR_RETURN(Frame wanted, s.conn->Expect(Op::kTiers, d));
-  if (wanted.body.size() != keys.size()) return InvalidArgument("bad frame: TIERS count");
+  if (wanted.body.size() != keys.size()) return BadFrame("TIERS count");
   for (uint32_t j = 0; j < keys.size(); ++j) {
     if (std::to_integer<uint8_t>(wanted.body[j]) == 0) continue;
     Result<std::span<const std::byte>> data = source.Open(index[j]);
@@ -154,7 +154,7 @@ Status PeerClient::PushOn(Stream& s, std::span<const BlockKey> keys, std::span<c
   }
   TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kEnd, {}, d));
   TPUSYNC_ASSIGN_OR_RETURN(Frame done, s.conn->Expect(Op::kPushDone, d));
-  if (done.body.size() != keys.size()) return InvalidArgument("bad frame: PUSH_DONE count");
+  if (done.body.size() != keys.size()) return BadFrame("PUSH_DONE count");
   for (size_t j = 0; j < keys.size(); ++j) stored[index[j]] = std::to_integer<uint8_t>(done.body[j]) != 0;
   return Status::Ok();
 }

@@ -55,7 +55,8 @@ void PeerService::Serve(Connection& conn) {
     (void)c.SendError(hs, hd);  // a member configured differently (block size): say so
     LogRefused(conn.source(), hs);
   } else if (!hs.ok()) {
-    if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kInvalidArgument) {
+    if (hs.code() == StatusCode::kUnauthenticated || hs.code() == StatusCode::kMalformed ||
+        hs.code() == StatusCode::kInvalidArgument) {
       ++metrics_.auth_failures;  // counted before the reply, so a refused peer already sees it in /metrics
       (void)c.SendError(hs, hd);
     }
@@ -68,7 +69,7 @@ void PeerService::Serve(Connection& conn) {
       auto start = Clock::now();
       Result<Frame> f = c.RecvKeyRequest(kDataOps, d);
       if (!f.ok()) {
-        if (f.status().code() == StatusCode::kInvalidArgument) {
+        if (f.status().code() == StatusCode::kMalformed) {
           ++metrics_.bad_frames;
           (void)c.SendError(f.status(), d);
           Log(LogLevel::kWarning, "data", "connection closed: " + f.status().message());
@@ -85,7 +86,7 @@ void PeerService::Serve(Connection& conn) {
       metrics_.Latency(op, std::chrono::duration<double>(Clock::now() - start).count());
       if (!st.ok()) {
         metrics_.Error(op);
-        if (st.code() == StatusCode::kInvalidArgument) ++metrics_.bad_frames;
+        if (st.code() == StatusCode::kMalformed) ++metrics_.bad_frames;
         if (st.code() == StatusCode::kDeadlineExceeded) ++metrics_.deadline_exceeded;
         // Told why, briefly: a peer that stopped reading must not hold this thread again.
         if (st.code() != StatusCode::kUnavailable) {
@@ -145,7 +146,7 @@ Status PeerService::HandlePush(FramedConn& c, const Frame& f, Deadline d) {
     TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, c.RecvBlockHeader(d));
     if (h.op == Op::kEnd) break;
     if (h.count >= keys.size() || !wanted[h.count]) {
-      return InvalidArgument("bad frame: BLOCK index " + std::to_string(h.count) + " was not asked for");
+      return BadFrame("BLOCK index " + std::to_string(h.count) + " was not asked for");
     }
     wanted[h.count] = 0;  // each index at most once
     if (h.status != 0) continue;

@@ -3,6 +3,8 @@
 #include <intel-ipsec-mb.h>
 #include <openssl/crypto.h>
 
+#include "tpusync/net/frame.h"
+
 namespace tpusync::net {
 namespace {
 
@@ -110,8 +112,8 @@ Status SessionCipher::EndOpen(const std::byte tag[kTagBytes]) {
     IMB_AES256_GMAC_FINALIZE(m, &recv_->key, &recv_->ctx, want, kTagBytes);
   }
   if (CRYPTO_memcmp(want, tag, kTagBytes) != 0) {
-    return InvalidArgument(
-        "bad frame: authentication tag mismatch (the frame was altered, replayed or injected into this session)");
+    return BadFrame(
+        "authentication tag mismatch (the frame was altered, replayed or injected into this session)");
   }
   return Status::Ok();
 }

@@ -476,8 +476,10 @@ Result<uint64_t> SharedTier::EvictOnce() {
   const int64_t now_s = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
   const int64_t ttl_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(options_.pin_ttl).count());
   std::vector<File> files;
-  std::unordered_set<std::string> names;  // every block file's layout_dir/name, for orphaned records
   uint64_t used = 0, stale = 0;
+  // Records whose block never came or left without them (a host died in between): one of the
+  // 256 record directories of each layout a pass, so a pass costs a stat per 256th record.
+  const std::string orphans = Hex16(orphan_sweep_++ % 256).substr(14);
   for (const std::string& layout : ListDir(top_)) {
     const std::string dir = Join(top_, layout);
     for (const std::string& sub : ListDir(dir)) {
@@ -495,19 +497,15 @@ Result<uint64_t> SharedTier::EvictOnce() {
         if (::stat(Join(path, name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
         files.push_back({SecondsOf(st.st_atim) * 1000000000 + st.st_atim.tv_nsec, static_cast<uint64_t>(st.st_size),
                          dir, Join(sub, name)});
-        names.insert(Join(dir, files.back().name));
         used += static_cast<uint64_t>(st.st_size);
       }
     }
-    // Records whose block never came, or left without them (a host died in between).
-    const std::string records = Join(dir, "records");
-    for (const std::string& sub : ListDir(records)) {
-      for (const std::string& name : ListDir(Join(records, sub))) {
-        if (names.count(Join(dir, Join(sub, name))) != 0) continue;
-        struct stat st{};
-        const std::string p = Join(Join(records, sub), name);
-        if (::stat(p.c_str(), &st) == 0 && now_s - SecondsOf(st.st_mtim) > ttl_s && ::unlink(p.c_str()) == 0) ++stale;
-      }
+    const std::string records = Join(dir, "records/" + orphans);
+    for (const std::string& name : ListDir(records)) {
+      struct stat st{};
+      const std::string p = Join(records, name);
+      if (::stat(Join(dir, Join(orphans, name)).c_str(), &st) == 0 || ::stat(p.c_str(), &st) != 0) continue;
+      if (now_s - SecondsOf(st.st_mtim) > ttl_s && ::unlink(p.c_str()) == 0) ++stale;
     }
   }
   // Over the tier's capacity, or over the filesystem's watermark when others' files fill it.

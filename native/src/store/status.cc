@@ -22,6 +22,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
     case StatusCode::kUnauthenticated: return "UNAUTHENTICATED";
     case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kMalformed: return "MALFORMED";
   }
   return "UNKNOWN";
 }

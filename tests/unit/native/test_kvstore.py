@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 import sys
 import threading
 import time
@@ -348,3 +349,28 @@ def test_disk_capacity_beyond_the_filesystem_is_refused(tmp_path):
     too_much = st.f_bavail * st.f_frsize + (1 << 30)
     with pytest.raises(tpusync.CapacityError, match="needs"):
         tpusync.KVStore.local(dram_bytes=4 * MIB, block_bytes=MIB, disk_dir=tmp_path / "d", disk_bytes=too_much)
+
+
+def test_a_control_socket_that_answers_garbage_raises_protocol_error(tmp_path):
+    """A reply that breaks the protocol is typed (status code 11, MALFORMED), not told by its
+    text: Python raises ProtocolError, an UnavailableError (the channel is dropped)."""
+    path = str(tmp_path / "not-a-sidecar.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(1)
+
+    def answer_garbage():
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b"\x5a" * 32)  # a frame header's size, no frame's magic
+        conn.close()
+
+    t = threading.Thread(target=answer_garbage)
+    t.start()
+    try:
+        with pytest.raises(tpusync.errors.ProtocolError, match="bad frame: wrong magic") as raised:
+            tpusync.KVStore.connect(f"unix://{path}", timeout=5)
+        assert isinstance(raised.value, tpusync.errors.UnavailableError)
+    finally:
+        t.join()
+        server.close()

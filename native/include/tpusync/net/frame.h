@@ -78,6 +78,9 @@ struct FrameHeader {
   uint64_t body_sum = 0;  // XXH3-64 of the body; 0 in a sealed session (the tag covers it)
 };
 
+// Bytes that break the protocol: kMalformed, which closes the channel (it is out of step).
+inline Status BadFrame(const std::string& why) { return Status(StatusCode::kMalformed, "bad frame: " + why); }
+
 void EncodeHeader(const FrameHeader& h, std::byte out[kHeaderBytes]);
 // Decodes and validates magic, version, op, reserved and the body bound (`max_body` for
 // kBlock frames, kMaxBodyBytes otherwise). Never trusts a field before checking it.
