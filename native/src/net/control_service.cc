@@ -179,20 +179,30 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     case Op::kReserve: {
       TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
       BodyWriter w;
+      std::vector<BlockKey> taken;  // by this request: given back if it fails
       for (const BlockKey& k : keys) {
         // A connection that holds reservations never waits for others' (no hold-and-wait, so
         // two engines filling the pool cannot deadlock): it gets kSlotBusy or kSlotNoRoom and
         // asks again after committing what it holds.
         Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
                                                          : store_.Reserve(k, session.reserved.empty());
-        uint8_t code = l.ok()                                                  ? kSlotOk
-                       : l.status().code() == StatusCode::kResourceExhausted ? kSlotNoRoom
-                       : l.status().code() == StatusCode::kUnavailable       ? kSlotBusy
-                                                                             : kSlotAlreadyStored;
+        const StatusCode sc = l.status().code();
+        if (sc != StatusCode::kOk && sc != StatusCode::kFailedPrecondition && sc != StatusCode::kResourceExhausted &&
+            sc != StatusCode::kUnavailable) {
+          for (const BlockKey& t : taken) session.reserved.erase(t);
+          return l.status();  // what it is, never "already stored" (Store::Reserve has no other code today)
+        }
+        uint8_t code = l.ok()                                 ? kSlotOk
+                       : sc == StatusCode::kResourceExhausted ? kSlotNoRoom
+                       : sc == StatusCode::kUnavailable       ? kSlotBusy
+                                                              : kSlotAlreadyStored;
         w.U8(code);
         w.U64(l.ok() ? l->file_offset() : 0);
         w.U64(l.ok() ? l->capacity() : 0);
-        if (l.ok()) session.reserved.emplace(k, std::move(l).value());
+        if (l.ok()) {
+          session.reserved.emplace(k, std::move(l).value());
+          taken.push_back(k);
+        }
       }
       return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
     }
