@@ -7,5 +7,8 @@ from __future__ import annotations
 
 import os
 
+from tests.conftest import not_collected
+
 if not os.environ.get("TPUSYNC_IMAGES"):
-    collect_ignore_glob = ["*"]
+    collect_ignore_glob = not_collected("tests/images",
+                                        "no image archives (TPUSYNC_IMAGES); `make images` builds and runs it")

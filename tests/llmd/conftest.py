@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import not_collected
 from tests.support.polling import wait_for
 from tests.support.processes import free_port
 from tpusync import sidecar
@@ -28,7 +29,8 @@ from tpusync.sidecar import write_secret
 
 INDEXER = os.environ.get("TPUSYNC_LLMD_INDEXER", "")
 if not INDEXER:
-    collect_ignore_glob = ["*"]  # built and run by `make llmd-test`
+    collect_ignore_glob = not_collected("tests/llmd", "no llm-d indexer (TPUSYNC_LLMD_INDEXER); `make llmd-test` "
+                                        "builds it and runs the tier")
 
 MODEL_NAME = "tpusync/reference"
 BASE_MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import not_collected
 from tpusync.sidecar import write_secret
 
 _vllm = importlib.util.find_spec("vllm")
 if _vllm is None or _vllm.origin is None:  # no vLLM (tests/vllm itself can pass for a namespace package)
-    collect_ignore_glob = ["*"]  # the main .venv: this tier runs in its own environment, tests/vllm/vllm.mk
+    collect_ignore_glob = not_collected("tests/vllm", "no vLLM here; `make vllm-test` runs it in its own environment")
 
 SECRET = b"vllm-tier-secret-0123456789abcdef"
 
