@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .builders import names
-from .builders.common import POOL_LABEL, Owner
+from .builders.common import COMPONENT_LABEL, POOL_LABEL, Owner
 from .builders.pool import build_auth_secret
 from .kube import Kube, KubeError
 from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
@@ -22,6 +22,7 @@ from .status import (
     node_ready,
     pool_capacity,
     pool_conditions,
+    sidecar_ready,
 )
 
 
@@ -75,6 +76,10 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         })
     ready_hosts = sum(1 for n in nodes if node_ready(n))
     cap: Capacity = pool_capacity(pods)
+    # The workload's count and the pods were read at different moments: a store pod counts as
+    # ready only when the pod list the message counts from shows its sidecar ready too.
+    store_ready = min(store_ready, sum(1 for p in pods if sidecar_ready(p) and
+                                       p.get("metadata", {}).get("labels", {}).get(COMPONENT_LABEL) == "store"))
     obs = PoolObservation(mode=spec.provisioning.mode, desired_hosts=plan.desired_hosts,
                           min_ready_hosts=plan.min_ready_hosts, ready_hosts=ready_hosts, capacity=cap,
                           store_desired=store_desired, store_ready=store_ready,

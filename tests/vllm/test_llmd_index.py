@@ -318,3 +318,56 @@ def test_an_eviction_reaches_the_index_at_the_next_step_of_an_engine_without_a_r
         store.evict(sidecar_keys(tokens))  # no disk tier on d: gone
     assert eventually(lambda: "cpu" not in ix.tiers(tokens, dec.pod),
                       step=lambda: dec.generate(prompt(next(seeds), 40))), ix.tiers(tokens, dec.pod)
+
+
+def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_blocks(
+        tmp_path: Path) -> None:
+    """Hosts t and u mount one shared tier; vLLM engine sa on t serves a prompt (saved, written
+    through to the tier). Engine su on u never saw it: its connector learns of the blocks from
+    its sidecar's scan of the tier and announces them as SHARED_STORAGE under its own topic,
+    from the records sa's connector wrote beside them; llm-d's indexer scores su for every one.
+    When the files leave the tier, su's score goes, sa's (DRAM) stays."""
+    from tpusync import sidecar as sidecar_mod
+
+    work = tmp_path
+    secret = work / "secret"
+    write_secret(secret, uuid.uuid4().hex.encode() * 2 + b"\n")
+    shared = work / "shared"
+    cars, pools, pods = [], [], []
+    ix = None
+    try:
+        for name in ("t", "u"):
+            pool = f"/dev/shm/tpusync-vllm-shared-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pools.append(pool)
+            cars.append(sidecar_mod.launch(
+                pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK_BYTES,
+                control_socket=str(work / f"{name}.sock"), shared_dir=str(shared), shared_layout="tiny",
+                extra=["--shared-evict-interval-ms=100"], stderr=subprocess.DEVNULL))
+        base = EngineSpec(str(build(work / "model")), work)
+        for name, car, port in (("sa", cars[0], 8011), ("su", cars[1], 8012)):
+            pods.append(Pod(name, base, "kv_both", work, port, relay=True, control_socket=car.control_socket))
+        for p in pods:
+            p.engine.wait_ready()
+        sa, su = pods
+        ix = Indexer(indexer_binary(), 16)
+        for i, p in enumerate(pods):
+            connect(ix, p, seed=5000 + 10 * i)
+        tokens = prompt(5100, 160)
+        want = held(len(tokens), 16)
+        sa.generate(tokens)
+        assert eventually(lambda: ix.tiers(tokens, su.pod) == {"shared_storage": want}), ix.score(tokens)
+        assert ix.tiers(tokens, sa.pod).get("cpu") == want
+        for f in shared.glob("tpusync-shared-v1/*/??/*"):
+            f.unlink()
+        assert eventually(lambda: su.pod not in ix.score(tokens)["pods"]), ix.score(tokens)
+        assert ix.tiers(tokens, sa.pod).get("cpu") == want
+    finally:
+        for p in pods:
+            p.engine.stop()
+        if ix is not None:
+            ix.stop()
+        for car in cars:
+            car.stop()
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)

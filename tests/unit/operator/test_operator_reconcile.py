@@ -111,6 +111,30 @@ def test_pool_store_nodes_toggle_prunes(kube, clock):
     assert kube.find("StatefulSet", "pool-store") is None
 
 
+def store_pod(name, ready):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns",
+                         "labels": {"tpusync.dev/pool": "pool", "app.kubernetes.io/component": "store"}},
+            "status": {"containerStatuses": [{"name": "tpusync-sidecar", "ready": ready}]}}
+
+
+def test_pool_is_ready_only_when_the_pods_it_counts_are(kube, clock):
+    """The store's workload says its pod is ready while the pod list, read earlier, does not:
+    Ready waits (it said "0 sidecars ready" before), and comes once both agree."""
+    kube.put(node("n1"))
+    body = PoolBody().store(replicas=1).build()
+    run(reconcile_pool, body, deps(kube, clock))
+    kube.find("StatefulSet", "pool-store")["status"] = {"readyReplicas": 1}
+    kube.put(store_pod("pool-store-0", ready=False))
+    status = run(reconcile_pool, stored(kube, body), deps(kube, clock))
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "False" and "0/1 store nodes ready" in cond["Ready"]["message"]
+    kube.put(store_pod("pool-store-0", ready=True))
+    status = run(reconcile_pool, stored(kube, body), deps(kube, clock))
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "True" and cond["Ready"]["message"] == "1 hosts, 1 sidecars ready"
+
+
 def test_pool_missing_user_secret_is_degraded(kube, clock):
     body = PoolBody().spec(auth={"secretName": "mine"}).build()
     with pytest.raises(kopf.TemporaryError):
