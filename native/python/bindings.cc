@@ -105,6 +105,7 @@ pb::dict StatsDict(const StoreStats& s) {
   TPUSYNC_STAT(disk_read_errors);
   TPUSYNC_STAT(recovered_dram);
   TPUSYNC_STAT(recovered_disk);
+  TPUSYNC_STAT(waiting_writers);
   TPUSYNC_STAT(hugepages);
   TPUSYNC_STAT(mlocked);
   TPUSYNC_STAT(direct_io);

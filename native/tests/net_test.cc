@@ -302,6 +302,7 @@ TEST_F(ControlTest, APutWaitsForAnotherConnectionsReservationAndStoresWhenItIsAb
     ConstBuffer b{data.data(), data.size()};
     put = writer->Put({&k, 1}, {&b, 1});
   });
+  ASSERT_TRUE(testing::Eventually([&] { return holder->Stats()->waiting_writers == 1; }));
   ASSERT_TRUE(holder->Abort({&k, 1}).ok());
   t.join();
   ASSERT_TRUE(put.ok()) << put.ToString();

@@ -331,6 +331,7 @@ TEST_F(StoreTest, PutWaitsForAnotherWritersLeaseAndWritesWhenItAborts) {
   // A non-waiting reservation of the same key is told it is busy, not "already stored".
   EXPECT_EQ(s->Reserve(Key(1), false).status().code(), StatusCode::kUnavailable);
   std::thread writer([&] { PutRange(*s, 1, 1); });  // waits for `other`
+  ASSERT_TRUE(testing::Eventually([&] { return s->Stats().waiting_writers == 1; }));
   other.reset();  // the other writer gives up without committing
   writer.join();
   EXPECT_TRUE(GetMatches(*s, 1));
@@ -342,6 +343,7 @@ TEST_F(StoreTest, PutOfAKeyWhoseLeaseCommitsMeanwhileIsADedup) {
   auto data = Pattern(Key(2), kBlock);
   std::memcpy(lease.data(), data.data(), kBlock);
   std::thread writer([&] { PutRange(*s, 2, 1); });
+  ASSERT_TRUE(testing::Eventually([&] { return s->Stats().waiting_writers == 1; }));
   ASSERT_TRUE(lease.Commit(kBlock).ok());
   writer.join();
   EXPECT_TRUE(GetMatches(*s, 2));
@@ -383,6 +385,7 @@ TEST_F(StoreTest, AWriterWaitsForSlotsHeldByLeasesInsteadOfReportingPins) {
   EXPECT_EQ(s->Reserve(Key(10), false).status().code(), StatusCode::kResourceExhausted);
   std::optional<Result<WriteLease>> waiting;
   std::thread writer([&] { waiting.emplace(s->Reserve(Key(9))); });
+  ASSERT_TRUE(testing::Eventually([&] { return s->Stats().waiting_writers == 1; }));
   for (auto& l : held) {
     std::memset(l.data(), 7, kBlock);
     ASSERT_TRUE(l.Commit(kBlock).ok());

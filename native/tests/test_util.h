@@ -1,9 +1,12 @@
 // Shared helpers for the native tests: scratch directories and patterned blocks.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tpusync/block_key.h"
@@ -36,5 +39,16 @@ class ShmPath {
 // Deterministic block content that differs for every (key, byte offset).
 std::vector<std::byte> Pattern(const BlockKey& key, size_t size);
 BlockKey Key(uint64_t i);
+
+// Waits (up to 10 s) until `holds()`: for a state another thread reaches, such as a writer
+// counted as waiting in a store's stats. Returns whether it did.
+inline bool Eventually(const std::function<bool()>& holds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!holds()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
 
 }  // namespace tpusync::testing

@@ -81,6 +81,8 @@ struct StoreStats {
   // Blocks that left DRAM without reaching disk: a failed or impossible write-behind.
   uint64_t dropped = 0;
   uint64_t recovered_dram = 0, recovered_disk = 0;
+  // Writers waiting now: for another writer of their key, or for a DRAM slot to free.
+  uint64_t waiting_writers = 0;
   bool hugepages = false, mlocked = false, direct_io = false;
   // The shared tier (all zero without one): hits are blocks a get found only there.
   bool shared_enabled = false;

@@ -313,7 +313,7 @@ Result<StoreStats> SidecarClient::Stats() {
       {"corruptions", &s.corruptions},       {"disk_write_errors", &s.disk_write_errors},
       {"disk_read_errors", &s.disk_read_errors}, {"dropped", &s.dropped},
       {"recovered_dram", &s.recovered_dram}, {"recovered_disk", &s.recovered_disk},
-      {"hits_shared", &s.hits_shared},
+      {"hits_shared", &s.hits_shared},       {"waiting_writers", &s.waiting_writers},
   };
   std::map<std::string, uint64_t*> shared_fields;
   for (const auto& [name, field] : kSharedTierCounters) shared_fields["shared_" + std::string(name)] = &(s.shared.*field);

@@ -23,7 +23,8 @@ std::string StatsText(const StoreStats& s) {
     << s.promotions << "\ndisk_evictions " << s.disk_evictions << "\ncorruptions " << s.corruptions
     << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
     << "\ndropped " << s.dropped
-    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk << "\nhugepages "
+    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk
+    << "\nwaiting_writers " << s.waiting_writers << "\nhugepages "
     << s.hugepages << "\nmlocked " << s.mlocked << "\ndirect_io " << s.direct_io << "\nshared_enabled "
     << s.shared_enabled << "\nhits_shared " << s.hits_shared << "\nshared_direct_io " << s.shared.direct_io << "\n";
   for (const auto& [name, field] : kSharedTierCounters) o << "shared_" << name << " " << s.shared.*field << "\n";

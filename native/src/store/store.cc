@@ -97,7 +97,8 @@ class StoreImpl {
   uint32_t pending_demotions_ = 0;     // guarded by mu_: queued + running
   uint32_t busy_ = 0;                  // guarded by mu_: copies in flight that will free or commit a slot
   uint32_t leases_ = 0;                // guarded by mu_: write and read leases outstanding
-  uint32_t shared_writes_ = 0;         // guarded by mu_: shared-tier writes in flight
+  uint32_t shared_writes_ = 0;
+  uint32_t waiting_writers_ = 0;       // guarded by mu_: in ClaimLocked's and AcquireSlotLocked's waits         // guarded by mu_: shared-tier writes in flight
   uint64_t tick_ = 0;                  // guarded by mu_
   uint64_t seq_ = 0;                   // guarded by mu_
   Status flush_error_;                 // guarded by mu_
@@ -222,7 +223,9 @@ Result<uint32_t> StoreImpl::AcquireSlotLocked(std::unique_lock<std::mutex>& lock
                                std::to_string(leases_) + " leases and " + std::to_string(pending_demotions_) +
                                " write-behinds hold the " + std::to_string(pool_->num_slots()) + " slots");
     }
+    ++waiting_writers_;
     cv_.wait_until(lock, *deadline);
+    --waiting_writers_;
   }
 }
 
@@ -239,7 +242,9 @@ Result<IndexEntry*> StoreImpl::ClaimLocked(std::unique_lock<std::mutex>& lock, c
       if (!wait_for_others || !deadline || std::chrono::steady_clock::now() >= *deadline) {
         return Status(StatusCode::kUnavailable, "block " + key.ToHex() + " is being written by another writer");
       }
+      ++waiting_writers_;
       cv_.wait_until(lock, *deadline);
+      --waiting_writers_;
       continue;
     }
     if (e != nullptr && e->tier() != Tier::kNone) return nullptr;
@@ -814,6 +819,7 @@ StoreStats StoreImpl::Stats() const {
   s.corruptions = c.corruptions, s.disk_write_errors = c.disk_write_errors, s.disk_read_errors = c.disk_read_errors;
   s.dropped = c.dropped;
   s.recovered_dram = c.recovered_dram, s.recovered_disk = c.recovered_disk;
+  s.waiting_writers = waiting_writers_;
   s.hugepages = pool_->hugepages(), s.mlocked = pool_->mlocked(), s.direct_io = disk_ && disk_->direct_io();
   s.hits_shared = c.hits_shared;
   if (shared_) {
