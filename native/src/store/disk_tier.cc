@@ -37,8 +37,6 @@ struct ExtentHeader {
   uint64_t header_sum;  // over every field above
 };
 
-uint64_t HeaderSum(const ExtentHeader& h) { return Checksum(&h, offsetof(ExtentHeader, header_sum)); }
-
 bool HeaderValid(const ExtentHeader& h, uint64_t block_bytes) {
   return h.magic == kMagic && h.version == kVersion && h.block_bytes == block_bytes && h.length > 0 &&
          h.length <= block_bytes && h.header_sum == HeaderSum(h);

@@ -57,8 +57,6 @@ struct FileHeader {
   uint64_t header_sum;  // over every field above
 };
 
-uint64_t HeaderSum(const FileHeader& h) { return Checksum(&h, offsetof(FileHeader, header_sum)); }
-
 // A record file: this header, then `length` bytes of record.
 constexpr uint64_t kRecordMagic = 0x54505553594e5243ULL;  // "TPUSYNRC"
 struct RecordHeader {
@@ -71,8 +69,6 @@ struct RecordHeader {
   uint64_t record_sum;
   uint64_t header_sum;  // over every field above
 };
-
-uint64_t HeaderSum(const RecordHeader& h) { return Checksum(&h, offsetof(RecordHeader, header_sum)); }
 
 std::string Hex16(uint64_t v) {
   char buf[17];
