@@ -30,7 +30,8 @@ COLUMNS = [
     ("cpu_vs_raw", "CPU vs raw", ".2f"), ("put_seconds", "put s", ".3f"), ("pull_seconds", "pull s", ".3f"),
     ("get_seconds", "get s", ".3f"), ("raw_tcp_seconds", "raw TCP s", ".3f"), ("vs_raw_tcp", "vs raw TCP", ".2f"),
     ("cold_seconds", "cold s", ".3f"), ("pull_vs_raw_tcp", "pull vs raw TCP", ".2f"),
-    ("memcpy_seconds", "memcpy s", ".3f"),
+    ("memcpy_seconds", "memcpy s", ".3f"), ("min_seconds", "min s", ".4f"), ("max_seconds", "max s", ".4f"),
+    ("scan_interval_s", "scan s", ".1f"),
     # routing
     ("requests", "requests", "d"), ("prompt_tokens", "prompt tokens", "d"),
     ("prefix_hit_rate", "prefix hit rate", ".1%"),
@@ -104,6 +105,14 @@ SECTIONS = [
      "rate: prompt tokens loaded instead of computed. Recomputed tokens: computed tokens minus those no server "
      "had seen before (the novel part of each prompt, in whole pages); recomputed vs random is the target's "
      "ratio."),
+    ("router_lag", "The router's view of the tiers", "bench/router_lag_bench.py",
+     "How long llm-d's own indexer (v0.9.0) keeps a stale view of a pod after its sidecar's tiers change, "
+     "polled every 2 ms, with reference engines on real sidecars and no timed audit: announce, a request's "
+     "blocks after it returns (the baseline of the same kind: the engine's own announcement, same socket and "
+     "indexer); demote and evict, store.evict on the sidecar (DRAM to disk, disk to gone) until the index says "
+     "so; shared-publish and shared-evict, a block another host put on or removed from the shared tier until "
+     "this pod is scored for it or not, which waits for this pod's sidecar to scan the tier (scan s; 10 s by "
+     "default). ratio = lag / announce lag."),
     ("operator", "Operator", "bench/operator_bench.py",
      "One TPUSyncPool and N DisaggregatedServing objects on the e2e control plane, everything on the same "
      "cores: time until all are Ready, reconcile latencies, the operator's CPU and memory. A pass's wall time "
@@ -189,6 +198,9 @@ def targets(res: dict) -> list[Target]:
           lambda r: f"{r['cpu_vs_raw']:.2f} ({r['cpu_s_per_gb']:.2f} vs {r['raw_cpu_s_per_gb']:.2f} CPU s/GB)")
     check("a running engine updated in place <= 0.5 x its reload from the checkpoint",
           cases(res, "weight_sync", r"inplace-.*"), lambda r: r["ratio"] <= 0.5, secs)
+    check("a pod's own demotions and evictions reach llm-d's index within 100 ms",
+          cases(res, "router_lag", r"lag-(demote|evict)"), lambda r: r["max_seconds"] <= 0.1,
+          lambda r: f"median {r['seconds'] * 1000:.1f} ms, max {r['max_seconds'] * 1000:.1f} ms")
     check("precise routing recomputes <= 0.1 x the tokens random routing does",
           cases(res, "routing", r"precise"), lambda r: r["recomputed_vs_random"] <= 0.1,
           lambda r: f"{r['recomputed_vs_random']:.3f} ({r['recomputed_tokens']} tokens)")
