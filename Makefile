@@ -110,6 +110,7 @@ bench: install
 	$(PY) bench/serving_bench.py
 	$(PY) bench/weight_sync_bench.py
 	$(PY) bench/routing_bench.py
+	$(PY) bench/router_lag_bench.py
 	$(MAKE) bench-inplace performance-doc
 
 # In-place weight updates of real engines: runs on the vLLM tier's interpreter (and drives
