@@ -13,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import uuid
 
 import numpy as np
 import pytest
 from harness import delta, prompt
 
+from tests.support.polling import wait_for
 from tpusync import errors
 from tpusync.hashing import BlockHasher
+from tpusync.kv_events import BlockAnnouncer, follow
 from tpusync.pages import shard_key
 from tpusync.sidecar import write_secret
 from tpusync.store import KVStore, Tier
@@ -141,3 +144,33 @@ def test_multi_host_slices_and_other_parallelism_stay_off(monkeypatch):
     assert reason(pp=2) == reason(dp=2) == "pipeline or data parallelism"
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0,host-1")
     assert reason() == "a multi-host slice (2 hosts in TPU_WORKER_HOSTNAMES)"
+
+
+def test_an_eviction_of_a_sharded_block_is_announced_from_the_change_feed(tmp_path):
+    """The change feed names shards; through ShardedStore it names their blocks, so an engine
+    with a sharded cache announces an eviction as the store makes it, with no audit."""
+    store = KVStore.local(dram_bytes=1 << 20, block_bytes=4096, pool_path=str(tmp_path / "pool"))
+    view = ShardedStore(store, 2)
+    keys = [101, 202]
+    store.put([shard_key(k, n, 2) for k in keys for n in range(2)], [np.ones(4096, np.uint8)] * 4)
+    batches: list = []
+
+    class Sink:
+        def send(self, events):
+            batches.append(events)
+            return len(batches) - 1
+
+    ann = BlockAnnouncer(Sink(), 2)
+    ann.announce(keys, keys, [1, 2, 3, 4], view.where(keys).tolist(), 2)
+    ann.describing = False
+    stop = threading.Event()
+    t = threading.Thread(target=follow, args=(ann, view, stop), kwargs={"wait_s": 0.2})
+    t.start()
+    try:
+        store.evict([shard_key(keys[1], 1, 2)])  # one shard gone: the block is gone
+        wait_for("the eviction announced", lambda: ["BlockRemoved", [202], "CPU"] in batches[-1], 30)
+    finally:
+        stop.set()
+        t.join()
+        store.close()
+    assert not any(["BlockRemoved", [101], "CPU"] in b for b in batches)

@@ -18,7 +18,7 @@ import numpy as np
 
 from tpusync import errors
 from tpusync.pages import shard_key
-from tpusync.store import KVStore, LookupResult, Tier
+from tpusync.store import Changes, KVStore, LookupResult, Tier
 from tpusync.vllm.common import StoreLink
 from tpusync.vllm.config import ConnectorConfig
 
@@ -54,6 +54,14 @@ class ShardedStore:
     def where(self, keys: Sequence[int]) -> np.ndarray:
         """KVStore.where by block, as lookup combines its shards' tiers."""
         return self._by_block(self.store.where(self._keys(keys)), len(keys))
+
+    def changes(self, cursor: tuple[int, int] = (0, 0), *, wait_s: float = 0.0, max_keys: int = 65536) -> Changes:
+        """KVStore.changes by block: each changed shard names every block it may be a part of
+        (a shard's key is its block's key xor the shard's constant, so shard_key undoes it), for
+        an announcer that keeps the blocks it knows (BlockAnnouncer.audit)."""
+        got = self.store.changes(cursor, wait_s=wait_s, max_keys=max_keys)
+        blocks = [shard_key(k, n, self.shards) for k in got.keys for n in range(self.shards)]
+        return Changes(got.cursor, got.lost, blocks)
 
     def release(self, keys: Sequence[int], *, for_host: bool = False) -> None:
         self.store.release(self._keys(keys), for_host=for_host)
@@ -92,8 +100,8 @@ def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int)
     sched.link = ShardedStoreLink(cfg, shard_bytes, "lookups", shards)
     sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
     if sched.events is not None:
-        sched.events._audit_link = ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards)
-        sched.events.without_feed()
+        sched.events.sharded(ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards),
+                             ShardedStoreLink(cfg, shard_bytes, "the KV events feed", shards))
 
 
 def check_shards(total: int, expected: int) -> None:

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from tpusync.vllm.config import ConnectorConfig
 
 _LOW64 = (1 << 64) - 1
-_FEED = "tpusync-kv-events-feed"
 
 
 def event_hash(key: int) -> int:
@@ -81,7 +80,7 @@ class ConnectorEvents:
         self._feed_link = StoreLink(cfg, block_bytes, "the KV events feed")
         self._retry_s = max(cfg.retry_s, 0.5)
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._feed_loop, daemon=True, name=_FEED)]
+        self._threads = [threading.Thread(target=self._feed_loop, daemon=True, name="tpusync-kv-events-feed")]
         if cfg.kv_events_audit_s > 0 or self._relay is not None:
             period = cfg.kv_events_audit_s or None  # None: only after a clear
             self._threads.append(threading.Thread(target=self._audit_loop, args=(period,), daemon=True,
@@ -108,10 +107,11 @@ class ConnectorEvents:
                 t.start()
         return out
 
-    def without_feed(self) -> None:
-        """Audits alone, for a store whose change feed names no block key (sharded blocks: a
-        shard's key is a hash of its block's), and no shared-tier records. Before the first take()."""
-        self._threads = [t for t in self._threads if t.name != _FEED]
+    def sharded(self, audit_link: StoreLink, feed_link: StoreLink) -> None:
+        """For blocks stored as shards: the audit and the feed through links that see the store
+        by block (tpu_inference.shards), and no shared-tier records (a shard's record would
+        name no block). Before the first take()."""
+        self._audit_link, self._feed_link = audit_link, feed_link
         self.announcer.describing = False
 
     def announce(self, keys: list[int], tokens: list[int], tiers: list[int], held: int) -> None:
