@@ -95,7 +95,7 @@ class ShardedStoreLink(StoreLink):
 
 
 def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int) -> None:
-    """Points a SchedulerSide's store links (lookups, pulls, KV-event audits) at the shards
+    """Points a SchedulerSide's store links (lookups, pulls, KV-event audits and feed) at the shards
     the workers store. Nothing is opened yet when this runs: the links open on first use."""
     sched.link = ShardedStoreLink(cfg, shard_bytes, "lookups", shards)
     sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
