@@ -52,7 +52,7 @@ class Changes(NamedTuple):
     behind): reread every block of interest."""
     keys: list[int]
     """Keys whose tier changed (entered or left DRAM or the disk, removed from the shared tier
-    by this store, or found published or removed there by another host's at a scan), oldest
+    by this store, or found published or removed there by another host at a scan), oldest
     first; a key may repeat."""
 
 

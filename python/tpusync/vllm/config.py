@@ -17,8 +17,8 @@
     timeout_s        control-socket and peer call timeout (default 30)
     retry_s          after a store failure, how long to run without it before reconnecting (default 5)
     kv_events_audit_s  with vLLM's KV events enabled (--kv-events-config), how often to ask the
-                     store where the announced blocks are, for what its change feed cannot
-                     report (docs/vllm.md; default 2; 0: never)
+                     store where the announced blocks are, a backstop to its change feed
+                     (docs/vllm.md; default 2; 0: never)
     kv_events_endpoint  where the router subscribes to this engine's KV events, when the connector
                      publishes its own as they happen instead of at vLLM's next step (e.g.
                      "tcp://*:5557"; vLLM's --kv-events-config endpoint then binds where the

@@ -10,8 +10,8 @@ OffloadingConnector announces its CPU tier the same way).
 What to announce is `tpusync.kv_events.BlockAnnouncer`'s job, the same one the reference
 server uses: after a request finishes, the prompt's full blocks the sidecar holds, from the
 first one, per tier ("CPU" for host DRAM, "DISK"); what the sidecar demotes or evicts, as its
-change feed reports it (`tpusync.kv_events.follow`); every `kv_events_audit_s` seconds, what
-the feed cannot report (another host removing a shared-tier file). This module only turns its
+change feed reports it, and the shared tier's blocks any host stored (`tpusync.kv_events.follow`);
+every `kv_events_audit_s` seconds, an audit of them all as a backstop. This module only turns its
 positional events into vLLM's `BlockStored` / `BlockRemoved` and queues them until the
 scheduler takes them.
 
