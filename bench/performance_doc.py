@@ -73,10 +73,11 @@ SECTIONS = [
      "written and read with plain O_DIRECT syscalls in the same run (ratio = raw time / tier time). hit: the "
      "reference engine on a fresh host (empty DRAM, no disk, no peer) serving a prompt another host stored, "
      "against that host recomputing it (ratio = TTFT / recompute TTFT); the engine is configured for 128K "
-     "tokens there, which makes its recompute slower than in the serving table. Gets are below the raw reads "
-     "for 256 KiB and 8 MiB blocks (0.3 to 0.9 across runs on this machine's virtual disk, whose raw reads "
-     "vary as much): a small block pays for its file (open, stat, a 4 KiB header, the checksum, the copy into "
-     "DRAM and out)."),
+     "tokens there, which makes its recompute slower than in the serving table. Both sides write, then both "
+     "read, the side that goes first alternating by repetition (a read right after its own writes finds this "
+     "virtual disk's cache warmer), and both read into memory touched before the clock starts (the stores' "
+     "pools locked, as a running sidecar's are once used): earlier runs without that measured the page "
+     "faults of fresh pools and arrays, and gets of 0.3 to 0.9."),
     ("weight_sync", "Weight synchronization", "bench/weight_sync_bench.py, bench/inplace_bench.py",
      "inplace-*: a random Qwen3 (float32) published by a torch trainer, one copy pushed to the samplers' host, "
      "and every engine there (two vLLM engines; one tpu-inference engine) serving it, updated in place, against "
