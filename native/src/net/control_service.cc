@@ -262,8 +262,7 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
     case Op::kExistsAt:
       return HandlePeerOp(c, f, d);
     default:
-      return BadFrame("op " + std::to_string(static_cast<int>(f.header.op)) +
-                             " is not a control request");
+      return BadFrame("op " + std::to_string(static_cast<int>(f.header.op)) + " is not a control request");
   }
 }
 

@@ -57,8 +57,8 @@ Result<FrameHeader> DecodeHeader(const std::byte in[kHeaderBytes], uint64_t max_
   h.version = GetLe<uint16_t>(in + 4);
   if (h.version != kVersion) {
     return BadFrame("the peer speaks tpusync wire protocol version " + std::to_string(h.version) +
-                           ", this build speaks " + std::to_string(kVersion) +
-                           "; run the same tpusync release on every member of the pool");
+                    ", this build speaks " + std::to_string(kVersion) +
+                    "; run the same tpusync release on every member of the pool");
   }
   uint16_t op = GetLe<uint16_t>(in + 6);
   if (!IsKnownOp(op)) return BadFrame("unknown op " + std::to_string(op));
@@ -71,11 +71,11 @@ Result<FrameHeader> DecodeHeader(const std::byte in[kHeaderBytes], uint64_t max_
   h.body_sum = GetLe<uint64_t>(in + 24);
   const uint64_t limit = h.op == Op::kBlock ? max_block_body : kMaxBodyBytes;
   if (h.body_len > limit) {
-    return BadFrame("" + std::string(OpName(h.op)) + " body of " + std::to_string(h.body_len) +
-                           " bytes exceeds " + std::to_string(limit));
+    return BadFrame(std::string(OpName(h.op)) + " body of " + std::to_string(h.body_len) +
+                    " bytes exceeds " + std::to_string(limit));
   }
   if (h.op != Op::kBlock && h.count > kMaxKeys) {
-    return BadFrame("" + std::to_string(h.count) + " keys exceed " + std::to_string(kMaxKeys));
+    return BadFrame(std::to_string(h.count) + " keys exceed " + std::to_string(kMaxKeys));
   }
   return h;
 }
@@ -136,8 +136,8 @@ bool BodyReader::Str(std::string* s, size_t max_len) {
 
 Result<std::vector<BlockKey>> ParseKeyList(std::span<const std::byte> body, uint32_t count) {
   if (body.size() != uint64_t{count} * 16) {
-    return BadFrame("" + std::to_string(count) + " keys need " + std::to_string(count * 16ull) +
-                           " body bytes, got " + std::to_string(body.size()));
+    return BadFrame(std::to_string(count) + " keys need " + std::to_string(count * 16ull) +
+                    " body bytes, got " + std::to_string(body.size()));
   }
   std::vector<BlockKey> keys(count);
   BodyReader r(body);
