@@ -329,3 +329,31 @@ def test_engines_of_another_layout_never_read_the_blocks(make_pool):
         ea.flush()
         assert eb.lookup(keys).prefix_len == 0
         assert read_back(eb, keys) == [None] * 4
+
+
+def test_blocks_reserved_for_root_do_not_make_the_filesystem_full(tmp_path):
+    """The tier's filesystem watermark counts what df counts: on ext4 with half its blocks
+    reserved (mkfs -m 50) and 70 % of the rest in use, the tier's blocks stay. Counting the
+    reserved blocks as used (89 % here), every evictor on the pool deleted them: this machine's
+    own disk shows 252 GB with 92 GB usable, which read as 85 % full."""
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    fab._run("mkfs.ext4", "-q", "-m", "50", str(image))
+    fab._run("mount", "-o", "loop", str(image), str(mnt))
+    try:
+        with open(mnt / "someone-elses-data", "wb") as f:
+            f.write(b"\0" * (14 << 20))
+        keys = keys_for(7, 8)
+        shared = {"dram_bytes": 16 * BLOCK, "block_bytes": BLOCK, "shared_dir": mnt, "shared_layout": LAYOUT}
+        with tpusync.KVStore.local(**shared) as a:
+            a.put(keys, data_for(keys))
+            a.flush()
+        st = os.statvfs(mnt)
+        assert (st.f_blocks - st.f_bavail) / st.f_blocks > 0.85  # "full" by the old count
+        with tpusync.KVStore.local(**shared) as b:  # its open runs an eviction pass
+            assert b.stats()["shared"]["evictions"] == 0
+            assert list(b.where(keys)) == [tpusync.Tier.SHARED] * 8
+    finally:
+        fab._run("umount", str(mnt))
