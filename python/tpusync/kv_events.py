@@ -109,8 +109,12 @@ class KVEventPublisher:
 # tpusync.store.Tier codes are bit sets: DRAM 1, DISK 2, SHARED 4 (held only there)
 _SHARED = 4
 _MEDIA_BITS = (("CPU", 1), ("DISK", 2), ("SHARED_STORAGE", _SHARED))
-_LOW64 = (1 << 64) - 1
 _EVERY = frozenset(m for m, _ in _MEDIA_BITS)
+
+
+def event_hash(key: int) -> int:
+    """The engine key llm-d reads for a store key: its low 64 bits (docs/block-keys.md)."""
+    return key & ((1 << 64) - 1)
 
 
 def _media(tier: int) -> frozenset[str]:
@@ -248,7 +252,7 @@ class BlockAnnouncer:
                 if key in self._by_key or decoded is None or len(decoded[1]) != self.block_size:
                     continue
                 parent, tokens, _ = decoded
-                h = key & _LOW64  # the event hash of a store key (docs/block-keys.md)
+                h = event_hash(key)
                 self._blocks[h] = _Block(key, parent, tokens, frozenset(), described=True)
                 self._by_key[key] = h
                 adopted.append(key)

@@ -144,6 +144,7 @@ class SharedTier {
   std::string RecordPath(const BlockKey& key) const;
   Status Refuse(uint64_t file_bytes);
   void Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why);
+  void Damaged(const std::string& why);  // counted, logged at the 1st, 2nd, 4th, ...
   void Changed(const BlockKey& key) const {
     if (options_.on_changed) options_.on_changed(key);
   }

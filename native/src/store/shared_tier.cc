@@ -115,6 +115,28 @@ bool UsageOf(const std::string& path, FsUse* out) {
   return true;
 }
 
+// Writes `iov` to a new temporary file and publishes it at `path` by rename: readers see a
+// whole file or none. close() reports a network filesystem's deferred write errors (NFS, FUSE
+// flush). The temporary file is gone whatever happens; ENOSPC and EDQUOT are kResourceExhausted.
+Status Publish(const std::string& tmp, const std::string& path, struct iovec* iov, int iovcnt, int extra_flags) {
+  Status st = Status::Ok();
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | extra_flags, 0600));
+    if (!fd.valid()) return ErrnoStatus(errno, "create " + tmp);
+    st = PwritevFull(fd.get(), iov, iovcnt, 0, tmp);
+    if (st.ok() && ::close(fd.release()) != 0) st = ErrnoStatus(errno, "close " + tmp);
+  }
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus(errno, "publish " + path);
+  if (!st.ok()) ::unlink(tmp.c_str());
+  return st;
+}
+
+// Unlinks `path` unless another host has replaced it since inode `ino` was read there.
+bool UnlinkIfSame(const std::string& path, uint64_t ino) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && st.st_ino == ino && ::unlink(path.c_str()) == 0;
+}
+
 // dir/name, and dir/name + suffix, built in one string (the evictor builds many).
 std::string Join(const std::string& dir, const std::string& name, const std::string& suffix = "") {
   std::string out;
@@ -269,24 +291,8 @@ Status SharedTier::Write(const BlockKey& key, const std::byte* src, uint64_t len
   *h = FileHeader{kMagic, kVersion, 0, block_bytes_, fingerprint_, key.hi, key.lo, length, Checksum(src, length), 0};
   h->header_sum = HeaderSum(*h);
 
-  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0);
-  Status st = Status::Ok();
-  {
-    UniqueFd fd(::open(tmp.c_str(), flags, 0600));
-    if (!fd.valid()) {
-      const int err = errno;
-      if (err == ENOSPC || err == EDQUOT) return Refuse(file_bytes);
-      Count(&SharedTierStats::write_errors);
-      return ErrnoStatus(err, "create " + tmp);
-    }
-    struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {const_cast<std::byte*>(src), payload}};
-    st = PwritevFull(fd.get(), iov, 2, 0, tmp);
-    // close() reports a network filesystem's deferred write errors (NFS, FUSE flush).
-    if (st.ok() && ::close(fd.release()) != 0) st = ErrnoStatus(errno, "close " + tmp);
-  }
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus(errno, "publish " + path);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
+  struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {const_cast<std::byte*>(src), payload}};
+  if (Status st = Publish(tmp, path, iov, 2, direct_io_ ? O_DIRECT : 0); !st.ok()) {
     if (st.code() == StatusCode::kResourceExhausted) return Refuse(file_bytes);  // ENOSPC, EDQUOT
     Count(&SharedTierStats::write_errors);
     return st;
@@ -301,11 +307,14 @@ Status SharedTier::Write(const BlockKey& key, const std::byte* src, uint64_t len
 
 // Removes a damaged file unless another host has replaced it with a new one since it was read.
 void SharedTier::Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) == 0 && st.st_ino == ino && ::unlink(path.c_str()) == 0) {
+  if (UnlinkIfSame(path, ino)) {
     ::unlink(RecordPath(key).c_str());
     Changed(key);
   }
+  Damaged(why);
+}
+
+void SharedTier::Damaged(const std::string& why) {
   uint64_t n = 0;
   {
     std::lock_guard lock(mu_);
@@ -391,17 +400,8 @@ Status SharedTier::Describe(const BlockKey& key, std::span<const std::byte> reco
                  Checksum(record.data(), record.size()), 0};
   h.header_sum = HeaderSum(h);
   const std::string tmp = root_ + "/tmp/" + key.ToHex() + ".record." + instance_ + "." + std::to_string(++temp_seq_);
-  Status st_write = Status::Ok();
-  {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!fd.valid()) return ErrnoStatus(errno, "create " + tmp);
-    struct iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(record.data()), record.size()}};
-    st_write = PwritevFull(fd.get(), iov, 2, 0, tmp);
-    if (st_write.ok() && ::close(fd.release()) != 0) st_write = ErrnoStatus(errno, "close " + tmp);
-  }
-  if (st_write.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st_write = ErrnoStatus(errno, "publish " + path);
-  if (!st_write.ok()) ::unlink(tmp.c_str());
-  return st_write;
+  struct iovec iov[2] = {{&h, sizeof(h)}, {const_cast<std::byte*>(record.data()), record.size()}};
+  return Publish(tmp, path, iov, 2, 0);
 }
 
 std::string SharedTier::Record(const BlockKey& key) {
@@ -421,17 +421,8 @@ std::string SharedTier::Record(const BlockKey& key) {
             h.length == record.size() && Checksum(record.data(), record.size()) == h.record_sum;
   }
   if (!whole) {  // damaged: gone, so that a host that knows the block can describe it again
-    struct stat now{};
-    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino) ::unlink(path.c_str());
-    uint64_t n = 0;
-    {
-      std::lock_guard lock(mu_);
-      n = ++stats_.corruptions;
-    }
-    if ((n & (n - 1)) == 0) {
-      Log(LogLevel::kWarning, "shared", std::to_string(n) + " damaged files removed from the shared tier so far; latest: " +
-                                            path + ": a damaged record");
-    }
+    UnlinkIfSame(path, st.st_ino);
+    Damaged(path + ": a damaged record");
     return {};
   }
   return record;

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 from tpusync import errors
-from tpusync.kv_events import BlockAnnouncer, Event, follow, tiers_of
+from tpusync.kv_events import BlockAnnouncer, Event, event_hash, follow, tiers_of
 from tpusync.vllm.common import StoreLink, log
 from tpusync.vllm.relay import relay_for
 
@@ -38,14 +38,6 @@ if TYPE_CHECKING:
     from vllm.config import KVEventsConfig
 
     from tpusync.vllm.config import ConnectorConfig
-
-_LOW64 = (1 << 64) - 1
-
-
-def event_hash(key: int) -> int:
-    """The engine key llm-d reads for a store key: its low 64 bits (docs/block-keys.md)."""
-    return key & _LOW64
-
 
 def to_vllm(event: Event) -> KVCacheEvent:
     """One of BlockAnnouncer's positional events as vLLM's event struct."""
