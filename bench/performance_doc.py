@@ -136,6 +136,8 @@ def fmt(value, spec: str) -> str:
         return f"{value / (1 << 20):.0f}"
     if isinstance(value, float) and not spec:
         return f"{value:.3g}"
+    if isinstance(value, list):  # per-run figures: the spread is ratio_min..ratio_max beside them
+        return f"{len(value)} runs"
     return format(value, spec)
 
 
@@ -183,8 +185,11 @@ def targets(res: dict) -> list[Target]:
     check("a 64K-token prefix from the shared tier on a fresh host <= 0.15 x recompute",
           cases(res, "shared", r"shared-hit-64k"), lambda r: r["ratio"] <= 0.15, ratio)
     secs = lambda r: f"{r['ratio']:.2f} ({r['seconds']:.2f} s vs {r['baseline_seconds']:.2f} s)"  # noqa: E731
-    check("fabric chain over 4 hosts <= 1.3 x one hop", cases(res, "weight_sync", r"fabric-chain-4-.*"),
-          lambda r: r["ratio"] <= 1.3, secs)
+    check("fabric chain over 4 hosts: every run <= 1.3 x one hop, the median <= 1.15 x",
+          cases(res, "weight_sync", r"fabric-chain-4-.*"),
+          lambda r: r["ratio"] <= 1.15 and len(r.get("ratio_runs", ())) >= 5 and r["ratio_max"] <= 1.3,
+          lambda r: f"median {secs(r)}, runs {r['ratio_min']:.2f}-{r['ratio_max']:.2f} "
+                    f"over {len(r['ratio_runs'])}" if "ratio_runs" in r else secs(r))
     check("fabric tree over 8 hosts <= 2 x one hop", cases(res, "weight_sync", r"fabric-tree-8-.*"),
           lambda r: r["ratio"] <= 2.0, secs)
     check("fabric naive fan-out to N hosts ~ N x one hop (within 25 %)",

@@ -20,10 +20,14 @@ NIC shaped to the profile's rate and RTT, so hops no longer share one loopback):
 - fabric-chain-N / fabric-tree-N (fan-out 2) / fabric-naive-N: N destination hosts besides
   the trainer's; ratio = seconds over one fabric hop of the same bytes, `vs_line_rate` =
   seconds over the bytes at the link's line rate;
-- hop-vs-pull-fabric: a hop's throughput over a plain pull's, over the same link.
-Every case is the median of --reps runs. Prints a table, what the plan predicts for a
-235B-parameter bf16 model over 16 hosts at 50 GB/s per link, and writes
-bench/results/weight_sync.json.
+- hop-vs-pull-fabric: a hop's throughput over a plain pull's, over the same link;
+- fabric-raw-1 / fabric-raw-N-links: raw TCP over one link, and over the N links of a chain
+  at once (the slowest), the physical floor of a chain: a middle host sends and receives.
+Every case is the median of --reps runs; the fabric cases run rep by rep beside their
+baseline, report the median of the reps' ratios with its spread (ratio_min, ratio_max,
+ratio_runs) and the CPU time the hypervisor stole from this VM meanwhile (steal_percent).
+Prints a table, what the plan predicts for a 235B-parameter bf16 model over 16 hosts at
+50 GB/s per link, and writes bench/results/weight_sync.json.
 """
 
 from __future__ import annotations
@@ -239,8 +243,10 @@ def median_of(reps: int, fn) -> tuple[float, float | None]:
     return statistics.median(s for s, _ in runs), (statistics.median(cpus) if cpus else None)
 
 
-FABRIC_BLOCK = 2 * MIB      # 4 MiB chunks: enough of them that a chain's pipeline fills quickly
-FABRIC_CHUNK_BLOCKS = 2
+# 1 MiB chunks: 8 ms on the fabric's 1 Gbit/s links, as 100 MiB chunks take on 100 Gbit/s ones
+# (the fabric is the real one scaled down ~100x), so a chain fills in a few ms per hop.
+FABRIC_BLOCK = MIB
+FABRIC_CHUNK_BLOCKS = 1
 
 
 class FabricCluster:
@@ -333,29 +339,95 @@ def fabric_cases(profile: fab.Profile, secret_file: str, total: int, hosts: list
     tag = f"{total // MIB}m-{profile.name}"
     line_rate = total / profile.rate_bytes_per_s
 
-    def fcase(name, seconds, baseline, cpu=None, floor=None):
-        out = case(name, total, seconds, baseline, cpu) | {"line_rate_seconds": line_rate,
-                                                            "vs_line_rate": seconds / line_rate}
+    # Every case runs once per rep right after that rep's hop (and the raw links after the raw
+    # single link), so a drift of this shared machine's load, or the hypervisor taking its CPUs
+    # (steal), hits a case and its baseline alike; each case's ratio is the median of its reps'.
+    runs: dict[str, list] = {}
+    steal: dict[str, list[float]] = {}
+
+    def measure(name, fn):
+        s0 = cpu_steal()
+        runs.setdefault(name, []).append(fn())
+        steal.setdefault(name, []).append(cpu_steal(s0))
+
+    for _ in range(reps):
+        measure("raw-1", partial(raw_links, profile, total, 1))
+        measure("hop", partial(fabric_transfer, profile, secret_file, total, 1, plan.CHAIN))
+        measure("pull", partial(fabric_naive, profile, secret_file, total, 1))
+        for n in hosts:
+            measure(f"raw-{n}", partial(raw_links, profile, total, n))
+            for topology in (plan.CHAIN, plan.TREE):
+                measure(f"{topology}-{n}", partial(fabric_transfer, profile, secret_file, total, n, topology))
+            measure(f"naive-{n}", partial(fabric_naive, profile, secret_file, total, n))
+
+    def seconds(name):
+        return [r[0] if isinstance(r, tuple) else r for r in runs[name]]
+
+    def fcase(name, key, base_key, cpu=None, floor=None):
+        ratios = [a / b for a, b in zip(seconds(key), seconds(base_key))]
+        out = case(name, total, statistics.median(seconds(key)), statistics.median(seconds(base_key)), cpu)
+        out |= {"ratio": statistics.median(ratios), "ratio_runs": ratios, "ratio_min": min(ratios),
+                "ratio_max": max(ratios), "steal_percent": statistics.median(steal[key]),
+                "line_rate_seconds": line_rate, "vs_line_rate": out["seconds"] / line_rate}
         if floor is not None:  # the plan's link-limited time: k copies per uplink plus the pipeline fill
-            out |= {"floor_seconds": floor, "vs_floor": seconds / floor}
+            out |= {"floor_seconds": floor, "vs_floor": out["seconds"] / floor}
         return out
+
+    def cpu(name):
+        return statistics.median(r[1] for r in runs[name])
 
     def floor(n: int, topology: str) -> float:
         return plan.predict(total, n, link_bytes_per_s=profile.rate_bytes_per_s,
                             chunk_bytes=FABRIC_BLOCK * FABRIC_CHUNK_BLOCKS, topology=topology, fanout=2).seconds
 
-    hop, hop_cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, 1, plan.CHAIN))
-    pull, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, 1))
-    out = [fcase(f"fabric-hop-1-{tag}", hop, hop, hop_cpu, floor(1, plan.CHAIN)),
-           fcase(f"fabric-pull-1-{tag}", pull, hop),
-           case(f"hop-vs-pull-fabric-{tag}", total, hop, pull) | {"ratio": pull / hop, "pull_seconds": pull}]
+    out = [fcase(f"fabric-raw-1-{tag}", "raw-1", "raw-1"),
+           fcase(f"fabric-hop-1-{tag}", "hop", "hop", cpu("hop"), floor(1, plan.CHAIN)),
+           fcase(f"fabric-pull-1-{tag}", "pull", "hop")]
+    pull_over_hop = out[-1]
+    out.append(case(f"hop-vs-pull-fabric-{tag}", total, pull_over_hop["baseline_seconds"], pull_over_hop["seconds"])
+               | {"ratio": 1 / pull_over_hop["ratio"], "pull_seconds": pull_over_hop["seconds"]})
     for n in hosts:
+        out.append(fcase(f"fabric-raw-{n}-links-{tag}", f"raw-{n}", "raw-1"))
         for topology in (plan.CHAIN, plan.TREE):
-            s, cpu = median_of(reps, partial(fabric_transfer, profile, secret_file, total, n, topology))
-            out.append(fcase(f"fabric-{topology}-{n}-{tag}", s, hop, cpu, floor(n, topology)))
-        s, _ = median_of(reps, partial(fabric_naive, profile, secret_file, total, n))
-        out.append(fcase(f"fabric-naive-{n}-{tag}", s, hop, floor=n * line_rate))
+            key = f"{topology}-{n}"
+            out.append(fcase(f"fabric-{topology}-{n}-{tag}", key, "hop", cpu(key), floor(n, topology)))
+        out.append(fcase(f"fabric-naive-{n}-{tag}", f"naive-{n}", "hop", floor=n * line_rate))
     return out
+
+
+def raw_links(profile: fab.Profile, total: int, n: int) -> float:
+    """The physical floor of a chain of n hops: raw TCP (4 streams, bench/rawtcp.cc) carrying
+    `total` bytes over each of the n links h0 -> h1 -> ... -> hn at once, so every middle host
+    sends and receives at the same time, as a relay does; the seconds of the slowest link."""
+    f = fab.Fabric(1 + n, profile)
+    f.start()
+    try:
+        h = f.hosts
+        seconds = [0.0] * n
+
+        def link(k: int) -> None:
+            seconds[k] = rawtcp.run(total, 4, 1, bind_ip=h[k + 1].ip, recv_popen=h[k + 1].popen,
+                                    send_popen=h[k].popen).seconds
+
+        links = [threading.Thread(target=link, args=(k,)) for k in range(n)]
+        for t in links:
+            t.start()
+        for t in links:
+            t.join()
+        assert all(seconds), "a raw link failed"
+        return max(seconds)
+    finally:
+        f.close()
+
+
+def cpu_steal(since: tuple[int, int] | None = None):
+    """The CPU time the hypervisor took from this machine: (steal, total) jiffies now, or with
+    `since`, the percentage stolen from then to now."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    now = (fields[7], sum(fields))
+    if since is None:
+        return now
+    return 100 * (now[0] - since[0]) / max(1, now[1] - since[1])
 
 
 PARTS = ("onehost", "chain", "naive", "fabric")

@@ -47,17 +47,18 @@ Status PeerClient::Connected(Stream& s, Deadline d) {
   return Status::Ok();
 }
 
-// Key i goes to stream i % n; each stream runs `fn` on its keys on its own thread. A stream
-// that fails is closed, so the next request reconnects it.
+// Key i goes to the request's i % n-th stream; each stream runs `fn` on its keys on its own
+// thread. A stream that fails is closed, so the next request reconnects it.
 template <typename Fn>
 Status PeerClient::OnAllStreams(std::span<const BlockKey> keys, Fn fn) {
   size_t used = std::min(streams_.size(), std::max<size_t>(keys.size(), 1));
+  const size_t first = next_stream_.fetch_add(used, std::memory_order_relaxed);
   std::vector<Status> results(used);
   auto run = [&](size_t s) {
     std::vector<BlockKey> sub;
     std::vector<size_t> index;
     for (size_t i = s; i < keys.size(); i += used) sub.push_back(keys[i]), index.push_back(i);
-    Stream& st = *streams_[s];
+    Stream& st = *streams_[(first + s) % streams_.size()];
     std::lock_guard lock(st.mu);
     results[s] = fn(st, sub, index);
     if (!results[s].ok()) st.conn.reset(), st.socket.Close();

@@ -60,8 +60,10 @@ class PeerClient {
   uint64_t block_bytes() const { return block_bytes_.load(); }
 
   Result<std::vector<Tier>> Exists(std::span<const BlockKey> keys, Deadline d);
-  // Key i travels on stream i % streams, in order. received[i] = 1 for each block that landed
-  // whole. Returns the first error; blocks of healthy streams still land. Thread-safe.
+  // The keys are dealt round-robin over min(streams, keys) streams, starting after the ones
+  // the previous request started on, so concurrent requests with few keys each use different
+  // streams. received[i] = 1 for each block that landed whole. Returns the first error; blocks
+  // of healthy streams still land. Thread-safe.
   Status Pull(std::span<const BlockKey> keys, BlockSink& sink, Deadline d, std::vector<uint8_t>& received);
   // stored[i] = 1 when the peer holds block i afterwards (sent now or held already).
   Status Push(std::span<const BlockKey> keys, BlockSource& source, Deadline d, std::vector<uint8_t>& stored);
@@ -83,6 +85,7 @@ class PeerClient {
   PeerClientOptions options_;
   std::atomic<uint64_t> block_bytes_{0};
   std::vector<std::unique_ptr<Stream>> streams_;
+  std::atomic<size_t> next_stream_{0};  // where the next request's first key goes
 };
 
 // Connected clients by peer address, created on first use and replaced after a failure. Only

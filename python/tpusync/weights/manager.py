@@ -4,9 +4,12 @@ A work unit is a trainer or sampler process, placed on a host (one sidecar, one 
 `start_transfer(src_units, dst_units)` reduces the units to hosts (one copy per host, however
 many samplers it runs), computes the plan (`plan.build_plan`: a chain or a fan-out tree) and
 runs it: each destination host pulls chunk c from its parent as soon as the parent holds it,
-so every hop streams. Each chunk is checked against the manifest's checksums when it lands;
-when all are there the executor writes the manifest and commit record on that host, which
-commits (pins the version, advances its head): samplers there never see a partial version.
+so every hop streams, with `in_flight` chunk pulls outstanding per host (each on its own
+control channel, and the sidecar spreads concurrent pulls over its peer streams), so a hop's
+link never idles through one chunk's request round trip or a late chunk upstream. Each chunk
+is checked against the manifest's checksums when it lands; when all are there the executor
+writes the manifest and commit record on that host, which commits (pins the version,
+advances its head): samplers there never see a partial version.
 
 A trainer spread over several hosts holds one part of each version per host: the sources
 are then all of its hosts, each part streams over its own chain or tree (rotated, so the
@@ -79,14 +82,17 @@ class WeightSynchronizerManager:
     """Computes transfer plans from registered work units and runs them."""
 
     def __init__(self, *, topology: str = planmod.CHAIN, fanout: int = 2, verify: bool = True,
-                 timeout: float = 300.0, chunk_blocks: int | None = None):
+                 timeout: float = 300.0, chunk_blocks: int | None = None, in_flight: int = 2):
+        if in_flight < 1:
+            raise errors.InvalidArgumentError(f"in_flight must be at least 1, not {in_flight}")
         self.topology = topology
         self.fanout = fanout
         self.verify = verify
         self.timeout = timeout
         self.chunk_blocks = chunk_blocks
+        self.in_flight = in_flight
         self._units: dict[str, WorkUnit] = {}
-        self._stores: dict[str, KVStore] = {}
+        self._stores: dict[tuple[str, int], KVStore] = {}  # (host, channel): one request at a time each
         self._lock = threading.Lock()
         self._runner = ThreadPoolExecutor(2, thread_name_prefix="tpusync-weights-transfer")
         self._metrics: dict[str, Any] = {"transfers": 0, "transfers_failed_hosts": 0, "bytes_moved": 0,
@@ -126,18 +132,20 @@ class WeightSynchronizerManager:
                     raise errors.NotFoundError(f"work unit {u!r} is not registered")
         return out
 
-    def _store(self, unit: WorkUnit) -> KVStore:
+    def _store(self, unit: WorkUnit, channel: int = 0) -> KVStore:
         with self._lock:
-            store = self._stores.get(unit.host)
+            store = self._stores.get((unit.host, channel))
             if store is None:
                 if unit.control_socket is None:
                     raise errors.PreconditionError(f"host {unit.host} ({unit.name}) has no control socket registered")
-                store = self._stores[unit.host] = KVStore.connect(f"unix://{unit.control_socket}")
+                store = self._stores[unit.host, channel] = KVStore.connect(f"unix://{unit.control_socket}")
             return store
 
-    def _forget(self, host: str) -> None:
+    def _forget(self, host: str, channel: int | None = None) -> None:
+        """Drops the host's control channels (one of them with `channel`); the next use reconnects."""
         with self._lock:
-            self._stores.pop(host, None)
+            for key in [k for k in self._stores if k[0] == host and channel in (None, k[1])]:
+                del self._stores[key]
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -223,12 +231,35 @@ class WeightSynchronizerManager:
         state = _State(plan, whole.checksum)
         deadline = time.monotonic() + self.timeout
 
+        def pull_chunks(host: str, channel: int) -> None:
+            """Lands the host's next unclaimed chunks, in order, until none is left or the host is out."""
+            while True:
+                with state.cond:
+                    if host in state.stopped or state.claimed[host] == len(order):
+                        return
+                    source, c = order[state.claimed[host]]
+                    state.claimed[host] += 1
+                try:
+                    if not self._land_chunk(state, report, by_host[host], source, c, chunks[source][c], deadline,
+                                            channel):
+                        return
+                except BaseException:
+                    with state.cond:  # the host is out: its other channels stop
+                        state.stopped.add(host)
+                        state.cond.notify_all()
+                    raise
+                with state.cond:
+                    state.done[host] += 1
+                    done = state.done[host]
+                if on_chunk is not None:
+                    on_chunk(host, done, len(order), sum(b.length for b in chunks[source][c]))
+
         def run_host(host: str) -> None:
             try:
-                for done, (source, c) in enumerate(order, 1):
-                    self._land_chunk(state, report, by_host[host], source, c, chunks[source][c], deadline)
-                    if on_chunk is not None:
-                        on_chunk(host, done, len(order), sum(b.length for b in chunks[source][c]))
+                with ThreadPoolExecutor(self.in_flight, thread_name_prefix="tpusync-weights-pull") as pool:
+                    pulls = [pool.submit(pull_chunks, host, k) for k in range(self.in_flight)]
+                for p in pulls:
+                    p.result()
                 # Everything is here: the whole version's manifest, then its commit record.
                 store = self._store(by_host[host])
                 write_manifest(store, whole)
@@ -260,13 +291,16 @@ class WeightSynchronizerManager:
         return report
 
     def _land_chunk(self, state: _State, report: TransferReport, unit: WorkUnit, source: str, c: int,
-                    blocks: list[BlockRef], deadline: float) -> None:
-        """Pulls chunk c of `source` from this host's live parent in that source's tree."""
+                    blocks: list[BlockRef], deadline: float, channel: int) -> bool:
+        """Pulls chunk c of `source` from this host's live parent in that source's tree, over
+        the host's control channel `channel`; False when the host stopped meanwhile."""
         host = unit.host
         while True:
-            store = self._store(unit)
+            store = self._store(unit, channel)
             with state.cond:
                 while True:
+                    if host in state.stopped:
+                        return False
                     up = state.parent(source, host)
                     if state.ready[source][up] > c:
                         break
@@ -280,7 +314,7 @@ class WeightSynchronizerManager:
                 ok = False
             if ok:
                 break
-            self._forget(host)  # a control channel closes after a failed request: reconnect
+            self._forget(host, channel)  # a control channel closes after a failed request: reconnect
             self._check_alive(unit)
             with state.cond:
                 state.dead.add(up)  # the relay failed us: route around it
@@ -288,11 +322,16 @@ class WeightSynchronizerManager:
                     state.cond.notify_all()
                     raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
                 report.failed.setdefault(up, f"unreachable from {host} at chunk {c} of {source}")
-                report.rerouted.append((host, up, state.parent(source, host)))
+                if not any(r[:2] == (host, up) for r in report.rerouted):  # once, whichever channel saw it
+                    report.rerouted.append((host, up, state.parent(source, host)))
                 state.cond.notify_all()
         with state.cond:
-            state.ready[source][host] = c + 1
+            state.landed_chunks[source][host].add(c)
+            held = state.landed_chunks[source][host]
+            while state.ready[source][host] in held:  # children pull from the host's whole prefix
+                state.ready[source][host] += 1
             state.cond.notify_all()
+        return True
 
     def _check_alive(self, unit: WorkUnit) -> None:
         try:
@@ -332,14 +371,21 @@ class WeightSynchronizerManager:
 
 
 class _State:
-    """Who holds how many chunks of each source, and who is dead; guarded by `cond`."""
+    """Which chunks of each source each host holds, who is dead, and each destination's
+    progress through the chunk order; guarded by `cond`."""
 
     def __init__(self, plan: planmod.Plan, checksum: str = CHECKSUM):
         self.plan = plan
         self.checksum = checksum
         self.cond = threading.Condition()
+        # ready[source][host]: the chunks of `source` the host holds all of, from the first.
         self.ready = {s: {**dict.fromkeys(plan.destinations, 0), s: plan.chunks[s]} for s in plan.sources}
-        self.dead: set[str] = set()
+        self.landed_chunks: dict[str, dict[str, set[int]]] = {
+            s: {h: set() for h in plan.destinations} for s in plan.sources}
+        self.dead: set[str] = set()      # hosts routed around
+        self.stopped: set[str] = set()   # destinations whose own pulls failed: their channels stop
+        self.claimed = dict.fromkeys(plan.destinations, 0)  # next chunk (index into the order) per host
+        self.done = dict.fromkeys(plan.destinations, 0)     # chunks landed per host
 
     def parent(self, source: str, host: str) -> str:
         return planmod.live_parent(self.plan, source, host, self.dead)

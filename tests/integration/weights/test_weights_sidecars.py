@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpusync.errors import UnavailableError
-from tpusync.weights import WeightSynchronizer
+from tpusync.errors import InvalidArgumentError, UnavailableError
+from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
 from tpusync.weights.head import read_head
 from tpusync.weights.storage import read_commit, read_manifest, version_keys
 
@@ -83,10 +83,12 @@ def test_atomic_swap_across_hosts(hosts):
     assert not torn and seen == {1, 2, 3, 4, 5}
 
 
-def test_killed_relay_is_routed_around(hosts):
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_killed_relay_is_routed_around(hosts, in_flight):
+    """With any number of chunk pulls in flight per host (each on its own control channel)."""
     trainer, a, b, c = hosts(4)
     manifest = publish(trainer, seed=3, version=1)
-    mgr = manager_for(trainer, [a, b, c])  # chain: trainer -> a -> b -> c
+    mgr = manager_for(trainer, [a, b, c], in_flight=in_flight)  # chain: trainer -> a -> b -> c
     assert list(mgr.plan(["trainer"], None, chunks=2).path(trainer.address, c.address)) == \
         [trainer.address, a.address, b.address, c.address]
 
@@ -154,6 +156,11 @@ def test_push_weights_to_peers(hosts):
         s.bind_weights(params(0))
         assert s.wait_for_version(4, timeout=10) == 4 and digest(s.params) == digest(params(5))
         assert s.get_metrics()["host_version"] == 4
+
+
+def test_in_flight_must_be_positive():
+    with pytest.raises(InvalidArgumentError, match="in_flight"):
+        WeightSynchronizerManager(in_flight=0)
 
 
 def test_tree_plan_delivers_to_every_host(hosts):
