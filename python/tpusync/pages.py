@@ -243,6 +243,13 @@ def _gather_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray,
     return np.asarray(jnp.take(data, jnp.asarray(page_ids), axis=0)), list(range(len(page_ids)))
 
 
+def layer_shard_keys(keys: Sequence[int], layers: Sequence[jax.Array]) -> list[int]:
+    """The pool keys save_layer_pages stores these blocks under on this host: one per shard of
+    each block held here (the block keys themselves when unsharded)."""
+    total, shards = _layer_shards(layers)
+    return [shard_key(k, n, total) for k in keys for n in shards]
+
+
 def layer_block_bytes(layers: Sequence[jax.Array]) -> int:
     """Bytes of one block of a list-of-layers cache (one page of every layer, one shard)."""
     total = 0

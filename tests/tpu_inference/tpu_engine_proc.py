@@ -9,7 +9,8 @@ per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Eng
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
         -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null, "seconds": s}]}
         (seconds: the engine's time for the batch, from submission to the last output)
-    {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process
+    {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process, and
+        tpusync.upstream's KVCacheManager's as upstream_<name>
     {"op": "reset_prefix_cache"} -> {}   empties vLLM's own prefix cache
     {"op": "page_digests"} -> {"shards": S, "digests": [[hex per page] per shard]}
         the bytes of each KV cache page, per shard of the `model` axis, every layer's part in
@@ -108,9 +109,10 @@ def main() -> int:
                 reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
                                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
             elif cmd["op"] == "stats":  # tpusync's connector counters in this process
+                from tpusync.upstream.kv_cache_manager import stats as upstream_stats
                 from tpusync.vllm.common import stats
 
-                reply({"stats": stats()})
+                reply({"stats": stats() | {f"upstream_{k}": v for k, v in upstream_stats().items()}})
             elif cmd["op"] == "reset_prefix_cache":
                 llm.reset_prefix_cache()
                 reply({})

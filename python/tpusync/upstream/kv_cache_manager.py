@@ -1,0 +1,265 @@
+"""`tpu_raiden.api.jax.kv_cache_manager`: upstream's worker-side KVCacheManager on tpusync.
+
+Upstream's host-pool mode (`host_blocks_to_allocate`), as google/tpu-sync has it from 06-26
+(f9e8ed5a) through HEAD (8acb2ef, tpu_sync/api/jax/kv_cache_manager.py): a pool of host
+blocks ("chunks") numbered 0..host_blocks_to_allocate-1, each holding one device block (one
+page of every layer, per shard), filled by `d2h`/`d2h_auto_allocate` and read back into the
+device cache by `h2d`:
+- `d2h_auto_allocate(device_blocks)` allocates locked chunks, reclaiming the least recently
+  unlocked ones when none is free, and raises when every chunk is locked;
+- `unlock_blocks(chunks)` makes chunks reclaimable; they stay readable until reclaimed;
+- `h2d(chunks, device_blocks)` / `d2h(device_blocks, chunks)` copy; src first, then dst.
+
+Here the chunks live in the pod's tpusync sidecar (its shared-memory DRAM pool, through
+`tpusync.pages`), each under a key of this manager and the chunk's generation, pinned on this
+manager's connection while allocated: the pool cannot evict a chunk the scheduler may still
+hand out, and a crashed engine's pins go with its connection. The sidecar comes from
+$TPUSYNC_CONTROL_SOCKET.
+
+Upstream copies into the device buffers it was given, in place. A JAX program cannot: loads
+build new arrays (the old ones donated), so the manager holds the model runner, whose
+`kv_caches` it reassigns; upstream's consumers construct the manager in
+`register_runner(self, runner)` with `kv_caches=runner.kv_caches`, and the constructor finds
+that runner in its caller's frame (checking that `runner.kv_caches` is the list passed in),
+or takes it as `runner=`. Copies complete before the call returns (the offload connector drops
+h2d's future and expects the next forward to see the pages); the futures returned are done.
+
+Upstream's transfer mode (max_blocks/num_slots: the P/D connector's pull between engines) is
+not provided here: the constructor says so. tpusync's own connector does P/D for tpu-inference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from tpusync import errors, pages, sidecar
+from tpusync.hashing import key_of
+
+__all__ = ["KVCacheManager"]
+
+_instances = itertools.count()
+_counters = {"d2h_blocks": 0, "h2d_blocks": 0, "reclaimed_blocks": 0, "copy_errors": 0, "pool_full": 0}
+_counters_lock = threading.Lock()
+
+
+def stats() -> dict[str, int]:
+    """Counters of every manager in this process: blocks copied each way and reclaimed, copies
+    that failed, and allocations refused because every host block was locked."""
+    with _counters_lock:
+        return dict(_counters)
+
+
+def _count(**kw: int) -> None:
+    with _counters_lock:
+        for k, v in kw.items():
+            _counters[k] += v
+
+
+class CopyFuture:
+    """A finished copy, with upstream's future methods (the copy ran in the call that made it)."""
+
+    def Await(self) -> None:  # upstream's name
+        return None
+
+    def wait(self) -> None:
+        return None
+
+    def IsReady(self) -> bool:  # upstream's name
+        return True
+
+    def is_ready(self) -> bool:
+        return True
+
+
+def _caller_runner(kv_caches: list[Any], depth: int) -> Any:
+    """The model runner whose `kv_caches` the caller passed in (a local named `runner`)."""
+    frame: FrameType | None = sys._getframe(depth)
+    for _ in range(3):  # the caller, or a wrapper of it
+        if frame is None:
+            break
+        runner = frame.f_locals.get("runner")
+        if runner is not None and getattr(runner, "kv_caches", None) is kv_caches:
+            return runner
+        frame = frame.f_back
+    raise errors.InvalidArgumentError(
+        "tpusync.upstream.KVCacheManager needs the model runner that owns kv_caches (JAX arrays cannot be written "
+        "in place): pass runner=, or construct it where a local `runner` holds kv_caches, as tpu-inference's "
+        "connectors do in register_runner")
+
+
+def _expand(offsets: Sequence[int], sizes: Sequence[int] | None) -> list[int]:
+    if sizes is None:
+        return [int(o) for o in offsets]
+    if len(sizes) != len(offsets):
+        raise ValueError(f"{len(offsets)} offsets for {len(sizes)} copy sizes")
+    return [int(o) + k for o, n in zip(offsets, sizes) for k in range(int(n))]
+
+
+class KVCacheManager:
+    def __init__(self, kv_caches: list[Any], local_control_port: int, max_blocks: int | None = None,
+                 num_slots: int | None = None, timeout_s: float = 120.0, unsafe_skip_buffer_lock: bool = True,
+                 host_blocks_to_allocate: int | None = None, parallelism: int = 4, node_id: int = 0,
+                 raiden_worker_port: int | None = None, raiden_controller_address: str | None = None,
+                 worker_id: str | None = None, *, runner: Any = None, control_socket: str | None = None) -> None:
+        if host_blocks_to_allocate is None:
+            if max_blocks is None or num_slots is None:
+                raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
+            raise NotImplementedError(
+                "upstream's transfer mode of KVCacheManager (max_blocks, num_slots: pulls between engines) is not "
+                "provided by tpusync.upstream; for prefill/decode on tpu-inference use tpusync's connector "
+                "(kv_connector TPUConnector from tpusync.tpu_inference.connector)")
+        if host_blocks_to_allocate <= 0:
+            raise ValueError(f"host_blocks_to_allocate must be positive, not {host_blocks_to_allocate}")
+        self._runner = runner if runner is not None else _caller_runner(kv_caches, 2)
+        if self._runner.kv_caches is not kv_caches and list(self._runner.kv_caches) != list(kv_caches):
+            raise errors.InvalidArgumentError("runner.kv_caches is not the kv_caches passed in")
+        self._store = sidecar.connect(control_socket)
+        nbytes = pages.layer_block_bytes(kv_caches)
+        if nbytes > self._store.block_bytes:
+            self._store.close()
+            raise errors.InvalidArgumentError(f"a block of this cache is {nbytes} bytes per shard, the sidecar's "
+                                              f"pool blocks hold {self._store.block_bytes}")
+        self._prefix = f"tpusync.upstream.KVCacheManager/{os.getpid()}/{next(_instances)}/{id(self):x}"
+        self._lock = threading.Lock()
+        self._free = list(range(host_blocks_to_allocate - 1, -1, -1))  # never used yet; pop() takes the lowest
+        self._unlocked: OrderedDict[int, None] = OrderedDict()         # readable, reclaimable, oldest first
+        self._locked: set[int] = set()
+        self._generation: dict[int, int] = {}                          # chunk -> generation of what it holds
+        self.host_blocks = host_blocks_to_allocate
+
+    # -- the host pool ----------------------------------------------------------------------
+
+    def _key(self, chunk: int) -> int:
+        """The pool key of what the chunk holds now (a new generation for each new content)."""
+        text = f"{self._prefix}/{chunk}/{self._generation[chunk]}"
+        return key_of(hashlib.blake2b(text.encode(), digest_size=32).digest())
+
+    def _stored(self, keys: list[int]) -> list[int]:
+        return pages.layer_shard_keys(keys, self._runner.kv_caches)
+
+    def _allocate(self, n: int) -> list[int]:
+        """n chunks, locked: free ones first, then the least recently unlocked (their old
+        contents dropped). Raises when fewer than n are free or unlocked."""
+        with self._lock:
+            if n > len(self._free) + len(self._unlocked):
+                _count(pool_full=1)
+                raise RuntimeError(f"RESOURCE_EXHAUSTED: {n} host blocks wanted, {len(self._free)} free and "
+                                   f"{len(self._unlocked)} reclaimable of {self.host_blocks} "
+                                   f"({len(self._locked)} locked)")
+            got, reclaimed = [], []
+            for _ in range(n):
+                if self._free:
+                    got.append(self._free.pop())
+                else:
+                    chunk, _ = self._unlocked.popitem(last=False)
+                    reclaimed.append(self._key(chunk))
+                    got.append(chunk)
+            for chunk in got:
+                self._generation[chunk] = self._generation.get(chunk, -1) + 1
+                self._locked.add(chunk)
+        if reclaimed:
+            self._drop(reclaimed)
+            _count(reclaimed_blocks=len(reclaimed))
+        return got
+
+    def _drop(self, keys: list[int]) -> None:
+        """Unpins reclaimed contents and lets the pool evict them. Best effort: nothing reads
+        them again, and a restarted sidecar has dropped this connection's pins already."""
+        stored = self._stored(keys)
+        with contextlib.suppress(errors.TpuSyncError):
+            self._store.release(stored)
+        with contextlib.suppress(errors.TpuSyncError):
+            self._store.evict(stored)
+
+    def _give_back(self, chunks: list[int]) -> None:
+        """Chunks whose copy failed: free again, holding nothing."""
+        with self._lock:
+            for chunk in chunks:
+                self._locked.discard(chunk)
+                self._generation.pop(chunk, None)
+                self._free.append(chunk)
+
+    def _save(self, device_blocks: list[int], chunks: list[int]) -> None:
+        keys = [self._key(c) for c in chunks]
+        try:
+            pages.save_layer_pages(self._store, keys, self._runner.kv_caches, device_blocks)
+            self._store.pin(self._stored(keys))
+        except (errors.TpuSyncError, OSError) as e:
+            self._give_back(chunks)
+            _count(copy_errors=1)
+            raise RuntimeError(f"Async copy failed: saving {len(chunks)} blocks to tpusync's pool: {e}") from e
+        _count(d2h_blocks=len(chunks))
+
+    # -- upstream's calls ---------------------------------------------------------------------
+
+    def d2h_auto_allocate(self, src_offsets: Sequence[int],
+                          copy_sizes: Sequence[int] | None = None) -> tuple[list[int], CopyFuture]:
+        """Copies device blocks into newly allocated, locked host blocks: (their ids, in the
+        order of the device blocks, a done future). Raises when the pool has no room."""
+        blocks = _expand(src_offsets, copy_sizes)
+        chunks = self._allocate(len(blocks))
+        self._save(blocks, chunks)
+        return chunks, CopyFuture()
+
+    def d2h(self, src_offsets: Sequence[int], dst_offsets: Sequence[int],
+            copy_sizes: Sequence[int] | None = None) -> CopyFuture:
+        """Copies device blocks src into host blocks dst (which then hold them, locked)."""
+        blocks, chunks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
+        if len(blocks) != len(chunks):
+            raise ValueError(f"{len(blocks)} device blocks for {len(chunks)} host blocks")
+        bad = [c for c in chunks if not 0 <= c < self.host_blocks]
+        if bad:
+            raise ValueError(f"host blocks {bad} are outside the pool (0..{self.host_blocks - 1})")
+        old = []
+        with self._lock:
+            for c in chunks:
+                if c in self._generation:
+                    old.append(self._key(c))
+                if c in self._free:
+                    self._free.remove(c)
+                self._unlocked.pop(c, None)
+                self._generation[c] = self._generation.get(c, -1) + 1
+                self._locked.add(c)
+        if old:
+            self._drop(old)
+        self._save(blocks, chunks)
+        return CopyFuture()
+
+    def h2d(self, src_offsets: Sequence[int], dst_offsets: Sequence[int],
+            copy_sizes: Sequence[int] | None = None) -> CopyFuture:
+        """Copies host blocks src into device blocks dst of the runner's cache, before returning."""
+        chunks, blocks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
+        if len(blocks) != len(chunks):
+            raise ValueError(f"{len(chunks)} host blocks for {len(blocks)} device blocks")
+        with self._lock:
+            empty = [c for c in chunks if c not in self._generation]
+            keys = [self._key(c) for c in chunks if c in self._generation]
+        if empty:
+            raise RuntimeError(f"host blocks {empty} hold nothing (never copied to, or reclaimed)")
+        self._runner.kv_caches, loaded = pages.load_layer_pages(self._store, keys, self._runner.kv_caches, blocks)
+        _count(h2d_blocks=loaded)
+        if loaded < len(keys):
+            _count(copy_errors=1)
+            raise RuntimeError(f"Async copy failed: tpusync's pool lost host block {chunks[loaded]} "
+                               f"({loaded} of {len(keys)} copied)")
+        return CopyFuture()
+
+    def unlock_blocks(self, block_ids: Sequence[int]) -> None:
+        """Makes host blocks reclaimable (most recently unlocked last); unknown ids are ignored."""
+        with self._lock:
+            for c in block_ids:
+                if c in self._locked:
+                    self._locked.discard(c)
+                    self._unlocked[c] = None
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,204 @@
+"""tpusync.upstream: upstream TPU Sync's API at upstream's module paths, opt-in, never shadowing
+upstream; its KVCacheStore directory at upstream's semantics; its KVCacheManager host pool on a
+real sidecar with JAX arrays on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpusync.upstream.kv_cache_store import KVCacheStore, RaidenBlockID, RaidenId
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def run_python(code: str, env: dict[str, str] | None = None, path: str | None = None) -> subprocess.CompletedProcess:
+    """A fresh interpreter, so the import system starts without aliases."""
+    full = {k: v for k, v in os.environ.items() if k != "TPUSYNC_UPSTREAM_API"} | (env or {})
+    if path is not None:
+        full["PYTHONPATH"] = path
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
+                          cwd=REPO)
+
+
+# -- the aliases ------------------------------------------------------------------------------
+
+def test_nothing_is_aliased_without_the_opt_in():
+    r = run_python("""
+        from tpusync import upstream
+        assert not upstream.install_if_enabled()
+        try:
+            import tpu_raiden
+        except ImportError:
+            print("absent")
+    """)
+    assert r.stdout.strip() == "absent", r.stderr
+
+
+def test_the_opt_in_serves_upstreams_paths_from_tpusync():
+    r = run_python("""
+        from tpusync import upstream
+        assert upstream.install_if_enabled()
+        import tpu_raiden
+        import tpu_raiden.api.jax.kv_cache_manager as mgr
+        import tpu_raiden.api.jax.kv_cache_store as store
+        from tpu_raiden.api.common import BlockStatus
+        import tpusync.upstream.kv_cache_store as ours
+        assert store is ours and mgr.KVCacheManager is tpu_raiden.KVCacheManager
+        assert tpu_raiden.KVCacheStore is ours.KVCacheStore and tpu_raiden.RaidenId is ours.RaidenId
+        assert BlockStatus.HOST.value == 3
+        try:
+            import tpu_sync.api.jax.weight_synchronizer
+        except ImportError:
+            print("ok")
+    """, env={"TPUSYNC_UPSTREAM_API": "1"})
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_an_installed_upstream_is_never_shadowed(tmp_path):
+    (tmp_path / "tpu_raiden").mkdir()
+    (tmp_path / "tpu_raiden" / "__init__.py").write_text("REAL = True\n")
+    r = run_python("""
+        from tpusync import upstream
+        try:
+            upstream.install_if_enabled()
+        except upstream.UpstreamInstalled as e:
+            print("refused:", e)
+        import tpu_raiden
+        assert tpu_raiden.REAL and not upstream.installed()
+    """, env={"TPUSYNC_UPSTREAM_API": "1"}, path=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("refused: tpu_raiden (upstream TPU Sync) is installed"), r.stdout
+
+
+# -- KVCacheStore: upstream's directory --------------------------------------------------------
+
+def rid(chunk: int) -> RaidenId:
+    return RaidenId("tpu_inference", "0", "kv_cache", chunk)
+
+
+def test_lookup_stops_at_the_first_miss_without_pinning_or_refreshing():
+    s = KVCacheStore(capacity=3)
+    assert s.insert([b"a", b"b", b"c"], [rid(0), rid(1), rid(2)], on_host=True) == (True, [])
+    got = s.lookup([b"a", b"x", b"c"])
+    assert [(h, e.data_replica_idx) for h, e in got] == [(b"a", 0)]
+    assert isinstance(got[0][1], RaidenBlockID)
+    all_in, evicted = s.insert([b"d"], [rid(3)], on_host=True)  # a was looked up, yet stays oldest
+    assert all_in and [(h, e.data_replica_idx) for h, e in evicted] == [(b"a", 0)]
+
+
+def test_lookup_sees_at_most_capacity_minus_pinned():
+    s = KVCacheStore(capacity=3)
+    s.insert([b"a", b"b", b"c"], [rid(0), rid(1), rid(2)], on_host=True)
+    assert s.pin([b"c"])
+    assert [h for h, _ in s.lookup([b"a", b"b", b"c"])] == [b"a", b"b"]
+
+
+def test_pin_is_all_or_nothing_counted_and_release_ignores_strangers():
+    s = KVCacheStore(capacity=2)
+    s.insert([b"a", b"b"], [rid(0), rid(1)], on_host=True)
+    assert not s.pin([b"a", b"x"])  # nothing pinned: a is evicted first below
+    assert s.pin([b"b"]) and s.pin([b"b"])
+    s.release([b"b", b"x", b"never"])  # one of b's two pins; strangers ignored
+    _, evicted = s.insert([b"c"], [rid(2)], on_host=True)
+    assert [h for h, _ in evicted] == [b"a"]
+    _, evicted = s.insert([b"d"], [rid(3)], on_host=True)  # b still pinned: c goes
+    assert [h for h, _ in evicted] == [b"c"]
+    s.release([b"b"])
+    _, evicted = s.insert([b"e"], [rid(4)], on_host=True)  # b back at the recent end: d goes
+    assert [h for h, _ in evicted] == [b"d"]
+
+
+def test_insert_reports_present_hashes_and_upstreams_all_pinned_quirk():
+    s = KVCacheStore(capacity=1)
+    s.insert([b"a"], [rid(0)], on_host=True)
+    assert s.insert([b"a"], [rid(9)], on_host=True) == (False, [])
+    assert s.lookup([b"a"])[0][1].data_replica_idx == 0  # the first location stays
+    s.pin([b"a"])
+    assert s.insert([b"b"], [rid(1)], on_host=True) == (True, [])  # upstream: nothing inserted, still True
+    assert s.lookup([b"b"]) == []
+
+
+def test_the_controller_backed_store_is_refused():
+    with pytest.raises(NotImplementedError, match="controller-backed"):
+        KVCacheStore(capacity=4, num_shards=2)
+    assert RaidenId("j", "0", "d", 1) == RaidenId("j", "0", "d", 1) != RaidenId("j", "0", "d", 2)
+
+
+# -- KVCacheManager: the host pool on a sidecar -------------------------------------------------
+
+SHAPES = [(8, 4, 2, 1, 8), (8, 4, 2, 1, 8)]  # tpu-inference's per-layer layout, 8 device blocks
+
+
+class Runner:
+    def __init__(self, seed: int):
+        rng = np.random.default_rng(seed)
+        self.kv_caches = [jnp.asarray(rng.normal(size=s).astype(np.float32)) for s in SHAPES]
+
+
+def make_manager(control_socket: str, host_blocks: int):
+    from tpusync.upstream.kv_cache_manager import KVCacheManager
+
+    runner = Runner(1)  # the local named `runner` the constructor finds, as in tpu-inference
+    return runner, KVCacheManager(kv_caches=runner.kv_caches, local_control_port=0,
+                                  host_blocks_to_allocate=host_blocks, unsafe_skip_buffer_lock=True,
+                                  control_socket=control_socket)
+
+
+@pytest.fixture
+def sidecar_socket(tmp_path):
+    from tpusync import sidecar
+    from tpusync.sidecar import write_secret
+
+    write_secret(tmp_path / "secret", os.urandom(16).hex())
+    car = sidecar.launch(pool_path=str(tmp_path / "pool"), secret_file=str(tmp_path / "secret"),
+                         dram_bytes=1 << 20, block_bytes=4096, control_socket=str(tmp_path / "c.sock"))
+    try:
+        yield car.control_socket
+    finally:
+        car.kill()
+
+
+def test_blocks_go_to_the_sidecar_and_come_back_into_the_runners_cache(sidecar_socket):
+    runner, mgr = make_manager(sidecar_socket, 4)
+    saved = [np.asarray(layer)[[2, 5]] for layer in runner.kv_caches]
+    chunks, future = mgr.d2h_auto_allocate([2, 5])
+    future.Await()
+    assert chunks == [0, 1] and future.IsReady()
+    runner.kv_caches = [jnp.zeros_like(layer) for layer in runner.kv_caches]  # the device cache is reset
+    mgr.h2d(chunks, [6, 7])
+    for layer, want in zip(runner.kv_caches, saved):
+        assert np.array_equal(np.asarray(layer[6:8]), want)
+        assert not np.asarray(layer[:6]).any()
+    mgr.close()
+
+
+def test_a_full_pool_raises_and_unlocked_blocks_are_reclaimed_oldest_first(sidecar_socket):
+    runner, mgr = make_manager(sidecar_socket, 3)
+    first, _ = mgr.d2h_auto_allocate([0, 1, 2])
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        mgr.d2h_auto_allocate([3])
+    mgr.unlock_blocks([first[1], 99])  # an unknown id is ignored
+    mgr.unlock_blocks([first[0]])
+    assert mgr.d2h_auto_allocate([3])[0] == [first[1]]  # unlocked first, so reclaimed first
+    mgr.h2d([first[0]], [4])  # unlocked but not reclaimed: still readable
+    assert np.array_equal(np.asarray(runner.kv_caches[0][4]), np.asarray(runner.kv_caches[0][0]))
+    with pytest.raises(RuntimeError, match="hold nothing"):
+        mgr.h2d([7], [0])  # never written
+    mgr.close()
+
+
+def test_the_runner_is_required():
+    from tpusync.upstream.kv_cache_manager import KVCacheManager
+
+    caches = Runner(2).kv_caches
+    with pytest.raises(ValueError, match="needs the model runner"):
+        KVCacheManager(kv_caches=caches, local_control_port=0, host_blocks_to_allocate=4)
+    with pytest.raises(NotImplementedError, match="transfer mode"):
+        KVCacheManager(kv_caches=caches, local_control_port=9100, max_blocks=8, num_slots=2)
