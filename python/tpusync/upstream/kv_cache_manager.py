@@ -24,8 +24,8 @@ that runner in its caller's frame (checking that `runner.kv_caches` is the list 
 or takes it as `runner=`. Copies complete before the call returns (the offload connector drops
 h2d's future and expects the next forward to see the pages); the futures returned are done.
 
-Upstream's transfer mode (max_blocks/num_slots: the P/D connector's pull between engines) is
-not provided here: the constructor says so. tpusync's own connector does P/D for tpu-inference.
+Upstream's transfer mode (max_blocks, num_slots: the P/D connector's pulls between engines,
+`register_read`, `start_read`, `poll_stats`, `get_local_endpoints`) is tpusync.upstream.pd.
 """
 
 from __future__ import annotations
@@ -43,25 +43,12 @@ from typing import Any
 
 from tpusync import errors, pages, sidecar
 from tpusync.hashing import key_of
+from tpusync.upstream import pd
+from tpusync.upstream.counters import count
 
 __all__ = ["KVCacheManager"]
 
 _instances = itertools.count()
-_counters = {"d2h_blocks": 0, "h2d_blocks": 0, "reclaimed_blocks": 0, "copy_errors": 0, "pool_full": 0}
-_counters_lock = threading.Lock()
-
-
-def stats() -> dict[str, int]:
-    """Counters of every manager in this process: blocks copied each way and reclaimed, copies
-    that failed, and allocations refused because every host block was locked."""
-    with _counters_lock:
-        return dict(_counters)
-
-
-def _count(**kw: int) -> None:
-    with _counters_lock:
-        for k, v in kw.items():
-            _counters[k] += v
 
 
 class CopyFuture:
@@ -110,14 +97,9 @@ class KVCacheManager:
                  host_blocks_to_allocate: int | None = None, parallelism: int = 4, node_id: int = 0,
                  raiden_worker_port: int | None = None, raiden_controller_address: str | None = None,
                  worker_id: str | None = None, *, runner: Any = None, control_socket: str | None = None) -> None:
-        if host_blocks_to_allocate is None:
-            if max_blocks is None or num_slots is None:
-                raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
-            raise NotImplementedError(
-                "upstream's transfer mode of KVCacheManager (max_blocks, num_slots: pulls between engines) is not "
-                "provided by tpusync.upstream; for prefill/decode on tpu-inference use tpusync's connector "
-                "(kv_connector TPUConnector from tpusync.tpu_inference.connector)")
-        if host_blocks_to_allocate <= 0:
+        if host_blocks_to_allocate is None and (max_blocks is None or num_slots is None):
+            raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
+        if host_blocks_to_allocate is not None and host_blocks_to_allocate <= 0:
             raise ValueError(f"host_blocks_to_allocate must be positive, not {host_blocks_to_allocate}")
         self._runner = runner if runner is not None else _caller_runner(kv_caches, 2)
         if self._runner.kv_caches is not kv_caches and list(self._runner.kv_caches) != list(kv_caches):
@@ -128,6 +110,13 @@ class KVCacheManager:
             self._store.close()
             raise errors.InvalidArgumentError(f"a block of this cache is {nbytes} bytes per shard, the sidecar's "
                                               f"pool blocks hold {self._store.block_bytes}")
+        self._transfers: pd.Transfers | None = None
+        if host_blocks_to_allocate is None:
+            assert max_blocks is not None and num_slots is not None
+            self._transfers = pd.Transfers(self._runner, self._store, lambda: sidecar.connect(control_socket),
+                                           max_blocks=max_blocks, num_slots=num_slots, timeout_s=timeout_s)
+            self._port = local_control_port
+            return
         self._prefix = f"tpusync.upstream.KVCacheManager/{os.getpid()}/{next(_instances)}/{id(self):x}"
         self._lock = threading.Lock()
         self._free = list(range(host_blocks_to_allocate - 1, -1, -1))  # never used yet; pop() takes the lowest
@@ -136,7 +125,39 @@ class KVCacheManager:
         self._generation: dict[int, int] = {}                          # chunk -> generation of what it holds
         self.host_blocks = host_blocks_to_allocate
 
+    # -- the transfer mode ---------------------------------------------------------------------
+
+    def _pd(self) -> pd.Transfers:
+        if self._transfers is None:
+            raise RuntimeError("this KVCacheManager was built with host_blocks_to_allocate (the host pool); "
+                               "transfers need max_blocks and num_slots")
+        return self._transfers
+
+    def register_read(self, req_id: str, uuid: int, block_ids: list[int]) -> bool:
+        """Producer: offers the blocks to the consumer that pulls `uuid` (until timeout_s)."""
+        return self._pd().register_read(req_id, uuid, block_ids)
+
+    def start_read(self, req_id: str, uuid: int, remote_endpoint: str | list[dict[str, Any]],
+                   remote_block_ids: list[int], local_block_ids: list[int], parallelism: int = 1) -> None:
+        """Consumer: pulls the producer's blocks `remote_block_ids` into `local_block_ids`;
+        the outcome comes from poll_stats."""
+        self._pd().start_read(req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids)
+
+    def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
+        """(done_sending, done_recving, failed_recving) since the last call."""
+        return self._pd().poll_stats()
+
+    def get_local_endpoints(self) -> list[dict[str, Any]]:
+        """One endpoint: this pod's sidecar serves every shard of the host."""
+        shards = pages.layer_shard_count(self._runner.kv_caches)
+        return [{"endpoint": f"{_host_ip()}:{self._port}", "shards": list(range(shards))}]
+
     # -- the host pool ----------------------------------------------------------------------
+
+    def _need_pool(self) -> None:
+        if self._transfers is not None:
+            raise RuntimeError("this KVCacheManager was built for transfers (max_blocks, num_slots); the host "
+                               "pool needs host_blocks_to_allocate")
 
     def _key(self, chunk: int) -> int:
         """The pool key of what the chunk holds now (a new generation for each new content)."""
@@ -151,7 +172,7 @@ class KVCacheManager:
         contents dropped). Raises when fewer than n are free or unlocked."""
         with self._lock:
             if n > len(self._free) + len(self._unlocked):
-                _count(pool_full=1)
+                count(pool_full=1)
                 raise RuntimeError(f"RESOURCE_EXHAUSTED: {n} host blocks wanted, {len(self._free)} free and "
                                    f"{len(self._unlocked)} reclaimable of {self.host_blocks} "
                                    f"({len(self._locked)} locked)")
@@ -168,7 +189,7 @@ class KVCacheManager:
                 self._locked.add(chunk)
         if reclaimed:
             self._drop(reclaimed)
-            _count(reclaimed_blocks=len(reclaimed))
+            count(reclaimed_blocks=len(reclaimed))
         return got
 
     def _drop(self, keys: list[int]) -> None:
@@ -195,9 +216,9 @@ class KVCacheManager:
             self._store.pin(self._stored(keys))
         except (errors.TpuSyncError, OSError) as e:
             self._give_back(chunks)
-            _count(copy_errors=1)
+            count(copy_errors=1)
             raise RuntimeError(f"Async copy failed: saving {len(chunks)} blocks to tpusync's pool: {e}") from e
-        _count(d2h_blocks=len(chunks))
+        count(d2h_blocks=len(chunks))
 
     # -- upstream's calls ---------------------------------------------------------------------
 
@@ -205,6 +226,7 @@ class KVCacheManager:
                           copy_sizes: Sequence[int] | None = None) -> tuple[list[int], CopyFuture]:
         """Copies device blocks into newly allocated, locked host blocks: (their ids, in the
         order of the device blocks, a done future). Raises when the pool has no room."""
+        self._need_pool()
         blocks = _expand(src_offsets, copy_sizes)
         chunks = self._allocate(len(blocks))
         self._save(blocks, chunks)
@@ -213,6 +235,7 @@ class KVCacheManager:
     def d2h(self, src_offsets: Sequence[int], dst_offsets: Sequence[int],
             copy_sizes: Sequence[int] | None = None) -> CopyFuture:
         """Copies device blocks src into host blocks dst (which then hold them, locked)."""
+        self._need_pool()
         blocks, chunks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
         if len(blocks) != len(chunks):
             raise ValueError(f"{len(blocks)} device blocks for {len(chunks)} host blocks")
@@ -237,6 +260,7 @@ class KVCacheManager:
     def h2d(self, src_offsets: Sequence[int], dst_offsets: Sequence[int],
             copy_sizes: Sequence[int] | None = None) -> CopyFuture:
         """Copies host blocks src into device blocks dst of the runner's cache, before returning."""
+        self._need_pool()
         chunks, blocks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
         if len(blocks) != len(chunks):
             raise ValueError(f"{len(chunks)} host blocks for {len(blocks)} device blocks")
@@ -246,15 +270,16 @@ class KVCacheManager:
         if empty:
             raise RuntimeError(f"host blocks {empty} hold nothing (never copied to, or reclaimed)")
         self._runner.kv_caches, loaded = pages.load_layer_pages(self._store, keys, self._runner.kv_caches, blocks)
-        _count(h2d_blocks=loaded)
+        count(h2d_blocks=loaded)
         if loaded < len(keys):
-            _count(copy_errors=1)
+            count(copy_errors=1)
             raise RuntimeError(f"Async copy failed: tpusync's pool lost host block {chunks[loaded]} "
                                f"({loaded} of {len(keys)} copied)")
         return CopyFuture()
 
     def unlock_blocks(self, block_ids: Sequence[int]) -> None:
         """Makes host blocks reclaimable (most recently unlocked last); unknown ids are ignored."""
+        self._need_pool()
         with self._lock:
             for c in block_ids:
                 if c in self._locked:
@@ -262,4 +287,11 @@ class KVCacheManager:
                     self._unlocked[c] = None
 
     def close(self) -> None:
+        if self._transfers is not None:
+            self._transfers.close()
         self._store.close()
+
+
+def _host_ip() -> str:
+    """The address peers reach this pod at: $VLLM_HOST_IP, as tpu-inference advertises it."""
+    return os.environ.get("VLLM_HOST_IP") or "127.0.0.1"

@@ -200,5 +200,87 @@ def test_the_runner_is_required():
     caches = Runner(2).kv_caches
     with pytest.raises(ValueError, match="needs the model runner"):
         KVCacheManager(kv_caches=caches, local_control_port=0, host_blocks_to_allocate=4)
-    with pytest.raises(NotImplementedError, match="transfer mode"):
-        KVCacheManager(kv_caches=caches, local_control_port=9100, max_blocks=8, num_slots=2)
+    with pytest.raises(ValueError, match="Must specify either"):
+        KVCacheManager(kv_caches=caches, local_control_port=9100, max_blocks=8)
+
+
+# -- KVCacheManager: transfers between two sidecars ----------------------------------------------
+
+@pytest.fixture
+def two_sidecars(tmp_path):
+    from tpusync import sidecar
+    from tpusync.sidecar import write_secret
+
+    write_secret(tmp_path / "secret", os.urandom(16).hex())
+    cars = [sidecar.launch(pool_path=str(tmp_path / f"pool{i}"), secret_file=str(tmp_path / "secret"),
+                           dram_bytes=1 << 20, block_bytes=4096, control_socket=str(tmp_path / f"c{i}.sock"))
+            for i in range(2)]
+    try:
+        yield cars
+    finally:
+        for car in cars:
+            car.kill()
+
+
+def transfer_manager(car, seed: int, timeout_s: float = 30.0):
+    from tpusync.upstream.kv_cache_manager import KVCacheManager
+
+    runner = Runner(seed)
+    return runner, KVCacheManager(kv_caches=runner.kv_caches, local_control_port=int(car.address.rsplit(":", 1)[1]),
+                                  max_blocks=4, num_slots=2, timeout_s=timeout_s, control_socket=car.control_socket)
+
+
+def polled(mgr, want: str, timeout: float = 20.0) -> tuple[list[str], list[str], list[str]]:
+    """poll_stats, called as an engine calls it each step, until `want` is reported."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    seen: tuple[list[str], list[str], list[str]] = ([], [], [])
+    while time.monotonic() < deadline:
+        out = mgr.poll_stats()
+        seen = tuple(a + b for a, b in zip(seen, out))  # type: ignore[assignment]
+        if any(want in part for part in out):
+            return seen
+    raise AssertionError(f"{want} never reported; saw {seen}")
+
+
+def test_a_pull_lands_the_producers_blocks_and_frees_them_on_the_ack(two_sidecars):
+    p_car, d_car = two_sidecars
+    p_runner, p = transfer_manager(p_car, 1)
+    d_runner, d = transfer_manager(d_car, 2)
+    # The consumer asks first: its pull waits for the registration, as upstream's does.
+    d.start_read(req_id="r1", uuid=7, remote_endpoint=p_car.address, remote_block_ids=[1, 3], local_block_ids=[5, 6])
+    assert p.register_read("r1", 7, [1, 3])
+    assert polled(d, "r1")[1] == ["r1"]
+    for got, src in zip(d_runner.kv_caches, p_runner.kv_caches):
+        assert np.array_equal(np.asarray(got)[[5, 6]], np.asarray(src)[[1, 3]])
+    assert polled(p, "r1")[0] == ["r1"]  # acknowledged: done_sending
+    assert not p.register_read("r2", 8, [])  # nothing to offer
+    p.close()
+    d.close()
+
+
+def test_failed_pulls_are_reported_and_unacknowledged_sends_expire(two_sidecars):
+    import socket
+
+    p_car, d_car = two_sidecars
+    _, p = transfer_manager(p_car, 1, timeout_s=0.5)
+    _, d = transfer_manager(d_car, 2, timeout_s=0.5)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    d.start_read(req_id="dead", uuid=1, remote_endpoint=dead, remote_block_ids=[1], local_block_ids=[1])
+    d.start_read(req_id="never", uuid=2, remote_endpoint=p_car.address, remote_block_ids=[1], local_block_ids=[1])
+    d.start_read(req_id="uneven", uuid=3, remote_endpoint=p_car.address, remote_block_ids=[1, 2],
+                 local_block_ids=[1])
+    d.start_read(req_id="big", uuid=4, remote_endpoint=p_car.address, remote_block_ids=list(range(5)),
+                 local_block_ids=list(range(5)))  # more than max_blocks
+    d.start_read(req_id="empty", uuid=5, remote_endpoint=p_car.address, remote_block_ids=[], local_block_ids=[])
+    seen = polled(d, "never")  # the last to fail: it waits out its timeout
+    assert set(seen[2]) >= {"dead", "never", "uneven", "big"} and "empty" in seen[1]
+    with pytest.raises(RuntimeError, match="str or list"):
+        d.start_read(req_id="x", uuid=6, remote_endpoint=42, remote_block_ids=[1], local_block_ids=[1])
+    assert p.register_read("lonely", 9, [2])
+    assert polled(p, "lonely")[0] == ["lonely"]  # nobody pulled it: done_sending at the deadline
+    p.close()
+    d.close()

@@ -1,0 +1,78 @@
+"""tpu-inference's own Raiden P/D connector (tpu_inference/distributed/tpu_raiden_connector.py,
+TPUConnector, as shipped in 0.32.0), unmodified, on tpusync: both engines run with
+TPUSYNC_UPSTREAM_API=1, so its `tpu_raiden.api.jax.kv_cache_manager` import resolves to
+tpusync.upstream, and TPU_KV_TRANSFER_PORT (the port the prefill engine advertises) is its
+sidecar's data port. The decode engine pulls the prompt's blocks from the prefill pod's
+sidecar into its own and gives the tokens HF transformers gives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+from harness import EngineSpec, delta, prompt
+
+from tpusync.sidecar import write_secret
+
+MODULE = "tpu_inference.distributed.tpu_raiden_connector"
+
+
+@pytest.fixture(scope="module")
+def pd(model_dir, tmp_path_factory):
+    """Sidecars p and d; a prefill engine (kv_producer) on p and a decode engine (kv_consumer) on d."""
+    from tinymodel import BLOCK_BYTES
+    from tpu_harness import TpuEngine
+
+    from tpusync import sidecar
+
+    work = tmp_path_factory.mktemp("upstream-pd")
+    write_secret(work / "secret", os.urandom(16).hex())
+    cars, engines, pools = {}, {}, []
+    try:
+        for name in ("p", "d"):
+            pools.append(f"/dev/shm/tpusync-upstream-pd-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
+            cars[name] = sidecar.launch(pool_path=pools[-1], secret_file=str(work / "secret"), dram_bytes=16 << 20,
+                                        block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
+                                        stderr=subprocess.DEVNULL)
+        for name, role in (("p", "kv_producer"), ("d", "kv_consumer")):
+            kv = {"kv_connector": "TPUConnector", "kv_connector_module_path": MODULE, "kv_role": role}
+            engines[name] = TpuEngine(f"upstream-{role}", EngineSpec(str(model_dir), work, kv), env={
+                "TPUSYNC_UPSTREAM_API": "1", "TPUSYNC_CONTROL_SOCKET": cars[name].control_socket,
+                "TPU_KV_TRANSFER_PORT": cars[name].address.rsplit(":", 1)[1], "VLLM_HOST_IP": "127.0.0.1",
+                "TPU_P2P_WAIT_PULL_TIMEOUT": "30"})
+        for e in engines.values():
+            e.wait_ready()
+        yield engines, cars
+    finally:
+        for e in engines.values():
+            e.stop()
+        for car in cars.values():
+            car.kill()
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)
+
+
+def prefill(engines, p: list[int]) -> dict:
+    params = engines["p"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    assert params["remote_block_ids"] and params["remote_host"] == "127.0.0.1"
+    return params
+
+
+def test_decode_pulls_the_prefill_pods_blocks_through_the_sidecars(pd, reference):
+    engines, _ = pd
+    p = prompt(61, 200)  # 6 full blocks pulled, 8 tokens computed on the decode engine
+    params = prefill(engines, p)
+    assert len(params["remote_block_ids"]) == 6
+    assert engines["p"].stats()["upstream_registered_blocks"] == 6
+    before = engines["d"].stats()
+    assert engines["d"].generate(p, max_tokens=16, kv_transfer_params=params)["token_ids"] == reference(p)
+    d = delta(engines["d"].stats(), before)
+    assert d["upstream_pulled_blocks"] == 6 and d["upstream_failed_pulls"] == 0
+    q = prompt(62, 100)  # the prefill engine's next step sees the ack and lets the blocks go
+    engines["p"].generate(q, max_tokens=1)
+    assert engines["p"].stats()["upstream_acked_sends"] == 1
