@@ -8,6 +8,7 @@ resolve to the modules of this package, so the consumers run unmodified on a tpu
     tpu_raiden.api.common                   BlockStatus
     tpu_raiden.api.jax.kv_cache_manager     KVCacheManager    (tpusync.upstream.kv_cache_manager)
     tpu_raiden.api.jax.kv_cache_store       KVCacheStore, RaidenId, RaidenBlockID, BlockStatus
+    tpu_sync.api.jax.weight_synchronizer    WeightSynchronizer (tpusync.upstream.weight_synchronizer)
 
 Nothing is aliased unless asked: set TPUSYNC_UPSTREAM_API=1 in the engine's environment (vLLM
 then installs the aliases in each of its processes through tpusync's general plugin), or call
@@ -27,7 +28,7 @@ import types
 from typing import Any
 
 ENV = "TPUSYNC_UPSTREAM_API"
-ROOTS = ("tpu_raiden",)
+ROOTS = ("tpu_raiden", "tpu_sync")
 # Upstream's module path -> the tpusync module that provides it (None: a package of the path).
 MODULES: dict[str, str | None] = {
     "tpu_raiden": "tpusync.upstream.raiden",
@@ -36,6 +37,10 @@ MODULES: dict[str, str | None] = {
     "tpu_raiden.api.jax": None,
     "tpu_raiden.api.jax.kv_cache_manager": "tpusync.upstream.kv_cache_manager",
     "tpu_raiden.api.jax.kv_cache_store": "tpusync.upstream.kv_cache_store",
+    "tpu_sync": None,
+    "tpu_sync.api": None,
+    "tpu_sync.api.jax": None,
+    "tpu_sync.api.jax.weight_synchronizer": "tpusync.upstream.weight_synchronizer",
 }
 
 

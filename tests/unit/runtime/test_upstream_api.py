@@ -53,8 +53,11 @@ def test_the_opt_in_serves_upstreams_paths_from_tpusync():
         assert store is ours and mgr.KVCacheManager is tpu_raiden.KVCacheManager
         assert tpu_raiden.KVCacheStore is ours.KVCacheStore and tpu_raiden.RaidenId is ours.RaidenId
         assert BlockStatus.HOST.value == 3
-        try:
-            import tpu_sync.api.jax.weight_synchronizer
+        from tpu_sync.api.jax import weight_synchronizer
+        import tpusync.upstream.weight_synchronizer as ws
+        assert weight_synchronizer is ws
+        try:  # tpu_inference's __init__ tries these and passes on ImportError only
+            __import__("tpu_sync.frameworks.jax._tpu_raiden_jax")
         except ImportError:
             print("ok")
     """, env={"TPUSYNC_UPSTREAM_API": "1"})
@@ -284,3 +287,39 @@ def test_failed_pulls_are_reported_and_unacknowledged_sends_expire(two_sidecars)
     assert polled(p, "lonely")[0] == ["lonely"]  # nobody pulled it: done_sending at the deadline
     p.close()
     d.close()
+
+
+# -- WeightSynchronizer: versions written into the bound arrays in place --------------------------
+
+def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
+    import jax
+
+    from tpusync import sidecar
+    from tpusync.upstream.weight_synchronizer import WeightSynchronizer
+    from tpusync.weights import WeightSynchronizer as Trainer
+
+    rng = np.random.default_rng(3)
+    live = [jnp.zeros((16, 8), jnp.float32), jnp.zeros((8,), jnp.bfloat16)]
+    total = jax.jit(lambda xs: sum(jnp.sum(x.astype(jnp.float32)) for x in xs))
+    assert float(total(live)) == 0.0
+    sync = WeightSynchronizer(live, local_port=0, listener_port=0, auto_h2d=True, control_socket=sidecar_socket)
+    assert sync.num_shards == 1 and sync.num_layers == 2 and not sync.listener_port
+    with pytest.raises(RuntimeError, match="no version of 'rollout'"):
+        sync.h2d()
+    versions = [[rng.normal(size=(16, 8)).astype(np.float32), np.asarray(rng.normal(size=8), jnp.bfloat16)]
+                for _ in range(2)]
+    with Trainer(sidecar.connect(sidecar_socket), "rollout") as trainer:
+        trainer.publish(versions[0], 1)
+        sync.h2d()
+        for arr, want in zip(live, versions[0]):  # the same objects now hold version 1
+            assert np.array_equal(np.asarray(arr), want)
+        assert float(total(live)) == pytest.approx(sum(float(w.astype(np.float32).sum()) for w in versions[0]),
+                                                   rel=1e-5)
+        trainer.publish(versions[1], 2)
+    sync.wait_for_transfer_completion(2, timeout=10)
+    assert np.array_equal(np.asarray(live[0]), versions[1][0])
+    assert sync.get_metrics()["version"] == 2 and sync.get_metrics()["h2d_call_count"] == 2
+    with pytest.raises(RuntimeError, match="Bind weights failed"):
+        sync.bind_weights(live[:1])
+    sync.bind_weights([jnp.zeros((16, 8), jnp.float32), jnp.zeros((8,), jnp.bfloat16)])  # same layout: fine
+    sync.close()

@@ -11,7 +11,9 @@ tpu-inference's KV cache layout so that KV connectors see what they would see on
   name (`TpuPlatform.get_device_name`, through tpu_info);
 - the XLA TPU compiler options (`xla_tpu_*` flags the CPU compiler rejects): none;
 - the ragged paged-attention Pallas kernels (`attention.py`: plain JAX, same cache layout);
-- the Pallas multi-layer KV copy used by tpu-inference's connectors (`copy.py`).
+- the Pallas multi-layer KV copy used by tpu-inference's connectors (`copy.py`);
+- which weights the RL sampler binds (`rl.raiden_worker_sync._bindable` keeps arrays on TPU
+  devices only): arrays on CPU devices too, by the same rules otherwise.
 
 It is pinned to the exact tpu-inference release it patches and fails loudly when the version
 differs or a patched symbol is missing, rather than letting an engine run half-patched. It
@@ -99,5 +101,12 @@ def register() -> None:
     # The Pallas multi-layer KV copy (tpu-inference's TPUConnector imports it by name).
     _patch("tpu_inference.distributed.kv_transfer", "multi_layer_copy", copy.multi_layer_copy)
     _patch("tpu_inference.distributed.tpu_connector", "multi_layer_copy", copy.multi_layer_copy)
+    # The RL sampler's weight binding. Its module imports upstream TPU Sync's weight synchronizer
+    # at import time: tpusync's aliases for it (TPUSYNC_UPSTREAM_API=1) must be in place first,
+    # whichever plugin vLLM loads first.
+    from tpusync import upstream
+
+    upstream.install_if_enabled()
+    _patch("tpu_inference.rl.raiden_worker_sync", "_bindable", device.bindable)
     log.warning("tpusync_cpu_shim: tpu-inference %s runs on the JAX CPU backend (%d points replaced)",
                 TPU_INFERENCE_VERSION, len(PATCHED))

@@ -30,3 +30,15 @@ def get_device_hbm_limit() -> int:
 def get_device_name(cls, device_id: int = 0) -> str:
     """Stands in for `TpuPlatform.get_device_name`, which asks tpu_info for the local TPU chips."""
     return f"CPU ({jax.devices()[device_id].device_kind}) via tpusync_cpu_shim"
+
+
+def bindable(arr) -> bool:
+    """Stands in for `tpu_inference.rl.raiden_worker_sync._bindable`, which binds floating-point
+    arrays of rank >= 1 on TPU devices only: the same, on CPU devices."""
+    import jax.numpy as jnp
+
+    try:
+        return (arr.ndim >= 1 and bool(jnp.issubdtype(arr.dtype, jnp.floating)) and bool(arr.devices())
+                and all(d.platform in ("tpu", "cpu") for d in arr.devices()))
+    except Exception:  # noqa: BLE001 - upstream's answer for anything it cannot inspect
+        return False
