@@ -441,13 +441,16 @@ class RoleSpec(Model):
 
 
 class KVTransfer(Model):
-    connector: Literal["tpusync", "tpu-inference", "sglang-jax"] = Field(
+    connector: Literal["tpusync", "tpu-inference", "tpu-sync-compatible", "sglang-jax"] = Field(
         "tpusync", description="tpusync: tpusync's data path (the reference engine's; for vllm-tpu, tpusync's "
                                "connector for tpu-inference: P/D and the DRAM/disk prefix tiers through the "
                                "pool's sidecars; tensor parallelism 1 only for now: on a sharded engine it turns "
                                "itself off and "
                                "decode recomputes). tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
                                "P/D only, with the fix vLLM 0.32 needs for correct decode tokens). "
+                               "tpu-sync-compatible: tpu_inference's own connector for upstream TPU Sync "
+                               "(tpu_raiden_connector, P/D) running on tpusync's sidecars through tpusync.upstream "
+                               "(vllm-tpu only; docs/migrating.md). "
                                "sglang-jax: sglang-jax's own P/D (a bootstrap registry per serving, "
                                "jax.experimental.transfer); required by, and only for, engine sglang-jax.")
     layerwise: bool = Field(True, description="Reference engine: send KV layer by layer while prefill runs. "
@@ -520,6 +523,8 @@ class DisaggregatedServingSpec(Model):
          "spec.prefill.replicas + spec.decode.replicas must be at least 1"),
         ("self.kvTransfer.connector != 'tpu-inference' || self.engine.type == 'vllm-tpu'",
          "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu"),
+        ("self.kvTransfer.connector != 'tpu-sync-compatible' || self.engine.type == 'vllm-tpu'",
+         "spec.kvTransfer.connector tpu-sync-compatible needs spec.engine.type vllm-tpu"),
         ("(self.kvTransfer.connector == 'sglang-jax') == (self.engine.type == 'sglang-jax')",
          "spec.kvTransfer.connector: sglang-jax is required by spec.engine.type sglang-jax (it transfers KV "
          "with its own P/D) and valid only with it"),

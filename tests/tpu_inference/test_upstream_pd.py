@@ -1,9 +1,11 @@
 """tpu-inference's own Raiden P/D connector (tpu_inference/distributed/tpu_raiden_connector.py,
-TPUConnector, as shipped in 0.32.0), unmodified, on tpusync: both engines run with
-TPUSYNC_UPSTREAM_API=1, so its `tpu_raiden.api.jax.kv_cache_manager` import resolves to
-tpusync.upstream, and TPU_KV_TRANSFER_PORT (the port the prefill engine advertises) is its
-sidecar's data port. The decode engine pulls the prompt's blocks from the prefill pod's
-sidecar into its own and gives the tokens HF transformers gives.
+TPUConnector, as shipped in 0.32.0), unmodified, on tpusync, configured as the operator renders
+connector tpu-sync-compatible: the --kv-transfer-config (which vLLM's own parser takes when the
+engines start) and the environment: TPUSYNC_UPSTREAM_API=1, so the connector's
+`tpu_raiden.api.jax.kv_cache_manager` import resolves to tpusync.upstream, and
+TPU_KV_TRANSFER_PORT (the port the prefill engine advertises) is its sidecar's data port. The
+decode engine pulls the prompt's blocks from the prefill pod's sidecar into its own and gives
+the tokens HF transformers gives.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 def pd(model_dir, tmp_path_factory):
     """Sidecars p and d; a prefill engine (kv_producer) on p and a decode engine (kv_consumer) on d."""
     from tinymodel import BLOCK_BYTES
-    from tpu_harness import TpuEngine
+    from tpu_harness import TpuEngine, rendered_kv_transfer_config
 
     from tpusync import sidecar
+    from tpusync_operator.builders.engine import upstream_api_env
 
     work = tmp_path_factory.mktemp("upstream-pd")
     write_secret(work / "secret", os.urandom(16).hex())
@@ -37,12 +40,13 @@ def pd(model_dir, tmp_path_factory):
             cars[name] = sidecar.launch(pool_path=pools[-1], secret_file=str(work / "secret"), dram_bytes=16 << 20,
                                         block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
                                         stderr=subprocess.DEVNULL)
-        for name, role in (("p", "kv_producer"), ("d", "kv_consumer")):
-            kv = {"kv_connector": "TPUConnector", "kv_connector_module_path": MODULE, "kv_role": role}
-            engines[name] = TpuEngine(f"upstream-{role}", EngineSpec(str(model_dir), work, kv), env={
-                "TPUSYNC_UPSTREAM_API": "1", "TPUSYNC_CONTROL_SOCKET": cars[name].control_socket,
-                "TPU_KV_TRANSFER_PORT": cars[name].address.rsplit(":", 1)[1], "VLLM_HOST_IP": "127.0.0.1",
-                "TPU_P2P_WAIT_PULL_TIMEOUT": "30"})
+        for name, role in (("p", "prefill"), ("d", "decode")):
+            kv = rendered_kv_transfer_config("tpu-sync-compatible", role, data_address=cars[name].address)
+            assert kv["kv_connector_module_path"] == MODULE
+            port = int(cars[name].address.rsplit(":", 1)[1])
+            env = {e["name"]: e["value"].replace("$(POD_IP)", "127.0.0.1") for e in upstream_api_env(port)}
+            engines[name] = TpuEngine(f"upstream-{role}", EngineSpec(str(model_dir), work, kv), env=env | {
+                "TPUSYNC_CONTROL_SOCKET": cars[name].control_socket, "TPU_P2P_WAIT_PULL_TIMEOUT": "30"})
         for e in engines.values():
             e.wait_ready()
         yield engines, cars

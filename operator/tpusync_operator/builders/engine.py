@@ -38,6 +38,12 @@ VLLM_RELAYED_KV_EVENTS = "inproc://tpusync-vllm-kv-events"
 # side-channel ports.
 TPU_INFERENCE_CONNECTOR_MODULE = "tpusync.tpu_inference.upstream_fix"
 TPU_INFERENCE_PORTS = {"tpu-kv": 9100, "tpu-kv-side": 9600}
+# connector tpu-sync-compatible: tpu_inference's own connector for upstream TPU Sync (0.32.0
+# tpu_inference/distributed/tpu_raiden_connector.py, class TPUConnector), whose
+# tpu_raiden.api.jax.kv_cache_manager import tpusync serves (python/tpusync/upstream) when
+# TPUSYNC_UPSTREAM_API=1. The decode side dials the prefill pod at VLLM_HOST_IP and
+# TPU_KV_TRANSFER_PORT (tpu_inference/distributed/utils.py), which is the sidecar's data port.
+TPU_SYNC_COMPATIBLE_MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 
 # Engine pod volumes (spec.storage): weights and the XLA/JAX compile cache.
 WEIGHTS_DIR = "/models"
@@ -146,6 +152,8 @@ def kv_transfer_config(spec: DisaggregatedServingSpec, role: str, data_port: int
           "kv_load_failure_policy": "recompute"}
     if spec.kv_transfer.connector == "tpu-inference":
         return kv | {"kv_connector_module_path": TPU_INFERENCE_CONNECTOR_MODULE}
+    if spec.kv_transfer.connector == "tpu-sync-compatible":
+        return kv | {"kv_connector_module_path": TPU_SYNC_COMPATIBLE_MODULE}
     return kv | {"kv_connector_module_path": TPUSYNC_CONNECTOR_MODULE,
                  "kv_connector_extra_config": {"control_socket": CONTROL_SOCKET,
                                                "data_address": f"$(POD_IP):{data_port}",
@@ -228,7 +236,15 @@ def proxy_kv_connector(spec: DisaggregatedServingSpec) -> str:
     return spec.routing.proxy_kv_connector or ("sglang" if spec.engine.type == "sglang-jax" else "nixlv2")
 
 
-def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *,
+def upstream_api_env(data_port: int) -> list[dict[str, Any]]:
+    """The environment of a vllm-tpu engine on connector tpu-sync-compatible (tpu_inference's own
+    upstream-TPU-Sync connector, served by tpusync.upstream)."""
+    return [{"name": "TPUSYNC_UPSTREAM_API", "value": "1"},
+            {"name": "TPU_KV_TRANSFER_PORT", "value": str(data_port)},
+            {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]
+
+
+def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, data_port: int,
                multi_host: MultiHost = None) -> list[dict[str, Any]]:
     env = env_from_fields() + [
         {"name": "TPUSYNC_ROLE", "value": role},
@@ -249,5 +265,7 @@ def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *,
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
     if spec.engine.type == "sglang-jax":
         env.append(sglang_pd.secret_env(owner))
+    if spec.kv_transfer.connector == "tpu-sync-compatible":
+        env += upstream_api_env(data_port)
     env += [{"name": e.name, "value": verbatim(e.value)} for e in spec.engine.env or []]
     return env

@@ -170,7 +170,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         labels[LLMD_ROLE_LABEL] = role
         labels[LLMD_SERVING_LABEL] = "true"
     tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
-    env = engine_env(owner, spec, role, multi_host=multi_host)
+    env = engine_env(owner, spec, role, data_port=pool.spec.sidecar.data_port, multi_host=multi_host)
     if plan.kind == "LeaderWorkerSet":
         env.append({"name": "TPUSYNC_WORKER_INDEX",
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_WORKER_INDEX}']"}}})

@@ -270,6 +270,23 @@ def test_vllm_tpu_inference_connector():
     assert {p["name"]: p["containerPort"] for p in c["ports"]}.items() >= {"tpu-kv": 9100, "tpu-kv-side": 9600}.items()
 
 
+def test_vllm_tpu_sync_compatible_connector():
+    """connector tpu-sync-compatible: tpu_inference's own upstream-TPU-Sync connector, served by
+    tpusync.upstream (tests/tpu_inference/test_upstream_pd.py runs real engines on this config):
+    the opt-in, and the sidecar's data port as the port the prefill pod advertises, at the pod IP."""
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-sync-compatible"})
+    c = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "TPUConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
+                  "kv_connector_module_path": "tpu_inference.distributed.tpu_raiden_connector"}
+    env = [e["name"] for e in c["env"]]
+    values = {e["name"]: e.get("value") for e in c["env"]}
+    assert values["TPUSYNC_UPSTREAM_API"] == "1" and values["VLLM_HOST_IP"] == "$(POD_IP)"
+    assert env.index("POD_IP") < env.index("VLLM_HOST_IP")  # the kubelet expands references to earlier entries
+    assert values["TPU_KV_TRANSFER_PORT"] == str(pool_info(pool.build()).spec.sidecar.data_port)
+
+
 def test_sglang_jax_runs_its_own_pd_against_the_servings_bootstrap():
     """sglang-jax's contract (sglang_pd.py): mode and bootstrap URL per role, transfer and side
     ports published on the pod IP, page size >= 128, no radix cache, the shared secret from

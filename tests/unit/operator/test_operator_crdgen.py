@@ -70,7 +70,8 @@ def test_serving_enums_and_defaults():
     routing = spec["routing"]["properties"]
     assert routing["pdThresholdTokens"]["default"] == 16
     assert routing["scorerWeights"]["properties"]["prefixCache"]["default"] == 2.0
-    assert spec["kvTransfer"]["properties"]["connector"]["enum"] == ["tpusync", "tpu-inference", "sglang-jax"]
+    assert spec["kvTransfer"]["properties"]["connector"]["enum"] == ["tpusync", "tpu-inference", "tpu-sync-compatible",
+                                                                    "sglang-jax"]
 
 
 @pytest.mark.parametrize("kind", ["TPUSyncPool", "DisaggregatedServing"])

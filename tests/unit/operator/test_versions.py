@@ -36,6 +36,7 @@ def pool_info(body):
 ENGINES = [({"type": "reference"}, {"connector": "tpusync"}),
            ({"type": "vllm-tpu"}, {"connector": "tpusync"}),
            ({"type": "vllm-tpu"}, {"connector": "tpu-inference"}),
+           ({"type": "vllm-tpu"}, {"connector": "tpu-sync-compatible"}),
            ({"type": "sglang-jax", "image": "registry.example/sgl:main"}, {"connector": "sglang-jax"})]
 ROUTING = [{"enabled": True, "precisePrefixCache": True}, {"enabled": True, "precisePrefixCache": False},
            {"enabled": False}]
