@@ -181,12 +181,13 @@ def test_invalid_serving_rejected(cluster, tpusync_crds, namespace, path, value,
     assert message in res.stderr, res.stderr
 
 
-def test_tpu_inference_connector_needs_vllm_tpu(cluster, tpusync_crds, namespace):
-    obj = variant(SERVING, "spec.kvTransfer", {"connector": "tpu-inference"})
+@pytest.mark.parametrize("connector", ["tpu-inference", "tpu-sync-compatible"])
+def test_tpu_inference_connectors_need_vllm_tpu(cluster, tpusync_crds, namespace, connector):
+    obj = variant(SERVING, "spec.kvTransfer", {"connector": connector})
     assert server_dry_run(cluster, namespace, obj).returncode == 0          # vllm-tpu, the default engine
     res = server_dry_run(cluster, namespace, variant(obj, "spec.engine", {"type": "reference"}))
     assert res.returncode != 0
-    assert "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu" in res.stderr, res.stderr
+    assert f"spec.kvTransfer.connector {connector} needs spec.engine.type vllm-tpu" in res.stderr, res.stderr
 
 
 def test_sglang_jax_needs_its_own_pd_an_image_and_no_precise_routing(cluster, tpusync_crds, namespace):
