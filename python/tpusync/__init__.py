@@ -1,5 +1,6 @@
 """tpusync: move KV-cache blocks and weights between accelerators, host DRAM, disk and hosts."""
 
+import importlib
 from typing import Any
 
 from tpusync import errors
@@ -23,7 +24,9 @@ __all__ = [
     "KVStore",
     "LookupResult",
     "NotFoundError",
+    "PageMover",
     "PreconditionError",
+    "PrefixStore",
     "StorageIOError",
     "Tier",
     "TpuSyncError",
@@ -37,7 +40,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     # The JAX-facing API loads JAX only when asked for: the block store needs numpy alone.
-    if name in ("KVCacheManager", "KVCacheStore", "TransferStatus"):
+    if name in ("KVCacheManager", "KVCacheStore"):  # upstream TPU Sync's names: its semantics
+        upstream_module = "kv_cache_manager" if name == "KVCacheManager" else "kv_cache_store"
+        return getattr(importlib.import_module(f"tpusync.upstream.{upstream_module}"), name)
+    if name in ("PageMover", "PrefixStore", "TransferStatus"):
         from tpusync import kv_cache
 
         return getattr(kv_cache, name)

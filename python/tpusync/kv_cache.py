@@ -1,10 +1,14 @@
-"""KVCacheStore and KVCacheManager: the upstream TPU Sync surface over tpusync stores.
+"""PrefixStore and PageMover: tpusync's own engine-facing KV-cache API over tpusync stores.
+
+Upstream TPU Sync's KVCacheStore and KVCacheManager (the names `tpusync.KVCacheStore` and
+`tpusync.KVCacheManager` stand for) are tpusync.upstream's, with upstream's signatures; these
+two are tpusync's, keyed by 128-bit block hashes (docs/migrating.md compares them).
 
 Who calls what:
-- A serving engine's scheduler calls `KVCacheStore.lookup(hashes, pin_found=True)` when a
+- A serving engine's scheduler calls `PrefixStore.lookup(hashes, pin_found=True)` when a
   request arrives, to learn how much of its prefix is cached; pins keep those blocks until a
   `load` consumes them (or `release` drops them).
-- Its worker calls `KVCacheManager.h2d` / `d2h` to move pages between the device KV cache and
+- Its worker calls `PageMover.h2d` / `d2h` to move pages between the device KV cache and
   the host pool, and `register_read` + `start_read` to fetch blocks from a peer for a request;
   `poll_stats` reports finished requests each step.
 Nothing here blocks the caller: every transfer runs on a worker thread and returns a handle
@@ -43,7 +47,7 @@ def _status(handle: Future[Any]) -> TransferStatus:
     return TransferStatus.FAILED if handle.exception() is not None else TransferStatus.DONE
 
 
-class KVCacheStore:
+class PrefixStore:
     """Host KV-cache blocks by hash: lookup with pins, save/load with polled status, remote reads."""
 
     def __init__(self, store: KVStore, *, workers: int = 2) -> None:
@@ -141,7 +145,7 @@ class Stats:
     failed_recving: set[str] = field(default_factory=set)
 
 
-class KVCacheManager:
+class PageMover:
     """Moves pages of a device KV cache (k, v: [layers, pages, page_size, kv_heads, head_dim])
     between the device and the host pool, and pulls blocks from peers for requests.
 
@@ -255,5 +259,5 @@ class KVCacheManager:
 
 
 def host_blocks(n: int, block_bytes: int) -> list[np.ndarray]:
-    """Page-aligned host buffers for `n` blocks (for KVCacheStore.load)."""
+    """Page-aligned host buffers for `n` blocks (for PrefixStore.load)."""
     return [np.empty(block_bytes, np.uint8) for _ in range(n)]

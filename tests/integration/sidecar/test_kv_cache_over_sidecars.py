@@ -1,4 +1,4 @@
-"""KVCacheStore / KVCacheManager over real sidecars: save with a push to a peer, remote
+"""PrefixStore / PageMover over real sidecars: save with a push to a peer, remote
 reads, and a registered read that pulls from a peer into device pages."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 import tpusync
 from tpusync import TransferStatus
-from tpusync.kv_cache import KVCacheManager, KVCacheStore
+from tpusync.kv_cache import PageMover, PrefixStore
 from tpusync.pages import save_pages
 
 from .conftest import BLOCK
@@ -24,13 +24,13 @@ def engine(s) -> tpusync.KVStore:
 def test_save_pushes_to_a_peer_and_read_remote_pulls_back(launch):
     a, b, c = launch("a"), launch("b"), launch("c")
     data = [np.full(BLOCK, i, np.uint8) for i in range(4)]
-    kvs_a = KVCacheStore(engine(a))
+    kvs_a = PrefixStore(engine(a))
     h = kvs_a.save([1, 2, 3, 4], data, dst=b.address)           # stored on A, then pushed to B
     h.result(30)
     assert kvs_a.poll_save_status(h) is TransferStatus.DONE
     assert engine(a).lookup([1, 2, 3, 4]).prefix_len == 4
     assert engine(b).lookup([1, 2, 3, 4]).prefix_len == 4
-    kvs_c = KVCacheStore(engine(c))
+    kvs_c = PrefixStore(engine(c))
     r = kvs_c.read_remote(b.address, [1, 2, 3, 4])
     assert r.result(30) == [True] * 4
     out = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
@@ -50,7 +50,7 @@ def test_registered_read_lands_in_device_pages(launch):
     k = jnp.arange(np.prod(SHAPE), dtype=jnp.float32).reshape(SHAPE)
     v = -k
     save_pages(engine(prefill), [21, 22, 23], k, v, [0, 1, 2])   # the prefill host's pages
-    m = KVCacheManager(engine(decode), jnp.zeros(SHAPE), jnp.zeros(SHAPE))
+    m = PageMover(engine(decode), jnp.zeros(SHAPE), jnp.zeros(SHAPE))
     m.register_read("req-1", prefill.address, [21, 22, 23], [5, 6, 7])
     m.register_read("req-2", prefill.address, [21, 99], [3, 4])   # 99 was never saved
     for handle in (m.start_read("req-1"), m.start_read("req-2")):

@@ -1,4 +1,4 @@
-"""KVCacheStore / KVCacheManager: the upstream TPU Sync surface."""
+"""PrefixStore / PageMover: tpusync's own engine-facing KV-cache API (upstream's names are tpusync.upstream's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import tpusync
 from tpusync import TransferStatus
-from tpusync.kv_cache import KVCacheManager, KVCacheStore
+from tpusync.kv_cache import PageMover, PrefixStore
 
 SHAPE = (2, 8, 4, 2, 8)
 BLOCK = 4096
@@ -21,7 +21,7 @@ def store():
 
 
 def test_lookup_pins_until_a_load_consumes_them(store):
-    kvs = KVCacheStore(store)
+    kvs = PrefixStore(store)
     data = [np.full(BLOCK, i, np.uint8) for i in range(3)]
     kvs.insert([1, 2, 3], data)
     assert kvs.lookup([1, 2, 3, 4], pin_found=True) == 3
@@ -38,7 +38,7 @@ def test_lookup_pins_until_a_load_consumes_them(store):
 
 
 def test_failed_load_keeps_pins_and_reports_failed(store):
-    kvs = KVCacheStore(store)
+    kvs = PrefixStore(store)
     kvs.insert([1], [np.ones(BLOCK, np.uint8)])
     kvs.lookup([1], pin_found=True)
     h = kvs.load([1, 99], [np.zeros(BLOCK, np.uint8)] * 2)
@@ -50,7 +50,7 @@ def test_failed_load_keeps_pins_and_reports_failed(store):
 
 
 def test_save_is_asynchronous_and_polled(store):
-    kvs = KVCacheStore(store)
+    kvs = PrefixStore(store)
     h = kvs.save([5, 6], [np.ones(BLOCK, np.uint8)] * 2)
     h.result(10)
     assert kvs.poll_save_status(h) is TransferStatus.DONE
@@ -60,10 +60,10 @@ def test_save_is_asynchronous_and_polled(store):
 
 def test_manager_moves_device_pages_both_ways(store):
     k = jnp.arange(np.prod(SHAPE), dtype=jnp.float32).reshape(SHAPE)
-    m = KVCacheManager(store, k, -k)
+    m = PageMover(store, k, -k)
     m.d2h([1, 2], [11, 12], request_id="r1").result(10)
     assert m.poll_stats() == ({"r1"}, set(), set())
-    m2 = KVCacheManager(store, jnp.zeros(SHAPE), jnp.zeros(SHAPE))
+    m2 = PageMover(store, jnp.zeros(SHAPE), jnp.zeros(SHAPE))
     assert m2.h2d([5, 6, 7], [11, 12, 13], request_id="r2").result(10) == 2
     assert m2.poll_stats() == (set(), set(), {"r2"})  # block 13 was never saved
     assert np.array_equal(np.asarray(m2.k[:, 5]), np.asarray(k[:, 1]))
@@ -77,7 +77,7 @@ def test_manager_moves_device_pages_both_ways(store):
 
 
 def test_start_read_without_register_is_an_error(store):
-    m = KVCacheManager(store, jnp.zeros(SHAPE), jnp.zeros(SHAPE))
+    m = PageMover(store, jnp.zeros(SHAPE), jnp.zeros(SHAPE))
     with pytest.raises(tpusync.NotFoundError):
         m.start_read("nope")
     with pytest.raises(tpusync.InvalidArgumentError):

@@ -4,6 +4,7 @@ real sidecar with JAX arrays on the CPU."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -323,3 +324,16 @@ def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
         sync.bind_weights(live[:1])
     sync.bind_weights([jnp.zeros((16, 8), jnp.float32), jnp.zeros((8,), jnp.bfloat16)])  # same layout: fine
     sync.close()
+
+
+def test_the_top_level_upstream_names_have_upstreams_semantics():
+    """tpusync.KVCacheStore / KVCacheManager are upstream's (d2h takes device blocks, then host
+    blocks); tpusync's own API, keyed by hashes, goes by names of its own."""
+    import tpusync
+    from tpusync import kv_cache
+    from tpusync.upstream import kv_cache_manager, kv_cache_store
+
+    assert tpusync.KVCacheManager is kv_cache_manager.KVCacheManager
+    assert tpusync.KVCacheStore is kv_cache_store.KVCacheStore
+    assert tpusync.PageMover is kv_cache.PageMover and tpusync.PrefixStore is kv_cache.PrefixStore
+    assert list(inspect.signature(tpusync.KVCacheManager.d2h).parameters)[1:3] == ["src_offsets", "dst_offsets"]
