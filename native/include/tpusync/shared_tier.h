@@ -20,9 +20,11 @@
 // corrupted file is a miss, removed and counted. Capacity is the tier's own: an evictor on every
 // host deletes the least recently read files (by access time, which a hit sets explicitly, so
 // the order is the pool's, not one host's) from the high watermark down to the low one. An
-// evictor first renames its victims aside, then reads the pin markers, and puts back any victim
-// pinned meanwhile; a pinning host creates its marker before checking that the block exists.
-// Either the pin sees the block gone, or the evictor sees the pin.
+// evictor skips the blocks pinned when its pass starts, renames its victims aside, then reads
+// the pin markers again and puts back any victim pinned meanwhile; a pinning host creates its
+// marker before checking that the block exists. Either the pin sees the block gone, or the
+// evictor sees the pin. A read of a block this host pinned that finds it aside waits for the
+// evictor to put it back (kPinnedReadWait at most), so a pinned block is always readable.
 //
 // A block may have a record: a small, opaque, checksummed description that its engine
 // supplies (for KV events: the block's tokens and parent), so that every host can announce
@@ -73,7 +75,9 @@ struct SharedTierStats {
   uint64_t capacity_bytes = 0, used_bytes = 0;  // used: as of the evictor's last scan, plus writes since
   uint64_t writes = 0, write_dedup = 0, bytes_written = 0, write_errors = 0, refused_full = 0;
   uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0, corruptions = 0;
-  uint64_t evictions = 0, evicted_bytes = 0, pins_restored = 0, stale_files_removed = 0;
+  uint64_t evictions = 0, evicted_bytes = 0, stale_files_removed = 0;
+  uint64_t pins_spared = 0;    // victims passed over: pinned when the evictor's pass began
+  uint64_t pins_restored = 0;  // victims put back: pinned while the pass had them aside
   uint64_t blocks = 0;  // this layout's blocks at the last scan
   uint64_t write_ns = 0, read_ns = 0;  // time spent in writes and reads that succeeded
   bool direct_io = false;
@@ -89,12 +93,16 @@ inline constexpr std::pair<const char*, uint64_t SharedTierStats::*> kSharedTier
     {"read_errors", &SharedTierStats::read_errors},       {"corruptions", &SharedTierStats::corruptions},
     {"evictions", &SharedTierStats::evictions},           {"evicted_bytes", &SharedTierStats::evicted_bytes},
     {"pins_restored", &SharedTierStats::pins_restored},   {"stale_files_removed", &SharedTierStats::stale_files_removed},
+    {"pins_spared", &SharedTierStats::pins_spared},
     {"write_ns", &SharedTierStats::write_ns},             {"read_ns", &SharedTierStats::read_ns},
     {"blocks", &SharedTierStats::blocks},
 };
 
 class SharedTier {
  public:
+  // How long a read waits for a block this host pinned to come back from an evictor's aside.
+  static constexpr std::chrono::milliseconds kPinnedReadWait{2000};
+
   static Result<std::unique_ptr<SharedTier>> Open(const SharedTierOptions& options);
   ~SharedTier();  // stops the evictor; removes this instance's pin markers
   SharedTier(const SharedTier&) = delete;
@@ -108,6 +116,7 @@ class SharedTier {
   // Reads and verifies a block into `dst` (page-aligned, `capacity` bytes, at least the
   // block's length rounded up to 4096); returns its length. kNotFound if absent, kDataLoss if
   // the file is damaged (then removed), kInvalidArgument if the block is larger than capacity.
+  // A block pinned here and absent is waited for: an evictor has it aside and puts it back.
   Result<uint64_t> Read(const BlockKey& key, std::byte* dst, uint64_t capacity);
   bool Exists(const BlockKey& key);
   // Exists, asked of the file server: an open, which NFS and FUSE filesystems revalidate (a
@@ -150,6 +159,7 @@ class SharedTier {
   }
   void EvictLoop(const std::stop_token& stop);
   void RefreshPins();
+  bool PinnedHere(const BlockKey& key) const;
   template <typename T>
   void Count(T SharedTierStats::* field, T by = 1) {
     std::lock_guard lock(mu_);

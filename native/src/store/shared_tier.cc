@@ -325,12 +325,29 @@ void SharedTier::Damaged(const std::string& why) {
   }
 }
 
+bool SharedTier::PinnedHere(const BlockKey& key) const {
+  std::lock_guard lock(mu_);
+  return pins_.count(key) != 0;
+}
+
 Result<uint64_t> SharedTier::Read(const BlockKey& key, std::byte* dst, uint64_t capacity) {
   const uint64_t start = NowNs();
   const std::string path = BlockPath(key);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0)));
+  UniqueFd fd;
+  int err = 0;
+  auto open_block = [&] {
+    fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct_io_ ? O_DIRECT : 0)));
+    err = fd.valid() ? 0 : errno;
+  };
+  open_block();
+  // Pinned here and absent: an evictor renamed it aside before it read our marker, and puts it
+  // back once it has. Wait for that rather than report a pinned block missing.
+  for (auto wait = std::chrono::microseconds(200), waited = std::chrono::microseconds(0);
+       err == ENOENT && waited < kPinnedReadWait && PinnedHere(key); waited += wait, wait *= 2) {
+    std::this_thread::sleep_for(wait);
+    open_block();
+  }
   if (!fd.valid()) {
-    const int err = errno;
     Count(err == ENOENT ? &SharedTierStats::misses : &SharedTierStats::read_errors);
     if (err == ENOENT) return NotFound("shared tier: block " + key.ToHex() + " is absent");
     return ErrnoStatus(err, "open " + path);
@@ -523,13 +540,38 @@ Result<uint64_t> SharedTier::EvictOnce() {
   // the pins read (after every rename: a pin made before a rename is seen), pinned victims put
   // back and the rest deleted, until enough is freed.
   std::sort(files.begin(), files.end(), [](const File& a, const File& b) { return a.atime < b.atime; });
-  uint64_t freed = 0, evicted = 0, restored = 0;
+  uint64_t freed = 0, evicted = 0, restored = 0, spared = 0;
+  // "<layout dir>/<key>" of every block with a live pin marker in `layout_dir`; markers older
+  // than pin_ttl are a dead host's, removed.
+  auto read_pinned = [&](const std::string& layout_dir, std::unordered_set<std::string>& out) {
+    const std::string pins = Join(layout_dir, "pins");
+    for (const std::string& name : ListDir(pins)) {
+      struct stat st{};
+      const std::string p = Join(pins, name);
+      if (::stat(p.c_str(), &st) != 0) continue;
+      if (now_s - SecondsOf(st.st_mtim) > ttl_s) {
+        ::unlink(p.c_str());
+        continue;
+      }
+      out.insert(Join(layout_dir, name.substr(0, name.find('.'))));
+    }
+  };
+  std::unordered_set<std::string> pinned_at_start, layouts;
+  if (excess > 0) {
+    for (const File& f : files) {
+      if (layouts.insert(f.layout_dir).second) read_pinned(f.layout_dir, pinned_at_start);
+    }
+  }
   std::unordered_set<BlockKey, BlockKeyHash> gone;  // this layout's blocks evicted here
   size_t next = 0;
   while (freed < excess && next < files.size()) {
     std::vector<std::pair<const File*, std::string>> aside;
     for (uint64_t round = freed; round < excess && next < files.size(); ++next) {
       const File& f = files[next];
+      if (pinned_at_start.count(Join(f.layout_dir, f.name.substr(3))) != 0) {  // never taken aside
+        ++spared;
+        continue;
+      }
       const std::string moved = Join(f.layout_dir + "/tmp", f.name.substr(3), ".evict." + instance_);
       if (::rename(Join(f.layout_dir, f.name).c_str(), moved.c_str()) != 0) continue;  // another evictor's
       aside.emplace_back(&f, moved);
@@ -537,18 +579,7 @@ Result<uint64_t> SharedTier::EvictOnce() {
     }
     std::unordered_set<std::string> pinned, read_pins;
     for (const auto& [f, moved] : aside) {
-      if (!read_pins.insert(f->layout_dir).second) continue;
-      const std::string pins = Join(f->layout_dir, "pins");
-      for (const std::string& name : ListDir(pins)) {
-        struct stat st{};
-        const std::string p = Join(pins, name);
-        if (::stat(p.c_str(), &st) != 0) continue;
-        if (now_s - SecondsOf(st.st_mtim) > ttl_s) {  // a host that died holding it
-          ::unlink(p.c_str());
-          continue;
-        }
-        pinned.insert(Join(f->layout_dir, name.substr(0, name.find('.'))));
-      }
+      if (read_pins.insert(f->layout_dir).second) read_pinned(f->layout_dir, pinned);
     }
     for (const auto& [f, moved] : aside) {
       if (pinned.count(Join(f->layout_dir, f->name.substr(3))) != 0) {
@@ -588,6 +619,7 @@ Result<uint64_t> SharedTier::EvictOnce() {
     stats_.evictions += evicted;
     stats_.evicted_bytes += freed;
     stats_.pins_restored += restored;
+    stats_.pins_spared += spared;
     stats_.stale_files_removed += stale;
   }
   for (const BlockKey& k : changed) Changed(k);
