@@ -7,14 +7,9 @@ shared-memory pool). Tokens equal HF transformers' each time.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import uuid
-
 import pytest
 from harness import EngineSpec, delta, prompt
 
-from tpusync.sidecar import write_secret
 from tpusync.store import KVStore
 
 CONNECTOR = {"kv_connector": "RaidenOffloadConnector",
@@ -26,26 +21,17 @@ CHUNKS = 24  # the host pool (TPU_OFFLOAD_NUM_CPU_CHUNKS): a few prompts' blocks
 def offload(model_dir, tmp_path_factory):
     """One sidecar and one engine on tpu-inference's RaidenOffloadConnector over it."""
     from tinymodel import BLOCK_BYTES
-    from tpu_harness import TpuEngine
+    from tpu_harness import Pods, TpuEngine
 
-    from tpusync import sidecar
-
-    work = tmp_path_factory.mktemp("upstream-offload")
-    write_secret(work / "secret", os.urandom(16).hex())
-    pool = f"/dev/shm/tpusync-upstream-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    car = sidecar.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=8 << 20,
-                         block_bytes=BLOCK_BYTES, control_socket=str(work / "h.sock"), stderr=subprocess.DEVNULL)
-    engine = TpuEngine("upstream-offload", EngineSpec(str(model_dir), work, CONNECTOR),
-                       env={"TPUSYNC_UPSTREAM_API": "1", "TPUSYNC_CONTROL_SOCKET": car.control_socket,
-                            "TPU_OFFLOAD_NUM_CPU_CHUNKS": str(CHUNKS)})
+    pods = Pods(tmp_path_factory.mktemp("upstream-offload"), "upstream-offload")
     try:
-        engine.wait_ready()
-        yield engine, car
+        car = pods.sidecar("h", dram_bytes=8 << 20, block_bytes=BLOCK_BYTES)
+        pods.start(engine=TpuEngine("upstream-offload", EngineSpec(str(model_dir), pods.work, CONNECTOR), env={
+            "TPUSYNC_UPSTREAM_API": "1", "TPUSYNC_CONTROL_SOCKET": car.control_socket,
+            "TPU_OFFLOAD_NUM_CPU_CHUNKS": str(CHUNKS)}))
+        yield pods.engines["engine"], car
     finally:
-        engine.stop()
-        car.kill()
-        if os.path.exists(pool):
-            os.unlink(pool)
+        pods.close()
 
 
 def pool_blocks(car) -> int:

@@ -10,14 +10,8 @@ the tokens HF transformers gives.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import uuid
-
 import pytest
 from harness import EngineSpec, delta, prompt
-
-from tpusync.sidecar import write_secret
 
 MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 
@@ -26,38 +20,25 @@ MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 def pd(model_dir, tmp_path_factory):
     """Sidecars p and d; a prefill engine (kv_producer) on p and a decode engine (kv_consumer) on d."""
     from tinymodel import BLOCK_BYTES
-    from tpu_harness import TpuEngine, rendered_kv_transfer_config
+    from tpu_harness import Pods, TpuEngine, rendered_kv_transfer_config
 
-    from tpusync import sidecar
     from tpusync_operator.builders.engine import upstream_api_env
 
-    work = tmp_path_factory.mktemp("upstream-pd")
-    write_secret(work / "secret", os.urandom(16).hex())
-    cars, engines, pools = {}, {}, []
+    pods = Pods(tmp_path_factory.mktemp("upstream-pd"), "upstream-pd")
     try:
-        for name in ("p", "d"):
-            pools.append(f"/dev/shm/tpusync-upstream-pd-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
-            cars[name] = sidecar.launch(pool_path=pools[-1], secret_file=str(work / "secret"), dram_bytes=16 << 20,
-                                        block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
-                                        stderr=subprocess.DEVNULL)
+        engines = {}
         for name, role in (("p", "prefill"), ("d", "decode")):
-            kv = rendered_kv_transfer_config("tpu-sync-compatible", role, data_address=cars[name].address)
+            car = pods.sidecar(name, dram_bytes=16 << 20, block_bytes=BLOCK_BYTES)
+            kv = rendered_kv_transfer_config("tpu-sync-compatible", role, data_address=car.address)
             assert kv["kv_connector_module_path"] == MODULE
-            port = int(cars[name].address.rsplit(":", 1)[1])
+            port = int(car.address.rsplit(":", 1)[1])
             env = {e["name"]: e["value"].replace("$(POD_IP)", "127.0.0.1") for e in upstream_api_env(port)}
-            engines[name] = TpuEngine(f"upstream-{role}", EngineSpec(str(model_dir), work, kv), env=env | {
-                "TPUSYNC_CONTROL_SOCKET": cars[name].control_socket, "TPU_P2P_WAIT_PULL_TIMEOUT": "30"})
-        for e in engines.values():
-            e.wait_ready()
-        yield engines, cars
+            engines[name] = TpuEngine(f"upstream-{role}", EngineSpec(str(model_dir), pods.work, kv), env=env | {
+                "TPUSYNC_CONTROL_SOCKET": car.control_socket, "TPU_P2P_WAIT_PULL_TIMEOUT": "30"})
+        pods.start(**engines)
+        yield pods.engines, pods.sidecars
     finally:
-        for e in engines.values():
-            e.stop()
-        for car in cars.values():
-            car.kill()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
+        pods.close()
 
 
 def prefill(engines, p: list[int]) -> dict:

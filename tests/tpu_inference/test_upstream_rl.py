@@ -12,15 +12,10 @@ generates exactly what transformers generates from B.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import uuid
-
 import pytest
 from conftest import Reference
 from harness import EngineSpec, prompt
 
-from tpusync.sidecar import write_secret
 from tpusync.weights import WeightSynchronizerManager
 
 P = prompt(410, 70)
@@ -30,40 +25,22 @@ P = prompt(410, 70)
 def rl(model_dir, model_b, tmp_path_factory):
     """Sidecars t (trainer host) and s (sampler host); engine `sampler` on A over s; engine
     `trainer` on B over t, with the publishing extension."""
-    from tpu_harness import TpuEngine
+    from tpu_harness import Pods, TpuEngine
 
-    from tpusync import sidecar
-
-    work = tmp_path_factory.mktemp("upstream-rl")
-    write_secret(work / "secret", os.urandom(16).hex())
-    cars, engines, pools = {}, {}, []
+    pods = Pods(tmp_path_factory.mktemp("upstream-rl"), "upstream-rl")
     try:
-        for name in ("t", "s"):
-            pools.append(f"/dev/shm/tpusync-upstream-rl-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
-            cars[name] = sidecar.launch(pool_path=pools[-1], secret_file=str(work / "secret"), dram_bytes=32 << 20,
-                                        block_bytes=1 << 20, control_socket=str(work / f"{name}.sock"),
-                                        stderr=subprocess.DEVNULL)
+        t, s = (pods.sidecar(name, dram_bytes=32 << 20, block_bytes=1 << 20) for name in ("t", "s"))
         env = {"TPUSYNC_UPSTREAM_API": "1", "VLLM_HOST_IP": "127.0.0.1"}
         # Tensor parallel over 2 CPU devices: the weights are sharded over the engine's mesh, which
         # the sampler's registration metadata describes (single-device arrays carry no mesh).
-        engines["sampler"] = TpuEngine("upstream-rl-sampler", EngineSpec(str(model_dir), work),
-                                       env=env | {"TPUSYNC_CONTROL_SOCKET": cars["s"].control_socket},
-                                       tensor_parallel_size=2)
-        engines["trainer"] = TpuEngine("upstream-rl-trainer", EngineSpec(str(model_b), work),
-                                       env=env | {"TPUSYNC_CONTROL_SOCKET": cars["t"].control_socket},
-                                       worker_extension_cls="rl_trainer_ext.PublishWeights", tensor_parallel_size=2)
-        for e in engines.values():
-            e.wait_ready()
-        yield engines, cars
+        pods.start(sampler=TpuEngine("upstream-rl-sampler", EngineSpec(str(model_dir), pods.work),
+                                     env=env | {"TPUSYNC_CONTROL_SOCKET": s.control_socket}, tensor_parallel_size=2),
+                   trainer=TpuEngine("upstream-rl-trainer", EngineSpec(str(model_b), pods.work),
+                                     env=env | {"TPUSYNC_CONTROL_SOCKET": t.control_socket},
+                                     worker_extension_cls="rl_trainer_ext.PublishWeights", tensor_parallel_size=2))
+        yield pods.engines, pods.sidecars
     finally:
-        for e in engines.values():
-            e.stop()
-        for car in cars.values():
-            car.kill()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
-                subprocess.run(["rm", "-rf", pool + ".weights"], check=False)
+        pods.close()
 
 
 def test_the_running_sampler_takes_the_new_weights_in_place(rl, reference, model_b):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -23,7 +24,7 @@ from harness import Engine, EngineSpec  # tests/vllm (conftest puts it on sys.pa
 
 ENGINE_SCRIPT = Path(__file__).with_name("tpu_engine_proc.py")
 
-__all__ = ["EngineSpec", "NetNs", "TpuEngine", "rendered_kv_transfer_config"]
+__all__ = ["EngineSpec", "NetNs", "Pods", "TpuEngine", "rendered_kv_transfer_config"]
 
 
 def rendered_kv_transfer_config(connector: str, role: str, *, kv_role: str | None = None,
@@ -94,3 +95,45 @@ class NetNs:
 
     def close(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+class Pods:
+    """A test module's simulated pods: sidecars (pool files in /dev/shm, one pool secret) and
+    the engines on them; `close` stops the engines, kills the sidecars and removes the pools."""
+
+    def __init__(self, work: Path, tag: str):
+        from tpusync.sidecar import write_secret
+
+        self.work, self.tag = work, tag
+        self.secret = write_secret(work / "secret", os.urandom(16).hex())
+        self.sidecars: dict = {}
+        self.engines: dict[str, TpuEngine] = {}
+        self._pools: list[str] = []
+
+    def sidecar(self, name: str, *, dram_bytes: int, block_bytes: int):
+        from tpusync import sidecar
+
+        pool = f"/dev/shm/tpusync-{self.tag}-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+        self._pools.append(pool)
+        self.sidecars[name] = sidecar.launch(pool_path=pool, secret_file=str(self.secret), dram_bytes=dram_bytes,
+                                             block_bytes=block_bytes, control_socket=str(self.work / f"{name}.sock"),
+                                             stderr=subprocess.DEVNULL)
+        return self.sidecars[name]
+
+    def start(self, **engines: TpuEngine) -> None:
+        """Adds the engines (started already: TpuEngine returns at once) and waits until all serve."""
+        self.engines.update(engines)
+        for e in self.engines.values():
+            e.wait_ready()
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.stop()
+        for car in self.sidecars.values():
+            car.kill()
+        for pool in self._pools:
+            for path in (pool, pool + ".weights"):  # the pool file, and the weight heads beside it
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif os.path.exists(path):
+                    os.unlink(path)

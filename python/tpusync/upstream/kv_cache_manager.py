@@ -83,6 +83,14 @@ def _caller_runner(kv_caches: list[Any], depth: int) -> Any:
         "connectors do in register_runner")
 
 
+def _pairs(src: Sequence[int], dst: Sequence[int], sizes: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """(src blocks, dst blocks), one pair per block copied; raises when they do not pair up."""
+    a, b = _expand(src, sizes), _expand(dst, sizes)
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} source blocks for {len(b)} destination blocks")
+    return a, b
+
+
 def _expand(offsets: Sequence[int], sizes: Sequence[int] | None) -> list[int]:
     if sizes is None:
         return [int(o) for o in offsets]
@@ -236,9 +244,7 @@ class KVCacheManager:
             copy_sizes: Sequence[int] | None = None) -> CopyFuture:
         """Copies device blocks src into host blocks dst (which then hold them, locked)."""
         self._need_pool()
-        blocks, chunks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
-        if len(blocks) != len(chunks):
-            raise ValueError(f"{len(blocks)} device blocks for {len(chunks)} host blocks")
+        blocks, chunks = _pairs(src_offsets, dst_offsets, copy_sizes)
         bad = [c for c in chunks if not 0 <= c < self.host_blocks]
         if bad:
             raise ValueError(f"host blocks {bad} are outside the pool (0..{self.host_blocks - 1})")
@@ -261,9 +267,7 @@ class KVCacheManager:
             copy_sizes: Sequence[int] | None = None) -> CopyFuture:
         """Copies host blocks src into device blocks dst of the runner's cache, before returning."""
         self._need_pool()
-        chunks, blocks = _expand(src_offsets, copy_sizes), _expand(dst_offsets, copy_sizes)
-        if len(blocks) != len(chunks):
-            raise ValueError(f"{len(chunks)} host blocks for {len(blocks)} device blocks")
+        chunks, blocks = _pairs(src_offsets, dst_offsets, copy_sizes)
         with self._lock:
             empty = [c for c in chunks if c not in self._generation]
             keys = [self._key(c) for c in chunks if c in self._generation]
