@@ -99,7 +99,7 @@ OPERATOR_NAMESPACE = "tpusync-system"
 OPERATOR_RELEASE = "tpusync-operator"     # fullname = release name: SA "tpusync-operator"
 # Extra kwok node pools for the operator scenarios: single-host v6e (2x2: 4 chips, one
 # host) and v7x (2x2x1) slices the TPUSyncPools select by node pool, plus an untainted CPU
-# pool for store nodes and the endpoint pickers.
+# pool of two nodes for store nodes and the endpoint pickers.
 OPERATOR_POOLS = (
     {"pool": "e2e-v6e-2x2", "count": 6, "accelerator": "tpu-v6e-slice", "topology": "2x2",
          "chips_per_node": 4, "machine_type": "ct6e-standard-4t"},
@@ -130,7 +130,7 @@ def llmd_crds(cluster, crds):
 @pytest.fixture(scope="session")
 def operator_nodes(cluster):
     names = [n for spec in OPERATOR_POOLS for n in cluster.add_tpu_nodes(**spec)]
-    return names + cluster.add_cpu_nodes(STORE_POOL, 1)
+    return names + cluster.add_cpu_nodes(STORE_POOL, 2)   # two: the endpoint pickers keep apart
 
 
 @pytest.fixture(scope="session")

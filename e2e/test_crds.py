@@ -164,6 +164,11 @@ SERVING_CASES = [
      "claimName is required when medium is PersistentVolumeClaim"),
     ("gke-policies-need-routing", "spec.routing", {"enabled": False, "gkeGatewayPolicies": True},
      "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
+    ("epp-replicas-range", "spec.routing.eppReplicas", 0, "spec.routing.eppReplicas"),
+    ("epp-ha-enum", "spec.routing.eppHighAvailability", "Leader", "spec.routing.eppHighAvailability"),
+    ("active-active-needs-precise-prefix", "spec.routing",
+     {"eppHighAvailability": "ActiveActive", "precisePrefixCache": False},
+     "spec.routing.eppHighAvailability ActiveActive needs spec.routing.precisePrefixCache"),
 ]
 
 

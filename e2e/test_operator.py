@@ -280,7 +280,7 @@ def test_serving_reference_engine(cluster, operator, module_namespace):
     decider = [p for p in cfg["plugins"] if p["type"] == "prefix-based-pd-decider"]
     assert decider[0]["parameters"]["nonCachedTokens"] == 32
     epp = get(cluster, "deployment", ns, f"{REF}-epp")
-    assert epp["status"]["availableReplicas"] == 1
+    assert epp["spec"]["replicas"] == 2   # kwok makes both ready; on a node only the leader is
     # The pool now also counts the serving pods' sidecars.
     pool = wait_for("pool capacity with the serving's sidecars", lambda: (
         lambda p: p if p["status"]["readySidecars"] == 4 else None)(
@@ -288,6 +288,101 @@ def test_serving_reference_engine(cluster, operator, module_namespace):
     assert pool["status"]["dramBytes"] == 2 * 32 * 2**30 + 2 * 4 * 2**30
     assert operator.metric("tpusync_operator_object_ready", kind="DisaggregatedServing",
                            namespace=ns, name=REF) == 1.0
+
+
+def test_router_survives_losing_an_endpoint_picker(cluster, operator, module_namespace):
+    """The endpoint picker as llm-d runs it for HA: two replicas under the router's leader
+    election, each on a node of its own (the real scheduler keeps them apart). kwok runs no
+    router, so both report ready here where on a cluster only the leader does; the serving needs
+    one. Deleting a replica leaves the serving Ready, its Ready condition never flipping, and
+    a ready pod behind the picker's Service at every look until the replacement runs (the pods
+    its EndpointSlice would list: this harness's pod IPs are loopback addresses, which
+    EndpointSlices refuse). The picker's ServiceAccount may take its own Lease and no other."""
+    ns = module_namespace
+    selector = f"tpusync.dev/serving={REF},app.kubernetes.io/component=endpoint-picker"
+    pods = items(cluster, "pods", ns, selector)
+    assert len(pods) == 2 and len({p["spec"]["nodeName"] for p in pods}) == 2
+    args = container(pods[0]["spec"], "epp")["args"]
+    assert "--ha-enable-leader-election=true" in args
+
+    account = f"--as=system:serviceaccount:{ns}:{REF}-epp"
+
+    def can(verb: str, what: str) -> bool:
+        res = cluster.kubectl("auth", "can-i", verb, what, "-n", ns, account, check=False)
+        return res.stdout.strip() == "yes"
+    lease = f"leases.coordination.k8s.io/epp-{ns}-{REF}.llm-d.ai"
+    assert can("create", "leases.coordination.k8s.io") and can("get", lease) and can("update", lease)
+    assert not can("update", "leases.coordination.k8s.io/another-lease") and not can("delete", lease)
+    assert not can("list", "leases.coordination.k8s.io")
+
+    ready_since = conditions(get(cluster, "disaggregatedservings", ns, REF))["Ready"]["lastTransitionTime"]
+    victim = pods[0]["metadata"]["name"]
+    cluster.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
+    service_selector = ",".join(f"{k}={v}" for k, v in
+                                get(cluster, "service", ns, f"{REF}-epp")["spec"]["selector"].items())
+    looks: list[tuple[str, bool, int]] = []   # (serving Ready, routingReady, ready pods behind the Service)
+
+    def serving(pod: dict) -> bool:
+        return "deletionTimestamp" not in pod["metadata"] and conditions(pod).get("Ready", {}).get("status") == "True"
+
+    def replaced() -> bool:
+        ds = get(cluster, "disaggregatedservings", ns, REF)
+        behind = [p for p in items(cluster, "pods", ns, service_selector) if serving(p)]
+        looks.append((conditions(ds)["Ready"]["status"], ds["status"]["routingReady"], len(behind)))
+        now = items(cluster, "pods", ns, selector)
+        return (len(now) == 2 and victim not in {p["metadata"]["name"] for p in now}
+                and all(serving(p) for p in now))
+    wait_for("a replacement endpoint picker", replaced, CONVERGE, interval=0.2)
+    assert looks and all(look == ("True", True, look[2]) and look[2] >= 1 for look in looks), looks
+    ds = get(cluster, "disaggregatedservings", ns, REF)
+    assert conditions(ds)["Ready"]["lastTransitionTime"] == ready_since
+    assert len({p["spec"]["nodeName"] for p in items(cluster, "pods", ns, selector)}) == 2
+
+
+def test_active_active_pickers_are_evicted_one_at_a_time(cluster, operator, module_namespace):
+    """ActiveActive: every replica routes, and their PodDisruptionBudget lets the eviction API
+    (what a node drain and a GKE upgrade call) take one at a time: with one replica gone and its
+    replacement unable to schedule, the API server refuses to evict the other."""
+    ns = module_namespace
+    cluster.kubectl("patch", "disaggregatedservings", REF, "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"routing": {"eppHighAvailability": "ActiveActive"}}}))
+    selector = f"tpusync.dev/serving={REF},app.kubernetes.io/component=endpoint-picker"
+
+    def settled():
+        pdb = get(cluster, "poddisruptionbudget", ns, f"{REF}-epp")
+        pods = items(cluster, "pods", ns, selector)
+        rolled = all("--ha-enable-leader-election=true" not in container(p["spec"], "epp")["args"]
+                     and conditions(p).get("Ready", {}).get("status") == "True" for p in pods)
+        return pdb if (pdb and len(pods) == 2 and rolled
+                       and pdb["status"].get("disruptionsAllowed") == 1) else None
+    pdb = wait_for("the pickers rolled to active-active under their budget", settled, CONVERGE)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    pods = items(cluster, "pods", ns, selector)
+    nodes = [p["spec"]["nodeName"] for p in pods]
+    cluster.kubectl("cordon", *nodes)
+    try:
+        def evict(pod: dict):
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": pod["metadata"]["name"], "namespace": ns}}
+            return cluster.kubectl("create", "--raw",
+                                   f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/eviction",
+                                   "-f", "-", input=json.dumps(body), check=False)
+        first = evict(pods[0])
+        assert first.returncode == 0, first.stderr
+        wait_for("the budget spent", lambda: get(cluster, "poddisruptionbudget", ns, f"{REF}-epp")[
+            "status"].get("disruptionsAllowed") == 0, CONVERGE)
+        second = evict(pods[1])
+        assert second.returncode != 0 and "disruption budget" in second.stderr, second.stderr
+    finally:
+        cluster.kubectl("uncordon", *nodes)
+    wait_for("both pickers back", lambda: len([p for p in items(cluster, "pods", ns, selector)
+                                               if conditions(p).get("Ready", {}).get("status") == "True"]) == 2,
+             CONVERGE)
+    cluster.kubectl("patch", "disaggregatedservings", REF, "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"routing": {"eppHighAvailability": "ActivePassive"}}}))
+    wait_for("the budget pruned with ActivePassive",
+             lambda: get(cluster, "poddisruptionbudget", ns, f"{REF}-epp") is None, CONVERGE)
+    wait_condition(cluster, "disaggregatedservings", ns, REF)
 
 
 def test_serving_vllm_tpu(cluster, operator, module_namespace):
@@ -355,18 +450,75 @@ def test_serving_sglang_jax_native_pd(cluster, operator, module_namespace):
             ("deployment", "-decode"))), CONVERGE, interval=1)
 
 
+def test_units_scale_prefill_and_decode_together(cluster, operator, module_namespace):
+    """spec.replicas counts units of the serving (one prefill and one decode replica each, on the
+    pool's four free hosts): `kubectl scale` and a HorizontalPodAutoscaler move it through the
+    /scale subresource, and the operator scales both roles, holding the ratio within the bounds
+    (prefill at most 1 for the autoscaler). The real kube-controller-manager's HPA controller
+    raises it to its minReplicas (it scales below that bound without asking any metric, and no
+    metrics API runs here)."""
+    ns = module_namespace
+    name = "sc"
+    apply(cluster, serving_obj(ns, name, engine={"type": "reference"}, pool=POOL, routing={"enabled": False}))
+
+    def roles_at(units: int, prefill: int, decode: int) -> dict:
+        want = ({"kind": "Deployment", "replicas": prefill, "readyReplicas": prefill},
+                {"kind": "Deployment", "replicas": decode, "readyReplicas": decode})
+
+        def check() -> dict | None:
+            d = get(cluster, "disaggregatedservings", ns, name)
+            ready = conditions(d).get("Ready") or {}
+            st = d.get("status") or {}
+            return d if (ready.get("status") == "True"
+                         and ready.get("observedGeneration") == d["metadata"]["generation"]
+                         and st.get("replicas") == units
+                         and (st.get("prefill"), st.get("decode")) == want) else None
+        return wait_for(f"{name} at {units} units: prefill {prefill}, decode {decode}", check, CONVERGE,
+                        on_timeout=lambda: json.dumps(get(cluster, "disaggregatedservings", ns, name).get("status")))
+
+    roles_at(1, 1, 1)
+    cluster.kubectl("scale", "disaggregatedservings", name, "-n", ns, "--replicas=2")
+    ds = roles_at(2, 2, 2)
+    assert get(cluster, "deployment", ns, f"{name}-decode")["spec"]["replicas"] == 2
+    scale = json.loads(cluster.kubectl(
+        "get", "--raw", f"/apis/{API}/namespaces/{ns}/disaggregatedservings/{name}/scale").stdout)
+    assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+    assert scale["status"]["selector"] == ds["status"]["selector"]
+    cluster.kubectl("scale", "disaggregatedservings", name, "-n", ns, "--replicas=1")
+    roles_at(1, 1, 1)
+
+    cluster.kubectl("patch", "disaggregatedservings", name, "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"prefill": {"maxReplicas": 1}}}))
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"scaleTargetRef": {"apiVersion": API, "kind": "DisaggregatedServing", "name": name},
+                    "minReplicas": 3, "maxReplicas": 4,
+                    "metrics": [{"type": "Resource", "resource": {
+                        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    apply(cluster, hpa)
+    roles_at(3, 1, 3)   # prefill held at its maxReplicas
+    got = get(cluster, "horizontalpodautoscaler", ns, name)
+    assert got["status"]["desiredReplicas"] == 3, got["status"]
+    cluster.kubectl("delete", "horizontalpodautoscaler", name, "-n", ns)
+    # Its TPU hosts are needed by the scenarios below.
+    cluster.kubectl("delete", "disaggregatedservings", name, "-n", ns, "--timeout=60s", timeout=90)
+    wait_for(f"{name}'s pods gone", lambda: not items(cluster, "pods", ns, f"tpusync.dev/serving={name}"),
+             CONVERGE, interval=1)
+
+
 # ----- update and drift ---------------------------------------------------------------------
 
 def test_update_scale_decode_and_scorer_weights(cluster, operator, module_namespace):
     ns = module_namespace
     epp_before = get(cluster, "deployment", ns, f"{REF}-epp")
     hash_before = epp_before["spec"]["template"]["metadata"]["annotations"]["tpusync.dev/epp-config-hash"]
+    generation = get(cluster, "disaggregatedservings", ns, REF)["metadata"]["generation"]
     cluster.kubectl("patch", "disaggregatedservings", REF, "-n", ns, "--type=merge", "-p",
                     json.dumps({"spec": {"decode": {"replicas": 3},
                                          "routing": {"scorerWeights": {"prefixCache": 5,
                                                                        "queue": 0}}}}))
     ds = wait_condition(cluster, "disaggregatedservings", ns, REF)
-    assert ds["metadata"]["generation"] == 2 and ds["status"]["observedGeneration"] == 2
+    assert ds["metadata"]["generation"] == generation + 1 == ds["status"]["observedGeneration"]
     assert ds["status"]["decode"] == {"kind": "Deployment", "replicas": 3, "readyReplicas": 3}
     assert get(cluster, "deployment", ns, f"{REF}-decode")["spec"]["replicas"] == 3
     pods = items(cluster, "pods", ns, f"tpusync.dev/serving={REF},tpusync.dev/role=decode")

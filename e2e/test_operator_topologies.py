@@ -23,10 +23,10 @@ def test_store_nodes_as_a_daemonset_then_a_statefulset(cluster, operator, module
                             node_pool="e2e-v6e-2x2", hosts=1, store=store))
     pool = wait_condition(cluster, "tpusyncpool", ns, "ds")
     ds = get(cluster, "daemonset", ns, "ds-store")
-    assert owned_by(ds, pool) and ds["status"]["numberReady"] == 1      # one store-pool node
+    assert owned_by(ds, pool) and ds["status"]["numberReady"] == 2      # one per store-pool node
     assert container(ds["spec"]["template"]["spec"], "tpusync-sidecar")["readinessProbe"]
-    assert pool["status"]["sidecars"] == 1 and pool["status"]["readySidecars"] == 1
-    assert pool["status"]["dramBytes"] == 16 * 2**30
+    assert pool["status"]["sidecars"] == 2 and pool["status"]["readySidecars"] == 2
+    assert pool["status"]["dramBytes"] == 2 * 16 * 2**30
 
     apply(cluster, pool_obj(ns, "ds", tpu={"type": "v6e", "topology": "2x2"},
                             node_pool="e2e-v6e-2x2", hosts=1,

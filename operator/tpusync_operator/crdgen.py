@@ -116,9 +116,13 @@ KINDS: dict[str, dict[str, Any]] = {
         "shortNames": ["dserving", "dsv"],
         "spec": DisaggregatedServingSpec, "status": DisaggregatedServingStatus,
         "description": "An LLM served with separate prefill and decode roles on a TPUSyncPool, routed by llm-d.",
+        # Units of the serving (each role scaled by its replicas per unit): kubectl scale, HPA.
+        "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                  "labelSelectorPath": ".status.selector"},
         "columns": [
             ("Model", "string", ".spec.model.name"), ("Engine", "string", ".spec.engine.type"),
             ("Pool", "string", ".spec.poolRef.name"), ("Ready", "string", _READY),
+            ("Units", "integer", ".status.replicas"),
             ("Prefill", "integer", ".status.prefill.readyReplicas"),
             ("Decode", "integer", ".status.decode.readyReplicas"),
             ("Endpoint", "string", ".status.endpoint"),
@@ -150,7 +154,7 @@ def build_crd(kind: str) -> dict[str, Any]:
             "scope": "Namespaced",
             "versions": [{
                 "name": VERSION, "served": True, "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, **({"scale": k["scale"]} if "scale" in k else {})},
                 "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

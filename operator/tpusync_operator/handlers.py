@@ -258,7 +258,7 @@ CHILD_RESOURCES = [
     ("", "v1", "configmaps"), ("", "v1", "services"), ("", "v1", "serviceaccounts"),
     ("", "v1", "persistentvolumeclaims"),
     ("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
+    ("networking.k8s.io", "v1", "networkpolicies"), ("policy", "v1", "poddisruptionbudgets"),
     ("rbac.authorization.k8s.io", "v1", "roles"), ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     *((api.split("/")[0], api.split("/")[1], plural) for api, plural in OPTIONAL_KINDS.values()),
 ]

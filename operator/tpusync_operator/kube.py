@@ -26,6 +26,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("apps/v1", "StatefulSet"): ("statefulsets", True),
     ("apps/v1", "DaemonSet"): ("daemonsets", True),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networkpolicies", True),
+    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
     ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("leaderworkersets", True),

@@ -430,7 +430,13 @@ class PoolRef(Model):
 
 
 class RoleSpec(Model):
-    replicas: Annotated[int, Field(ge=0)] = 1
+    replicas: Annotated[int, Field(ge=0)] = Field(
+        1, description="Replicas of this role per unit of the serving: it runs spec.replicas times as many, "
+                       "within minReplicas and maxReplicas (a multi-host replica is a whole slice).")
+    min_replicas: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Fewest replicas of this role, whatever spec.replicas is.")
+    max_replicas: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Most replicas of this role, whatever spec.replicas is.")
     topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the pool's.")
     hosts_per_replica: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Hosts per replica; derived from the topology when empty. >1 uses a LeaderWorkerSet.")
@@ -484,6 +490,10 @@ class Routing(Model):
         ("!has(self.gatewayRef) || self.enabled", "spec.routing.gatewayRef requires spec.routing.enabled"),
         ("!has(self.gkeGatewayPolicies) || !self.gkeGatewayPolicies || self.enabled",
          "spec.routing.gkeGatewayPolicies requires spec.routing.enabled"),
+        ("!has(self.eppHighAvailability) || self.eppHighAvailability != 'ActiveActive' || "
+         "!has(self.precisePrefixCache) || self.precisePrefixCache",
+         "spec.routing.eppHighAvailability ActiveActive needs spec.routing.precisePrefixCache: replicas share no "
+         "approximate prefix state (llm-d-router docs/operations.md)"),
     ))
     enabled: bool = True
     scorer_weights: ScorerWeights = sub(ScorerWeights, "Scheduling profile scorer weights.")
@@ -505,6 +515,14 @@ class Routing(Model):
                                                   f"those of llm-d-router {EPP.version}.")
     proxy_image: str = Field(ROUTING_PROXY.image, description="llm-d P/D routing proxy (decode pods); flags of "
                                                               f"llm-d-router {ROUTING_PROXY.version}.")
+    epp_replicas: Annotated[int, Field(ge=1, le=5)] = Field(
+        2, description="Endpoint picker replicas, each on a node of its own (required pod anti-affinity on the "
+                       "hostname). With more than one, the router keeps routing while a replica restarts.")
+    epp_high_availability: Literal["ActivePassive", "ActiveActive"] = Field(
+        "ActivePassive", description="With eppReplicas above 1: ActivePassive (llm-d's default) runs the router's "
+                                     "leader election, only the leader is ready and routes, a standby takes its "
+                                     "lease when it stops; ActiveActive routes on every replica (precise prefix "
+                                     "cache only) and adds a PodDisruptionBudget of one.")
     proxy_kv_connector: str | None = Field(
         None, description="P/D protocol the decode routing proxy speaks; when empty: sglang for engine "
                           "sglang-jax, nixlv2 (kv_transfer_params) otherwise.")
@@ -521,6 +539,12 @@ class DisaggregatedServingSpec(Model):
     model_config = ConfigDict(json_schema_extra=cel(
         ("self.prefill.replicas + self.decode.replicas > 0",
          "spec.prefill.replicas + spec.decode.replicas must be at least 1"),
+        ("!has(self.prefill.minReplicas) || !has(self.prefill.maxReplicas) || "
+         "self.prefill.minReplicas <= self.prefill.maxReplicas",
+         "spec.prefill.minReplicas must not exceed spec.prefill.maxReplicas"),
+        ("!has(self.decode.minReplicas) || !has(self.decode.maxReplicas) || "
+         "self.decode.minReplicas <= self.decode.maxReplicas",
+         "spec.decode.minReplicas must not exceed spec.decode.maxReplicas"),
         ("self.kvTransfer.connector != 'tpu-inference' || self.engine.type == 'vllm-tpu'",
          "spec.kvTransfer.connector tpu-inference needs spec.engine.type vllm-tpu"),
         ("self.kvTransfer.connector != 'tpu-sync-compatible' || self.engine.type == 'vllm-tpu'",
@@ -542,6 +566,10 @@ class DisaggregatedServingSpec(Model):
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")
     pool_ref: PoolRef
+    replicas: Annotated[int, Field(ge=0)] = Field(
+        1, description="Units of the serving, each spec.prefill.replicas prefill and spec.decode.replicas decode "
+                       "replicas, so scaling keeps their ratio (within each role's bounds). The /scale "
+                       "subresource: `kubectl scale` and a HorizontalPodAutoscaler set it.")
     prefill: RoleSpec = sub(RoleSpec, "Prefill role.")
     decode: RoleSpec = sub(RoleSpec, "Decode role.")
     kv_transfer: KVTransfer = sub(KVTransfer, "KV transfer between roles.")
@@ -564,3 +592,6 @@ class DisaggregatedServingStatus(Model):
     decode: RoleStatus | None = None
     endpoint: str | None = None
     routing_ready: bool | None = None
+    replicas: int | None = Field(None, description="Units running at the last pass (spec.replicas as applied).")
+    selector: str | None = Field(None, description="The label selector of the serving's engine pods (for the "
+                                                   "/scale subresource: what an autoscaler measures).")

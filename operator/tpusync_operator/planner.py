@@ -352,6 +352,17 @@ class ServingPlan:
     required_kinds: list[str] = field(default_factory=list)
 
 
+def role_replicas(spec: DisaggregatedServingSpec, role: str) -> int:
+    """A role's replicas: its replicas per unit times the serving's units, within its bounds."""
+    r = spec.prefill if role == "prefill" else spec.decode
+    n = spec.replicas * r.replicas
+    if r.max_replicas is not None:
+        n = min(n, r.max_replicas)
+    if r.min_replicas is not None:
+        n = max(n, r.min_replicas)
+    return n
+
+
 def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]:
     plans = []
     for role in ("prefill", "decode"):
@@ -367,7 +378,7 @@ def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]
             if r.hosts_per_replica is not None and r.hosts_per_replica != hosts:
                 raise PlanError(f"spec.{role}.hostsPerReplica must be {hosts} for topology {topology}")
         kind = "LeaderWorkerSet" if hosts > 1 else "Deployment"
-        plans.append(RolePlan(role=role, replicas=r.replicas, hosts_per_replica=hosts,
+        plans.append(RolePlan(role=role, replicas=role_replicas(spec, role), hosts_per_replica=hosts,
                               chips_per_host=chips, kind=kind))
     return plans
 
@@ -478,9 +489,13 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                     Ref("rbac.authorization.k8s.io/v1", "RoleBinding", epp),
                     Ref("rbac.authorization.k8s.io/v1", "Role", epp), Ref("v1", "ServiceAccount", epp),
                     Ref("networking.k8s.io/v1", "NetworkPolicy", epp)]
+    if llmd.epp_disruption_budget_wanted(spec):
+        apply.append(llmd.build_epp_disruption_budget(owner))
+    else:
+        delete.append(Ref("policy/v1", "PodDisruptionBudget", epp))
     if spec.routing.enabled:
         events_port = pool.spec.sidecar.kv_events_port
-        apply += [llmd.build_epp_service_account(owner), llmd.build_epp_role(owner),
+        apply += [llmd.build_epp_service_account(owner), llmd.build_epp_role(owner, spec),
                   llmd.build_epp_role_binding(owner), llmd.build_epp_config_map(owner, spec, events_port),
                   llmd.build_epp_deployment(owner, spec, events_port), llmd.build_epp_service(owner),
                   llmd.build_epp_network_policy(owner)]

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from .builders import names, sglang_pd
 from .builders.common import Owner
+from .builders.llmd import serving_pod_labels
 from .builders.serving import PoolInfo
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
@@ -47,7 +48,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         p.request_failed(e)
         conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
         return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
-            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady"),
+            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector"),
             "conditions": conds})
 
     try:
@@ -110,6 +111,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         "observedGeneration": gen, "conditions": conds,
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
+        "replicas": spec.replicas, "selector": _selector(owner),
     })
 
 
@@ -124,6 +126,10 @@ async def _pd_secret(kube: Kube, p: Pass, owner: Owner, deps: Deps) -> None:
     if await kube.get("v1", "Secret", owner.namespace, name) is None and \
             await kube.create(sglang_pd.build_secret(owner, deps.token().hex())):
         p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {name}")
+
+
+def _selector(owner: Owner) -> str:
+    return ",".join(f"{k}={v}" for k, v in serving_pod_labels(owner).items())
 
 
 def _endpoint(owner: Owner, spec: DisaggregatedServingSpec) -> str:

@@ -151,6 +151,27 @@ EPP_CONFIG_SOURCES = {
                                      "grpc-ext-proc: appProtocol: kubernetes.io/h2c"),
 }
 EPP_EXT_PROC_APP_PROTOCOL = "kubernetes.io/h2c"
+# The router's high availability, as v0.10.0 runs it. With --ha-enable-leader-election the EPP
+# takes a Lease named epp-<pool namespace>-<pool name>.llm-d.ai in the pool's namespace, gives it
+# back on SIGTERM (LeaderElectionReleaseOnCancel), and its gRPC health service answers
+# "readiness" (and the ext-proc service) only on the leader, "liveness" on every replica. Its
+# chart then replaces every replica at once (Recreate: a rollout that waits for a standby to
+# turn ready never retires the leader) and grants the Lease and Event rights below.
+EPP_HA_SOURCES = (
+    _router("pkg/epp/server/controller_manager.go",
+            'LeaderElectionID = fmt.Sprintf("epp-%s-%s.llm-d.ai", gknn.Namespace, gknn.Name); '
+            "LeaderElectionReleaseOnCancel = true"),
+    _router("cmd/epp/runner/health.go", 'LivenessCheckService = "liveness", ReadinessCheckService = "readiness"'),
+    _router("config/charts/routerlib/templates/_deployment.yaml",
+            "replicas > 1: --ha-enable-leader-election, probes liveness / readiness, strategy Recreate"),
+    _router("config/charts/routerlib/templates/_leader-election-rbac.yaml",
+            "leases get list watch create update patch delete; events create patch"),
+)
+EPP_HA_HEALTH_SERVICES = {"liveness": "liveness", "readiness": "readiness"}
+
+
+def epp_lease_name(pool_namespace: str, pool_name: str) -> str:
+    return f"epp-{pool_namespace}-{pool_name}.llm-d.ai"
 # The EPP's metrics port requires a bearer token (TokenReview + SubjectAccessReview) unless
 # --metrics-endpoint-auth=false; upstream's own chart passes false unless auth is asked for
 # (config/charts/routerlib/templates/_deployment.yaml at v0.10.0).

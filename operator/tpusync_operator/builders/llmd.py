@@ -149,10 +149,26 @@ EPP_RULES = [
 ]
 
 
-def build_epp_role(owner: Owner) -> dict[str, Any]:
+def leader_election(spec: DisaggregatedServingSpec) -> bool:
+    """More than one replica, active-passive: the router's leader election decides which routes."""
+    return spec.routing.epp_replicas > 1 and spec.routing.epp_high_availability == "ActivePassive"
+
+
+def epp_leader_election_rules(owner: Owner) -> list[dict[str, Any]]:
+    """What client-go's Lease lock does (get, create, update: a release is an update) on the one
+    Lease the router names (versions.EPP_HA_SOURCES), and the events its recorder posts. Less than
+    upstream's chart grants (every Lease in the namespace, list/watch/patch/delete too)."""
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+             "resourceNames": [versions.epp_lease_name(owner.namespace, owner.name)]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+
+
+def build_epp_role(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, Any]:
+    rules = EPP_RULES + (epp_leader_election_rules(owner) if leader_election(spec) else [])
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
-            "rules": EPP_RULES}
+            "rules": rules}
 
 
 def build_epp_role_binding(owner: Owner) -> dict[str, Any]:
@@ -167,16 +183,19 @@ def _epp_selector(owner: Owner) -> dict[str, str]:
     return {SERVING_LABEL: owner.name, "app.kubernetes.io/component": "endpoint-picker"}
 
 
-def epp_args(owner: Owner) -> list[str]:
+def epp_args(owner: Owner, spec: DisaggregatedServingSpec) -> list[str]:
     """The EPP's command line (flags: versions.EPP). Boolean flags take `=`: pflag reads a
     separate word as a positional argument."""
-    return ["--pool-name", owner.name, "--pool-namespace", owner.namespace,
+    args = ["--pool-name", owner.name, "--pool-namespace", owner.namespace,
             "--pool-group", "inference.networking.k8s.io",
             "--config-file", f"/config/{EPP_CONFIG_KEY}",
             "--grpc-health-port", str(EPP_HEALTH_PORT), "--zap-encoder", "json",
             # Metrics without a bearer token (upstream's chart default): with auth the EPP
             # would need TokenReview/SubjectAccessReview rights and Prometheus a token.
             f"--metrics-endpoint-auth={str(versions.EPP_METRICS_AUTH).lower()}"]
+    if leader_election(spec):
+        args.append("--ha-enable-leader-election=true")
+    return args
 
 
 def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> dict[str, Any]:
@@ -186,35 +205,67 @@ def build_epp_deployment(owner: Owner, spec: DisaggregatedServingSpec, kv_events
     config_hash = hashlib.sha256(epp_config_text(owner, spec, kv_events_port).encode()).hexdigest()[:16]
     labels = {**base_labels(owner, "endpoint-picker"), **_epp_selector(owner)}
 
-    def grpc_probe(**extra: Any) -> dict[str, Any]:
-        return {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, **extra}
+    # Under leader election only the leader answers "readiness" (so the Service sends ext-proc to
+    # it alone) and every replica "liveness" (a standby is not restarted); without it any name.
+    ha = leader_election(spec)
+
+    def grpc_probe(check: str, **extra: Any) -> dict[str, Any]:
+        service = versions.EPP_HA_HEALTH_SERVICES[check] if ha else "inference-extension"
+        return {"grpc": {"port": EPP_HEALTH_PORT, "service": service}, **extra}
 
     container = {
         "name": "epp",
         "image": spec.routing.epp_image,
         "imagePullPolicy": "IfNotPresent",
-        "args": epp_args(owner),
+        "args": epp_args(owner, spec),
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT},
                   {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT},
                   {"name": "metrics", "containerPort": EPP_METRICS_PORT}],
-        "livenessProbe": grpc_probe(initialDelaySeconds=5, periodSeconds=10),
-        "readinessProbe": grpc_probe(periodSeconds=2),
+        "livenessProbe": grpc_probe("liveness", initialDelaySeconds=5, periodSeconds=10),
+        "readinessProbe": grpc_probe("readiness", periodSeconds=2),
         "securityContext": container_security_context(read_only_root=True),
         "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
     }
+    pod: dict[str, Any] = {"serviceAccountName": name,
+                           "terminationGracePeriodSeconds": 130,
+                           "securityContext": pod_security_context(),
+                           "containers": [container],
+                           "volumes": [{"name": "config", "configMap": {"name": name}}]}
+    deployment_spec: dict[str, Any] = {"replicas": spec.routing.epp_replicas,
+                                       "selector": {"matchLabels": _epp_selector(owner)}}
+    if spec.routing.epp_replicas > 1:
+        # One replica per node: draining a node never takes the router down. A rollout surges
+        # no pod, so it needs no spare node either.
+        pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": _epp_selector(owner)}, "topologyKey": "kubernetes.io/hostname"}]}}
+        # Under leader election a new replica never turns ready while the old leader holds the
+        # Lease, so a rollout that waits for one never retires the leader: all go at once
+        # (upstream's chart uses Recreate for this, versions.EPP_HA_SOURCES; a rolling update of
+        # 100 % starts the new pods without waiting for the old to finish their drain, and
+        # needs no change of strategy type, which server-side apply cannot make).
+        deployment_spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {
+            "maxSurge": 0, "maxUnavailable": "100%" if ha else 1}}
+    deployment_spec["template"] = {
+        "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: config_hash}}, "spec": pod}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": metadata(owner, name, labels),
-            "spec": {"replicas": 1,
-                     "selector": {"matchLabels": _epp_selector(owner)},
-                     "template": {
-                         "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
-                         "spec": {"serviceAccountName": name,
-                                  "terminationGracePeriodSeconds": 130,
-                                  "securityContext": pod_security_context(),
-                                  "containers": [container],
-                                  "volumes": [{"name": "config", "configMap": {"name": name}}]}}}}
+            "metadata": metadata(owner, name, labels), "spec": deployment_spec}
+
+
+def build_epp_disruption_budget(owner: Owner) -> dict[str, Any]:
+    """Active-active replicas are all ready: a voluntary eviction (a node drain, an upgrade) takes
+    one at a time. Active-passive gets none: a budget counts ready pods, the standby never is, so
+    any budget that kept the leader would stop its node's drain for good; the leader gives its
+    Lease up on SIGTERM instead and keeps serving through --drain-timeout."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": metadata(owner, names.epp(owner.name), base_labels(owner, "endpoint-picker")),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _epp_selector(owner)}}}
+
+
+def epp_disruption_budget_wanted(spec: DisaggregatedServingSpec) -> bool:
+    r = spec.routing
+    return r.enabled and r.epp_replicas > 1 and r.epp_high_availability == "ActiveActive"
 
 
 def build_epp_service(owner: Owner) -> dict[str, Any]:

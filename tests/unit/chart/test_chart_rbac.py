@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.helm import find, kinds
-from tpusync_operator.builders.llmd import EPP_RULES
+from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.llmd import EPP_RULES, epp_leader_election_rules
 from tpusync_operator.kube import RESOURCES
 from tpusync_operator.planner import OPTIONAL_KINDS
 
@@ -30,7 +31,7 @@ NAMESPACED_PEERING = rule(["kopf.dev"], ["kopfpeerings"], ["list", "watch", "pat
 NAMESPACED = [
     rule(["tpusync.dev"], ["tpusyncpools", "disaggregatedservings"], ["get", "list", "watch", "patch"]),
     rule(["tpusync.dev"], ["tpusyncpools/status", "disaggregatedservings/status"], ["patch"]),
-    rule([""], ["events"], ["create"]),
+    rule([""], ["events"], ["create", "patch"]),
     rule([""], ["configmaps", "services", "serviceaccounts", "persistentvolumeclaims"],
          ["list", "watch", "create", "patch", "delete"]),
     rule([""], ["secrets"], ["get", "create"]),
@@ -38,12 +39,14 @@ NAMESPACED = [
     rule(["apps"], ["deployments", "statefulsets", "daemonsets"],
          ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["networking.k8s.io"], ["networkpolicies"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["policy"], ["poddisruptionbudgets"], ["list", "watch", "create", "patch", "delete"]),
     rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"]),
     rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["inference.networking.k8s.io"], ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai"], ["inferenceobjectives"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai", "inference.networking.x-k8s.io"], ["inferenceobjectives", "inferencemodelrewrites"],
          ["get", "list", "watch"]),
+    rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
     rule(["gateway.networking.k8s.io"], ["httproutes"], ["list", "watch", "create", "patch", "delete"]),
     rule(["networking.gke.io"], ["healthcheckpolicies", "gcpbackendpolicies"],
          ["list", "watch", "create", "patch", "delete"]),
@@ -95,7 +98,9 @@ def test_no_wildcards_or_dangerous_verbs(helm):
         for o in helm.template(values):
             for r in o.get("rules", []):
                 assert "*" not in r.get("apiGroups", []) + r.get("resources", []) + r["verbs"], r
-                assert not {"escalate", "bind", "impersonate", "deletecollection", "update"} & set(r["verbs"]), r
+                assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(r["verbs"]), r
+                # update only where the EPP's Role grants it (its Lease); the operator applies.
+                assert "update" not in r["verbs"] or r["resources"] == ["leases"], r
                 # The operator never reads Secrets in bulk.
                 if "secrets" in r.get("resources", []):
                     assert set(r["verbs"]) == {"get", "create"}
@@ -117,7 +122,9 @@ def test_every_optional_kind_the_planner_applies_is_granted():
             assert allows(NAMESPACED, api_version.split("/")[0], plural, verb), (plural, verb)
 
 
-@pytest.mark.parametrize("r", EPP_RULES, ids=lambda r: ",".join(r["resources"]))
+@pytest.mark.parametrize("r", EPP_RULES + epp_leader_election_rules(
+    Owner("tpusync.dev/v1alpha1", "DisaggregatedServing", "s", "ns", "u")),
+                         ids=lambda r: ",".join(r["resources"] + r["verbs"]))
 def test_operator_holds_what_the_epp_role_grants(r):
     """RBAC escalation prevention: the operator may only create the EPP Role (and bind it)
     if it holds every permission that Role grants."""

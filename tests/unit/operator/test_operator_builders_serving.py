@@ -227,6 +227,66 @@ def test_epp_deployment_rolls_on_config_change():
     assert yaml.safe_load(cm["data"]["config.yaml"]) == llmd.build_epp_config(owner, a, 5557)
 
 
+def _epp(serving):
+    owner, spec = _owner_spec(serving)
+    deployment = llmd.build_epp_deployment(owner, spec, 5557)
+    return owner, spec, deployment, deployment["spec"]["template"]["spec"]
+
+
+def test_epp_active_passive_by_default_as_the_pinned_router_runs_it():
+    owner, spec, deployment, pod = _epp(ServingBody())
+    assert deployment["spec"]["replicas"] == 2
+    container = pod["containers"][0]
+    assert "--ha-enable-leader-election=true" in container["args"]
+    assert "--ha-enable-leader-election" in versions.EPP.flags
+    # Only the leader answers "readiness": the Service sends ext-proc to it alone.
+    assert container["readinessProbe"]["grpc"]["service"] == "readiness"
+    assert container["livenessProbe"]["grpc"]["service"] == "liveness"
+    # A standby never turns ready, so a rollout that waits for one could never retire the leader.
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "100%"}}
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti == [{"labelSelector": deployment["spec"]["selector"], "topologyKey": "kubernetes.io/hostname"}]
+    rules = llmd.build_epp_role(owner, spec)["rules"]
+    lease = [r for r in rules if r["resources"] == ["leases"]]
+    assert lease == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+                      "resourceNames": ["epp-ns-llm.llm-d.ai"]}]
+    assert not llmd.epp_disruption_budget_wanted(spec)
+
+
+def test_epp_active_active_routes_on_every_replica_with_a_budget_of_one():
+    owner, spec, deployment, pod = _epp(ServingBody().spec(routing={"eppReplicas": 3,
+                                                                    "eppHighAvailability": "ActiveActive"}))
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert not any(a.startswith("--ha-enable-leader-election") for a in container["args"])
+    assert container["readinessProbe"]["grpc"]["service"] == "inference-extension"
+    assert "podAntiAffinity" in pod["affinity"]
+    assert not [r for r in llmd.build_epp_role(owner, spec)["rules"] if r["resources"] == ["leases"]]
+    assert llmd.epp_disruption_budget_wanted(spec)
+    pdb = llmd.build_epp_disruption_budget(owner)
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+
+
+def test_one_epp_replica_has_no_election_affinity_or_budget():
+    _, spec, deployment, pod = _epp(ServingBody().spec(routing={"eppReplicas": 1,
+                                                                    "eppHighAvailability": "ActiveActive"}))
+    assert deployment["spec"]["replicas"] == 1 and "affinity" not in pod and "strategy" not in deployment["spec"]
+    assert not any(a.startswith("--ha-enable") for a in pod["containers"][0]["args"])
+    assert not llmd.epp_disruption_budget_wanted(spec)
+
+
+def test_the_planner_prunes_the_budget_when_it_is_not_wanted():
+    pdb = ("policy/v1", "PodDisruptionBudget", "llm-epp")
+    active = plan(ServingBody().spec(routing={"eppHighAvailability": "ActiveActive"}), PoolBody())
+    assert pdb in {(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in active.apply}
+    passive = plan(ServingBody(), PoolBody())
+    assert pdb in {(r.api_version, r.kind, r.name) for r in passive.delete}
+    assert "PodDisruptionBudget" not in {o["kind"] for o in passive.apply}
+
+
 def test_inference_pool_and_route():
     owner, spec = _owner_spec(ServingBody().spec(routing={"gatewayRef": {"name": "gw", "sectionName": "http"}}))
     pool = llmd.build_inference_pool(owner, spec)

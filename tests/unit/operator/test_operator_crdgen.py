@@ -43,7 +43,11 @@ def test_crd_metadata(kind, plural, short):
     names = crd["spec"]["names"]
     assert short in names["shortNames"] and names["categories"] == ["tpusync"]
     version = crd["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    # A serving scales by units (kubectl scale, HPA); a pool is sized by its capacity.
+    assert version["subresources"].get("scale") == ({
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"} if kind == "DisaggregatedServing" else None)
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
     assert "Age" in columns

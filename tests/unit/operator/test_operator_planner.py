@@ -21,6 +21,7 @@ from tpusync_operator.planner import (
     plan_pool,
     plan_roles,
     plan_serving,
+    role_replicas,
 )
 from tpusync_operator.planner import SizeAction as S
 from tpusync_operator.tpu import TopologyError, slice_for
@@ -362,3 +363,31 @@ def test_sglang_jax_gets_a_bootstrap_registry():
     assert not any(o["metadata"]["name"] == "llm-pd-bootstrap" for o in serving_plan(ServingBody()).apply)
     with pytest.raises(PlanError, match=r"spec\.engine\.image is required"):
         serving_plan(ServingBody().spec(engine={"type": "sglang-jax"}, kvTransfer={"connector": "sglang-jax"}))
+
+
+@pytest.mark.parametrize("units,prefill,decode,want", [
+    (1, {"replicas": 1}, {"replicas": 3}, (1, 3)),
+    (3, {"replicas": 1}, {"replicas": 3}, (3, 9)),      # the ratio held
+    (0, {"replicas": 1}, {"replicas": 3}, (0, 0)),      # scaled to zero
+    (4, {"replicas": 1, "maxReplicas": 2}, {"replicas": 2}, (2, 8)),   # a role's bound
+    (0, {"replicas": 1, "minReplicas": 1}, {"replicas": 2, "minReplicas": 1}, (1, 1)),
+])
+def test_units_scale_both_roles_within_their_bounds(units, prefill, decode, want):
+    spec = DisaggregatedServingSpec.model_validate(
+        ServingBody().spec(replicas=units, prefill=prefill, decode=decode).build()["spec"])
+    assert (role_replicas(spec, "prefill"), role_replicas(spec, "decode")) == want
+
+
+def test_multi_host_roles_scale_by_whole_slices():
+    pool = PoolBody().v7x("2x2x2").spec(capacity={"hosts": 16}).build()
+    spec_pool = TPUSyncPoolSpec.model_validate(pool["spec"])
+    info = PoolInfo("p", spec_pool, slice_for(spec_pool.tpu.type, spec_pool.tpu.topology))
+    spec = DisaggregatedServingSpec.model_validate(
+        ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=2, decode={"replicas": 1}).build()["spec"])
+    roles = {r.role: r for r in plan_roles(spec, info)}
+    assert roles["decode"].kind == "LeaderWorkerSet" and roles["decode"].replicas == 2
+    assert roles["decode"].hosts_per_replica == 2          # each replica one whole 2x2x2 slice
+    assert capacity_shortfall(list(roles.values()), info) is None
+    three = DisaggregatedServingSpec.model_validate(
+        ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=5, decode={"replicas": 1}).build()["spec"])
+    assert "raise the pool's spec.capacity.hosts by 2 per slice" in capacity_shortfall(plan_roles(three, info), info)
