@@ -122,7 +122,8 @@ for s in node/fast node/heartbeat-with-lease pod/fast pod/general; do
   rm -f "$tmp/stages/$s/kustomization.yaml"
 done
 lwsdir="$(moddir "sigs.k8s.io/lws@$LWS_VERSION")"
-cp "$lwsdir/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$tmp/crds/"
+cp "$lwsdir/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" \
+   "$lwsdir/config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml" "$tmp/crds/"
 gwdir="$(moddir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION")"
 for f in gatewayclasses gateways httproutes grpcroutes referencegrants; do
   cp "$gwdir/config/crd/standard/gateway.networking.k8s.io_$f.yaml" "$tmp/crds/"

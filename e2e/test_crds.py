@@ -169,6 +169,9 @@ SERVING_CASES = [
     ("active-active-needs-precise-prefix", "spec.routing",
      {"eppHighAvailability": "ActiveActive", "precisePrefixCache": False},
      "spec.routing.eppHighAvailability ActiveActive needs spec.routing.precisePrefixCache"),
+    ("rollout-strategy-enum", "spec.rollout.strategy", "Recreate", "spec.rollout.strategy"),
+    ("rollout-cannot-progress", "spec.rollout", {"maxSurge": 0, "maxUnavailable": 0},
+     "spec.rollout: maxSurge + maxUnavailable must be at least 1"),
 ]
 
 
@@ -184,6 +187,15 @@ def test_invalid_serving_rejected(cluster, tpusync_crds, namespace, path, value,
     assert res.returncode != 0, f"accepted: {path}={value!r}"
     assert 'The DisaggregatedServing "s" is invalid' in res.stderr, res.stderr
     assert message in res.stderr, res.stderr
+
+
+def test_lockstep_needs_both_roles(cluster, tpusync_crds, namespace):
+    lockstep = variant(SERVING, "spec.rollout", {"strategy": "Lockstep"})
+    assert server_dry_run(cluster, namespace, lockstep).returncode == 0
+    assert server_dry_run(cluster, namespace, variant(SERVING, "spec.decode", {"replicas": 0})).returncode == 0
+    res = server_dry_run(cluster, namespace, variant(lockstep, "spec.decode", {"replicas": 0}))
+    assert res.returncode != 0
+    assert "spec.rollout.strategy Lockstep needs spec.prefill.replicas and spec.decode.replicas above 0" in res.stderr
 
 
 @pytest.mark.parametrize("connector", ["tpu-inference", "tpu-sync-compatible"])

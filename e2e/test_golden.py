@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.support import REPO
+from tpusync_operator.builders.common import pod_templates
 
 GOLDEN = REPO / "tests" / "unit" / "operator" / "golden"
 # nodepool-*.yaml are GKE API request bodies, not Kubernetes objects (tests/support/gke_api.py).
@@ -49,13 +50,7 @@ def test_the_dry_run_refuses_an_unknown_field(cluster, crds, namespace) -> None:
 
 def _pod_templates(docs: list[dict]):
     for d in docs:
-        spec = d.get("spec", {})
-        if "template" in spec:
-            yield d["metadata"]["name"], spec["template"]
-        if "leaderWorkerTemplate" in spec:
-            lwt = spec["leaderWorkerTemplate"]
-            yield d["metadata"]["name"] + "-leader", lwt["leaderTemplate"]
-            yield d["metadata"]["name"] + "-worker", lwt["workerTemplate"]
+        yield from pod_templates(d)
 
 
 def _tpu_engine(pod_spec: dict) -> bool:

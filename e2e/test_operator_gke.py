@@ -8,8 +8,10 @@ pool's uid); the test plays GKE's part of bringing the nodes up (kwok nodes labe
 node pool). Only this pool carries the operator's finalizer; deleting it deletes the node
 pool through the API before the object goes. A node pool of the wanted name that the
 operator did not create is never resized or deleted, and the pool says so. A pool cannot
-name another GKE API (the field is gone from the CRD): the token goes nowhere else. GKE
-completes operations on its own, so the server completes them after a second.
+name another GKE API (the field is gone from the CRD): the token goes nowhere else. An
+autoscaled multi-host pool is a node pool per slice, which GKE's autoscaler grows whole (the
+test plays that part too). GKE completes operations on its own, so the server completes them
+after a second.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_operator import FINALIZER, apply, conditions, get, wait_condition
+from test_operator import FINALIZER, apply, conditions, get, serving_obj, wait_condition
 
 from tests.support.gke_api import PARENT, serve
 from tests.support.polling import wait_for
@@ -144,3 +146,67 @@ def test_a_pool_cannot_name_the_gke_api_its_token_goes_to(cluster, gke_operator,
     finally:
         stop()
     assert elsewhere.requests == []
+
+
+V7X_POOL = "e2e-gke-v7x"
+
+
+def test_an_autoscaled_multi_host_pool_grows_a_serving_by_whole_slices(cluster, gke_operator, lws, module_namespace):
+    """v7x 2x2x2 slices (2 hosts each) autoscaled between 2 and 6 hosts: the operator creates a
+    node pool per slice through the API, the first kept up and the other two left to GKE's
+    autoscaler between 0 and a whole slice. A serving scaled to three units (one multi-host decode
+    replica each, its own slice: LWS's exclusive topology) fits without a capacity complaint; its
+    new groups wait until the test, playing GKE's autoscaler, brings up whole slices; a fourth
+    unit does not fit and the serving says so."""
+    ns, state = module_namespace, gke_operator
+    pool = gke_pool(ns, "v7", V7X_POOL, hosts=2)
+    pool["spec"]["tpu"] = {"type": "v7x", "topology": "2x2x2"}
+    pool["spec"]["capacity"] = {"autoscaling": {"minHosts": 2, "maxHosts": 6}}
+    pool["spec"]["provisioning"]["gke"]["workloadPolicy"] = "e2e-v7x-policy"
+    apply(cluster, pool)
+    slices = [V7X_POOL, f"{V7X_POOL}-1", f"{V7X_POOL}-2"]
+    wait_for("a node pool per slice", lambda: set(slices) <= set(state.pools), 90)
+    assert [(state.pools[s]["initialNodeCount"], state.pools[s]["autoscaling"]["minNodeCount"],
+             state.pools[s]["autoscaling"]["maxNodeCount"]) for s in slices] == [(2, 2, 2), (0, 0, 2), (0, 0, 2)]
+    assert all(state.pools[s]["placementPolicy"] == {"type": "COMPACT", "policyName": "e2e-v7x-policy"}
+               for s in slices)
+    labels = state.pools[V7X_POOL]["config"]["labels"]
+
+    def bring_up(node_pool: str) -> None:     # GKE's part: a whole slice of nodes with the pool's labels
+        cluster.add_tpu_nodes(node_pool, 2, accelerator="tpu7x", topology="2x2x2", chips_per_node=4,
+                              machine_type="tpu7x-standard-4t", labels=labels)
+    bring_up(V7X_POOL)
+    wait_condition(cluster, "tpusyncpool", ns, "v7", timeout=120)
+
+    apply(cluster, serving_obj(ns, "v7", engine={"type": "vllm-tpu"}, pool="v7", prefill=0, decode=1,
+                               routing={"enabled": False}))
+    wait_condition(cluster, "disaggregatedservings", ns, "v7", timeout=120)
+    cluster.kubectl("scale", "disaggregatedservings", "v7", "-n", ns, "--replicas=3")
+
+    def waiting_for_slices():
+        ds = get(cluster, "disaggregatedservings", ns, "v7")
+        c = conditions(ds)
+        pending = {p["metadata"]["name"] for p in cluster.kubectl_json(
+            "get", "pods", "-n", ns, "-l", "tpusync.dev/serving=v7")["items"] if p["status"].get("phase") == "Pending"}
+        # the new groups' leaders wait for nodes (LWS creates a group's workers once its leader runs)
+        return (ds["status"]["decode"]["replicas"] == 3 and c["Degraded"]["status"] == "False"
+                and pending == {"v7-decode-1", "v7-decode-2"} and ds)
+    def state_now() -> str:
+        pods = cluster.kubectl("get", "pods", "-n", ns, "-l", "tpusync.dev/serving=v7", "-o", "wide").stdout
+        return f"\nstatus: {json.dumps(get(cluster, 'disaggregatedservings', ns, 'v7')['status'])}\n{pods}"
+    ds = wait_for("two decode groups waiting for hosts", waiting_for_slices, 90, on_timeout=state_now)
+    assert ds["status"]["decode"]["readyReplicas"] == 1
+    bring_up(f"{V7X_POOL}-1")
+    bring_up(f"{V7X_POOL}-2")
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "v7", timeout=120)
+    assert ds["status"]["decode"] == {"kind": "LeaderWorkerSet", "replicas": 3, "readyReplicas": 3}
+    nodes = {p["spec"]["nodeName"] for p in cluster.kubectl_json("get", "pods", "-n", ns, "-l",
+                                                                 "tpusync.dev/serving=v7")["items"]}
+    assert len(nodes) == 6                                   # each group a whole slice of its own
+
+    cluster.kubectl("scale", "disaggregatedservings", "v7", "-n", ns, "--replicas=4")
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "v7", "Degraded", "True", reason="InsufficientCapacity")
+    assert "need 8 TPU hosts" in conditions(ds)["Degraded"]["message"]
+    cluster.kubectl("delete", "disaggregatedservings", "v7", "-n", ns, "--timeout=90s", timeout=120)
+    cluster.kubectl("delete", "tpusyncpool", "v7", "-n", ns, "--timeout=120s", timeout=150)
+    assert not set(slices) & set(state.pools)               # every slice's node pool deleted through the API

@@ -1,16 +1,30 @@
 """More of the operator on the real control plane: store nodes as a DaemonSet (and a switch
 of kind, which prunes the old one), a multi-host role as a LeaderWorkerSet run by the real LWS
 controller (tests/support/lws.py: its webhooks label the group's pods and inject the TPU environment),
-and two live operators sharing one peering, of which only one acts.
+a Lockstep rollout run by LWS's DisaggregatedSet controller, and two live operators sharing one
+peering, of which only one acts.
 """
 
 from __future__ import annotations
 
+import yaml
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
-from test_operator import CONVERGE, apply, container, get, items, owned_by, pool_obj, serving_obj, wait_condition
+from test_operator import (
+    CONVERGE,
+    apply,
+    conditions,
+    container,
+    get,
+    items,
+    owned_by,
+    pool_obj,
+    serving_obj,
+    wait_condition,
+)
 
 from tests.support.operator_process import OperatorProcess
 from tests.support.polling import wait_for
+from tests.support.revision_router import RevisionRouter, ready, screener_parameters
 
 MULTI_POOL = "e2e-v6e-4x4"      # a v6e 4x4 slice: 16 chips on 4 hosts
 
@@ -86,6 +100,88 @@ def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_nam
         assert ('ray start --address="$LWS_LEADER_ADDRESS:6379"' in script) == (index != "0")
         assert (engine.get("args", [])[:1] == ["serve"]) == (index == "0")
     assert len(hostnames.split(",")) == 4
+
+
+LOCKSTEP_POOL = "e2e-lockstep"   # six v6e 2x2 hosts: two units of one prefill and one decode, plus a surge of each
+DS_REVISION = "disaggregatedset.x-k8s.io/revision"
+
+
+def test_lockstep_rollout_pairs_prefill_and_decode_of_one_revision(cluster, operator, lws, module_namespace):
+    """spec.rollout.strategy Lockstep, run by the real DisaggregatedSet controller (LWS v0.9.0):
+    a new engine image rolls prefill and decode forward as a pair while a client keeps
+    sending requests through a stand-in of llm-d's rollout screener, configured from the
+    EndpointPickerConfig the operator wrote (tests/support/revision_router.py). Every request finds
+    a revision with both roles ready and is served within it, although both revisions' pods are up
+    at once for a while; the serving stays Ready and its status reports the rollout; the old
+    revision's LeaderWorkerSets are gone at the end."""
+    ns = module_namespace
+    cluster.add_tpu_nodes(LOCKSTEP_POOL, 6, topology="2x2", chips_per_node=4)
+    apply(cluster, pool_obj(ns, "ls", tpu={"type": "v6e", "topology": "2x2"}, node_pool=LOCKSTEP_POOL, hosts=6))
+    wait_condition(cluster, "tpusyncpool", ns, "ls")
+    serving = serving_obj(ns, "ls", engine={"type": "reference"}, pool="ls")
+    serving["spec"].update(replicas=2, rollout={"strategy": "Lockstep", "maxSurge": 1, "maxUnavailable": 0})
+    apply(cluster, serving)
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "ls", timeout=2 * CONVERGE)
+    dset = get(cluster, "disaggregatedsets.disaggregatedset.x-k8s.io", ns, "ls")
+    assert owned_by(dset, ds)
+    (first,) = [r["revision"] for r in ds["status"]["rollout"]["revisions"]]
+    assert ds["status"]["rollout"]["revision"] == first
+    sets = items(cluster, "leaderworkersets.leaderworkerset.x-k8s.io", ns, "disaggregatedset.x-k8s.io/name=ls")
+    assert sorted((s["metadata"]["name"], s["spec"]["replicas"]) for s in sets) == [
+        (f"ls-{first}-decode", 2), (f"ls-{first}-prefill", 2)]
+
+    config = yaml.safe_load(get(cluster, "configmap", ns, "ls-epp")["data"]["config.yaml"])
+    router = RevisionRouter(screener_parameters(config))
+    assert "--allow-experimental-plugins=true" in container(
+        get(cluster, "deployment", ns, "ls-epp")["spec"]["template"]["spec"], "epp")["args"]
+
+    def in_scope() -> list[dict]:
+        return items(cluster, "pods", ns, router.scope)
+    assert {p["metadata"]["labels"][DS_REVISION] for p in in_scope()} == {first}
+
+    serving["spec"]["engine"]["image"] = "registry.example/tpusync-serving:next"    # a new engine release
+    apply(cluster, serving)
+    requests: list[tuple[str, str]] = []   # (prefill revision, decode revision) of each request
+    refused: list[str] = []                # the pods in scope whenever no revision could serve
+    mixed_looks = 0                        # looks at which pods of both revisions served a role
+    statuses: list[tuple[str, str, int]] = []   # (Ready, Progressing reason, revisions in status)
+
+    def rolled() -> bool:
+        nonlocal mixed_looks
+        pods = in_scope()
+        pick = router.pick(pods)
+        if pick.prefill is None or pick.decode is None:    # the router would answer 503
+            refused.append(", ".join(f"{p['metadata']['name']} ready={ready(p)}" for p in pods))
+        else:
+            requests.append((pick.prefill["metadata"]["labels"][DS_REVISION],
+                             pick.decode["metadata"]["labels"][DS_REVISION]))
+        live = {(p["metadata"]["labels"]["llm-d.ai/role"], p["metadata"]["labels"][DS_REVISION])
+                for p in pods if ready(p)}
+        mixed_looks += any(len({rev for role, rev in live if role == r}) > 1 for r in ("prefill", "decode"))
+        now = get(cluster, "disaggregatedservings", ns, "ls")
+        c = conditions(now)
+        if c["Ready"]["observedGeneration"] == now["metadata"]["generation"]:
+            statuses.append((c["Ready"]["status"], c["Progressing"]["reason"],
+                             len(now["status"]["rollout"]["revisions"])))
+        revisions = {p["metadata"]["labels"][DS_REVISION] for p in pods}
+        return (len(revisions) == 1 and first not in revisions and len([p for p in pods if ready(p)]) == 4
+                and c["Progressing"]["reason"] == "Stable" and now["status"]["rollout"]["revision"] != first)
+    wait_for("the lockstep rollout", rolled, 4 * CONVERGE, interval=0.2)
+
+    assert not refused, refused
+    assert all(p == d for p, d in requests), [r for r in requests if r[0] != r[1]]
+    served = {p for p, _ in requests}
+    assert first in served and len(served) == 2, served         # traffic moved from the old revision to the new
+    assert mixed_looks > 0     # both revisions' pods served at once: a router without the screener could cross
+    assert all(ready_ == "True" for ready_, _, _ in statuses), statuses
+    assert ("True", "LockstepRollout", 2) in statuses, statuses
+    now = get(cluster, "disaggregatedservings", ns, "ls")
+    (second,) = [r["revision"] for r in now["status"]["rollout"]["revisions"]]
+    wait_for("the old revision's LeaderWorkerSets deleted", lambda: sorted(
+        s["metadata"]["name"] for s in items(cluster, "leaderworkersets.leaderworkerset.x-k8s.io", ns,
+                                             "disaggregatedset.x-k8s.io/name=ls"))
+        == [f"ls-{second}-decode", f"ls-{second}-prefill"], CONVERGE)
+    assert now["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 2, "readyReplicas": 2}
 
 
 def test_two_operators_only_one_acts(cluster, operator, module_namespace, tmp_path):

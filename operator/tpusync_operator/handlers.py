@@ -23,20 +23,22 @@ from typing import Any
 import kopf
 
 from . import GROUP, VERSION, metrics
-from .builders.common import MANAGED_BY, POOL_LABEL
+from .builders.common import MANAGED_BY, POOL_LABEL, SERVING_LABEL
 from .builders.pool import pool_node_selector
 from .gke import GKEClient, MetadataServerToken, configured_endpoint, configured_metadata_url
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
 from .nodepools import delete_pool
-from .passes import PassQueue, owner_key
+from .passes import PassQueue, owner_key, set_owner_key
 from .planner import OPTIONAL_KINDS, check_pool
 from .reconcile import Deps
 from .reconcile_pool import reconcile_pool
 from .reconcile_serving import reconcile_serving
+from .versions import DISAGGREGATEDSET_API
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
 FINALIZER = "tpusync.dev/operator"
+STATUS_RETRY_SECONDS = 5.0
 RETRY_ANNOTATION = "tpusync.dev/retry"
 
 
@@ -128,8 +130,12 @@ async def _triggered(key: tuple[str, str, str], memo: kopf.Memo) -> None:
     try:
         await _run(key[0], RECONCILERS[key[0]], body, memo)
     except KubeError as e:
-        if e.status != 404:     # the status write found the object deleted during the pass
-            raise
+        if e.status == 404:     # the status write found the object deleted during the pass
+            return
+        # The status write itself failed (the reconcilers hold every other API error in the
+        # status): an outage, not a bug, so a line in the log and a pass again soon.
+        logging.getLogger(__name__).warning("%s %s/%s: status not written: %s", *key, e)
+        raise kopf.TemporaryError(f"status not written: {e}", delay=STATUS_RETRY_SECONDS) from e
 
 
 async def _touch(key: tuple[str, str, str], memo: kopf.Memo) -> None:
@@ -265,7 +271,8 @@ CHILD_RESOURCES = [
 
 
 async def child_seen(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    key = owner_key(body["metadata"], GROUP, tuple(RECONCILERS))
+    key = owner_key(body["metadata"], GROUP, tuple(RECONCILERS)) or \
+        set_owner_key(body["metadata"], DISAGGREGATEDSET_API.split("/")[0], SERVING_LABEL)
     if key is not None:
         memo.passes.request(key)
 

@@ -30,6 +30,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("leaderworkersets", True),
+    ("disaggregatedset.x-k8s.io/v1", "DisaggregatedSet"): ("disaggregatedsets", True),
     ("inference.networking.k8s.io/v1", "InferencePool"): ("inferencepools", True),
     ("llm-d.ai/v1alpha2", "InferenceObjective"): ("inferenceobjectives", True),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("httproutes", True),

@@ -87,7 +87,10 @@ class Capacity(Model):
     hosts: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology. In mode "
                           "gke with a multi-host topology, a multiple of the slice's hosts: one node pool per slice.")
-    autoscaling: Autoscaling | None = Field(None, description="Autoscaling range in hosts (mode gke).")
+    autoscaling: Autoscaling | None = Field(
+        None, description="Autoscaling range in hosts (mode gke). With a multi-host topology, multiples of the "
+                          "slice's hosts: one node pool per slice up to maxHosts, which GKE's autoscaler grows from "
+                          "0 to a whole slice when pods wait for it; the first minHosts worth of slices stay up.")
     spot: bool = Field(False, description="Use Spot VMs.")
     reservation: str | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
 
@@ -528,6 +531,29 @@ class Routing(Model):
                           "sglang-jax, nixlv2 (kv_transfer_params) otherwise.")
 
 
+class Rollout(Model):
+    """How a change to the engine pods (image, args, model revision, connector) reaches them."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("(has(self.maxSurge) ? self.maxSurge : 0) + (has(self.maxUnavailable) ? self.maxUnavailable : 1) >= 1",
+         "spec.rollout: maxSurge + maxUnavailable must be at least 1, or a rollout cannot make progress"),
+    ))
+    strategy: Literal["Independent", "Lockstep"] = Field(
+        "Independent", description="Independent: each role's Deployment or LeaderWorkerSet rolls on its own, so "
+                                   "for a while new prefill pods pair with old decode pods. Lockstep: one "
+                                   "DisaggregatedSet (LeaderWorkerSet v0.9.0 or later) rolls both roles as a pair, "
+                                   "every pod carries its revision, and the endpoint picker pairs prefill and "
+                                   "decode of one revision only (llm-d's disaggregatedset-rollout-screener), so KV "
+                                   "written by one revision is never loaded by another. Changing the strategy "
+                                   "replaces the engine pods.")
+    max_surge: Annotated[int, Field(ge=0)] = Field(
+        0, description="Replicas of a role above its target during a rollout (TPU hosts are scarce: 0 replaces in "
+                       "place, and a single-unit Lockstep serving is unavailable while it rolls).")
+    max_unavailable: Annotated[int, Field(ge=0)] = Field(
+        1, description="Replicas of a role below its target during a rollout.")
+
+
+LOCKSTEP_NEEDS_BOTH_ROLES = ("spec.rollout.strategy Lockstep needs spec.prefill.replicas and spec.decode.replicas "
+                             "above 0: it rolls a prefill/decode pair")
 GS_NEEDS_VLLM = ("spec.model.uri: gs:// models are streamed by vLLM's Run:ai model streamer (spec.engine.type "
                  "vllm-tpu); for other engines stage the weights on a PersistentVolumeClaim "
                  "(spec.storage.weights) and give their path")
@@ -562,6 +588,8 @@ class DisaggregatedServingSpec(Model):
          "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),
         ("(!has(self.model.maxModelLen) && !has(self.model.ropeScaling)) || self.engine.type == 'vllm-tpu'",
          LENGTH_NEEDS_VLLM),
+        ("!has(self.rollout) || !has(self.rollout.strategy) || self.rollout.strategy != 'Lockstep' || "
+         "(self.prefill.replicas > 0 && self.decode.replicas > 0)", LOCKSTEP_NEEDS_BOTH_ROLES),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")
@@ -576,6 +604,7 @@ class DisaggregatedServingSpec(Model):
     prefix_cache: PrefixCache = sub(PrefixCache, "Prefix cache offload.")
     routing: Routing = sub(Routing, "llm-d routing.")
     storage: Storage = sub(Storage, "Weights and compile-cache volumes of the engine pods.")
+    rollout: Rollout = sub(Rollout, "How prefill and decode roll forward when the engine pods change.")
     port: Port = 8000
 
 
@@ -583,6 +612,20 @@ class RoleStatus(Model):
     kind: str | None = None
     replicas: int = 0
     ready_replicas: int = 0
+
+
+class RevisionStatus(Model):
+    revision: str
+    prefill: RoleStatus = Field(default_factory=RoleStatus)
+    decode: RoleStatus = Field(default_factory=RoleStatus)
+
+
+class RolloutStatus(Model):
+    strategy: str
+    revision: str | None = Field(None, description="Lockstep: the newest revision, the one being rolled to.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list, description="Lockstep: every revision with pods, newest first; more than one while "
+                                          "a rollout drains the older ones.")
 
 
 class DisaggregatedServingStatus(Model):
@@ -595,3 +638,4 @@ class DisaggregatedServingStatus(Model):
     replicas: int | None = Field(None, description="Units running at the last pass (spec.replicas as applied).")
     selector: str | None = Field(None, description="The label selector of the serving's engine pods (for the "
                                                    "/scale subresource: what an autoscaler measures).")
+    rollout: RolloutStatus | None = None

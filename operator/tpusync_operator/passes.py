@@ -118,3 +118,14 @@ def owner_key(meta: dict[str, Any], group: str, kinds: tuple[str, ...]) -> tuple
                 str(ref.get("apiVersion", "")).startswith(group + "/"):
             return ref["kind"], meta.get("namespace", ""), ref["name"]
     return None
+
+
+def set_owner_key(meta: dict[str, Any], set_api_group: str, serving_label: str) -> tuple[str, str, str] | None:
+    """The serving behind a LeaderWorkerSet of its DisaggregatedSet: that controller owns the
+    set's LeaderWorkerSets, and the serving's label on them names the same serving."""
+    serving = (meta.get("labels") or {}).get(serving_label)
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "DisaggregatedSet" and ref.get("name") == serving and \
+                str(ref.get("apiVersion", "")).startswith(set_api_group + "/"):
+            return "DisaggregatedServing", meta.get("namespace", ""), serving
+    return None

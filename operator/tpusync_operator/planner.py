@@ -23,6 +23,7 @@ from .models import (
     ENGINE_PRIVILEGED_ESCALATION,
     GS_NEEDS_VLLM,
     LENGTH_NEEDS_VLLM,
+    LOCKSTEP_NEEDS_BOTH_ROLES,
     MAX_MODEL_LEN_BEYOND_SCALING,
     MAX_MODEL_LEN_TOO_LONG,
     MAX_MODEL_LEN_UNDECLARED,
@@ -52,6 +53,7 @@ class Ref:
 # Optional CRDs: kind -> (apiVersion, plural). Their absence degrades, never crashes.
 OPTIONAL_KINDS = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+    "DisaggregatedSet": ("disaggregatedset.x-k8s.io/v1", "disaggregatedsets"),
     "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),
     "InferenceObjective": ("llm-d.ai/v1alpha2", "inferenceobjectives"),
     "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproutes"),
@@ -103,10 +105,11 @@ def check_pool(spec: TPUSyncPoolSpec) -> Slice:
         if cap.hosts is not None and cap.hosts % tpu.hosts:
             raise PlanError(f"spec.capacity.hosts must be a multiple of {tpu.hosts} for topology {tpu.topology}: "
                             f"each slice is its own GKE node pool of {tpu.hosts} hosts")
-        if cap.autoscaling is not None and (cap.autoscaling.min_hosts not in (0, tpu.hosts)
-                                            or cap.autoscaling.max_hosts != tpu.hosts):
-            raise PlanError(f"spec.capacity.autoscaling must scale a multi-host slice atomically: "
-                            f"minHosts 0 or {tpu.hosts}, maxHosts {tpu.hosts}")
+        if cap.autoscaling is not None and (cap.autoscaling.min_hosts % tpu.hosts
+                                            or cap.autoscaling.max_hosts % tpu.hosts):
+            raise PlanError(f"spec.capacity.autoscaling: minHosts and maxHosts must be multiples of {tpu.hosts} "
+                            f"for topology {tpu.topology}: each slice is its own GKE node pool, which GKE's "
+                            f"autoscaler scales atomically between 0 and {tpu.hosts} hosts")
     return tpu
 
 
@@ -377,7 +380,8 @@ def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]
             hosts, chips = pool.tpu.hosts, pool.tpu.chips_per_host
             if r.hosts_per_replica is not None and r.hosts_per_replica != hosts:
                 raise PlanError(f"spec.{role}.hostsPerReplica must be {hosts} for topology {topology}")
-        kind = "LeaderWorkerSet" if hosts > 1 else "Deployment"
+        # Lockstep: every role is a LeaderWorkerSet of the serving's DisaggregatedSet.
+        kind = "LeaderWorkerSet" if hosts > 1 or spec.rollout.strategy == "Lockstep" else "Deployment"
         plans.append(RolePlan(role=role, replicas=role_replicas(spec, role), hosts_per_replica=hosts,
                               chips_per_host=chips, kind=kind))
     return plans
@@ -450,6 +454,21 @@ def check_engine_security(spec: DisaggregatedServingSpec) -> None:
         raise PlanError(ENGINE_NONROOT_UID)
 
 
+# A DisaggregatedSet names its LeaderWorkerSets <set>-<8-character revision>-<role>; LWS names
+# each group's StatefulSet <lws>-<group> and labels its pods controller-revision-hash
+# <statefulset>-<10 characters>, a label value of at most 63.
+LOCKSTEP_NAME_MAX = 63 - 11 - len("-00") - len("-12345678-prefill")
+
+
+def check_lockstep(owner: Owner, spec: DisaggregatedServingSpec) -> None:
+    if spec.prefill.replicas == 0 or spec.decode.replicas == 0:     # the schema refuses it too
+        raise PlanError(LOCKSTEP_NEEDS_BOTH_ROLES)
+    if len(owner.name) > LOCKSTEP_NAME_MAX:
+        raise PlanError(f"metadata.name: at most {LOCKSTEP_NAME_MAX} characters with spec.rollout.strategy "
+                        f"Lockstep (its LeaderWorkerSets are <name>-<revision>-<role>, and the names LWS derives "
+                        f"from them must stay within 63), not {len(owner.name)}")
+
+
 def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
                  available_kinds: set[str]) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
@@ -459,8 +478,13 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         raise PlanError(GS_NEEDS_VLLM)
     check_model_length(spec)
     check_engine_security(spec)
+    lockstep = spec.rollout.strategy == "Lockstep"
+    if lockstep:
+        check_lockstep(owner, spec)
     roles = plan_roles(spec, pool)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
+    if lockstep:
+        required.add("DisaggregatedSet")
     if spec.routing.enabled:
         required |= {"InferencePool", "InferenceObjective"}
         if spec.routing.gateway_ref is not None:
@@ -470,8 +494,19 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     missing = sorted(required - available_kinds)
     apply: list[Child] = []
     delete: list[Ref] = []
+    if lockstep and not {"DisaggregatedSet", "LeaderWorkerSet"} & set(missing):
+        apply.append(serving_builders.build_disaggregated_set(owner, spec, pool, roles))
+    elif not lockstep and "DisaggregatedSet" in available_kinds:
+        delete.append(Ref(OPTIONAL_KINDS["DisaggregatedSet"][0], "DisaggregatedSet",
+                          names.disaggregated_set(owner.name)))
     for p in roles:
         name = names.role(owner.name, p.role)
+        if lockstep:      # the DisaggregatedSet's LeaderWorkerSets replace the role's own workload
+            apply.append(serving_builders.build_role_service(owner, spec, p.role))
+            delete.append(Ref("apps/v1", "Deployment", name))
+            if "LeaderWorkerSet" in available_kinds:
+                delete.append(Ref(OPTIONAL_KINDS["LeaderWorkerSet"][0], "LeaderWorkerSet", name))
+            continue
         if p.kind in missing:
             continue
         apply.append(serving_builders.build_role_workload(owner, spec, pool, p))

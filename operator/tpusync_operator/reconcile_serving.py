@@ -6,19 +6,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import versions
 from .builders import names, sglang_pd
-from .builders.common import Owner
-from .builders.llmd import serving_pod_labels
+from .builders.common import SERVING_LABEL, Owner
+from .builders.llmd import lockstep, serving_pod_labels
 from .builders.serving import PoolInfo
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
 from .planner import OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message, plan_serving
 from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, validation_message
 from .status import (
+    RevisionObservation,
     RoleObservation,
     ServingObservation,
     held_conditions,
     merge_conditions,
+    revisions_of,
     serving_conditions,
     workload_ready_replicas,
 )
@@ -48,7 +51,8 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         p.request_failed(e)
         conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
         return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
-            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector"),
+            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector",
+                   "rollout"),
             "conditions": conds})
 
     try:
@@ -79,18 +83,30 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     if shortfall:
         p.issue("InsufficientCapacity", shortfall)
     roles: list[RoleObservation] = []
+    revisions: list[RevisionObservation] = []
     epp_ready = False
     bootstrap_ready = spec.engine.type != "sglang-jax"
     try:
         if spec.engine.type == "sglang-jax":
             await _pd_secret(kube, p, owner, deps)
         await apply_all(kube, owner.namespace, plan.apply, plan.delete)
-        for rp in plan.roles:
-            obj = None
-            if rp.kind not in plan.missing_kinds:
-                api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
-                obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
-            roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
+        if lockstep(spec):
+            if "DisaggregatedSet" not in plan.missing_kinds:
+                revisions = revisions_of(
+                    await kube.list(OPTIONAL_KINDS["LeaderWorkerSet"][0], "LeaderWorkerSet", owner.namespace,
+                                    {versions.DS_NAME_LABEL: names.disaggregated_set(owner.name),
+                                     SERVING_LABEL: owner.name}),
+                    versions.DS_REVISION_LABEL, versions.DS_ROLE_LABEL)
+            # The roles' readiness is the newest revision's: the one a rollout is heading for.
+            newest = revisions[0].ready if revisions else {}
+            roles = [RoleObservation(rp.role, rp.kind, rp.replicas, newest.get(rp.role, 0)) for rp in plan.roles]
+        else:
+            for rp in plan.roles:
+                obj = None
+                if rp.kind not in plan.missing_kinds:
+                    api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
+                    obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
+                roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
         if spec.routing.enabled:
             epp_ready = await _available(kube, owner.namespace, names.epp(owner.name))
         if spec.engine.type == "sglang-jax":
@@ -104,14 +120,14 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                              pool_ready=pool_ready,
                              missing_kinds_message=(missing_crd_message(plan.missing_kinds)
                                                     if plan.missing_kinds else ""),
-                             issues=p.issues, pd_bootstrap_ready=bootstrap_ready)
+                             issues=p.issues, pd_bootstrap_ready=bootstrap_ready, revisions=revisions)
     conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
     return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
         "observedGeneration": gen, "conditions": conds,
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
-        "replicas": spec.replicas, "selector": _selector(owner),
+        "replicas": spec.replicas, "selector": _selector(owner), "rollout": _rollout(spec, revisions),
     })
 
 
@@ -126,6 +142,17 @@ async def _pd_secret(kube: Kube, p: Pass, owner: Owner, deps: Deps) -> None:
     if await kube.get("v1", "Secret", owner.namespace, name) is None and \
             await kube.create(sglang_pd.build_secret(owner, deps.token().hex())):
         p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {name}")
+
+
+def _rollout(spec: DisaggregatedServingSpec, revisions: list[RevisionObservation]) -> dict[str, Any]:
+    if not lockstep(spec):
+        return {"strategy": spec.rollout.strategy}
+
+    def role(r: RevisionObservation, name: str) -> dict[str, int]:
+        return {"replicas": r.replicas.get(name, 0), "readyReplicas": r.ready.get(name, 0)}
+    return {"strategy": spec.rollout.strategy, "revision": revisions[0].revision if revisions else None,
+            "revisions": [{"revision": r.revision, "prefill": role(r, "prefill"), "decode": role(r, "decode")}
+                          for r in revisions]}
 
 
 def _selector(owner: Owner) -> str:

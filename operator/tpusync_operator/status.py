@@ -190,6 +190,44 @@ class RoleObservation:
     ready_replicas: int
 
 
+@dataclass(frozen=True)
+class RevisionObservation:
+    """One revision of a Lockstep serving's DisaggregatedSet: its LeaderWorkerSets' replicas and
+    ready replicas by role."""
+    revision: str
+    created: str
+    replicas: dict[str, int]
+    ready: dict[str, int]
+
+    def servable(self, roles: tuple[str, ...] = ("prefill", "decode")) -> bool:
+        """Requests can reach it: a ready replica of every role (what the rollout screener asks)."""
+        return all(self.ready.get(r, 0) > 0 for r in roles)
+
+    def describe(self) -> str:
+        return ", ".join(f"{r} {self.ready.get(r, 0)}/{self.replicas.get(r, 0)} ready" for r in ("prefill", "decode"))
+
+
+def revisions_of(workloads: list[dict[str, Any]], revision_label: str, role_label: str) -> list[RevisionObservation]:
+    """The revisions of a DisaggregatedSet from its LeaderWorkerSets, newest first: a rollout
+    creates the new revision's sets while the older ones drain."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for w in workloads:
+        rev = (w["metadata"].get("labels") or {}).get(revision_label)
+        if rev:
+            groups.setdefault(rev, []).append(w)
+    out = []
+    for rev, ws in groups.items():
+        replicas: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        for w in ws:
+            role = (w["metadata"].get("labels") or {}).get(role_label, "")
+            replicas[role] = replicas.get(role, 0) + int((w.get("spec") or {}).get("replicas", 1) or 0)
+            ready[role] = ready.get(role, 0) + workload_ready_replicas(w)
+        created = min(str(w["metadata"].get("creationTimestamp", "")) for w in ws)
+        out.append(RevisionObservation(rev, created, replicas, ready))
+    return sorted(out, key=lambda r: (r.created, r.revision), reverse=True)
+
+
 @dataclass
 class ServingObservation:
     roles: list[RoleObservation]
@@ -199,10 +237,16 @@ class ServingObservation:
     missing_kinds_message: str = ""
     issues: list[Cond] = field(default_factory=list)
     pd_bootstrap_ready: bool = True     # sglang-jax's registry (always true for other engines)
+    revisions: list[RevisionObservation] = field(default_factory=list)    # Lockstep servings, newest first
 
 
 def serving_conditions(o: ServingObservation) -> list[Cond]:
     waiting = [f"{r.role} {r.ready_replicas}/{r.replicas} ready" for r in o.roles if r.ready_replicas < r.replicas]
+    rolling = len(o.revisions) > 1
+    if rolling:
+        new, *old = o.revisions
+        waiting = [f"lockstep rollout to revision {new.revision} ({new.describe()}); draining "
+                   + "; ".join(f"revision {r.revision} ({r.describe()})" for r in old)]
     if o.routing_enabled and not o.routing_ready:
         waiting.append("routing not ready")
     if not o.pd_bootstrap_ready:
@@ -214,11 +258,16 @@ def serving_conditions(o: ServingObservation) -> list[Cond]:
         waiting.append("TPUSyncPool not ready")
     degraded = (Cond("Degraded", True, issues[0].reason, "; ".join(i.message for i in issues)) if issues
                 else Cond("Degraded", False, "AsExpected"))
-    prog = (Cond("Progressing", True, "RolloutInProgress", "; ".join(waiting)) if waiting
-            else Cond("Progressing", False, "Stable", "all roles ready"))
-    ok = not waiting and not issues
+    prog = (Cond("Progressing", True, "LockstepRollout" if rolling else "RolloutInProgress", "; ".join(waiting))
+            if waiting else Cond("Progressing", False, "Stable", "all roles ready"))
+    # A lockstep rollout keeps serving while some revision has both roles ready: the router
+    # sends each request to one such revision.
+    servable = rolling and any(r.servable() for r in o.revisions) and \
+        (not o.routing_enabled or o.routing_ready) and o.pool_ready and o.pd_bootstrap_ready
+    ok = (not waiting or servable) and not issues
     ready = Cond("Ready", ok, "ServingReady" if ok else (degraded.reason if issues else prog.reason),
-                 "all roles ready" if ok else (degraded.message if issues else prog.message))
+                 ("serving while it rolls: " + prog.message if servable else "all roles ready") if ok
+                 else (degraded.message if issues else prog.message))
     return three(ready, prog, degraded)
 
 

@@ -116,7 +116,8 @@ EPP = Pin(
             "token-producer", "endpoint-notification-source", "metrics-data-source", "core-metrics-extractor",
             "precise-prefix-cache-producer", "prefix-cache-scorer", "approx-prefix-cache-producer",
             "queue-scorer", "kv-cache-utilization-scorer", "prefill-filter", "decode-filter",
-            "max-score-picker", "prefix-based-pd-decider", "disagg-profile-handler"}),
+            "max-score-picker", "prefix-based-pd-decider", "disagg-profile-handler",
+            "disaggregatedset-rollout-screener"}),
         "config_api": frozenset({"llm-d.ai/v1alpha1"}),
         # precise-prefix-cache-producer's tokenProcessorConfig (kvblock.TokenProcessorConfig,
         # EPP_CONFIG_SOURCES): blockSize is "Deprecated: Use BlockSizeTokens instead".
@@ -142,7 +143,20 @@ EPP_PLUGIN_SOURCES = {
     "max-score-picker": _P + "scheduling/picker/maxscore/picker.go",
     "prefix-based-pd-decider": _P + "scheduling/profilehandler/disagg/prefix_based_pd_decider.go",
     "disagg-profile-handler": _P + "scheduling/profilehandler/disagg/disagg_profile_handler.go",
+    "disaggregatedset-rollout-screener": _P + "requestcontrol/screener/disaggregatedsetrollout/plugin.go",
 }
+# The rollout screener (Lockstep servings): a top-level plugin that watches the pods in
+# scope.labelSelector itself, drops every revision lacking a Ready pod of a required role and
+# hands the scheduling profiles one revision's endpoints; registered StabilityAlpha, so the
+# router loads it only with --allow-experimental-plugins.
+EPP_SCREENER_SOURCES = (
+    _router(_P + "requestcontrol/screener/disaggregatedsetrollout/config.go",
+            "scope.labelSelector; revisionGating {mode sum|max-role|disabled, requireRoles.values, "
+            "revisionLabelKey, roleLabelKey}"),
+    _router("cmd/epp/runner/runner.go", "fwkplugin.Register(disaggregatedsetrollout.PluginType, StabilityAlpha, ...)"),
+    _router("pkg/epp/framework/interface/plugin/registry.go",
+            "an Alpha plugin without --allow-experimental-plugins is an error"),
+)
 EPP_CONFIG_SOURCES = {
     "token_processor_fields": _router("pkg/kvcache/kvblock/token_processor.go",
                                       "TokenProcessorConfig: BlockSize json blockSize (Deprecated), "
@@ -262,12 +276,45 @@ HTTPROUTE_REQUEST_TIMEOUT = "300s"
 
 # LeaderWorkerSet v1 (sigs.k8s.io/lws; the e2e tier runs its controller at e2e/versions.env
 # LWS_VERSION and installs config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml).
+# v0.9.0 is the first release with DisaggregatedSet (its controller runs in the same binary; the
+# Go module proxy serves v0.9.0, not v0.10.0).
+_LWS_TAG = "v0.9.0"
+_LWS_COMMIT = "f056f611ae7721f9983ac35f26bfbae8547fd9f3"
+
+
+def _lws(path: str, note: str = "") -> Source:
+    return Source("kubernetes-sigs/lws", _LWS_TAG, path, _LWS_COMMIT, note)
+
+
 LWS = Pin(
-    name="LeaderWorkerSet", version="v0.8.0",
-    proof=(Source("kubernetes-sigs/lws", "v0.8.0", "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"),),
-    values={"apis": frozenset({"leaderworkerset.x-k8s.io/v1"})},
+    name="LeaderWorkerSet", version=_LWS_TAG,
+    proof=(_lws("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"),
+           _lws("config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml")),
+    values={"apis": frozenset({"leaderworkerset.x-k8s.io/v1", "disaggregatedset.x-k8s.io/v1"})},
 )
 LWS_API = "leaderworkerset.x-k8s.io/v1"
+# A DisaggregatedSet runs each role as LeaderWorkerSets named <set>-<revision>-<role>, one per
+# revision, and puts these labels on them and on every pod template; a template change anywhere
+# is a new revision of every role, rolled forward together (old + new <= target + maxSurge,
+# never below target - maxUnavailable), and a drained revision's sets are deleted. Its webhook
+# takes rolloutStrategy.type RollingUpdate only and no partition.
+# LWS names the headless Service of subdomainPolicy Shared after the set, and takes an existing
+# Service of that name as its own; UniquePerReplica names one per group after the group's
+# leader pod.
+LWS_NETWORK_SOURCE = _lws("pkg/controllers/leaderworkerset_controller.go",
+                          "reconcileHeadlessServices: CreateHeadlessServiceIfNotExists(..., lws.Name, ...) when "
+                          "Shared; pkg/controllers/pod_controller.go: pod.Name when UniquePerReplica")
+DISAGGREGATEDSET_API = "disaggregatedset.x-k8s.io/v1"
+DISAGGREGATEDSET_SOURCES = (
+    _lws("api/disaggregatedset/v1/disaggregatedset_types.go",
+         "SetNameLabelKey, RoleLabelKey, RevisionLabelKey; roles[] = name + LeaderWorkerSetTemplateSpec"),
+    _lws("pkg/controllers/disaggregatedset/lws_manager.go", "system labels injected into pod templates"),
+    _lws("pkg/controllers/disaggregatedset/planner.go", "surge and unavailable limits per role"),
+    _lws("pkg/webhooks/disaggregatedset/disaggregatedset_webhook.go", "RollingUpdate only, no partition"),
+)
+DS_NAME_LABEL = "disaggregatedset.x-k8s.io/name"
+DS_ROLE_LABEL = "disaggregatedset.x-k8s.io/role"
+DS_REVISION_LABEL = "disaggregatedset.x-k8s.io/revision"
 
 
 # ------------------------------------------------------------------ engines

@@ -427,13 +427,14 @@ class Cluster:
     def add_tpu_nodes(self, pool: str, count: int, *, accelerator: str = "tpu-v6e-slice",
                       topology: str = "2x4", chips_per_node: int = 4,
                       machine_type: str = "ct6e-standard-4t", cpu: str = "180",
-                      memory: str = "720Gi", zone: str = "us-east5-b",
+                      memory: str = "720Gi", zone: str = "us-east5-b", labels: dict[str, str] | None = None,
                       wait: bool = True, timeout: float = 60) -> list[str]:
-        """Creates `count` kwok-managed nodes looking like one GKE TPU node pool (slice).
-        kwok marks them Ready and keeps their leases fresh. Returns the node names."""
+        """Creates `count` kwok-managed nodes looking like one GKE TPU node pool (slice), with
+        `labels` besides GKE's (a node pool's config.labels). kwok marks them Ready and keeps
+        their leases fresh. Returns the node names."""
         return self._add_nodes(
             pool, count, labels={"cloud.google.com/gke-tpu-accelerator": accelerator,
-                                 "cloud.google.com/gke-tpu-topology": topology},
+                                 "cloud.google.com/gke-tpu-topology": topology, **(labels or {})},
             resources={"google.com/tpu": str(chips_per_node)}, taints=[dict(TPU_TAINT)],
             machine_type=machine_type, cpu=cpu, memory=memory, zone=zone, pods=110,
             wait=wait, timeout=timeout)

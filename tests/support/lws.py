@@ -25,14 +25,16 @@ from tests.support.polling import wait_for
 from tests.support.processes import LOOPBACK, Component, free_port
 
 LWS_SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
-# (name, path, kind, resource, operations): LWS v0.8's config/webhook/manifests.yaml.
+# (name, path, kind, group, resource, operations): LWS v0.9's config/webhook/manifests.yaml.
 WEBHOOKS = [
     ("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", "mutating",
-     "leaderworkersets", ["CREATE", "UPDATE"]),
-    ("mpod.kb.io", "/mutate--v1-pod", "mutating", "pods", ["CREATE"]),
+     "leaderworkerset.x-k8s.io", "leaderworkersets", ["CREATE", "UPDATE"]),
+    ("mpod.kb.io", "/mutate--v1-pod", "mutating", "", "pods", ["CREATE"]),
     ("vleaderworkerset.kb.io", "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", "validating",
-     "leaderworkersets", ["CREATE", "UPDATE"]),
-    ("vpod.kb.io", "/validate--v1-pod", "validating", "pods", ["CREATE", "UPDATE"]),
+     "leaderworkerset.x-k8s.io", "leaderworkersets", ["CREATE", "UPDATE"]),
+    ("vpod.kb.io", "/validate--v1-pod", "validating", "", "pods", ["CREATE", "UPDATE"]),
+    ("vdisaggregatedset.kb.io", "/validate-disaggregatedset-x-k8s-io-v1-disaggregatedset", "validating",
+     "disaggregatedset.x-k8s.io", "disaggregatedsets", ["CREATE", "UPDATE"]),
 ]
 
 
@@ -112,12 +114,12 @@ class LWSController:
 
 def _webhook_configurations(base_url: str, ca: bytes) -> list[dict]:
     by_kind: dict[str, list[dict]] = {"mutating": [], "validating": []}
-    for name, path, kind, resource, operations in WEBHOOKS:
+    for name, path, kind, group, resource, operations in WEBHOOKS:
         pod = resource == "pods"
         hook = {
             "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
             "clientConfig": {"url": base_url + path, "caBundle": base64.b64encode(ca).decode()},
-            "rules": [{"apiGroups": [""] if pod else ["leaderworkerset.x-k8s.io"], "apiVersions": ["v1"],
+            "rules": [{"apiGroups": [group], "apiVersions": ["v1"],
                        "operations": operations, "resources": [resource]}],
         }
         if pod:

@@ -23,7 +23,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from tpusync.vllm.config import ConnectorConfig
 from tpusync.vllm.relay import reachable
 from tpusync_operator import versions
-from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
@@ -52,12 +52,7 @@ def engines(objs):
     """(name, `vllm serve` args) of every engine container in objs that runs vLLM (single-host
     pods and multi-host leaders; Ray workers run no vLLM server)."""
     for o in objs:
-        spec = o.get("spec", {})
-        templates = [spec["template"]] if "template" in spec else []
-        if "leaderWorkerTemplate" in spec:
-            lwt = spec["leaderWorkerTemplate"]
-            templates += [lwt["leaderTemplate"], lwt["workerTemplate"]]
-        for t in templates:
+        for _, t in pod_templates(o):
             for c in t["spec"]["containers"]:
                 args = vllm_argv(c) if c["name"] == "engine" else None
                 if args is not None:

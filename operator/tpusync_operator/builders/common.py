@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +111,19 @@ def env_from_fields() -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+
+
+def pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, pod template) of every pod template in a rendered object: a Deployment's,
+    StatefulSet's or DaemonSet's; a LeaderWorkerSet's leader (when it has its own) and workers;
+    each role's of a DisaggregatedSet."""
+    name, spec = obj["metadata"]["name"], obj.get("spec") or {}
+    if "template" in spec:
+        yield name, spec["template"]
+    groups = [(name, spec)] if "leaderWorkerTemplate" in spec else []
+    groups += [(f"{name}-{r['name']}", r["spec"]) for r in spec.get("roles", []) if obj["kind"] == "DisaggregatedSet"]
+    for group_name, group in groups:
+        lwt = group["leaderWorkerTemplate"]
+        if "leaderTemplate" in lwt:
+            yield group_name + "-leader", lwt["leaderTemplate"]
+        yield group_name + "-worker", lwt["workerTemplate"]

@@ -96,6 +96,8 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_por
         plugins += [{"type": "approx-prefix-cache-producer",
                      "parameters": {"blockSizeTokens": r.block_size_tokens}},
                     {"type": "prefix-cache-scorer"}]
+    if lockstep(spec):
+        plugins.append(rollout_screener(owner))
     plugins += [
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
@@ -123,6 +125,23 @@ def build_epp_config(owner: Owner, spec: DisaggregatedServingSpec, kv_events_por
     if data_layer is not None:
         config["dataLayer"] = data_layer
     return config
+
+
+def lockstep(spec: DisaggregatedServingSpec) -> bool:
+    return spec.rollout.strategy == "Lockstep"
+
+
+def rollout_screener(owner: Owner) -> dict[str, Any]:
+    """llm-d's DisaggregatedSet rollout screener (versions.EPP_SCREENER_SOURCES): of the serving
+    pods of this serving's DisaggregatedSet, only revisions with a Ready prefill and a Ready decode
+    take requests, each in proportion to its Ready pods (sum), and a request's prefill and decode
+    come from one revision."""
+    scope = {versions.DS_NAME_LABEL: owner.name, **serving_pod_labels(owner)}
+    return {"type": "disaggregatedset-rollout-screener",
+            "parameters": {"scope": {"labelSelector": ",".join(f"{k}={v}" for k, v in scope.items())},
+                           "revisionGating": {"mode": "sum", "revisionLabelKey": versions.DS_REVISION_LABEL,
+                                              "roleLabelKey": versions.DS_ROLE_LABEL,
+                                              "requireRoles": {"values": ["prefill", "decode"]}}}}
 
 
 def epp_config_text(owner: Owner, spec: DisaggregatedServingSpec, kv_events_port: int) -> str:
@@ -195,6 +214,8 @@ def epp_args(owner: Owner, spec: DisaggregatedServingSpec) -> list[str]:
             f"--metrics-endpoint-auth={str(versions.EPP_METRICS_AUTH).lower()}"]
     if leader_election(spec):
         args.append("--ha-enable-leader-election=true")
+    if lockstep(spec):    # the rollout screener is an Alpha plugin
+        args.append("--allow-experimental-plugins=true")
     return args
 
 

@@ -44,6 +44,11 @@ def role(serving: str, role_name: str) -> str:
     return f"{serving}-{role_name}"
 
 
+def disaggregated_set(serving: str) -> str:
+    """Its LeaderWorkerSets are <serving>-<revision>-<role> (versions.DISAGGREGATEDSET_SOURCES)."""
+    return serving
+
+
 def epp(serving: str) -> str:
     return f"{serving}-epp"
 

@@ -49,11 +49,13 @@ def node_pool_marked(node_pool: dict[str, Any], mark: dict[str, str]) -> bool:
 
 
 def gke_slices(spec: TPUSyncPoolSpec, tpu: Slice) -> int:
-    """How many GKE node pools a pool has: one per multi-host slice (GKE creates each
-    atomically), else one."""
-    if spec.provisioning.mode != "gke" or not tpu.multi_host or spec.capacity.hosts is None:
+    """How many GKE node pools a pool has: one per multi-host slice it may run (GKE creates and
+    autoscales each atomically), else one."""
+    cap = spec.capacity
+    hosts = cap.autoscaling.max_hosts if cap.autoscaling is not None else cap.hosts
+    if spec.provisioning.mode != "gke" or not tpu.multi_host or hosts is None:
         return 1
-    return max(1, spec.capacity.hosts // tpu.hosts)
+    return max(1, hosts // tpu.hosts)
 
 
 def pool_node_selector(pool: str, namespace: str, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, str]:
@@ -199,9 +201,11 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice, sli
         node_pool["locations"] = list(gke.node_locations)
     hosts = cap.hosts if cap.hosts is not None else tpu.hosts
     if cap.autoscaling is not None:
-        node_pool["initialNodeCount"] = cap.autoscaling.min_hosts
-        node_pool["autoscaling"] = {"enabled": True, "minNodeCount": cap.autoscaling.min_hosts,
-                                    "maxNodeCount": cap.autoscaling.max_hosts}
+        low, high = cap.autoscaling.min_hosts, cap.autoscaling.max_hosts
+        if tpu.multi_host:      # the first minHosts/hosts slices stay up; the others GKE grows when pods wait
+            low, high = (tpu.hosts if slice_index < low // tpu.hosts else 0), tpu.hosts
+        node_pool["initialNodeCount"] = low
+        node_pool["autoscaling"] = {"enabled": True, "minNodeCount": low, "maxNodeCount": high}
     else:
         node_pool["initialNodeCount"] = tpu.hosts if tpu.multi_host else hosts
     if tpu.multi_host:

@@ -159,7 +159,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     role = plan.role
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
-    multi_host: MultiHost = None if plan.kind == "Deployment" else ("leader" if serving else "worker")
+    multi_host: MultiHost = None if plan.hosts_per_replica == 1 else ("leader" if serving else "worker")
     command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
                                    data_port=pool.spec.sidecar.data_port,
                                    kv_events_port=pool.spec.sidecar.kv_events_port, multi_host=multi_host)
@@ -239,32 +239,65 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
+def _workload_labels(owner: Owner, pool: PoolInfo, role: str) -> dict[str, str]:
+    return {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
+
+
+def _lws_annotations(plan: RolePlan) -> dict[str, str] | None:
+    """A multi-host group takes a node pool (its slice) of its own; single-host groups share one."""
+    return {LWS_EXCLUSIVE: "cloud.google.com/gke-nodepool"} if plan.chips_per_host and plan.hosts_per_replica > 1 \
+        else None
+
+
+def _lws_spec(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan) -> dict[str, Any]:
+    """A LeaderWorkerSet's spec: groups of hosts_per_replica pods. A group of one is its leader
+    alone, made from the worker template (LWS uses it when there is no leader template)."""
+    r = spec.rollout
+    group: dict[str, Any] = {"size": plan.hosts_per_replica, "restartPolicy": "RecreateGroupOnPodRestart"}
+    if plan.hosts_per_replica > 1:
+        group["leaderTemplate"] = build_pod_template(owner, spec, pool, plan, serving=True)
+    group["workerTemplate"] = build_pod_template(owner, spec, pool, plan, serving=plan.hosts_per_replica == 1)
+    return {"replicas": plan.replicas,
+            "startupPolicy": "LeaderCreated",
+            # A headless Service per group, named after its leader pod: with the default (Shared)
+            # LWS takes the set's own name for it, which is the role Service's name
+            # (versions.LWS_NETWORK_SOURCE).
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": r.max_unavailable,
+                                                               "maxSurge": r.max_surge}},
+            "leaderWorkerTemplate": group}
+
+
 def build_role_workload(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan) -> dict[str, Any]:
     """A Deployment (one host per replica) or a LeaderWorkerSet (multi-host replicas)."""
     name = names.role(owner.name, plan.role)
-    labels = {**base_labels(owner, plan.role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name,
-              ROLE_LABEL: plan.role}
+    labels = _workload_labels(owner, pool, plan.role)
     if plan.kind == "Deployment":
+        r = spec.rollout
         return {"apiVersion": "apps/v1", "kind": "Deployment",
                 "metadata": metadata(owner, name, labels),
                 "spec": {"replicas": plan.replicas,
                          "selector": {"matchLabels": role_selector(owner, plan.role)},
-                         # TPU hosts are scarce: replace in place rather than surge.
                          "strategy": {"type": "RollingUpdate",
-                                      "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                                      "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
                          "template": build_pod_template(owner, spec, pool, plan, serving=True)}}
-    annotations = {LWS_EXCLUSIVE: "cloud.google.com/gke-nodepool"} if plan.chips_per_host else None
     return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
-            "metadata": metadata(owner, name, labels, annotations),
-            "spec": {"replicas": plan.replicas,
-                     "startupPolicy": "LeaderCreated",
-                     "rolloutStrategy": {"type": "RollingUpdate",
-                                         "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
-                     "leaderWorkerTemplate": {
-                         "size": plan.hosts_per_replica,
-                         "restartPolicy": "RecreateGroupOnPodRestart",
-                         "leaderTemplate": build_pod_template(owner, spec, pool, plan, serving=True),
-                         "workerTemplate": build_pod_template(owner, spec, pool, plan, serving=False)}}}
+            "metadata": metadata(owner, name, labels, _lws_annotations(plan)),
+            "spec": _lws_spec(owner, spec, pool, plan)}
+
+
+def build_disaggregated_set(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
+                            plans: list[RolePlan]) -> dict[str, Any]:
+    """spec.rollout.strategy Lockstep: both roles in one DisaggregatedSet (versions.DISAGGREGATEDSET_SOURCES),
+    each a LeaderWorkerSet per revision (single-host replicas are groups of one), rolled as a pair."""
+    roles = [{"name": p.role,
+              "metadata": {"labels": _workload_labels(owner, pool, p.role),
+                           **({"annotations": a} if (a := _lws_annotations(p)) else {})},
+              "spec": _lws_spec(owner, spec, pool, p)} for p in plans]
+    return {"apiVersion": versions.DISAGGREGATEDSET_API, "kind": "DisaggregatedSet",
+            "metadata": metadata(owner, names.disaggregated_set(owner.name), base_labels(owner, "engine")),
+            "spec": {"roles": roles}}
 
 
 def build_role_service(owner: Owner, spec: DisaggregatedServingSpec, role: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ NAMESPACED = [
     rule(["policy"], ["poddisruptionbudgets"], ["list", "watch", "create", "patch", "delete"]),
     rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"]),
     rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "list", "watch", "create", "patch", "delete"]),
+    rule(["disaggregatedset.x-k8s.io"], ["disaggregatedsets"], ["list", "watch", "create", "patch", "delete"]),
     rule(["inference.networking.k8s.io"], ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai"], ["inferenceobjectives"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai", "inference.networking.x-k8s.io"], ["inferenceobjectives", "inferencemodelrewrites"],

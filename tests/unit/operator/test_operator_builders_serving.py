@@ -11,13 +11,13 @@ from op_helpers import PoolBody, ServingBody, assert_golden
 
 from tpusync_operator import versions
 from tpusync_operator.builders import llmd
-from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.serving import PoolInfo, engine_port
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import PlanError, plan_serving
 from tpusync_operator.tpu import slice_for
 
-ALL = {"LeaderWorkerSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
+ALL = {"LeaderWorkerSet", "DisaggregatedSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
 
 
 def pool_info(body):
@@ -46,6 +46,10 @@ CASES = {
                            routing={"precisePrefixCache": False,
                                                                    "scorerWeights": {"queue": 0}}),
         PoolBody()),
+    "serving-vllm-v6e-lockstep": (
+        ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=2, decode={"replicas": 2},
+                           rollout={"strategy": "Lockstep", "maxSurge": 1, "maxUnavailable": 0}),
+        PoolBody().spec(capacity={"hosts": 8})),
 }
 
 
@@ -58,12 +62,9 @@ def test_serving_children_golden(case):
 
 def _pods(objs):
     for o in objs:
-        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(("prefill", "decode")):
-            yield o["metadata"]["name"], o["spec"]["template"]
-        if o["kind"] == "LeaderWorkerSet":
-            t = o["spec"]["leaderWorkerTemplate"]
-            yield o["metadata"]["name"] + "/leader", t["leaderTemplate"]
-            yield o["metadata"]["name"] + "/worker", t["workerTemplate"]
+        if o["kind"] in ("LeaderWorkerSet", "DisaggregatedSet") or (
+                o["kind"] == "Deployment" and o["metadata"]["name"].endswith(("prefill", "decode"))):
+            yield from pod_templates(o)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -101,22 +102,22 @@ def test_pods_run_restricted_with_native_sidecar(case):
 def test_llmd_labels_only_on_serving_pods():
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     pods = dict(_pods(plan(serving, pool).apply))
-    leader = pods["llm-decode/leader"]["metadata"]["labels"]
-    worker = pods["llm-decode/worker"]["metadata"]["labels"]
+    leader = pods["llm-decode-leader"]["metadata"]["labels"]
+    worker = pods["llm-decode-worker"]["metadata"]["labels"]
     assert leader["llm-d.ai/role"] == "decode" and leader["llm-d.ai/inference-serving"] == "true"
     assert "llm-d.ai/role" not in worker and "llm-d.ai/inference-serving" not in worker
     assert leader["tpusync.dev/pool"] == worker["tpusync.dev/pool"] == "pool"
     # routing proxy on decode leaders only
-    init = pods["llm-decode/leader"]["spec"]["initContainers"]
+    init = pods["llm-decode-leader"]["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["tpusync-sidecar", "routing-proxy"]
-    assert [c["name"] for c in pods["llm-decode/worker"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
-    assert [c["name"] for c in pods["llm-prefill/leader"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
+    assert [c["name"] for c in pods["llm-decode-worker"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
+    assert [c["name"] for c in pods["llm-prefill-leader"]["spec"]["initContainers"]] == ["tpusync-sidecar"]
 
 
 def test_tpu_requests_and_selectors():
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     pods = dict(_pods(plan(serving, pool).apply))
-    spec = pods["llm-prefill/leader"]["spec"]
+    spec = pods["llm-prefill-leader"]["spec"]
     assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
     assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "pool",
                                     "cloud.google.com/gke-tpu-accelerator": "tpu7x",
@@ -130,13 +131,13 @@ def test_tpu_requests_and_selectors():
 def test_vllm_kv_transfer_config():
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     pods = dict(_pods(plan(serving, pool).apply))
-    args = pods["llm-prefill/leader"]["spec"]["containers"][0]["args"]
+    args = pods["llm-prefill-leader"]["spec"]["containers"][0]["args"]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     # vLLM on TPU: tpusync's connector for tpu-inference, under the one name its platform accepts.
     assert (kv["kv_connector"], kv["kv_connector_module_path"]) == ("TPUConnector", "tpusync.tpu_inference.connector")
     assert kv["kv_connector"] in versions.TPU_INFERENCE.values["connector_names"]
     # The engine image carries tpusync (upstream's vllm-tpu has no tpusync to load the connector from).
-    assert pods["llm-prefill/leader"]["spec"]["containers"][0]["image"] == versions.VLLM_TPU_IMAGE
+    assert pods["llm-prefill-leader"]["spec"]["containers"][0]["image"] == versions.VLLM_TPU_IMAGE
     assert kv["kv_role"] == "kv_producer"
     # The prefill engine advertises its sidecar's data port to decode engines.
     assert kv["kv_connector_extra_config"]["data_address"] == "$(POD_IP):7600"
@@ -144,7 +145,7 @@ def test_vllm_kv_transfer_config():
     # 2x2x2 v7x: 8 chips of 2 TensorCores each; tensor parallelism counts TensorCores.
     assert args[args.index("--tensor-parallel-size") + 1] == "16"
     assert args[-1] == "--x"
-    dargs = pods["llm-decode/leader"]["spec"]["containers"][0]["args"]
+    dargs = pods["llm-decode-leader"]["spec"]["containers"][0]["args"]
     assert json.loads(dargs[dargs.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert dargs[dargs.index("--port") + 1] == "8200"
     # KV events for precise prefix-cache routing, on the pool's port, where the connector relays
@@ -155,7 +156,7 @@ def test_vllm_kv_transfer_config():
                       "topic": "kv@$(POD_IP):8000@m"}
     dkv = json.loads(dargs[dargs.index("--kv-transfer-config") + 1])
     assert dkv["kv_connector_extra_config"]["kv_events_endpoint"] == "tcp://*:5557"
-    env = {e["name"] for e in pods["llm-decode/leader"]["spec"]["containers"][0]["env"]}
+    env = {e["name"] for e in pods["llm-decode-leader"]["spec"]["containers"][0]["env"]}
     assert "POD_IP" in env   # what $(POD_IP) expands from
 
 
@@ -168,7 +169,7 @@ def test_engine_port_behind_proxy():
 
 def test_sidecar_tier_sizes_follow_prefix_cache():
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
-    tpl = dict(_pods(plan(serving, pool).apply))["llm-prefill/leader"]
+    tpl = dict(_pods(plan(serving, pool).apply))["llm-prefill-leader"]
     args = tpl["spec"]["initContainers"][0]["args"]
     assert "--dram-bytes=8589934592" in args and "--disk-bytes=53687091200" in args
     assert tpl["metadata"]["annotations"]["tpusync.dev/dram-bytes"] == "8589934592"
@@ -321,7 +322,7 @@ def test_vllm_tpu_inference_connector():
     ports are declared."""
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-inference"})
-    c = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    c = dict(_pods(plan(serving, pool).apply))["llm-decode-leader"]["spec"]["containers"][0]
     kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
     assert kv == {"kv_connector": "TPUConnector", "kv_connector_module_path": "tpusync.tpu_inference.upstream_fix",
                   "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
@@ -336,7 +337,7 @@ def test_vllm_tpu_sync_compatible_connector():
     the opt-in, and the sidecar's data port as the port the prefill pod advertises, at the pod IP."""
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-sync-compatible"})
-    c = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    c = dict(_pods(plan(serving, pool).apply))["llm-decode-leader"]["spec"]["containers"][0]
     kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
     assert kv == {"kv_connector": "TPUConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
                   "kv_connector_module_path": "tpu_inference.distributed.tpu_raiden_connector"}
@@ -373,7 +374,7 @@ def test_sglang_jax_runs_its_own_pd_against_the_servings_bootstrap():
 
 def _engine(serving, pool=None, name="llm-decode"):
     pods = dict(_pods(plan(serving, pool or PoolBody()).apply))
-    key = name if name in pods else name + "/leader"
+    key = name if name in pods else name + "-leader"
     return pods[key]["spec"]
 
 
@@ -504,8 +505,8 @@ def test_multi_host_vllm_is_one_ray_cluster_per_replica():
     from tpusync_operator.builders import engine
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     pods = dict(_pods(plan(serving, pool).apply))
-    leader = pods["llm-decode/leader"]["spec"]["containers"][0]
-    worker = pods["llm-decode/worker"]["spec"]["containers"][0]
+    leader = pods["llm-decode-leader"]["spec"]["containers"][0]
+    worker = pods["llm-decode-worker"]["spec"]["containers"][0]
     assert leader["command"] == ["sh", "-c", engine.RAY_LEADER_SCRIPT, "vllm"]
     argv = engine.vllm_argv(leader)
     assert leader["args"][0] == "serve" and argv[0] == "org/m"
@@ -536,7 +537,7 @@ def test_ray_leader_script_runs_vllm_with_the_rendered_args(tmp_path):
 
     from tpusync_operator.builders import engine
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
-    leader = dict(_pods(plan(serving, pool).apply))["llm-decode/leader"]["spec"]["containers"][0]
+    leader = dict(_pods(plan(serving, pool).apply))["llm-decode-leader"]["spec"]["containers"][0]
     bins = tmp_path / "bin"
     bins.mkdir()
     log = tmp_path / "calls"
@@ -556,7 +557,7 @@ def test_ray_worker_script_waits_for_the_head_then_joins(tmp_path):
 
     from tpusync_operator.builders import engine
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
-    worker = dict(_pods(plan(serving, pool).apply))["llm-decode/worker"]["spec"]["containers"][0]
+    worker = dict(_pods(plan(serving, pool).apply))["llm-decode-worker"]["spec"]["containers"][0]
     bins = tmp_path / "bin"
     bins.mkdir()
     _stub(bins, "ray", f'for a in "$@"; do echo "$a"; done > {tmp_path}/argv\n')
@@ -658,3 +659,42 @@ def test_serving_sidecars_mount_the_pools_shared_tier_with_their_layout():
     for tpl in plain.values():
         assert not any(a.startswith("--shared") for a in tpl["spec"]["initContainers"][0]["args"])
         assert all(v["name"] != "tpusync-shared" for v in tpl["spec"]["volumes"])
+
+
+def test_lockstep_routes_each_request_within_one_revision():
+    """The rollout screener as llm-d-router v0.10.0 decodes it (versions.EPP_SCREENER_SOURCES): a
+    top-level plugin, never in a profile, scoped to this serving's pods, gating on both roles; an
+    Alpha plugin, so the router is started with --allow-experimental-plugins."""
+    owner, spec = _owner_spec(ServingBody().spec(rollout={"strategy": "Lockstep"}))
+    cfg = llmd.build_epp_config(owner, spec, 5557)
+    (screener,) = [p for p in cfg["plugins"] if p["type"] == "disaggregatedset-rollout-screener"]
+    params = screener["parameters"]
+    assert params["scope"]["labelSelector"] == ("disaggregatedset.x-k8s.io/name=llm,tpusync.dev/serving=llm,"
+                                                "llm-d.ai/inference-serving=true")
+    assert params["revisionGating"] == {"mode": "sum", "revisionLabelKey": versions.DS_REVISION_LABEL,
+                                        "roleLabelKey": versions.DS_ROLE_LABEL,
+                                        "requireRoles": {"values": ["prefill", "decode"]}}
+    assert set(params) <= {"scope", "headerSelectors", "revisionGating"}
+    assert not any(r["pluginRef"] == "disaggregatedset-rollout-screener"
+                   for p in cfg["schedulingProfiles"] for r in p["plugins"])
+    assert "--allow-experimental-plugins=true" in llmd.epp_args(owner, spec)
+    owner, independent = _owner_spec(ServingBody())
+    assert "disaggregatedset-rollout-screener" not in {p["type"] for p in
+                                                      llmd.build_epp_config(owner, independent, 5557)["plugins"]}
+    assert "--allow-experimental-plugins=true" not in llmd.epp_args(owner, independent)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_service_of_ours_is_named_like_a_leaderworkerset(case):
+    """LWS takes a Service named like the set as the set's headless Service (subdomainPolicy
+    Shared), so a role Service of that name would lose the pods' DNS and fail the apply;
+    UniquePerReplica names one per group after its leader pod, which we never name a Service."""
+    serving, pool = CASES[case]
+    objs = plan(serving, pool).apply
+    services = {o["metadata"]["name"] for o in objs if o["kind"] == "Service"}
+    sets = [o["spec"] for o in objs if o["kind"] == "LeaderWorkerSet"]
+    sets += [r["spec"] for o in objs if o["kind"] == "DisaggregatedSet" for r in o["spec"]["roles"]]
+    for lws in sets:
+        assert lws["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+    assert not services & {f"{o['metadata']['name']}-{i}" for o in objs if o["kind"] == "LeaderWorkerSet"
+                           for i in range(o["spec"]["replicas"])}

@@ -18,7 +18,7 @@ import pytest
 from op_helpers import PoolBody, ServingBody
 
 from tests.support.kube_expansion import command_line, environment, expand
-from tpusync_operator.builders.common import Owner, verbatim
+from tpusync_operator.builders.common import Owner, pod_templates, verbatim
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.planner import plan_serving
@@ -79,12 +79,7 @@ def containers(serving: ServingBody, pool: PoolBody):
         return "x"
 
     for obj in plan.apply:
-        spec_ = obj.get("spec") or {}
-        templates = [spec_.get("template")] if "template" in spec_ else []
-        if obj["kind"] == "LeaderWorkerSet":
-            lwt = spec_["leaderWorkerTemplate"]
-            templates = [lwt["leaderTemplate"], lwt["workerTemplate"]]
-        for tpl in templates:
+        for _, tpl in pod_templates(obj):
             for c in tpl["spec"].get("initContainers", []) + tpl["spec"]["containers"]:
                 yield obj["metadata"]["name"], c, environment(c, value_from)
 

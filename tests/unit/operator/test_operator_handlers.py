@@ -283,3 +283,23 @@ def test_a_watch_of_a_removed_crd_waits_and_lists_again_instead_of_stopping_kopf
     tolerate_removed_crds(retry_seconds=0)
     with pytest.raises(RuntimeError):
         asyncio.run(consume())
+
+
+@pytest.mark.parametrize("status,raised", [(0, kopf.TemporaryError), (503, kopf.TemporaryError), (404, None)])
+def test_a_status_write_that_fails_is_retried_not_a_traceback(monkeypatch, status, raised):
+    """The reconcilers hold every API error in the status; only writing the status can fail out
+    of a pass (an outage): the pass comes again soon and nothing is logged as a crash. A 404 is
+    the object deleted during the pass."""
+    from tpusync_operator.kube import KubeError
+
+    async def failing(body, deps):
+        raise KubeError(status, "PATCH .../status: Server disconnected")
+    monkeypatch.setitem(handlers.RECONCILERS, "TPUSyncPool", failing)
+    memo = type("Memo", (), {})()
+    memo.objects, memo.locks, memo.deps = {("TPUSyncPool", "ns", "p"): {"metadata": {"uid": "u"}}}, {}, None
+    if raised is None:
+        run(handlers._triggered(("TPUSyncPool", "ns", "p"), memo))
+    else:
+        with pytest.raises(raised) as e:
+            run(handlers._triggered(("TPUSyncPool", "ns", "p"), memo))
+        assert e.value.delay == handlers.STATUS_RETRY_SECONDS

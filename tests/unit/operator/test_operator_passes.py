@@ -8,7 +8,7 @@ import asyncio
 
 import kopf
 
-from tpusync_operator.passes import PassQueue, owner_key
+from tpusync_operator.passes import PassQueue, owner_key, set_owner_key
 
 
 class Calls(list):
@@ -237,3 +237,16 @@ def test_a_pass_ends_a_failing_touch_retry():
 
     seen, later, pending = asyncio.run(main())
     assert seen >= 2 and later == seen and pending == {}
+
+
+def test_a_disaggregated_sets_workload_leads_to_its_serving():
+    """A Lockstep serving's LeaderWorkerSets are the DisaggregatedSet controller's: their changes
+    reach the serving through the set it owns, named like it and labelled with it."""
+    ref = {"apiVersion": "disaggregatedset.x-k8s.io/v1", "kind": "DisaggregatedSet", "name": "s", "controller": True}
+    meta = {"namespace": "n", "labels": {"tpusync.dev/serving": "s"}, "ownerReferences": [ref]}
+    key = set_owner_key(meta, "disaggregatedset.x-k8s.io", "tpusync.dev/serving")
+    assert key == ("DisaggregatedServing", "n", "s")
+    for other in ({**meta, "labels": {"tpusync.dev/serving": "t"}},                  # another serving's label
+                  {**meta, "ownerReferences": [{**ref, "controller": False}]},
+                  {**meta, "ownerReferences": [{**ref, "apiVersion": "apps/v1", "kind": "Deployment"}]}):
+        assert set_owner_key(other, "disaggregatedset.x-k8s.io", "tpusync.dev/serving") is None

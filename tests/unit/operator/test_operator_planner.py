@@ -391,3 +391,97 @@ def test_multi_host_roles_scale_by_whole_slices():
     three = DisaggregatedServingSpec.model_validate(
         ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=5, decode={"replicas": 1}).build()["spec"])
     assert "raise the pool's spec.capacity.hosts by 2 per slice" in capacity_shortfall(plan_roles(three, info), info)
+
+
+LOCKSTEP_KINDS = frozenset({"LeaderWorkerSet", "DisaggregatedSet", "InferencePool", "InferenceObjective"})
+
+
+def test_lockstep_is_one_disaggregated_set_of_both_roles():
+    p = serving_plan(ServingBody().spec(rollout={"strategy": "Lockstep", "maxSurge": 1, "maxUnavailable": 0},
+                                        replicas=2, decode={"replicas": 3}), available=LOCKSTEP_KINDS)
+    (ds,) = [o for o in p.apply if o["kind"] == "DisaggregatedSet"]
+    assert not [o for o in p.apply if o["kind"] in ("Deployment", "LeaderWorkerSet")
+                and o["metadata"]["name"] in ("llm-prefill", "llm-decode")]
+    assert ds["apiVersion"] == "disaggregatedset.x-k8s.io/v1" and ds["metadata"]["name"] == "llm"
+    roles = {r["name"]: r for r in ds["spec"]["roles"]}
+    assert list(roles) == ["prefill", "decode"]
+    for name, replicas in (("prefill", 2), ("decode", 6)):      # units x per-unit, the ratio held
+        lws = roles[name]["spec"]
+        assert lws["replicas"] == replicas
+        assert lws["rolloutStrategy"] == {"type": "RollingUpdate",
+                                          "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}}
+        group = lws["leaderWorkerTemplate"]
+        # a single-host replica is a group of one: its leader, made from the worker template
+        assert group["size"] == 1 and "leaderTemplate" not in group
+        labels = group["workerTemplate"]["metadata"]["labels"]
+        assert labels["llm-d.ai/role"] == name and labels["llm-d.ai/inference-serving"] == "true"
+        assert roles[name]["metadata"]["labels"]["tpusync.dev/serving"] == "llm"
+        # groups of one share the node pool: no exclusive topology (which would allow one group per pool)
+        assert "annotations" not in roles[name]["metadata"]
+    # the roles' own workloads go; their Services (selecting both revisions' pods) stay
+    assert Ref("apps/v1", "Deployment", "llm-prefill") in p.delete
+    assert Ref("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llm-decode") in p.delete
+    assert {o["metadata"]["name"] for o in p.apply if o["kind"] == "Service"} >= {"llm-prefill", "llm-decode"}
+    assert "DisaggregatedSet" in p.required_kinds
+
+
+def test_lockstep_multi_host_roles_keep_leader_and_workers():
+    pool = PoolBody().v7x("2x2x2").spec(capacity={"hosts": 8})
+    p = serving_plan(ServingBody().spec(engine={"type": "vllm-tpu"}, rollout={"strategy": "Lockstep"}), pool=pool,
+                     available=LOCKSTEP_KINDS)
+    (ds,) = [o for o in p.apply if o["kind"] == "DisaggregatedSet"]
+    group = ds["spec"]["roles"][0]["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    assert group["leaderTemplate"]["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true"
+    assert "llm-d.ai/inference-serving" not in group["workerTemplate"]["metadata"]["labels"]
+    assert ds["spec"]["roles"][0]["metadata"]["annotations"] == {
+        "leaderworkerset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+
+
+def test_lockstep_without_the_crd_waits_and_independent_prunes_the_set():
+    p = serving_plan(ServingBody().spec(rollout={"strategy": "Lockstep"}),
+                     available=LOCKSTEP_KINDS - {"DisaggregatedSet"})
+    assert p.missing_kinds == ["DisaggregatedSet"]
+    assert "disaggregatedsets.disaggregatedset.x-k8s.io" in missing_crd_message(p.missing_kinds)
+    assert not [o for o in p.apply if o["kind"] == "DisaggregatedSet"
+                or (o["kind"], o["metadata"]["name"]) == ("Deployment", "llm-prefill")]
+    back = serving_plan(ServingBody(), available=LOCKSTEP_KINDS)
+    assert Ref("disaggregatedset.x-k8s.io/v1", "DisaggregatedSet", "llm") in back.delete
+    assert {o["kind"] for o in back.apply} >= {"Deployment"}
+
+
+@pytest.mark.parametrize("serving,match", [
+    (ServingBody().spec(rollout={"strategy": "Lockstep"}, decode={"replicas": 0}), r"spec\.rollout\.strategy Lockstep"),
+    (ServingBody(name="a" * 33).spec(rollout={"strategy": "Lockstep"}), r"metadata\.name: at most 32"),
+])
+def test_lockstep_refusals(serving, match):
+    with pytest.raises(PlanError, match=match):
+        serving_plan(serving, available=LOCKSTEP_KINDS)
+
+
+def test_rollout_limits_reach_independent_workloads_too():
+    p = serving_plan(ServingBody().spec(rollout={"maxSurge": 1, "maxUnavailable": 0}))
+    dep = next(o for o in p.apply if o["kind"] == "Deployment")
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_an_autoscaled_multi_host_pool_is_a_node_pool_per_slice_that_gke_grows_whole():
+    """minHosts 2, maxHosts 6 of 2-host v7x slices: three node pools, the first kept up, the other
+    two scaled by GKE's autoscaler between 0 and a whole slice; a serving may count on all six."""
+    body = PoolBody().v7x("2x2x2").gke(workloadPolicy="wp").spec(capacity={"autoscaling": {"minHosts": 2,
+                                                                                          "maxHosts": 6}})
+    plan = plan_pool(Owner.from_body(body.build()), pool_spec(body))
+    ranges = [(r.name, r.body["nodePool"]["initialNodeCount"], r.body["nodePool"]["autoscaling"])
+              for r in plan.node_pool_requests]
+    assert ranges == [("pool", 2, {"enabled": True, "minNodeCount": 2, "maxNodeCount": 2}),
+                      ("pool-1", 0, {"enabled": True, "minNodeCount": 0, "maxNodeCount": 2}),
+                      ("pool-2", 0, {"enabled": True, "minNodeCount": 0, "maxNodeCount": 2})]
+    assert (plan.desired_hosts, plan.min_ready_hosts) == (6, 2)
+    assert plan.node_selector == {"tpusync.dev/pool": "pool", "tpusync.dev/namespace": "ns"}
+    info = PoolInfo("pool", pool_spec(body), plan.tpu)
+    spec = DisaggregatedServingSpec.model_validate(
+        ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=3, prefill={"replicas": 0}).build()["spec"])
+    assert capacity_shortfall(plan_roles(spec, info), info) is None              # three decode slices
+    spec = DisaggregatedServingSpec.model_validate(
+        ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=4, prefill={"replicas": 0}).build()["spec"])
+    assert "need 8 TPU hosts" in capacity_shortfall(plan_roles(spec, info), info)

@@ -336,6 +336,40 @@ def test_serving_full(kube, clock):
     assert ("Normal", "Ready") in [e[:2] for e in d.emit.events]
 
 
+def revision_set(role, revision, replicas, ready, created):
+    """A LeaderWorkerSet as the DisaggregatedSet controller makes it for one role of one revision."""
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": f"llm-{revision}-{role}", "namespace": "ns", "creationTimestamp": created,
+                         "labels": {"disaggregatedset.x-k8s.io/name": "llm", "disaggregatedset.x-k8s.io/role": role,
+                                    "disaggregatedset.x-k8s.io/revision": revision, "tpusync.dev/serving": "llm"}},
+            "spec": {"replicas": replicas}, "status": {"readyReplicas": ready}}
+
+
+def test_serving_lockstep_status_follows_the_sets_revisions(clock):
+    kube = FakeKube(served={"LeaderWorkerSet", "DisaggregatedSet", "InferencePool", "InferenceObjective"})
+    kube.put(PoolBody().spec(capacity={"hosts": 4}).ready().build())
+    body = ServingBody().spec(rollout={"strategy": "Lockstep", "maxSurge": 1, "maxUnavailable": 0}).build()
+    status = run(reconcile_serving, body, deps(kube, clock))
+    assert kube.find("DisaggregatedSet", "llm") is not None and kube.find("Deployment", "llm-prefill") is None
+    assert status["rollout"] == {"strategy": "Lockstep", "revision": None, "revisions": []}
+    kube.find("Deployment", "llm-epp")["status"] = {"availableReplicas": 1}
+    for role in ("prefill", "decode"):          # the controller's first revision, ready
+        kube.put(revision_set(role, "aaaa1111", 1, 1, "2026-01-01T00:00:00Z"))
+    status = run(reconcile_serving, stored(kube, body), deps(kube, clock))
+    assert status["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False"}
+    for role in ("prefill", "decode"):          # a rollout: the new revision's surge is not ready yet
+        kube.put(revision_set(role, "bbbb2222", 1, 0, "2026-01-02T00:00:00Z"))
+    status = run(reconcile_serving, stored(kube, body), deps(kube, clock))
+    assert status["rollout"]["revision"] == "bbbb2222"
+    assert [r["revision"] for r in status["rollout"]["revisions"]] == ["bbbb2222", "aaaa1111"]
+    assert status["rollout"]["revisions"][1]["decode"] == {"replicas": 1, "readyReplicas": 1}
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "True" and cond["Progressing"]["reason"] == "LockstepRollout"
+    assert status["prefill"]["readyReplicas"] == 0        # the newest revision's
+
+
 def test_serving_missing_crds_degrades_not_crashes(clock):
     kube = FakeKube(served=set())
     kube.put(PoolBody().v7x("2x2x2").spec(capacity={"hosts": 4}).ready().build())   # two slices

@@ -15,6 +15,7 @@ from tpusync_operator.status import (
     merge_conditions,
     pool_capacity,
     pool_conditions,
+    revisions_of,
     serving_conditions,
     transitions,
 )
@@ -24,9 +25,9 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def test_transition_time_changes_only_with_status():
     first = merge_conditions(None, [Cond("Ready", False, "A", "x")], 1, T0)
-    assert first[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert first[0]["lastTransitionTime"] == OLD
     same = merge_conditions(first, [Cond("Ready", False, "B", "y")], 2, T0 + timedelta(minutes=5))
-    assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert same[0]["lastTransitionTime"] == OLD
     assert same[0]["reason"] == "B" and same[0]["observedGeneration"] == 2
     flipped = merge_conditions(same, [Cond("Ready", True, "C")], 2, T0 + timedelta(minutes=9))
     assert flipped[0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
@@ -40,7 +41,7 @@ def test_transition_time_changes_only_with_status():
 def pod(name, ready, dram=0, disk=0, deleting=False):
     meta = {"name": name, "annotations": {"tpusync.dev/dram-bytes": str(dram), "tpusync.dev/disk-bytes": str(disk)}}
     if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        meta["deletionTimestamp"] = OLD
     return {"metadata": meta, "status": {"initContainerStatuses": [{"name": "tpusync-sidecar", "ready": ready}]}}
 
 
@@ -133,3 +134,41 @@ def test_serving_missing_crd_degrades_and_names_it():
     assert c["Degraded"].status and c["Degraded"].reason == "MissingCRD"
     assert "LeaderWorkerSet" in c["Degraded"].message
     assert not c["Ready"].status and c["Ready"].reason == "MissingCRD"
+
+
+OLD, NEW, NEWER = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z", "2026-01-02T00:00:01Z"
+
+
+def lws(revision, role, replicas, ready, created):
+    return {"metadata": {"labels": {"disaggregatedset.x-k8s.io/revision": revision,
+                                    "disaggregatedset.x-k8s.io/role": role},
+                         "creationTimestamp": created},
+            "spec": {"replicas": replicas}, "status": {"readyReplicas": ready}}
+
+
+def revisions(*sets):
+    return revisions_of(list(sets), "disaggregatedset.x-k8s.io/revision", "disaggregatedset.x-k8s.io/role")
+
+
+def test_revisions_newest_first_with_their_roles():
+    revs = revisions(lws("a", "prefill", 2, 2, OLD), lws("b", "decode", 1, 0, NEW),
+                     lws("a", "decode", 2, 1, OLD), lws("b", "prefill", 1, 1, NEWER))
+    assert [r.revision for r in revs] == ["b", "a"]
+    assert revs[1].replicas == {"prefill": 2, "decode": 2} and revs[1].ready == {"prefill": 2, "decode": 1}
+    assert revs[1].servable() and not revs[0].servable()     # b has no ready decode yet
+
+
+def test_a_lockstep_rollout_stays_ready_while_a_revision_serves():
+    revs = revisions(lws("a", "prefill", 1, 1, OLD), lws("a", "decode", 1, 1, OLD),
+                     lws("b", "prefill", 1, 0, NEW), lws("b", "decode", 1, 0, NEW))
+    c = by_type(serving_conditions(sobs(roles=[RoleObservation("prefill", "LeaderWorkerSet", 1, 0),
+                                               RoleObservation("decode", "LeaderWorkerSet", 1, 0)], revisions=revs)))
+    assert c["Progressing"].status and c["Progressing"].reason == "LockstepRollout"
+    assert c["Progressing"].message == ("lockstep rollout to revision b (prefill 0/1 ready, decode 0/1 ready); "
+                                        "draining revision a (prefill 1/1 ready, decode 1/1 ready)")
+    assert c["Ready"].status and c["Ready"].message.startswith("serving while it rolls: ")
+    # once no revision has both roles ready, nothing can serve
+    gone = revisions(lws("a", "prefill", 0, 0, OLD), lws("a", "decode", 1, 1, OLD),
+                     lws("b", "prefill", 1, 1, NEW), lws("b", "decode", 1, 0, NEW))
+    c = by_type(serving_conditions(sobs(revisions=gone)))
+    assert not c["Ready"].status and c["Ready"].reason == "LockstepRollout"

@@ -15,7 +15,7 @@ from op_helpers import PoolBody, ServingBody
 
 from tpusync_operator import versions
 from tpusync_operator.builders import engine, llmd, sglang_pd
-from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
@@ -60,6 +60,12 @@ def matrix():
         spec = DisaggregatedServingSpec.model_validate(body["spec"])
         ident = f"{eng['type']}-{kv['connector']}-{routing}-{model['uri']}-{layerwise}-{pname}"
         yield ident, plan_serving(Owner.from_body(body), spec, pool_info(pool.build()), set(OPTIONAL_KINDS)).apply
+    for eng, kv in ENGINES:      # Lockstep: the roles inside a DisaggregatedSet, the rollout screener
+        body = ServingBody().spec(engine=eng, kvTransfer=kv, rollout={"strategy": "Lockstep"},
+                                  routing={"precisePrefixCache": eng["type"] != "sglang-jax"}).build()
+        spec = DisaggregatedServingSpec.model_validate(body["spec"])
+        yield f"{eng['type']}-{kv['connector']}-lockstep", plan_serving(
+            Owner.from_body(body), spec, pool_info(PoolBody().build()), set(OPTIONAL_KINDS)).apply
     docs = load([str(p) for p in SAMPLES])
     yield "samples", [r.body for r in render(docs) if "kind" in r.body]   # not the node pool requests
 
@@ -69,14 +75,7 @@ CASES = list(matrix())
 
 def containers(objs):
     for o in objs:
-        spec = o.get("spec", {})
-        templates = []
-        if "template" in spec:
-            templates.append(spec["template"])
-        if "leaderWorkerTemplate" in spec:
-            lwt = spec["leaderWorkerTemplate"]
-            templates += [lwt["leaderTemplate"], lwt["workerTemplate"]]
-        for t in templates:
+        for _, t in pod_templates(o):
             yield from t["spec"].get("initContainers", [])
             yield from t["spec"]["containers"]
 
@@ -137,7 +136,7 @@ def test_plugins_connectors_images_and_apis_are_the_pinned_ones(case):
             assert o["apiVersion"] in versions.INFERENCE_OBJECTIVE.values["apis"]
         if o["kind"] in versions.GKE_GATEWAY_POLICIES.values["kinds"]:
             assert o["apiVersion"] in versions.GKE_GATEWAY_POLICIES.values["apis"]
-        if o["kind"] == "LeaderWorkerSet":
+        if o["kind"] in ("LeaderWorkerSet", "DisaggregatedSet"):
             assert o["apiVersion"] in versions.LWS.values["apis"]
     for c in containers(objs):
         if c["name"] == "routing-proxy":
