@@ -46,7 +46,7 @@ from harness import EngineSpec, prompt  # noqa: E402  (tests/vllm)
 from report import merged, report  # noqa: E402
 from tinymodel import build  # noqa: E402
 
-from tpusync import KVStore, WeightSynchronizer  # noqa: E402
+from tpusync import KVStore, VersionedWeights  # noqa: E402
 from tpusync import sidecar as sidecar_mod  # noqa: E402
 
 MODEL = "bench-policy"
@@ -93,7 +93,7 @@ def update_all(engines, socket: str, version: int, tpu: bool = False) -> None:
 def measure(args, work: Path, cars: dict, ckpt_a: Path, ckpt_b: Path, params: dict, nbytes: int, tag: str,
             console: Console) -> list[dict]:
     engines: list = []
-    trainer = WeightSynchronizer(KVStore.connect(f"unix://{cars['t'].control_socket}"), MODEL)
+    trainer = VersionedWeights(KVStore.connect(f"unix://{cars['t'].control_socket}"), MODEL)
     try:
         return _measure(args, work, cars, ckpt_a, ckpt_b, params, nbytes, tag, console, engines, trainer)
     finally:

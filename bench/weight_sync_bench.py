@@ -59,7 +59,7 @@ from report import merged, report
 
 from tests.support import fabric as fab
 from tpusync import KVStore, sidecar
-from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager, plan
+from tpusync.weights import VersionedWeights, WeightDistributor, plan
 
 MIB, GIB = 1 << 20, 1 << 30
 BLOCK = 16 * MIB  # a leaf fits one block: CPU samplers use the pool slot in place (see docs/weights.md)
@@ -70,9 +70,9 @@ SAMPLER = textwrap.dedent("""
     import sys, time
     import jax.numpy as jnp
     import tpusync
-    from tpusync.weights import WeightSynchronizer
+    from tpusync.weights import VersionedWeights
     sock, version, leaves, leaf_elems = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    sync = WeightSynchronizer(tpusync.KVStore.connect("unix://" + sock), "bench")
+    sync = VersionedWeights(tpusync.KVStore.connect("unix://" + sock), "bench")
     sync.bind_weights({f"w{i:03d}": jnp.zeros(leaf_elems, jnp.bfloat16) for i in range(leaves)})
     print("READY", flush=True)
     sync.wait_for_version(version, timeout=600)
@@ -126,12 +126,12 @@ def engine(car) -> KVStore:
 
 def publish(car, total: int, version: int) -> float:
     t0 = time.perf_counter()
-    WeightSynchronizer(engine(car), "bench", blocks_per_chunk=CHUNK_BLOCKS).publish(weights(total, version), version)
+    VersionedWeights(engine(car), "bench", blocks_per_chunk=CHUNK_BLOCKS).publish(weights(total, version), version)
     return time.perf_counter() - t0
 
 
-def manager(trainer, hosts) -> WeightSynchronizerManager:
-    mgr = WeightSynchronizerManager(topology=plan.CHAIN)
+def manager(trainer, hosts) -> WeightDistributor:
+    mgr = WeightDistributor(topology=plan.CHAIN)
     mgr.register_work_unit("trainer", host=trainer.address, control_socket=trainer.control_socket, role="trainer")
     for i, h in enumerate(hosts):
         mgr.register_work_unit(f"s{i}", host=h.address, control_socket=h.control_socket)
@@ -267,7 +267,7 @@ class FabricCluster:
         """Publishes version 1 on the trainer's host; returns the version's block keys."""
         from tpusync.weights.storage import read_manifest, version_keys
 
-        sync = WeightSynchronizer(engine(self.trainer), "bench", blocks_per_chunk=FABRIC_CHUNK_BLOCKS)
+        sync = VersionedWeights(engine(self.trainer), "bench", blocks_per_chunk=FABRIC_CHUNK_BLOCKS)
         sync.publish(weights(total, 1), 1)
         return version_keys(read_manifest(engine(self.trainer), "bench", 1))
 
@@ -280,7 +280,7 @@ def fabric_transfer(profile, secret_file, total: int, n: int, topology: str) -> 
     cl = FabricCluster(profile, n, secret_file, total)
     try:
         cl.publish(total)
-        mgr = WeightSynchronizerManager(topology=topology, fanout=2)
+        mgr = WeightDistributor(topology=topology, fanout=2)
         mgr.register_work_unit("trainer", host=cl.trainer.address, control_socket=cl.trainer.control_socket,
                                role="trainer")
         for i, h in enumerate(cl.hosts):

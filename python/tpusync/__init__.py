@@ -31,8 +31,9 @@ __all__ = [
     "Tier",
     "TpuSyncError",
     "TransferStatus",
+    "VersionedWeights",
+    "WeightDistributor",
     "WeightSynchronizer",
-    "WeightSynchronizerManager",
     "errors",
 ]
 __version__ = "0.1.0"
@@ -40,14 +41,15 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     # The JAX-facing API loads JAX only when asked for: the block store needs numpy alone.
-    if name in ("KVCacheManager", "KVCacheStore"):  # upstream TPU Sync's names: its semantics
-        upstream_module = "kv_cache_manager" if name == "KVCacheManager" else "kv_cache_store"
-        return getattr(importlib.import_module(f"tpusync.upstream.{upstream_module}"), name)
+    upstream_modules = {"KVCacheManager": "kv_cache_manager", "KVCacheStore": "kv_cache_store",
+                        "WeightSynchronizer": "weight_synchronizer"}
+    if name in upstream_modules:  # upstream TPU Sync's names: its semantics
+        return getattr(importlib.import_module(f"tpusync.upstream.{upstream_modules[name]}"), name)
     if name in ("PageMover", "PrefixStore", "TransferStatus"):
         from tpusync import kv_cache
 
         return getattr(kv_cache, name)
-    if name in ("WeightSynchronizer", "WeightSynchronizerManager"):
+    if name in ("VersionedWeights", "WeightDistributor"):
         from tpusync import weights
 
         return getattr(weights, name)

@@ -14,10 +14,10 @@ class PublishWeights:
         from tpu_inference.rl import raiden_worker_sync as rws
 
         from tpusync import sidecar
-        from tpusync.weights import WeightSynchronizer
+        from tpusync.weights import VersionedWeights
 
         _, arrays = rws._filter_bindable(*rws.flatten_weights(self.get_weights_state()))
-        with WeightSynchronizer(sidecar.connect(None), model) as sync:
+        with VersionedWeights(sidecar.connect(None), model) as sync:
             sync.publish([np.asarray(a) for a in arrays], version)
         return len(arrays)
 

@@ -5,7 +5,7 @@ tpusync.upstream's, which writes each version into the bound weights in place. T
 lets the sampler bind weights on CPU devices (upstream binds TPU arrays only).
 
 A trainer host's sidecar gets version 1 from a trainer stand-in (an engine on checkpoint B
-publishing its weights in the sampler's bind order); WeightSynchronizerManager moves it to
+publishing its weights in the sampler's bind order); WeightDistributor moves it to
 the sampler host; the running sampler (checkpoint A) takes it between rollouts and then
 generates exactly what transformers generates from B.
 """
@@ -16,7 +16,7 @@ import pytest
 from conftest import Reference
 from harness import EngineSpec, prompt
 
-from tpusync.weights import WeightSynchronizerManager
+from tpusync.weights import WeightDistributor
 
 P = prompt(410, 70)
 
@@ -55,7 +55,7 @@ def test_the_running_sampler_takes_the_new_weights_in_place(rl, reference, model
 
     [published] = engines["trainer"].weights("collective_rpc", "publish_weights", kwargs={"version": 1})
     assert published == len(meta["variables"])
-    with WeightSynchronizerManager() as mgr:
+    with WeightDistributor() as mgr:
         mgr.register_work_unit("trainer", host=cars["t"].address, control_socket=cars["t"].control_socket,
                                role="trainer")
         mgr.register_work_unit("sampler", host=cars["s"].address, control_socket=cars["s"].control_socket)

@@ -11,7 +11,7 @@ import pytest
 from conftest import Reference
 from harness import EngineError, prompt
 
-from tpusync import KVStore, WeightSynchronizer
+from tpusync import KVStore, VersionedWeights
 
 MODEL = "tiny-policy"
 P = prompt(400, 70)
@@ -20,7 +20,7 @@ P = prompt(400, 70)
 def publish(sidecar, checkpoint, version: int) -> None:
     from safetensors.torch import load_file
 
-    sync = WeightSynchronizer(KVStore.connect(f"unix://{sidecar.control_socket}"), MODEL)
+    sync = VersionedWeights(KVStore.connect(f"unix://{sidecar.control_socket}"), MODEL)
     sync.publish(load_file(checkpoint / "model.safetensors"), version)
     sync.close()
 

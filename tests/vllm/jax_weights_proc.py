@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpusync import KVStore, WeightSynchronizer
+from tpusync import KVStore, VersionedWeights
 
 SHAPES = {"w": ((96, 40), jnp.bfloat16), "b": ((40,), jnp.float32), "steps": ((3,), jnp.int32)}
 
 
 def main() -> int:
     op, socket, model, version, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
-    sync = WeightSynchronizer(KVStore.connect(f"unix://{socket}"), model)
+    sync = VersionedWeights(KVStore.connect(f"unix://{socket}"), model)
     if op == "checkpoint":
         with np.load(out) as npz:
             sync.publish({name: jnp.asarray(npz[name]) for name in npz.files}, version)

@@ -1,4 +1,4 @@
-"""WeightSynchronizer from and into torch: state dicts, FSDP-style shards, explicit casts, and
+"""VersionedWeights from and into torch: state dicts, FSDP-style shards, explicit casts, and
 a JAX trainer feeding a torch sampler and back (one manifest for both frameworks).
 
 Runs in the vLLM tier's environment (it has torch); the JAX end runs in the main .venv, as
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpusync import KVStore, WeightSynchronizer, errors
+from tpusync import KVStore, VersionedWeights, errors
 from tpusync import sidecar as sidecar_mod
 from tpusync.sidecar import write_secret
 from tpusync.weights import Shard, TemplateMismatchError
@@ -40,8 +40,8 @@ def host(tmp_path_factory):
     shutil.rmtree(pool + ".weights", ignore_errors=True)
 
 
-def sync(host, model: str) -> WeightSynchronizer:
-    return WeightSynchronizer(KVStore.connect(f"unix://{host[0].control_socket}"), model)
+def sync(host, model: str) -> VersionedWeights:
+    return VersionedWeights(KVStore.connect(f"unix://{host[0].control_socket}"), model)
 
 
 def state() -> dict:

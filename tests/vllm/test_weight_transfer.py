@@ -73,9 +73,9 @@ def trainer(cluster, client, checkpoint: str):
 def push(cluster, checkpoint: str, version: int) -> None:
     """Publishes a checkpoint as `version` on the trainer host and pushes it to the samplers' host,
     updating no engine."""
-    from tpusync import KVStore, WeightSynchronizer
+    from tpusync import KVStore, VersionedWeights
 
-    sync = WeightSynchronizer(KVStore.connect(f"unix://{cluster.sidecars['t'].control_socket}"), MODEL)
+    sync = VersionedWeights(KVStore.connect(f"unix://{cluster.sidecars['t'].control_socket}"), MODEL)
     sync.publish(dict(module(checkpoint).named_parameters()), version)
     sync.push_weights([cluster.sidecars["w"].address], version).result(60)
     sync.close()

@@ -14,7 +14,7 @@ import sys
 import torch
 from transformers import Qwen3ForCausalLM
 
-from tpusync import KVStore, WeightSynchronizer
+from tpusync import KVStore, VersionedWeights
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
         if die_after is not None and done >= die_after:
             os._exit(9)
 
-    WeightSynchronizer(KVStore.connect(f"unix://{socket}"), model).publish(params, version, on_block=on_block)
+    VersionedWeights(KVStore.connect(f"unix://{socket}"), model).publish(params, version, on_block=on_block)
     return 0
 
 

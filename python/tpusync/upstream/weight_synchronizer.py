@@ -9,9 +9,9 @@ raiden_worker_sync.py) binds the engine's live nnx.Param arrays, in tree order, 
 rollouts; the engine then serves the new weights without a restart.
 
 Here the weights travel as tpusync versions: a trainer publishes the same list of arrays,
-in the same order, with `tpusync.weights.WeightSynchronizer(store, model).publish(arrays,
+in the same order, with `tpusync.weights.VersionedWeights(store, model).publish(arrays,
 version)` and the versions reach the sampler's host through its sidecar (`push_weights`, a
-WeightSynchronizerManager, or a trainer on the same host). `h2d()` copies the newest version
+WeightDistributor, or a trainer on the same host). `h2d()` copies the newest version
 committed on this host into the bound arrays' buffers in place, so every holder of those
 arrays (the engine's model state) sees it. `model` is the published model's name ($TPUSYNC_
 WEIGHTS_MODEL, by default "rollout", tpu-inference's job name); the sidecar comes from
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from tpusync import errors, sidecar
-from tpusync.weights import WeightSynchronizer as _Versions
+from tpusync.weights import VersionedWeights as _Versions
 from tpusync.weights.tensors import iter_leaves
 
 __all__ = ["WeightSynchronizer"]
@@ -131,7 +131,7 @@ class WeightSynchronizer:
 
     def d2h(self) -> None:
         raise NotImplementedError("a sampler's WeightSynchronizer receives; a trainer publishes with "
-                                  "tpusync.weights.WeightSynchronizer(store, model).publish(arrays, version)")
+                                  "tpusync.weights.VersionedWeights(store, model).publish(arrays, version)")
 
     @property
     def local_port(self) -> int | None:

@@ -3,7 +3,7 @@
     vllm serve MODEL --weight-transfer-config '{"backend": "tpusync"}'   (or LLM(weight_transfer_config=...))
 
 The backend is registered by tpusync's `vllm.general_plugins` entry point (tpusync.vllm.plugin). A
-trainer publishes versions into its host's sidecar (tpusync.WeightSynchronizer, from a JAX
+trainer publishes versions into its host's sidecar (tpusync.VersionedWeights, from a JAX
 pytree or a torch state dict) and tpusync moves them to the samplers' hosts; then each
 engine takes the newest version through vLLM's own calls (`LLM.init_weight_transfer_engine`,
 `start_weight_update`, `update_weights`, `finish_weight_update`, or the server's
@@ -62,7 +62,7 @@ log = init_logger("vllm.tpusync")
 
 @dataclass
 class TpusyncInitInfo(WeightTransferInitInfo):
-    model: str                              # the weights' name in tpusync (the trainer's WeightSynchronizer model)
+    model: str                              # the weights' name in tpusync (the trainer's VersionedWeights model)
     control_socket: str | None = None       # this host's sidecar (default: $TPUSYNC_CONTROL_SOCKET)
     secret_file: str | None = None          # for a tcp:// control address
     verify: bool = False                    # check every block's checksum while loading
@@ -177,11 +177,11 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
 
     def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource | None = None,
                  is_sender: bool = True, info: TpusyncTrainerInitInfo) -> None:
-        from tpusync.weights import WeightSynchronizer
+        from tpusync.weights import VersionedWeights
 
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.info = info
-        self.sync = WeightSynchronizer(sidecar.connect(info.control_socket, secret_file=info.secret_file), info.model)
+        self.sync = VersionedWeights(sidecar.connect(info.control_socket, secret_file=info.secret_file), info.model)
         self.version = self.sync.latest_version() or 0
         self._lock = threading.Lock()
 

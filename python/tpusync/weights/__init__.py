@@ -6,10 +6,10 @@ through a KVStore, `head` the host's current version.
 """
 
 from tpusync.weights.leaves import VersionGoneError
-from tpusync.weights.manager import TransferReport, WeightSynchronizerManager, WorkUnit
+from tpusync.weights.manager import TransferReport, WeightDistributor, WorkUnit
 from tpusync.weights.plan import Plan, build_plan, predict, reroute
 from tpusync.weights.receive import ReceiveReport, receive_version
-from tpusync.weights.synchronizer import TemplateMismatchError, WeightSynchronizer
+from tpusync.weights.synchronizer import TemplateMismatchError, VersionedWeights
 from tpusync.weights.tensors import Shard
 
 __all__ = [
@@ -19,8 +19,8 @@ __all__ = [
     "TemplateMismatchError",
     "TransferReport",
     "VersionGoneError",
-    "WeightSynchronizer",
-    "WeightSynchronizerManager",
+    "VersionedWeights",
+    "WeightDistributor",
     "WorkUnit",
     "build_plan",
     "predict",

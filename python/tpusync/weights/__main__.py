@@ -47,7 +47,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from tpusync import KVStore, sidecar
-    from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
+    from tpusync.weights import VersionedWeights, WeightDistributor
 
     console = Console()
     workdir = tempfile.mkdtemp(prefix="tpusync-weights-demo-")
@@ -66,11 +66,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         leaf = 8 * MIB // 2
         params = {f"layer{i:03d}": jnp.asarray(rng.standard_normal(leaf, np.float32).astype(ml_dtypes.bfloat16))
                   for i in range(max(1, total // (8 * MIB)))}
-        trainer = WeightSynchronizer(KVStore.connect(f"unix://{cars[0].control_socket}"), "demo", blocks_per_chunk=4)
+        trainer = VersionedWeights(KVStore.connect(f"unix://{cars[0].control_socket}"), "demo", blocks_per_chunk=4)
         m = trainer.publish(params, 1)
         console.print(f"published version 1: {m.nbytes / MIB:.0f} MiB, {len(m.blocks())} blocks, "
                       f"{len(m.chunks())} chunks on host 0 ({cars[0].address})")
-        mgr = WeightSynchronizerManager(topology=args.topology, fanout=args.fanout)
+        mgr = WeightDistributor(topology=args.topology, fanout=args.fanout)
         mgr.register_work_unit("trainer", host=cars[0].address, control_socket=cars[0].control_socket, role="trainer")
         for i, car in enumerate(cars[1:], 1):
             mgr.register_work_unit(f"sampler-{i}", host=car.address, control_socket=car.control_socket)
@@ -83,7 +83,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         console.print(f"{args.topology}: {len(report.committed)} hosts committed in {report.seconds:.3f} s "
                       f"({m.nbytes * len(report.committed) / report.seconds / 1e9:.2f} GB/s delivered); "
                       f"failed: {report.failed or 'none'}")
-        sampler = WeightSynchronizer(KVStore.connect(f"unix://{cars[-1].control_socket}"), "demo")
+        sampler = VersionedWeights(KVStore.connect(f"unix://{cars[-1].control_socket}"), "demo")
         sampler.bind_weights(params)
         sampler.wait_for_version(1, timeout=60)
         same = all(np.asarray(params[k]).tobytes() == np.asarray(sampler.params[k]).tobytes() for k in params)

@@ -1,6 +1,6 @@
 """Loading a version into a running engine's own weights, in place, one leaf at a time.
 
-An engine's weights cannot be swapped by one reference the way `WeightSynchronizer` swaps a
+An engine's weights cannot be swapped by one reference the way `VersionedWeights` swaps a
 pytree: they are copied into the engine's parameters leaf by leaf. So nothing is touched
 until the whole version is on this host, committed, and pinned for the length of the load
 (no eviction can take a block from under it), and the leaves are read off the pool as they

@@ -1,4 +1,4 @@
-"""WeightSynchronizerManager: registers work units and moves a version to every host once.
+"""WeightDistributor: registers work units and moves a version to every host once.
 
 A work unit is a trainer or sampler process, placed on a host (one sidecar, one pool).
 `start_transfer(src_units, dst_units)` reduces the units to hosts (one copy per host, however
@@ -78,7 +78,7 @@ class _HostDead(Exception):
     pass
 
 
-class WeightSynchronizerManager:
+class WeightDistributor:
     """Computes transfer plans from registered work units and runs them."""
 
     def __init__(self, *, topology: str = planmod.CHAIN, fanout: int = 2, verify: bool = True,
@@ -269,9 +269,8 @@ class WeightSynchronizerManager:
             except Exception as e:  # noqa: BLE001 - the host is out of this transfer; others go on
                 self._forget(host)
                 with state.cond:
-                    state.dead.add(host)
                     report.failed[host] = f"{type(e).__name__}: {e}"
-                    state.cond.notify_all()
+                    state.route_around(host, report)
 
         hosts = list(plan.destinations)
         if hosts:
@@ -317,14 +316,12 @@ class WeightSynchronizerManager:
             self._forget(host, channel)  # a control channel closes after a failed request: reconnect
             self._check_alive(unit)
             with state.cond:
-                state.dead.add(up)  # the relay failed us: route around it
                 if up == source:
+                    state.dead.add(up)
                     state.cond.notify_all()
                     raise errors.UnavailableError(f"the source {up} failed to deliver chunk {c}")
                 report.failed.setdefault(up, f"unreachable from {host} at chunk {c} of {source}")
-                if not any(r[:2] == (host, up) for r in report.rerouted):  # once, whichever channel saw it
-                    report.rerouted.append((host, up, state.parent(source, host)))
-                state.cond.notify_all()
+                state.route_around(up, report)  # the relay failed us
         with state.cond:
             state.landed_chunks[source][host].add(c)
             held = state.landed_chunks[source][host]
@@ -363,7 +360,7 @@ class WeightSynchronizerManager:
         for s in stores:
             s.close()
 
-    def __enter__(self) -> WeightSynchronizerManager:
+    def __enter__(self) -> WeightDistributor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -389,3 +386,15 @@ class _State:
 
     def parent(self, source: str, host: str) -> str:
         return planmod.live_parent(self.plan, source, host, self.dead)
+
+    def route_around(self, host: str, report: TransferReport) -> None:
+        """`host` is out of the transfer: every destination still pulling from it in a source's
+        tree moves to its next live ancestor, recorded once per (destination, dead parent),
+        whether a pull of its own failed first or the host's own transfer did."""
+        children = [(s, d) for s in self.plan.sources for d in self.plan.destinations
+                    if d not in self.dead and d not in report.committed and self.parent(s, d) == host]
+        self.dead.add(host)
+        for source, child in children:
+            if not any(r[:2] == (child, host) for r in report.rerouted):
+                report.rerouted.append((child, host, self.parent(source, child)))
+        self.cond.notify_all()

@@ -6,7 +6,7 @@ is a pure function of those, so every host computes the same one and knows its p
 each source's chain or tree. For each chunk, in the order every host uses, it waits until
 its parent holds the chunk (asking the parent's sidecar), pulls it, checks it, and once all
 are there it commits. Only the sidecars' authenticated data ports cross machines, so the
-hosts can be anywhere; `WeightSynchronizerManager` is the one-machine variant that drives
+hosts can be anywhere; `WeightDistributor` is the one-machine variant that drives
 every host's sidecar itself.
 
 Sources are one host holding whole versions, or the hosts of a multi-process trainer in

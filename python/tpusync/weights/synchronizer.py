@@ -1,4 +1,4 @@
-"""WeightSynchronizer: trainers publish versioned pytree snapshots; samplers receive them.
+"""VersionedWeights: trainers publish versioned pytree snapshots; samplers receive them.
 
 Trainer:  sync.publish(params, version)      # d2h into the host pool, manifest last
 Sampler:  sync.bind_weights(template)         # leaf names, shapes, dtypes, target shardings
@@ -46,7 +46,7 @@ def _flat_bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
-class WeightSynchronizer:
+class VersionedWeights:
     """One process's end of weight synchronization for one model, on one host's pool."""
 
     def __init__(self, store: KVStore | str, model: str, *, blocks_per_chunk: int = 8, verify: bool = False,
@@ -364,7 +364,7 @@ class WeightSynchronizer:
         with self._lock:
             self._params, self._host = None, {}
 
-    def __enter__(self) -> WeightSynchronizer:
+    def __enter__(self) -> VersionedWeights:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import REPO as ROOT
 from tests.support import fabric as fab
-from tpusync.weights import WeightSynchronizer, plan
+from tpusync.weights import VersionedWeights, plan
 from tpusync.weights.head import read_head
 
 from .conftest import engine
@@ -50,7 +50,7 @@ def committed(p: subprocess.Popen) -> str:
 
 def loaded(car, template: dict) -> dict:
     """What a sampler on that host loads: the committed version, from the host's pool."""
-    sync = WeightSynchronizer(engine(car), "m")
+    sync = VersionedWeights(engine(car), "m")
     sync.bind_weights(template)
     assert sync.wait_for_version(1, timeout=30) == 1
     return {k: np.asarray(v).tobytes() for k, v in sync.params.items()}
@@ -70,7 +70,7 @@ def test_weights_reach_every_host_one_copy_per_link(sidecars, topology, hosts):
     params = weights(8, seed=5)
     running = receivers(trainer, cars, topology=topology)
     before = f.counters()
-    manifest = WeightSynchronizer(engine(trainer), "m", blocks_per_chunk=4).publish(params, 1)
+    manifest = VersionedWeights(engine(trainer), "m", blocks_per_chunk=4).publish(params, 1)
     for p in running.values():
         assert "rerouted: none" in committed(p)
     crossed = {name: c - before[name] for name, c in f.counters().items()}
@@ -96,7 +96,7 @@ def test_a_relay_host_killed_mid_transfer_is_routed_around(sidecars):
     _f, (trainer, relay, h2, h3) = sidecars(4, fab.DC.replace(rate_mbit=200))
     params = weights(16, seed=6)
     running = receivers(trainer, [relay, h2, h3], stall=5.0)
-    WeightSynchronizer(engine(trainer), "m", blocks_per_chunk=4).publish(params, 1)
+    VersionedWeights(engine(trainer), "m", blocks_per_chunk=4).publish(params, 1)
     line = ""
     while not line.startswith("chunk 2/"):
         line = running[h2.address].stdout.readline()

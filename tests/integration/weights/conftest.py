@@ -16,7 +16,7 @@ import tpusync
 from tests.support.processes import free_port
 from tpusync import sidecar as sidecar_mod
 from tpusync.sidecar import write_secret
-from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
+from tpusync.weights import VersionedWeights, WeightDistributor
 
 from .model import params
 
@@ -111,8 +111,8 @@ def engine(host) -> tpusync.KVStore:
     return tpusync.KVStore.connect(f"unix://{host.control_socket}")
 
 
-def manager_for(trainer_host, sampler_hosts, **kw) -> WeightSynchronizerManager:
-    mgr = WeightSynchronizerManager(**kw)
+def manager_for(trainer_host, sampler_hosts, **kw) -> WeightDistributor:
+    mgr = WeightDistributor(**kw)
     mgr.register_work_unit("trainer", host=trainer_host.address, control_socket=trainer_host.control_socket,
                            role="trainer")
     for i, h in enumerate(sampler_hosts):
@@ -121,4 +121,4 @@ def manager_for(trainer_host, sampler_hosts, **kw) -> WeightSynchronizerManager:
 
 
 def publish(host, seed: int, version: int, **kw):
-    return WeightSynchronizer(engine(host), "m", blocks_per_chunk=4).publish(params(seed), version, **kw)
+    return VersionedWeights(engine(host), "m", blocks_per_chunk=4).publish(params(seed), version, **kw)

@@ -14,14 +14,14 @@ import json
 import sys
 
 import tpusync
-from tpusync.weights import WeightSynchronizer
+from tpusync.weights import VersionedWeights
 
 from .model import digest, params
 
 
 def main(argv: list[str]) -> None:
     role, sock, model, version, seed = argv[:5]
-    sync = WeightSynchronizer(tpusync.KVStore.connect(f"unix://{sock}"), model)
+    sync = VersionedWeights(tpusync.KVStore.connect(f"unix://{sock}"), model)
     if role == "sampler":
         sync.bind_weights(params(0))
         got = sync.wait_for_version(int(version), timeout=60) if int(version) else sync.poll()

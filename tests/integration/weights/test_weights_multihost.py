@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.weights import WeightSynchronizerManager
+from tpusync.weights import WeightDistributor
 from tpusync.weights.head import read_head
 from tpusync.weights.manifest import merge_parts
 from tpusync.weights.storage import read_manifest
@@ -18,8 +18,8 @@ from .model import digest, params
 from .test_weights_sidecars import pulled_out
 
 
-def manager(trainer_hosts, sampler_hosts) -> WeightSynchronizerManager:
-    mgr = WeightSynchronizerManager()
+def manager(trainer_hosts, sampler_hosts) -> WeightDistributor:
+    mgr = WeightDistributor()
     for i, h in enumerate(trainer_hosts):
         mgr.register_work_unit(f"trainer-{i}", host=h.address, control_socket=h.control_socket, role="trainer")
     for i, h in enumerate(sampler_hosts):

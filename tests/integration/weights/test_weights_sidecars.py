@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tpusync.errors import InvalidArgumentError, UnavailableError
-from tpusync.weights import WeightSynchronizer, WeightSynchronizerManager
+from tpusync.weights import VersionedWeights, WeightDistributor
 from tpusync.weights.head import read_head
 from tpusync.weights.storage import read_commit, read_manifest, version_keys
 
@@ -50,9 +50,9 @@ def test_atomic_swap_across_hosts(hosts):
     trainer, host = hosts(2)
     mgr = manager_for(trainer, [host])
     shapes = {f"l{i}": (70_000 * (i + 1),) for i in range(5)}  # 1 to 6 blocks per leaf
-    sampler = WeightSynchronizer(engine(host), "m")
+    sampler = VersionedWeights(engine(host), "m")
     sampler.bind_weights({k: jnp.zeros(s, jnp.float32) for k, s in shapes.items()})
-    trainer_sync = WeightSynchronizer(engine(trainer), "m", blocks_per_chunk=3)
+    trainer_sync = VersionedWeights(engine(trainer), "m", blocks_per_chunk=3)
     torn, seen, stop = [], set(), threading.Event()
     cond = threading.Condition()
 
@@ -87,14 +87,23 @@ def test_atomic_swap_across_hosts(hosts):
 def test_killed_relay_is_routed_around(hosts, in_flight):
     """With any number of chunk pulls in flight per host (each on its own control channel)."""
     trainer, a, b, c = hosts(4)
-    manifest = publish(trainer, seed=3, version=1)
+    # 10 chunks: more than the 2 + in_flight - 1 the relay can hold when it dies (below)
+    manifest = VersionedWeights(engine(trainer), "m", blocks_per_chunk=2).publish(params(3), 1)
     mgr = manager_for(trainer, [a, b, c], in_flight=in_flight)  # chain: trainer -> a -> b -> c
     assert list(mgr.plan(["trainer"], None, chunks=2).path(trainer.address, c.address)) == \
         [trainer.address, a.address, b.address, c.address]
 
+    b_has_two = threading.Event()
+
     def kill_relay(host, done, total, nbytes):
-        if host == a.address and done == 2:
-            a.kill()  # the relay dies with two of its chunks landed, the rest in flight
+        if host == b.address and done == 2:
+            b_has_two.set()
+        if host == a.address and done >= 2:
+            # The relay dies once b has taken two chunks from it; until then each of its pulls
+            # stops after landing its chunk, so a holds at most in_flight more and b still
+            # needs chunks from someone: the trainer, for what a never held.
+            assert b_has_two.wait(60), "b took no chunk from a"
+            a.kill()  # SIGKILL; a no-op once the process is gone
 
     report = mgr.transfer(["trainer"], None, "m", on_chunk=kill_relay)
     assert report.chunks > 4
@@ -102,7 +111,7 @@ def test_killed_relay_is_routed_around(hosts, in_flight):
     assert sorted(report.committed) == sorted([b.address, c.address])
     assert any(dead == a.address and new == trainer.address for _, dead, new in report.rerouted)
     for h in (b, c):
-        s = WeightSynchronizer(engine(h), "m")
+        s = VersionedWeights(engine(h), "m")
         s.bind_weights(params(0))
         assert s.poll() == 1 and digest(s.params) == digest(params(3))
     assert pulled_out(trainer) < 2 * len(manifest.blocks())  # b took from the trainer only what a lacked
@@ -149,10 +158,10 @@ def test_trainer_killed_mid_publish_leaves_the_previous_version(hosts, procs):
 def test_push_weights_to_peers(hosts):
     trainer, p1, p2 = hosts(3)
     publish(trainer, seed=5, version=4)
-    pusher = WeightSynchronizer(engine(trainer), "m")
+    pusher = VersionedWeights(engine(trainer), "m")
     assert pusher.push_weights([p1.address, f"tpusync://{p2.address}"]).result(timeout=60) == 4
     for h in (p1, p2):
-        s = WeightSynchronizer(engine(h), "m")
+        s = VersionedWeights(engine(h), "m")
         s.bind_weights(params(0))
         assert s.wait_for_version(4, timeout=10) == 4 and digest(s.params) == digest(params(5))
         assert s.get_metrics()["host_version"] == 4
@@ -160,7 +169,7 @@ def test_push_weights_to_peers(hosts):
 
 def test_in_flight_must_be_positive():
     with pytest.raises(InvalidArgumentError, match="in_flight"):
-        WeightSynchronizerManager(in_flight=0)
+        WeightDistributor(in_flight=0)
 
 
 def test_tree_plan_delivers_to_every_host(hosts):
@@ -170,7 +179,7 @@ def test_tree_plan_delivers_to_every_host(hosts):
     report = mgr.transfer(["trainer"], None, "m")
     assert report.ok and report.plan.max_fanout() == 2 and report.plan.depth(trainer.address) == 2
     for h in rest:
-        s = WeightSynchronizer(engine(h), "m")
+        s = VersionedWeights(engine(h), "m")
         s.bind_weights(params(0))
         assert s.poll() == 1 and digest(s.params) == digest(params(9))
 
@@ -189,7 +198,7 @@ def test_a_block_changed_in_the_sources_pool_is_never_committed(hosts):
     with pytest.raises(UnavailableError, match="failed to deliver"):
         mgr.transfer(["trainer"], None, "m")
     for h in (a, b):
-        s = WeightSynchronizer(engine(h), "m")
+        s = VersionedWeights(engine(h), "m")
         s.bind_weights(params(0))
         assert s.poll() is None
         assert engine(h).lookup([victim.key]).prefix_len == 0  # the bad copy was evicted

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tpusync
-from tpusync.weights import WeightSynchronizer
+from tpusync.weights import VersionedWeights
 
 from .model import host_params
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
             print("STOPPED", flush=True)
             sys.stdin.read()
 
-    WeightSynchronizer(tpusync.KVStore.connect(f"unix://{sock}"), "m", blocks_per_chunk=4).publish(
+    VersionedWeights(tpusync.KVStore.connect(f"unix://{sock}"), "m", blocks_per_chunk=4).publish(
         params, int(version), on_block=on_block)
     print("COMMITTED", flush=True)
     sys.stdin.read()   # stay: jax.distributed's shutdown waits for the other process

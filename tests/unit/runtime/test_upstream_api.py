@@ -297,7 +297,7 @@ def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
 
     from tpusync import sidecar
     from tpusync.upstream.weight_synchronizer import WeightSynchronizer
-    from tpusync.weights import WeightSynchronizer as Trainer
+    from tpusync.weights import VersionedWeights as Trainer
 
     rng = np.random.default_rng(3)
     live = [jnp.zeros((16, 8), jnp.float32), jnp.zeros((8,), jnp.bfloat16)]
@@ -327,13 +327,21 @@ def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
 
 
 def test_the_top_level_upstream_names_have_upstreams_semantics():
-    """tpusync.KVCacheStore / KVCacheManager are upstream's (d2h takes device blocks, then host
-    blocks); tpusync's own API, keyed by hashes, goes by names of its own."""
+    """tpusync.KVCacheStore / KVCacheManager / WeightSynchronizer are upstream's (d2h takes device
+    blocks, then host blocks; the synchronizer binds a sampler's arrays); tpusync's own APIs go by
+    names of their own, and upstream's manager, which tpusync does not implement, is not offered
+    under its name."""
     import tpusync
-    from tpusync import kv_cache
-    from tpusync.upstream import kv_cache_manager, kv_cache_store
+    from tpusync import kv_cache, weights
+    from tpusync.upstream import kv_cache_manager, kv_cache_store, weight_synchronizer
 
     assert tpusync.KVCacheManager is kv_cache_manager.KVCacheManager
     assert tpusync.KVCacheStore is kv_cache_store.KVCacheStore
     assert tpusync.PageMover is kv_cache.PageMover and tpusync.PrefixStore is kv_cache.PrefixStore
+    assert tpusync.WeightSynchronizer is weight_synchronizer.WeightSynchronizer
+    assert next(iter(inspect.signature(tpusync.WeightSynchronizer).parameters)) == "jax_arrays"
+    assert tpusync.VersionedWeights is weights.VersionedWeights
+    assert tpusync.WeightDistributor is weights.WeightDistributor
+    with pytest.raises(AttributeError):
+        tpusync.WeightSynchronizerManager  # noqa: B018
     assert list(inspect.signature(tpusync.KVCacheManager.d2h).parameters)[1:3] == ["src_offsets", "dst_offsets"]

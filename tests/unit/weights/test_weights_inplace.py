@@ -9,7 +9,7 @@ import pytest
 import tpusync
 from tpusync import errors
 from tpusync.vllm import served_weights
-from tpusync.weights import Shard, WeightSynchronizer
+from tpusync.weights import Shard, VersionedWeights
 from tpusync.weights.inplace import await_version, pinned_version
 from tpusync.weights.leaves import leaf_bytes
 from tpusync.weights.storage import commit_on_host, read_manifest, version_keys
@@ -32,7 +32,7 @@ def pushed(store, model: str, versions: list[int]) -> None:
     """Versions stored with their commit records and no head: what a peer's push leaves."""
     from tpusync.weights.head import head_path
 
-    sync = WeightSynchronizer(store, model)
+    sync = VersionedWeights(store, model)
     for v in versions:
         sync.publish({"w": np.full(3000, v, np.float32)}, v)
     import os
@@ -47,13 +47,13 @@ def test_await_version_commits_pushed_versions_and_returns_the_newest(store):
 
 
 def test_await_version_that_never_arrives_names_what_the_host_has(store):
-    WeightSynchronizer(store, "m").publish({"w": np.zeros(10, np.float32)}, 1)
+    VersionedWeights(store, "m").publish({"w": np.zeros(10, np.float32)}, 1)
     with pytest.raises(errors.DeadlineExceededError, match=r"version 5 of 'm' did not arrive .* host has 1"):
         await_version(store, "m", 5, timeout=0)
 
 
 def test_pinned_version_holds_its_blocks_against_eviction(store):
-    sync = WeightSynchronizer(store, "m")
+    sync = VersionedWeights(store, "m")
     sync.publish({"w": np.arange(3000, dtype=np.float32)}, 1)
     with pinned_version(store, "m", 1) as manifest:
         keys = version_keys(manifest)
@@ -68,7 +68,7 @@ def test_pinned_version_holds_its_blocks_against_eviction(store):
 
 def test_numpy_shards_publish_and_assemble(store):
     full = np.arange(40, dtype=np.int16).reshape(5, 8)
-    sync = WeightSynchronizer(store, "s")
+    sync = VersionedWeights(store, "s")
     sync.publish({"x": [Shard(full[:, 5:], (5, 8), (0, 5)), Shard(full[:, :5], (5, 8), (0, 0))]}, 1)
     manifest = read_manifest(store, "s", 1)
     commit_on_host(store, manifest)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync.weights import TemplateMismatchError, WeightSynchronizer
+from tpusync.weights import TemplateMismatchError, VersionedWeights
 from tpusync.weights.codec import decode_manifest, encode_manifest, manifest_blocks
 from tpusync.weights.head import advance_head, read_head
 from tpusync.weights.keys import commit_key, weight_key
@@ -67,7 +67,7 @@ def test_keys_never_collide_across_models_versions_leaves():
 
 
 def test_manifest_round_trips_and_splits_over_blocks(store):
-    m = WeightSynchronizer(store, "m", blocks_per_chunk=2).publish(params(0), 1)
+    m = VersionedWeights(store, "m", blocks_per_chunk=2).publish(params(0), 1)
     assert decode_manifest(encode_manifest(m)) == m
     record, parts = manifest_blocks(m)
     assert len(parts) == 1 and record.parts == (parts[0][0],)
@@ -92,7 +92,7 @@ def test_head_only_moves_forward(shm_path):
 
 
 def test_publish_then_receive_byte_exact_with_bf16(store):
-    trainer, sampler = WeightSynchronizer(store, "m"), WeightSynchronizer(store, "m")
+    trainer, sampler = VersionedWeights(store, "m"), VersionedWeights(store, "m")
     p1 = params(1)
     trainer.publish(p1, 1)
     sampler.bind_weights(p1)
@@ -108,7 +108,7 @@ def test_publish_then_receive_byte_exact_with_bf16(store):
 
 
 def test_versions_swap_and_old_pins_are_released(store):
-    trainer, sampler = WeightSynchronizer(store, "m"), WeightSynchronizer(store, "m")
+    trainer, sampler = VersionedWeights(store, "m"), VersionedWeights(store, "m")
     sampler.bind_weights(params(0))
     for v in (1, 2, 3):
         trainer.publish(params(v), v)
@@ -118,14 +118,14 @@ def test_versions_swap_and_old_pins_are_released(store):
 
 
 def test_republishing_a_committed_version_is_refused(store):
-    trainer = WeightSynchronizer(store, "m")
+    trainer = VersionedWeights(store, "m")
     trainer.publish(params(1), 1)
     with pytest.raises(tpusync.PreconditionError, match="already committed"):
         trainer.publish(params(2), 1)
 
 
 def test_an_interrupted_publish_leaves_the_previous_version_in_force(store):
-    trainer, sampler = WeightSynchronizer(store, "m"), WeightSynchronizer(store, "m")
+    trainer, sampler = VersionedWeights(store, "m"), VersionedWeights(store, "m")
     trainer.publish(params(1), 1)
 
     def die(done, total):
@@ -154,10 +154,10 @@ def test_an_interrupted_publish_leaves_the_previous_version_in_force(store):
     (lambda t: t.pop("host"), r"leaf 'host' is in version 1 of 'm' but not in the template"),
 ])
 def test_mismatched_template_names_the_leaf(store, change, match):
-    WeightSynchronizer(store, "m").publish(params(1), 1)
+    VersionedWeights(store, "m").publish(params(1), 1)
     template = params(0)
     change(template)
-    sampler = WeightSynchronizer(store, "m")
+    sampler = VersionedWeights(store, "m")
     sampler.bind_weights(template)
     with pytest.raises(TemplateMismatchError, match=match):
         sampler.poll()
@@ -166,7 +166,7 @@ def test_mismatched_template_names_the_leaf(store, change, match):
 
 def test_a_reader_never_sees_a_torn_version(store):
     """Each version fills every leaf with its number; a reader checks every pair it reads."""
-    trainer, sampler = WeightSynchronizer(store, "m"), WeightSynchronizer(store, "m")
+    trainer, sampler = VersionedWeights(store, "m"), VersionedWeights(store, "m")
     shapes = {f"l{i}": (40_000 * (i + 1),) for i in range(6)}  # leaves of 1 to 4 blocks
 
     def version(v):
@@ -210,7 +210,7 @@ def test_resharding_between_meshes_through_host_buffers(tmp_path):
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         import jax, jax.numpy as jnp, numpy as np, ml_dtypes, tpusync
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        from tpusync.weights import WeightSynchronizer
+        from tpusync.weights import VersionedWeights
         devs = np.array(jax.devices())
         store = tpusync.KVStore.local(dram_bytes=32 << 20, block_bytes={BLOCK})
         x = np.random.default_rng(0).standard_normal((64, 1024)).astype(ml_dtypes.bfloat16)
@@ -218,10 +218,10 @@ def test_resharding_between_meshes_through_host_buffers(tmp_path):
         serve = NamedSharding(Mesh(devs.reshape(2, 2), ("a", "b")), P("b", "a"))
         rep = NamedSharding(Mesh(devs, ("d",)), P())
         params = {{"w": jax.device_put(x, train), "r": jax.device_put(x[:4], rep)}}
-        m = WeightSynchronizer(store, "m").publish(params, 1)
+        m = VersionedWeights(store, "m").publish(params, 1)
         assert len(m.leaf("w").shards) == 4, m.leaf("w").shards  # one entry per shard
         assert len(m.leaf("r").shards) == 1  # replicas published once
-        sampler = WeightSynchronizer(store, "m")
+        sampler = VersionedWeights(store, "m")
         sampler.bind_weights({{"w": jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=serve),
                               "r": jax.ShapeDtypeStruct((4, 1024), x.dtype, sharding=serve)}})
         assert sampler.poll() == 1
