@@ -53,7 +53,7 @@ def gke_pool(ns: str, name: str, node_pool: str, hosts: int) -> dict:
             "metadata": {"name": name, "namespace": ns},
             "spec": {"tpu": {"type": "v6e", "topology": "2x2"}, "capacity": {"hosts": hosts},
                      "provisioning": {"mode": "gke", "gke": {
-                         "project": "proj", "location": "us-central1", "cluster": "c1",
+                         "project": "my-project", "location": "us-central1", "cluster": "c1",
                          "nodePoolName": node_pool, "nodeLocations": ["us-central1-b"]}},
                      "tiers": {"dram": "8Gi"}}}
 

@@ -1,7 +1,10 @@
 """python -m tpusync_operator: run the operator (kopf) with probes, metrics and peering.
 
-  render FILE...          print the objects the operator would create for the objects in
-                          FILEs, without a cluster (see render.py), and exit
+  validate FILE...        check the TPUSyncPool and DisaggregatedServing objects in FILEs as
+                          the API server and the operator would (the CRDs' schema and CEL
+                          rules, unknown fields refused), print every error, and exit
+  render FILE...          validate, then print the objects the operator would create for
+                          them, without a cluster (see render.py), and exit
 
   --standalone            no peering (a single replica; dev and tests)
   --peering NAME          ClusterKopfPeering name (default tpusync-operator); two replicas
@@ -46,9 +49,9 @@ class _QuietWatchHandlers(logging.Filter):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["render"]:
+    if argv[:1] in (["render"], ["validate"]):
         from .render import main as render_main
-        return render_main(argv[1:])
+        return render_main(argv[1:], command=argv[0])
     parser = argparse.ArgumentParser(prog="python -m tpusync_operator", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()

@@ -17,18 +17,37 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from .engine_flags import OWNED_FLAGS, flag_pattern
 from .quantity import QUANTITY_PATTERN
+from .tpu import host_memory_by_slice
 from .versions import EPP, ROUTING_PROXY, SIDECAR_IMAGE
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, examples=["64Gi"])]
 DNSName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Topology = Annotated[str, Field(max_length=16, pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$", examples=["2x4", "2x2x2"])]
+# A DNS subdomain (storage classes, Secrets' keys are not).
+DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253,
+                                    pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+# A Compute Engine resource name (reservations, resource policies, GKE clusters and node pools).
+GCEName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
+# An image reference: [host[:port]/]path[:tag][@sha256:digest], lowercase path (the grammar of
+# distribution/reference, without its rarely used separators).
+ImageRef = Annotated[str, Field(
+    min_length=1, max_length=512,
+    pattern=r"^[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
+            r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$")]
+Email = Annotated[str, Field(max_length=254, pattern=r"^[a-z0-9][-a-z0-9._]*@[-a-z0-9.]+\.[a-z]+$")]
+# A branch, tag or commit (no spaces or shell characters).
+GitRef = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+# An engine argument (bounded, so the CEL rule over them has a bounded cost).
+EngineArg = Annotated[str, Field(max_length=2048)]
 
 
-def cel(*rules: tuple[str, str]) -> dict[str, Any]:
-    """Model-level CEL rules: (rule, message)."""
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
+    """Model-level CEL rules: (rule, message[, messageExpression])."""
+    return {"x-kubernetes-validations": [
+        {"rule": r[0], "message": r[1], **({"messageExpression": r[2]} if len(r) > 2 else {})} for r in rules]}
 
 
 def sub(model: type[BaseModel], description: str) -> Any:
@@ -50,7 +69,8 @@ class Resources(Model):
 
 
 class EnvVar(Model):
-    name: Annotated[str, Field(min_length=1)]
+    # Kubernetes' rule (RelaxedEnvironmentVariableValidation): printable ASCII but '='.
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!-<>-~]+$")]
     value: str = ""
 
 
@@ -92,24 +112,27 @@ class Capacity(Model):
                           "slice's hosts: one node pool per slice up to maxHosts, which GKE's autoscaler grows from "
                           "0 to a whole slice when pods wait for it; the first minHosts worth of slices stay up.")
     spot: bool = Field(False, description="Use Spot VMs.")
-    reservation: str | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
+    reservation: GCEName | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
 
 
 class GKEProvisioning(Model):
     """Create and own a GKE node pool through the GKE REST API (never one the operator did not create)."""
-    project: Annotated[str, Field(min_length=1)]
-    location: Annotated[str, Field(min_length=1)] = Field(description="Region or zone of the cluster.")
-    cluster: Annotated[str, Field(min_length=1)]
-    node_locations: list[Annotated[str, Field(min_length=1)]] | None = Field(
+    project: Annotated[str, Field(min_length=6, max_length=100,
+                                  pattern=r"^([a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")] = Field(
+        description="Project ID (not the number), e.g. my-project or example.com:my-project.")
+    location: Annotated[str, Field(max_length=64, pattern=r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$")] = Field(
+        description="Region or zone of the cluster, e.g. us-east5 or us-east5-b.")
+    cluster: Annotated[str, Field(max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
+    node_locations: list[Annotated[str, Field(max_length=64, pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")]] | None = Field(
         None, description="Zones of the node pool (the TPU zone). Required in a regional cluster: there GKE "
                           "would otherwise create the hosts, and count autoscaling limits, in every zone.")
     node_pool_name: DNSName | None = Field(
         None, description="Defaults to the TPUSyncPool name. A node pool of that name that the operator did not "
                           "create for this TPUSyncPool is never changed or deleted (Degraded/NodePoolNotOwned).")
-    workload_policy: str | None = Field(
+    workload_policy: GCEName | None = Field(
         None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
     queued_provisioning: bool = Field(False, description="Use queued provisioning (Dynamic Workload Scheduler).")
-    service_account: str | None = Field(None, description="Node service account e-mail.")
+    service_account: Email | None = Field(None, description="Node service account e-mail.")
     # No API endpoint here: the operator sends its Google access token to the GKE API it is
     # configured with (TPUSYNC_GKE_ENDPOINT, the chart's gke.endpoint), never to one an
     # object names.
@@ -121,7 +144,7 @@ class ExistingProvisioning(Model):
         ("has(self.nodePoolName) || has(self.nodeSelector)",
          "spec.provisioning.existing needs nodePoolName or nodeSelector"),
     ))
-    node_pool_name: str | None = None
+    node_pool_name: Annotated[str, Field(max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")] | None = None
     node_selector: dict[str, str] | None = None
 
 
@@ -146,7 +169,7 @@ class DiskTier(Model):
     ))
     size: Quantity
     medium: Literal["EmptyDir", "EphemeralVolume"] = "EmptyDir"
-    storage_class_name: str | None = None
+    storage_class_name: DNSSubdomain | None = None
 
 
 class SharedTier(Model):
@@ -165,7 +188,7 @@ class SharedTier(Model):
     ))
     claim_name: DNSName | None = Field(
         None, description="An existing ReadWriteMany PersistentVolumeClaim in the pool's namespace.")
-    storage_class_name: DNSName | None = Field(
+    storage_class_name: DNSSubdomain | None = Field(
         None, description="The operator creates the ReadWriteMany claim <pool>-shared of this class (e.g. a Managed "
                           "Lustre class) and keeps it while the pool exists.")
     size: Quantity | None = Field(None, description="The created claim's request.")
@@ -180,7 +203,23 @@ class SharedTier(Model):
     low_watermark_percent: Annotated[int, Field(ge=0, le=99)] = Field(70, description="...and stops at this one.")
 
 
+_BLOCK = "quantity(self.blockBytes).asInteger()"
+
+
 class Tiers(Model):
+    # has(): the API server checks the rules against the CRD's default ({}) too.
+    model_config = ConfigDict(json_schema_extra=cel(
+        (f"!has(self.blockBytes) || ({_BLOCK} >= 4096 && {_BLOCK} % 4096 == 0)",
+         "spec.tiers.blockBytes must be a multiple of 4096 bytes (4Ki), e.g. 1Mi: the sidecar's tiers read and "
+         "write whole pages"),
+        (f"!has(self.dram) || !has(self.blockBytes) || quantity(self.dram).asInteger() >= {_BLOCK}",
+         "spec.tiers.dram must hold at least one block of spec.tiers.blockBytes"),
+        (f"!has(self.disk) || !has(self.blockBytes) || quantity(self.disk.size).asInteger() >= {_BLOCK}",
+         "spec.tiers.disk.size must hold at least one block of spec.tiers.blockBytes"),
+        ("!has(self.shared) || !has(self.shared.capacity) || !has(self.blockBytes) || "
+         f"quantity(self.shared.capacity).asInteger() >= {_BLOCK}",
+         "spec.tiers.shared.capacity must hold at least one block of spec.tiers.blockBytes"),
+    ))
     dram: Quantity = Field("16Gi", description="Host DRAM each sidecar lends to the pool (/dev/shm).")
     disk: DiskTier | None = None
     shared: SharedTier | None = None
@@ -189,7 +228,7 @@ class Tiers(Model):
 
 class SidecarSpec(Model):
     """The tpusync-sidecar container."""
-    image: str = SIDECAR_IMAGE
+    image: ImageRef = SIDECAR_IMAGE
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     data_port: Port = 7600
     http_port: Port = 7601
@@ -217,7 +256,20 @@ class AuthSpec(Model):
         None, description="Secret with key `token`; generated as <pool>-auth when absent.")
 
 
+_HOST_MEMORY = "{" + ", ".join(f"'{k}': {v}" for k, v in host_memory_by_slice().items()) + "}"
+_SLICE_KEY = "(self.tpu.type == 'v7x' ? 'v7x' : self.tpu.type + '/' + self.tpu.topology)"
+
+
 class TPUSyncPoolSpec(Model):
+    model_config = ConfigDict(json_schema_extra=cel(
+        (f"!({_SLICE_KEY} in {_HOST_MEMORY}) || "
+         f"quantity(self.tiers.dram).asInteger() < {_HOST_MEMORY}[{_SLICE_KEY}]",
+         "spec.tiers.dram must be less than the memory of the TPU host (tpu.py MACHINE_MEMORY_BYTES: e.g. 192 GB "
+         "on a 4-chip v5e host, 720 GB on a 4-chip v6e host, 960 GB on a v7x host), which the engine shares"),
+        ("!self.storeNodes.enabled || quantity(self.storeNodes.dram).asInteger() >= "
+         "quantity(self.tiers.blockBytes).asInteger()",
+         "spec.storeNodes.dram must hold at least one block of spec.tiers.blockBytes"),
+    ))
     tpu: TPUSpec
     capacity: Capacity = sub(Capacity, "Host count, autoscaling, spot or reservation.")
     provisioning: Provisioning = Field(description="Where the hosts come from.")
@@ -321,10 +373,12 @@ class ModelRef(Model):
          "double(self.ropeScaling.originalMaxPositionEmbeddings) * self.ropeScaling.factor",
          MAX_MODEL_LEN_BEYOND_SCALING),
     ))
-    name: Annotated[str, Field(min_length=1)] = Field(description="Served model name (the OpenAI model id).")
+    # In the KV-event topic kv@<pod>:<port>@<model> that llm-d parses, and on engine command lines.
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]*$")] = Field(
+        description="Served model name (the OpenAI model id), e.g. Qwen/Qwen3-8B: letters, digits and . _ : / + -.")
     uri: Annotated[str, Field(min_length=1, max_length=1024, pattern=MODEL_URI_PATTERN)] = Field(
         description="Weights: hf://ORG/NAME (a Hugging Face repo id), gs://BUCKET/PATH, or an absolute path.")
-    revision: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+    revision: GitRef | None = Field(
         None, description="hf:// only: the branch, tag or commit to load (engine --revision).")
     token_secret_ref: SecretKeyRef | None = Field(
         None, description="hf:// only: a Secret key holding a Hugging Face token (gated or private models); "
@@ -355,7 +409,7 @@ class VolumeSpec(Model):
     ))
     size: Quantity
     medium: Literal["EmptyDir", "EphemeralVolume", "PersistentVolumeClaim"] = "EmptyDir"
-    storage_class_name: str | None = None
+    storage_class_name: DNSSubdomain | None = None
     claim_name: DNSName | None = None
 
 
@@ -417,7 +471,7 @@ class EngineSpec(Model):
          "self.securityContext.runAsUser != 0 : (has(self.cpuOnly) && self.cpuOnly))", ENGINE_NONROOT_UID),
     ))
     type: Literal["vllm-tpu", "sglang-jax", "reference"] = "vllm-tpu"
-    image: str | None = Field(None, description="Engine image; a pinned default per type when empty.")
+    image: ImageRef | None = Field(None, description="Engine image; a pinned default per type when empty.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     cpu_only: bool = Field(False, description="Reference engine only: request no TPUs (tests, kind/kwok).")
     env: list[EnvVar] | None = Field(
@@ -443,7 +497,7 @@ class RoleSpec(Model):
     topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the pool's.")
     hosts_per_replica: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Hosts per replica; derived from the topology when empty. >1 uses a LeaderWorkerSet.")
-    args: list[str] | None = Field(
+    args: Annotated[list[EngineArg], Field(max_length=64)] | None = Field(
         None, description="Extra engine arguments, passed as written: Kubernetes does not expand $(VAR) in them "
                           "(nor in any other spec string the operator puts on a command line).")
     resources: Resources = sub(Resources, "Engine resources (TPU chips are added).")
@@ -480,7 +534,7 @@ class ScorerWeights(Model):
 class GatewayRef(Model):
     name: DNSName
     namespace: DNSName | None = None
-    section_name: str | None = None
+    section_name: DNSName | None = None
 
 
 class Objective(Model):
@@ -514,9 +568,9 @@ class Routing(Model):
                            "and GCPBackendPolicy (300 s timeout) for the InferencePool (GKE's default health check "
                            "gets 404 from a model server and marks every backend unhealthy), and leave the "
                            "HTTPRoute's timeouts out (GKE's Gateway does not admit them; elsewhere 300 s).")
-    epp_image: str = Field(EPP.image, description="llm-d endpoint picker image; its flags and plugin types are "
+    epp_image: ImageRef = Field(EPP.image, description="llm-d endpoint picker image; its flags and plugin types are "
                                                   f"those of llm-d-router {EPP.version}.")
-    proxy_image: str = Field(ROUTING_PROXY.image, description="llm-d P/D routing proxy (decode pods); flags of "
+    proxy_image: ImageRef = Field(ROUTING_PROXY.image, description="llm-d P/D routing proxy (decode pods); flags of "
                                                               f"llm-d-router {ROUTING_PROXY.version}.")
     epp_replicas: Annotated[int, Field(ge=1, le=5)] = Field(
         2, description="Endpoint picker replicas, each on a node of its own (required pod anti-affinity on the "
@@ -561,6 +615,21 @@ SGLANG_IMAGE_REQUIRED = ("spec.engine.image is required with spec.engine.type sg
                          "branch only (no release has it), so name an image built from it")
 
 
+def _owned_flag_rule(role: str) -> tuple[str, str, str]:
+    """(rule, message, messageExpression): spec.<role>.args sets no flag the operator renders."""
+    pattern = " : ".join(f"self.engine.type == '{engine}' ? '{flag_pattern(engine)}'" for engine in OWNED_FLAGS)
+    pattern = f"({pattern} : '^$')"
+    owned = "; ".join(f"{engine}: {' '.join(flags)}" for engine, flags in OWNED_FLAGS.items())
+    return (f"!has(self.{role}.args) || self.{role}.args.all(a, !a.matches({pattern}))",
+            f"spec.{role}.args must not set a flag the operator renders from the spec ({owned})",
+            f"'spec.{role}.args: ' + self.{role}.args.filter(a, a.matches({pattern}))[0].split('=')[0] + "
+            f"' is rendered by the operator from the spec (the engine would take the last value); set it there'")
+
+
+SGLANG_SINGLE_HOST = ("spec.prefill/decode.hostsPerReplica must be 1 with spec.engine.type sglang-jax: the operator "
+                      "runs sglang-jax on single-host slices only")
+
+
 class DisaggregatedServingSpec(Model):
     model_config = ConfigDict(json_schema_extra=cel(
         ("self.prefill.replicas + self.decode.replicas > 0",
@@ -590,6 +659,10 @@ class DisaggregatedServingSpec(Model):
          LENGTH_NEEDS_VLLM),
         ("!has(self.rollout) || !has(self.rollout.strategy) || self.rollout.strategy != 'Lockstep' || "
          "(self.prefill.replicas > 0 && self.decode.replicas > 0)", LOCKSTEP_NEEDS_BOTH_ROLES),
+        ("self.engine.type != 'sglang-jax' || ((!has(self.prefill.hostsPerReplica) || "
+         "self.prefill.hostsPerReplica == 1) && (!has(self.decode.hostsPerReplica) || "
+         "self.decode.hostsPerReplica == 1))", SGLANG_SINGLE_HOST),
+        _owned_flag_rule("prefill"), _owned_flag_rule("decode"),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")

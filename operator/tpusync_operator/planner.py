@@ -28,6 +28,7 @@ from .models import (
     MAX_MODEL_LEN_TOO_LONG,
     MAX_MODEL_LEN_UNDECLARED,
     SGLANG_IMAGE_REQUIRED,
+    SGLANG_SINGLE_HOST,
     DisaggregatedServingSpec,
     TPUSyncPoolSpec,
 )
@@ -380,6 +381,9 @@ def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]
             hosts, chips = pool.tpu.hosts, pool.tpu.chips_per_host
             if r.hosts_per_replica is not None and r.hosts_per_replica != hosts:
                 raise PlanError(f"spec.{role}.hostsPerReplica must be {hosts} for topology {topology}")
+            if hosts > 1 and spec.engine.type == "sglang-jax":
+                raise PlanError(f"{SGLANG_SINGLE_HOST}; TPUSyncPool {pool.name}'s topology {topology} has {hosts} "
+                                f"hosts per slice")
         # Lockstep: every role is a LeaderWorkerSet of the serving's DisaggregatedSet.
         kind = "LeaderWorkerSet" if hosts > 1 or spec.rollout.strategy == "Lockstep" else "Deployment"
         plans.append(RolePlan(role=role, replicas=role_replicas(spec, role), hosts_per_replica=hosts,

@@ -2,10 +2,12 @@
 every GKE node pool it would request, for the TPUSyncPool and DisaggregatedServing objects in
 the files, printed as YAML documents without a cluster (like `helm template`).
 
-It runs the operator's own planner on the objects as the API server would store them (the
-models apply the CRD defaults), assuming every optional CRD (LeaderWorkerSet, InferencePool,
-...) is installed. What only a cluster decides is marked in comments: the owner's uid, the
-random contents of the Secrets the operator generates once.
+The objects are first validated as the API server would (validate.py: the CRDs' schema and CEL
+rules, unknown fields refused); then the operator's own planner runs on them as the API server
+would store them (the models apply the CRD defaults), assuming every optional CRD
+(LeaderWorkerSet, InferencePool, ...) is installed. Every error is reported, each with its
+object and field. `validate FILE...` stops there and prints nothing else. What only a
+cluster decides is marked in comments: the owner's uid, the random contents of the Secrets the operator generates once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .builders.serving import PoolInfo
 from .gke import ClusterRef, configured_endpoint
 from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from .planner import OPTIONAL_KINDS, PlanError, plan_pool, plan_serving
+from .validate import validate
 
 GROUP_VERSION = "tpusync.dev/v1alpha1"
 UID = "<uid>"   # assigned by the API server
@@ -46,17 +49,42 @@ class Rendered:
     body: dict[str, Any]
 
 
-def load(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """Every TPUSyncPool and DisaggregatedServing in the files ("-" reads stdin), in order."""
+def load(paths: Iterable[str], skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every tpusync.dev object in the files ("-" reads stdin), in order (another kind or
+    version of the group too: validation refuses it). What is not of the group is listed in
+    `skipped`."""
     docs: list[dict[str, Any]] = []
     for path in paths:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
         for doc in yaml.safe_load_all(text):
             if not doc:
                 continue
-            if doc.get("apiVersion") == GROUP_VERSION and doc.get("kind") in ("TPUSyncPool", "DisaggregatedServing"):
+            if not isinstance(doc, dict):
+                raise RenderError(f"{path}: a YAML document that is not an object: {str(doc)[:60]!r}")
+            if str(doc.get("apiVersion", "")).split("/")[0] == GROUP_VERSION.split("/")[0]:
                 docs.append(doc)
+            elif skipped is not None:
+                skipped.append(f"{path}: {doc.get('apiVersion')} {doc.get('kind')} "
+                               f"{(doc.get('metadata') or {}).get('name')}")
     return docs
+
+
+def _where(doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    return f"{doc.get('kind')} {meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def check(docs: list[dict[str, Any]]) -> list[str]:
+    """Every error in the objects, schema and CEL first, then (for the objects that pass) the
+    planner's; each line names the object and the field."""
+    errors = [f"{_where(doc)}: {e}" for doc in docs for e in validate(doc)[1]]
+    if not errors:
+        try:
+            render(docs)
+        except RenderError as e:
+            errors.append(str(e))
+    return errors
 
 
 def _owner(doc: dict[str, Any]) -> Owner:
@@ -137,20 +165,35 @@ def dump(rendered: list[Rendered], stream: TextIO) -> None:
         stream.write(yaml.safe_dump(r.body, sort_keys=False, default_flow_style=False))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tpusync_operator render",
-        description="Print every object the operator would create (and every GKE node pool it would request) "
-                    "for the TPUSyncPool and DisaggregatedServing objects in FILEs, without a cluster.")
+def main(argv: list[str] | None = None, *, command: str = "render") -> int:
+    """`render` (validate, then print the objects) or `validate` (only report)."""
+    describe = {
+        "render": "Validate the TPUSyncPool and DisaggregatedServing objects in FILEs as the API server would, "
+                  "then print every object the operator would create for them (and every GKE node pool it "
+                  "would request), without a cluster.",
+        "validate": "Check the TPUSyncPool and DisaggregatedServing objects in FILEs as the API server would "
+                    "(the CRDs' schema and CEL rules, unknown fields refused) and as the operator would (the "
+                    "planner's checks); print every error with its object and field, or nothing.",
+    }
+    parser = argparse.ArgumentParser(prog=f"python -m tpusync_operator {command}", description=describe[command])
     parser.add_argument("files", nargs="+", metavar="FILE", help='YAML files ("-" for stdin)')
     args = parser.parse_args(argv)
     try:
-        docs = load(args.files)
+        skipped: list[str] = []
+        docs = load(args.files, skipped)
+        for s in skipped:
+            print(f"{command}: skipped {s} (not a {GROUP_VERSION.split('/')[0]} object)", file=sys.stderr)
         if not docs:
-            print("render: no TPUSyncPool or DisaggregatedServing in the files", file=sys.stderr)
+            print(f"{command}: no TPUSyncPool or DisaggregatedServing in the files", file=sys.stderr)
             return 1
-        dump(render(docs), sys.stdout)
+        errors = check(docs)
+        for e in errors:
+            print(f"{command}: {e}", file=sys.stderr)
+        if errors:
+            return 1
+        if command == "render":
+            dump(render(docs), sys.stdout)
     except (RenderError, OSError, yaml.YAMLError) as e:
-        print(f"render: {e}", file=sys.stderr)
+        print(f"{command}: {e}", file=sys.stderr)
         return 1
     return 0

@@ -24,6 +24,26 @@ _2D_TOPOLOGIES = {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"}
 TENSORCORES_PER_CHIP = {"v5e": 1, "v6e": 1, "v7x": 2}
 
 
+# Memory of each TPU machine type in bytes (GB = 10^9), the most a sidecar's DRAM tier can lend.
+# docs.cloud.google.com/tpu/docs/v5e "VM types" (ct5lp: 48, 192, 384 GB); .../tpu/docs/tpu7x
+# "RAM (GB) (4-chip VM)" (v6e 720 GB, TPU7x 960 GB); .../tpu/docs/v6e "DRAM per host" for the
+# 8-chip host (1536 GiB). The 1-chip v6e VM's memory is not on those pages: it is bounded by
+# the 4-chip VM's, more than it has, so the rule only refuses what cannot fit on any v6e host.
+MACHINE_MEMORY_BYTES = {
+    "ct5lp-hightpu-1t": 48 * 10**9, "ct5lp-hightpu-4t": 192 * 10**9, "ct5lp-hightpu-8t": 384 * 10**9,
+    "ct6e-standard-1t": 720 * 10**9, "ct6e-standard-4t": 720 * 10**9, "ct6e-standard-8t": 1536 * 2**30,
+    "tpu7x-standard-4t": 960 * 10**9,
+}
+
+
+def host_memory_by_slice() -> dict[str, int]:
+    """'<type>/<topology>' (v5e, v6e) or 'v7x' -> the memory of the slice's machine type."""
+    out = {f"{t}/{topo}": MACHINE_MEMORY_BYTES[slice_for(t, topo).machine_type]
+           for t in _SINGLE_HOST for topo in sorted(_2D_TOPOLOGIES, key=_chips)}
+    out["v7x"] = MACHINE_MEMORY_BYTES[slice_for("v7x", "2x2x1").machine_type]
+    return out
+
+
 def _chips(topology: str) -> int:
     return math.prod(int(d) for d in topology.split("x"))
 

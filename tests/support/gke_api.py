@@ -34,9 +34,9 @@ from typing import Any
 
 from tests.support.gke_schema import problems, schemas
 
-PARENT = "/v1/projects/proj/locations/us-central1/clusters/c1"
+PARENT = "/v1/projects/my-project/locations/us-central1/clusters/c1"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
-OPS = "/v1/projects/proj/locations/us-central1/operations/"
+OPS = "/v1/projects/my-project/locations/us-central1/operations/"
 
 
 def proto_json(value: Any) -> Any:

@@ -65,7 +65,7 @@ def option_matrix():
         "v6e": {"tpu": {"type": "v6e", "topology": "2x4"}, "provisioning": {"mode": "existing",
                                                                             "existing": {"nodePoolName": "np"}}},
         "v7x": {"tpu": {"type": "v7x", "topology": "2x2x2"},
-                "provisioning": {"mode": "gke", "gke": {"project": "p", "location": "l", "cluster": "c",
+                "provisioning": {"mode": "gke", "gke": {"project": "my-project", "location": "us-east5", "cluster": "c",
                                                         "workloadPolicy": "wp"}}},
     }
     models = [{"name": "m", "uri": "hf://org/m"},

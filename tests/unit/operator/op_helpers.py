@@ -59,7 +59,7 @@ class PoolBody:
 
     def gke(self, **extra: Any) -> PoolBody:
         self.body["spec"]["provisioning"] = {"mode": "gke", "gke": {
-            "project": "proj", "location": "us-central1", "cluster": "c1", **extra}}
+            "project": "my-project", "location": "us-central1", "cluster": "c1", **extra}}
         return self
 
     def store(self, **store: Any) -> PoolBody:

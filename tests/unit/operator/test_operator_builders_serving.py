@@ -385,7 +385,9 @@ def test_tensor_parallel_counts_tensorcores(tpu, topology, tp):
     pool = PoolBody().spec(tpu={"type": tpu, "topology": topology})
     if tpu == "v7x":
         pool = pool.gke(workloadPolicy="wp")
-    for engine in ({"type": "vllm-tpu"}, {"type": "sglang-jax", "image": "r.example/sgl:main"}):
+    engines = [{"type": "vllm-tpu"}] + ([{"type": "sglang-jax", "image": "r.example/sgl:main"}]
+                                        if slice_for(tpu, topology).hosts == 1 else [])   # single-host only
+    for engine in engines:
         serving = ServingBody().spec(engine=engine, kvTransfer={"connector": "sglang-jax"}
                                      if engine["type"] == "sglang-jax" else {},
                                      routing={"precisePrefixCache": engine["type"] != "sglang-jax"})

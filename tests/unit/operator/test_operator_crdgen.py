@@ -132,6 +132,6 @@ def test_a_pool_names_no_gke_api_endpoint():
     assert "apiEndpoint" not in gke["properties"] and not gke.get("x-kubernetes-preserve-unknown-fields")
     assert not any("endpoint" in path.lower() or "url" in path.lower() for path, _ in walk(gke))
     from tpusync_operator.models import GKEProvisioning
-    parsed = GKEProvisioning.model_validate({"project": "p", "location": "l", "cluster": "c",
+    parsed = GKEProvisioning.model_validate({"project": "my-project", "location": "us-east5", "cluster": "c",
                                              "apiEndpoint": "https://attacker.example"})
     assert "https://attacker.example" not in repr(parsed.model_dump())

@@ -33,7 +33,7 @@ from tpusync_operator.gke import (
 from tpusync_operator.models import TPUSyncPoolSpec
 from tpusync_operator.tpu import slice_for
 
-CLUSTER = ClusterRef("proj", "us-central1", "c1")
+CLUSTER = ClusterRef("my-project", "us-central1", "c1")
 
 
 class Sleeps:

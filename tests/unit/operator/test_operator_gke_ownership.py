@@ -121,8 +121,8 @@ def test_a_node_pool_named_in_the_status_only_is_not_deleted(gke_server, kube, c
     async def scenario(op: Operator, state):
         assert await op.reconcile() == []
         assert [(e["name"], e["state"]) for e in op.status["nodePools"]] == [("shared", "NotOwned")]
-        op.edit(provisioning={"mode": "gke", "gke": {"project": "proj", "location": "us-central1", "cluster": "c1",
-                                                     "nodePoolName": "mine"}})
+        op.edit(provisioning={"mode": "gke", "gke": {"project": "my-project", "location": "us-central1",
+                                                     "cluster": "c1", "nodePoolName": "mine"}})
         await op.settle()
         assert [e["name"] for e in op.status["nodePools"]] == ["mine"]
         assert ("Warning", "NodePoolNotOwned") in [e[:2] for e in op.events]

@@ -24,7 +24,7 @@ from tpusync_operator.gke import ClusterRef, GKEClient, GKEConflict, GKEError, S
 from tpusync_operator.reconcile import Deps
 from tpusync_operator.reconcile_pool import reconcile_pool
 
-CLUSTER = ClusterRef("proj", "us-central1", "c1")
+CLUSTER = ClusterRef("my-project", "us-central1", "c1")
 SET_SIZE = ("POST", f"{PARENT}/nodePools/pool:setSize")
 SET_AUTOSCALING = ("POST", f"{PARENT}/nodePools/pool:setAutoscaling")
 CREATE = ("POST", f"{PARENT}/nodePools")

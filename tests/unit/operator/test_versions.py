@@ -55,6 +55,8 @@ def matrix():
             continue   # the schema refuses it: sglang-jax publishes no KV events
         if model["uri"].startswith("gs://") and eng["type"] != "vllm-tpu":
             continue   # the schema refuses it: only vLLM streams from gs://
+        if eng["type"] == "sglang-jax" and pname == "v7x":
+            continue   # the planner refuses it: sglang-jax runs on single-host slices only
         body = ServingBody().spec(engine=eng, kvTransfer={**kv, "layerwise": layerwise}, routing=routing,
                                   model=model).build()
         spec = DisaggregatedServingSpec.model_validate(body["spec"])
