@@ -92,7 +92,7 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images e2e
+test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images release-test e2e
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
 # built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,

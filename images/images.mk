@@ -22,7 +22,7 @@
 # tier's real vLLM 0.32.0 + tpu-inference 0.32.0 on CPython 3.12 (tests/images). That the layer
 # lands on the base's Python (/usr/local, python3.12) is taken from upstream's Dockerfile and is
 # proved only in the release, by the final stage's import check.
-.PHONY: images image-tools image-bases image-archives image-test image-check
+.PHONY: images image-tools image-bases image-archives image-test image-check release-test
 
 IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_OUT := build/images
@@ -40,12 +40,19 @@ IMAGE_BUILD = nice -n 10 $(BUILDAH) bud --layers --isolation chroot --pull-never
 
 images: image-check image-archives image-test
 
+# buildah and mmdebstrap build the images; skopeo and docker-registry (an OCI registry, Debian's
+# build of distribution/distribution) run the release in release-test. Installing
+# docker-registry enables its system service on port 5000 of every interface where systemd runs:
+# stopped and disabled at once (the release test starts its own, on 127.0.0.1).
 image-tools:
-	@missing=$$(for p in buildah mmdebstrap; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in buildah mmdebstrap skopeo docker-registry; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing $$missing"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  case " $$missing " in *" docker-registry "*) \
+	    if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now docker-registry.service >/dev/null 2>&1 || true; fi;; \
+	  esac; \
 	fi
 
 image-bases: image-tools
@@ -81,6 +88,16 @@ image-archives: image-bases | system-deps
 image-test: install tpu-inference-env
 	TPUSYNC_IMAGES=$(IMAGE_OUT) TPUSYNC_VLLM_TPU_PYTHON=$(TPUINF_ENV)/bin/python \
 	  $(PY) -m pytest -q -p no:cacheprovider tests/images
+
+# The release, run for real (tests/release): images/release.sh, the steps
+# .github/workflows/release.yml runs, pushes every archive above and the chart to an OCI registry
+# (docker-registry) the test starts on 127.0.0.1; the chart is installed from it onto the real
+# control plane with imageRegistry pointing there, and every image reference the chart and the
+# operator render is resolved in it by digest. The vLLM-TPU image is named as not resolvable here
+# (no archive of it: see above).
+release-test: image-archives controlplane install
+	TPUSYNC_RELEASE_ARCHIVES=$(IMAGE_OUT) TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) \
+	  $(PY) -m pytest -q -p no:cacheprovider tests/release
 
 # Before building: the Dockerfiles' lint, every published version in agreement, and the release
 # workflow checked by actionlint (pinned, from the Go module proxy, cached).

@@ -34,7 +34,7 @@ from .planner import OPTIONAL_KINDS, check_pool
 from .reconcile import Deps
 from .reconcile_pool import reconcile_pool
 from .reconcile_serving import reconcile_serving
-from .versions import DISAGGREGATEDSET_API
+from .versions import DISAGGREGATEDSET_API, image_registry
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
 FINALIZER = "tpusync.dev/operator"
@@ -45,6 +45,10 @@ RETRY_ANNOTATION = "tpusync.dev/retry"
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     from kubernetes_asyncio import client, config
+    try:   # TPUSYNC_IMAGE_REGISTRY (the chart's imageRegistry): refused before any pass renders an image
+        image_registry(os.environ)
+    except ValueError as e:
+        raise kopf.PermanentError(str(e)) from None
     try:
         config.load_incluster_config()
     except config.ConfigException:

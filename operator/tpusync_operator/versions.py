@@ -14,6 +14,9 @@ and run the unit tests and `make vllm-test`.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -69,6 +72,40 @@ SERVING_IMAGE = f"{_REGISTRY}/tpusync-serving:{TPUSYNC_VERSION}"
 # vllm/vllm-tpu at VLLM.version plus tpusync (images/vllm-tpu/Dockerfile): what vLLM on TPU needs
 # to load tpusync's KV connectors (VLLM.image has no tpusync).
 VLLM_TPU_IMAGE = f"{_REGISTRY}/tpusync-vllm-tpu:{TPUSYNC_VERSION}"
+
+# Where tpusync's own images are pulled from. A release publishes them under _REGISTRY; whoever
+# pushes them to a registry of their own (docs/gke.md, "Install from your own registry") sets the
+# chart value imageRegistry, which the chart passes to the operator in this variable. Every image
+# reference under "<_REGISTRY>/" that the operator renders (the defaults above, the CRDs' default
+# sidecar image, a spec naming one) then names "<imageRegistry>/" instead, with the same
+# repository name and tag; every other reference is rendered as written. Empty or unset: _REGISTRY.
+IMAGE_REGISTRY_ENV = "TPUSYNC_IMAGE_REGISTRY"
+# A registry host, which a reference's first component is only with a dot, a port or as
+# localhost, and an optional path: domain-component, port-number and path-component as the
+# grammar in distribution/reference's reference.go writes them. The chart's values.schema.json
+# takes imageRegistry as ^(<this>)?$ (tests/unit/chart checks they agree).
+_DOMAIN_COMPONENT = r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?"
+IMAGE_REGISTRY_PATTERN = (
+    rf"({_DOMAIN_COMPONENT}(\.{_DOMAIN_COMPONENT})+(:[0-9]+)?|{_DOMAIN_COMPONENT}:[0-9]+|localhost)"
+    r"(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*")
+
+
+def image_registry(env: Mapping[str, str] | None = None) -> str:
+    """The registry of tpusync's images: IMAGE_REGISTRY_ENV of `env` (default: this process's
+    environment), or _REGISTRY when it is empty or unset. Raises ValueError, naming the
+    variable, for a value that is not a registry."""
+    value = (os.environ if env is None else env).get(IMAGE_REGISTRY_ENV, "")
+    if value and not re.fullmatch(IMAGE_REGISTRY_PATTERN, value):
+        raise ValueError(f"{IMAGE_REGISTRY_ENV}={value!r} is not a registry: HOST[:PORT][/PATH], "
+                         "e.g. us-docker.pkg.dev/my-project/tpusync or 127.0.0.1:5000")
+    return value or _REGISTRY
+
+
+def from_registry(ref: str, env: Mapping[str, str] | None = None) -> str:
+    """`ref` as the operator renders it: from image_registry(env) when it is one of tpusync's
+    images (under _REGISTRY/), else unchanged."""
+    registry, ours = image_registry(env), _REGISTRY + "/"
+    return registry + "/" + ref[len(ours):] if ref.startswith(ours) else ref
 
 
 # ------------------------------------------------------------------ llm-d router (EPP, P/D sidecar)

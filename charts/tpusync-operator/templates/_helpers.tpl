@@ -54,16 +54,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* Where releases publish tpusync's images (operator/tpusync_operator/versions.py _REGISTRY). */}}
+{{- define "tpusync-operator.defaultRegistry" -}}
+ghcr.io/tpusync
+{{- end }}
+
 {{/*
-Image reference: repository:tag, or repository@digest. Moving tags are refused: the chart
-deploys a pinned operator release.
+Image reference: repository:tag, or repository@digest, the repository moved to imageRegistry
+when it is under the default registry (as the operator moves the images it renders). Moving
+tags are refused: the chart deploys a pinned operator release.
 */}}
 {{- define "tpusync-operator.image" -}}
 {{- $img := .Values.image }}
+{{- $repo := $img.repository }}
+{{- $ours := printf "%s/" (include "tpusync-operator.defaultRegistry" .) }}
+{{- if and .Values.imageRegistry (hasPrefix $ours $repo) }}
+{{- $repo = printf "%s/%s" .Values.imageRegistry (trimPrefix $ours $repo) }}
+{{- end }}
 {{- if $img.digest }}
-{{- printf "%s@%s" $img.repository $img.digest }}
+{{- printf "%s@%s" $repo $img.digest }}
 {{- else }}
-{{- printf "%s:%s" $img.repository $img.tag }}
+{{- printf "%s:%s" $repo $img.tag }}
 {{- end }}
 {{- end }}
 

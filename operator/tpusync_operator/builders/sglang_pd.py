@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from .. import versions
 from ..models import DisaggregatedServingSpec
 from . import names
 from .common import (
@@ -79,7 +80,7 @@ def build_bootstrap_deployment(owner: Owner, spec: DisaggregatedServingSpec) -> 
         return {"httpGet": {"path": "/health", "port": BOOTSTRAP_PORT}, **timing}
     container = {
         "name": "bootstrap",
-        "image": spec.engine.image,
+        "image": versions.from_registry(spec.engine.image or ""),   # the engine's image, as engine_image renders it
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["python", "-m", "sgl_jax.srt.disaggregation.run_bootstrap"],
         "args": ["--host", "0.0.0.0", "--port", str(BOOTSTRAP_PORT)],
