@@ -35,17 +35,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "vllm"))
 sys.path.insert(0, str(ROOT / "tests" / "tpu_inference"))
 import rawtcp  # noqa: E402
-from harness import EngineSpec, prompt  # noqa: E402  (tests/vllm)
 from report import merged, report  # noqa: E402
-from tinymodel import build  # noqa: E402
 
+from tests.support.engines import EngineSpec, prompt  # noqa: E402
+from tests.support.tinymodel import build  # noqa: E402
 from tpusync import KVStore, VersionedWeights  # noqa: E402
 from tpusync import sidecar as sidecar_mod  # noqa: E402
 

@@ -37,11 +37,11 @@ import numpy as np
 from report import report
 from rich.console import Console
 
-from tpusync import sidecar
 from tpusync.hashing import BlockHasher
-from tpusync.launch import interrupt
+from tpusync.local import sidecars as sidecar
+from tpusync.local.servers import interrupt
+from tpusync.local.sidecars import write_secret
 from tpusync.serving.model import ModelConfig
-from tpusync.sidecar import write_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "page_size": 32, "chunk": 32}

@@ -37,10 +37,11 @@ import numpy as np
 from report import merged, report
 from rich.console import Console
 
-from tpusync import KVStore, Tier, sidecar
+from tpusync import KVStore, Tier
+from tpusync.local import sidecars as sidecar
+from tpusync.local.sidecars import write_secret
 from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
-from tpusync.sidecar import write_secret
 
 
 def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
@@ -54,10 +55,10 @@ TIER_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"  # make tpu-i
 
 def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
     """The tpu-inference case: see the module's docstring."""
-    sys.path[:0] = [str(ROOT / "tests" / "vllm"), str(ROOT / "tests" / "tpu_inference")]
-    from tinymodel import BLOCK_BYTES, BLOCK_SIZE
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tpu_inference")]
     from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
+    from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
     from tpusync.hashing import BlockHasher
 
     hasher = BlockHasher(BLOCK_SIZE)
@@ -67,7 +68,7 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
         work = Path(tmp)
         model = work / "model"
         subprocess.run([str(TIER_PY), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from tinymodel import build; build(sys.argv[2])", str(ROOT / "tests" / "vllm"), str(model)],
+                        "from tests.support.tinymodel import build; build(sys.argv[2])", str(ROOT), str(model)],
                        check=True, capture_output=True)
         secret = work / "secret"
         write_secret(secret, uuid.uuid4().hex * 2)

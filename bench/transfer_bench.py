@@ -33,8 +33,8 @@ from report import RATE_COLUMNS, merged, report
 from rich.console import Console
 
 import tpusync
-from tpusync import sidecar
-from tpusync.sidecar import write_secret
+from tpusync.local import sidecars as sidecar
+from tpusync.local.sidecars import write_secret
 
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
 # root goes there too, for tests.support.

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
 # root goes there too, for tests.support.
@@ -58,7 +58,8 @@ import rawtcp
 from report import merged, report
 
 from tests.support import fabric as fab
-from tpusync import KVStore, sidecar
+from tpusync import KVStore
+from tpusync.local import sidecars as sidecar
 from tpusync.weights import VersionedWeights, WeightDistributor, plan
 
 MIB, GIB = 1 << 20, 1 << 30

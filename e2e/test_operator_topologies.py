@@ -82,8 +82,6 @@ def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_nam
     for index, pod in by_index.items():
         env = {e["name"]: e for e in container(pod["spec"], "engine")["env"]}
         assert env["TPU_WORKER_ID"]["value"] == index
-        assert env["TPUSYNC_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-            "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
         hostnames = hostnames or env["TPU_WORKER_HOSTNAMES"]["value"]
         assert env["TPU_WORKER_HOSTNAMES"]["value"] == hostnames
         assert all(c["ready"] for c in pod["status"]["containerStatuses"])

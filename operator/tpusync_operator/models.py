@@ -153,6 +153,8 @@ class Provisioning(Model):
         ("self.mode != 'gke' || has(self.gke)", "spec.provisioning.gke is required when mode is gke"),
         ("self.mode != 'existing' || has(self.existing)",
          "spec.provisioning.existing is required when mode is existing"),
+        ("self.mode == 'gke' || !has(self.gke)", "spec.provisioning.gke applies only to mode gke"),
+        ("self.mode == 'existing' || !has(self.existing)", "spec.provisioning.existing applies only to mode existing"),
         ("self.mode == oldSelf.mode", "spec.provisioning.mode is immutable"),
     ))
     mode: Literal["gke", "existing"] = Field("existing", description="gke: create and own a node pool.")
@@ -266,6 +268,11 @@ class TPUSyncPoolSpec(Model):
          f"quantity(self.tiers.dram).asInteger() < {_HOST_MEMORY}[{_SLICE_KEY}]",
          "spec.tiers.dram must be less than the memory of the TPU host (tpu.py MACHINE_MEMORY_BYTES: e.g. 192 GB "
          "on a 4-chip v5e host, 720 GB on a 4-chip v6e host, 960 GB on a v7x host), which the engine shares"),
+        ("!has(self.provisioning.gke) || !has(self.provisioning.gke.workloadPolicy) || (self.tpu.type == 'v7x' && "
+         "self.tpu.topology.split('x').size() == 3 && int(self.tpu.topology.split('x')[0]) * "
+         "int(self.tpu.topology.split('x')[1]) * int(self.tpu.topology.split('x')[2]) > 4)",
+         "spec.provisioning.gke.workloadPolicy applies only to v7x multi-host slices (placementPolicy.policyName); "
+         "other multi-host slices are placed by spec.tpu.topology"),
         ("!self.storeNodes.enabled || quantity(self.storeNodes.dram).asInteger() >= "
          "quantity(self.tiers.blockBytes).asInteger()",
          "spec.storeNodes.dram must hold at least one block of spec.tiers.blockBytes"),
@@ -507,22 +514,21 @@ class KVTransfer(Model):
     connector: Literal["tpusync", "tpu-inference", "tpu-sync-compatible", "sglang-jax"] = Field(
         "tpusync", description="tpusync: tpusync's data path (the reference engine's; for vllm-tpu, tpusync's "
                                "connector for tpu-inference: P/D and the DRAM/disk prefix tiers through the "
-                               "pool's sidecars; tensor parallelism 1 only for now: on a sharded engine it turns "
-                               "itself off and "
-                               "decode recomputes). tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
+                               "pool's sidecars; each tensor-parallel shard of a block stored and pulled as a part "
+                               "of its own, on single-host slices). "
+                               "tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
                                "P/D only, with the fix vLLM 0.32 needs for correct decode tokens). "
                                "tpu-sync-compatible: tpu_inference's own connector for upstream TPU Sync "
                                "(tpu_raiden_connector, P/D) running on tpusync's sidecars through tpusync.upstream "
                                "(vllm-tpu only; docs/migrating.md). "
                                "sglang-jax: sglang-jax's own P/D (a bootstrap registry per serving, "
                                "jax.experimental.transfer); required by, and only for, engine sglang-jax.")
-    layerwise: bool = Field(True, description="Reference engine: send KV layer by layer while prefill runs. "
-                                              "vllm-tpu loads a request's blocks in one update either way.")
 
 
 class PrefixCache(Model):
     host_dram: Quantity | None = Field(None, description="Host-DRAM prefix cache per pod; the pool's dram when empty.")
-    disk: Quantity | None = Field(None, description="Disk prefix cache per pod; none when empty.")
+    disk: Quantity | None = Field(None, description="Disk prefix cache per pod; the pool's spec.tiers.disk.size when "
+                                                     "empty (none when the pool has no disk tier).")
 
 
 class ScorerWeights(Model):

@@ -127,13 +127,13 @@ def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
     tpu = check_pool(spec)
     desired, minimum = pool_hosts(spec, tpu)
     apply = [
-        pool_builders.build_config_map(owner, spec, tpu),
         pool_builders.build_peers_service(owner, spec),
         pool_builders.build_network_policy(owner, spec),
     ]
     if (claim := pool_builders.build_shared_claim(owner, spec)) is not None:
         apply.append(claim)
-    delete: list[Ref] = []
+    # Earlier versions created <pool>-config, environment no process read: gone on upgrade.
+    delete: list[Ref] = [Ref("v1", "ConfigMap", names.pool_config(owner.name))]
     store = spec.store_nodes
     store_name = names.pool_store(owner.name)
     if store.enabled:

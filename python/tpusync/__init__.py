@@ -13,7 +13,7 @@ from tpusync.errors import (
     StorageIOError,
     TpuSyncError,
 )
-from tpusync.store import KVStore, LookupResult, Tier
+from tpusync.store import KVStore, LookupResult, Tier, connect_sidecar
 
 __all__ = [
     "CapacityError",
@@ -34,6 +34,7 @@ __all__ = [
     "VersionedWeights",
     "WeightDistributor",
     "WeightSynchronizer",
+    "connect_sidecar",
     "errors",
 ]
 __version__ = "0.1.0"

@@ -29,8 +29,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from tpusync import cli, sidecar
-from tpusync.launch import start_server
+from tpusync import cli
+from tpusync.local import sidecars as sidecar
+from tpusync.local.servers import start_server
 from tpusync.serving.model import ModelConfig
 
 MODEL: dict[str, Any] = {"max_seq": 2048}

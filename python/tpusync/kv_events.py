@@ -53,7 +53,7 @@ def block_removed(block_hashes: Sequence[int], *, medium: str = "CPU") -> Event:
 
 class EventSink(Protocol):
     """Where a BlockAnnouncer sends its batches: a KVEventPublisher, or an engine's own publisher
-    through an adapter (tpusync.vllm.events). `send` returns the batch's sequence number if known."""
+    through an adapter (tpusync.connector.events). `send` returns the batch's sequence number if known."""
 
     def send(self, events: list[Event]) -> int | None: ...
 
@@ -159,7 +159,7 @@ class BlockAnnouncer:
 
     The one implementation of "what to announce" for every engine tpusync serves: the reference
     server (`tpusync.serving`) sends its batches to a KVEventPublisher, vLLM's and tpu-inference's
-    connector to vLLM's own publisher (`tpusync.vllm.events`).
+    connector to vLLM's own publisher (`tpusync.connector.events`).
 
     After each request the engine passes the prompt's full blocks and where its store holds
     them (`tiers`: tpusync.store.Tier codes, `held`: the leading blocks it can load). Every held

@@ -355,3 +355,12 @@ class _Slot:
 def _read_secret(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as f:
         return f.read().rstrip(b"\r\n")
+
+
+def connect_sidecar(control_socket: str | None, *, secret_file: str | None = None) -> KVStore:
+    """A client of this host's sidecar: `control_socket` is its socket's path or a URL
+    (unix://, tcp://), by default $TPUSYNC_CONTROL_SOCKET (set in the pods the operator renders)."""
+    address = control_socket or os.environ.get("TPUSYNC_CONTROL_SOCKET")
+    if not address:
+        raise errors.InvalidArgumentError("no sidecar: pass its control socket (or set $TPUSYNC_CONTROL_SOCKET)")
+    return KVStore.connect(address if "://" in address else f"unix://{address}", secret_file=secret_file)

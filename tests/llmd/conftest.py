@@ -22,10 +22,10 @@ import pytest
 from tests.conftest import not_collected
 from tests.support.polling import wait_for
 from tests.support.processes import free_port
-from tpusync import sidecar
-from tpusync.launch import interrupt
+from tpusync.local import sidecars as sidecar
+from tpusync.local.servers import interrupt
+from tpusync.local.sidecars import write_secret
 from tpusync.serving.model import ModelConfig
-from tpusync.sidecar import write_secret
 
 INDEXER = os.environ.get("TPUSYNC_LLMD_INDEXER", "")
 if not INDEXER:

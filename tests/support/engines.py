@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusync.launch import interrupt
+from tpusync.local.servers import interrupt
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_proc.py")
 BLOCK_SIZE = 32

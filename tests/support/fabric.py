@@ -227,7 +227,7 @@ class FabricSidecar:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then wait for the drain; returns the exit code."""
-        from tpusync.sidecar import terminate
+        from tpusync.local.sidecars import terminate
 
         code = terminate(self.process, timeout)
         self._close()
@@ -283,7 +283,7 @@ class Host:
 
         `prelude`, a shell command, runs first in the sidecar's own mount namespace (each
         `ip netns exec` has one): a FUSE mount made there is seen by that sidecar alone."""
-        from tpusync.sidecar import sidecar_binary
+        from tpusync.local.sidecars import sidecar_binary
 
         tag = f"{self.ns}-{data_port}-{uuid.uuid4().hex[:6]}"
         pool = f"/dev/shm/{tag}"

@@ -136,6 +136,12 @@ POOL_CASES += [
     ("gke-location", "spec.provisioning", {"mode": "gke", "gke": {"project": "my-project", "location": "nowhere",
                                                                   "cluster": "c"}}, "spec.provisioning.gke.location"),
     ("sidecar-image", "spec.sidecar.image", "not an image", "spec.sidecar.image"),
+    ("gke-block-in-mode-existing", "spec.provisioning.gke", {"project": "my-project", "location": "us-east5",
+                                                             "cluster": "c"},
+     "spec.provisioning.gke applies only to mode gke"),
+    ("workload-policy-on-v6e", "spec.provisioning", {"mode": "gke", "gke": {
+        "project": "my-project", "location": "us-east5", "cluster": "c", "workloadPolicy": "wp"}},
+     "spec.provisioning.gke.workloadPolicy applies only to v7x multi-host slices"),
 ]
 
 SGLANG = {"engine": {"type": "sglang-jax", "image": "r.example/sgl:main"}, "kvTransfer": {"connector": "sglang-jax"},

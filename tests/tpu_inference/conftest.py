@@ -5,27 +5,24 @@ Python 3.12 with vllm-tpu and tpu-inference 0.32.0, this clone's tpusync, and th
 `tpusync_cpu_shim` (tests/tpu_inference/cpu_shim), which stands in for tpu-inference's TPU-only
 kernels when JAX_PLATFORMS=cpu. Elsewhere (the main .venv) this folder collects nothing.
 
-The model is tests/vllm's tiny random Qwen3 (tinymodel.py), built once per session; the
+The model is the tiny random Qwen3 of tests/support/tinymodel.py, built once per session; the
 reference for every engine's greedy tokens is HF transformers running the same checkpoint.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import not_collected
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 _spec = importlib.util.find_spec("tpu_inference")
 if _spec is None or _spec.origin is None:  # tests/tpu_inference itself can pass for a namespace package
     collect_ignore_glob = not_collected("tests/tpu_inference", "no tpu-inference here; `make tpu-inference-test` "
                                         "runs it in its own environment")
-else:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))  # tinymodel.py, harness.py
 
 
 class Reference:
@@ -51,7 +48,7 @@ class Reference:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from tinymodel import build
+    from tests.support.tinymodel import build
 
     return build(tmp_path_factory.mktemp("tpu-inference") / "model")
 
@@ -64,7 +61,7 @@ def reference(model_dir) -> Reference:
 @pytest.fixture(scope="session")
 def model_b(tmp_path_factory) -> Path:
     """Other weights of the same shapes (what an RL trainer would publish)."""
-    from tinymodel import build
+    from tests.support.tinymodel import build
 
     return build(tmp_path_factory.mktemp("tpu-inference-b") / "model", seed=1)
 
@@ -76,7 +73,7 @@ def weights_host(tmp_path_factory):
     import shutil
     import uuid
 
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     work = tmp_path_factory.mktemp("tpu-inference-weights")
     write_secret(work / "secret", b"tpu-inference-weights-0123456789\n")

@@ -13,11 +13,11 @@ class PublishWeights:
         import numpy as np
         from tpu_inference.rl import raiden_worker_sync as rws
 
-        from tpusync import sidecar
+        from tpusync.store import connect_sidecar
         from tpusync.weights import VersionedWeights
 
         _, arrays = rws._filter_bindable(*rws.flatten_weights(self.get_weights_state()))
-        with VersionedWeights(sidecar.connect(None), model) as sync:
+        with VersionedWeights(connect_sidecar(None), model) as sync:
             sync.publish([np.asarray(a) for a in arrays], version)
         return len(arrays)
 

@@ -18,14 +18,14 @@ import uuid
 
 import numpy as np
 import pytest
-from harness import delta, prompt
 
+from tests.support.engines import delta, prompt
 from tests.support.polling import wait_for
 from tpusync import errors
 from tpusync.hashing import BlockHasher
 from tpusync.kv_events import BlockAnnouncer, follow
+from tpusync.local.sidecars import write_secret
 from tpusync.pages import shard_key
-from tpusync.sidecar import write_secret
 from tpusync.store import KVStore, Tier
 from tpusync.tpu_inference.shards import ShardedStore
 
@@ -38,10 +38,10 @@ PROMPT = prompt(31, 300)  # 9 full blocks and 12 tokens
 def tp_cluster(model_dir, tmp_path_factory):
     """Sidecars p (prefill pod) and d (decode pod); TP=2 engines prefill (kv_producer on p) and
     decode (kv_consumer on d), with the configs the operator renders."""
-    from tinymodel import BLOCK_BYTES
     from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
 
-    from tpusync import sidecar as sidecar_mod
+    from tests.support.tinymodel import BLOCK_BYTES
+    from tpusync.local import sidecars as sidecar_mod
 
     work = tmp_path_factory.mktemp("tpusync-tp")
     secret = work / "secret"

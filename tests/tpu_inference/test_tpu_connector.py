@@ -12,7 +12,7 @@ connector has loads (tpusync.tpu_inference.upstream_fix) makes the tokens right.
 
 from __future__ import annotations
 
-from harness import prompt
+from tests.support.engines import prompt
 
 PROMPT = prompt(11, 200)  # 6 full blocks pulled, 8 tokens computed on the decode engine
 

@@ -5,7 +5,7 @@ from the prefill pod's sidecar; a fresh engine served from the sidecar's DRAM an
 whole prompts and shared prefixes; a dead peer, params keyed otherwise, a block that cannot be
 loaded and a sidecar restarted under a running engine all mean recompute. Tokens equal HF
 transformers' in every case. The fresh engine publishes KV events: llm-d's own indexer (the
-helpers of tests/vllm/test_llmd_index.py) has its blocks at the tier the sidecar holds them."""
+helpers of tests/support/llmd_indexer.py) has its blocks at the tier the sidecar holds them."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import delta, prompt
-from test_llmd_index import MODEL, Indexer, connect, eventually, held, indexer_binary
 
+from tests.support.engines import delta, prompt
+from tests.support.llmd_indexer import MODEL, Indexer, connect, eventually, held, indexer_binary
 from tpusync.hashing import BlockHasher
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 from tpusync.store import KVStore
 
 SECRET = b"tpu-inference-tier-secret-0123456789"
@@ -42,9 +42,8 @@ class Cluster:
 
     def launch(self, name: str, disk: bool = False) -> Any:
         """Starts sidecar `name` (again: on the same pool file, disk folder and control socket)."""
-        from tinymodel import BLOCK_BYTES
-
-        from tpusync import sidecar as sidecar_mod
+        from tests.support.tinymodel import BLOCK_BYTES
+        from tpusync.local import sidecars as sidecar_mod
 
         pool = self.pools.setdefault(name, f"/dev/shm/tpusync-tpuinf-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
         self.sidecars[name] = sidecar_mod.launch(
@@ -225,7 +224,7 @@ def test_a_block_that_cannot_be_loaded_is_recomputed_and_stored_again(cluster, r
     it offers, so a block cannot be evicted between lookup and load: a block that is there but
     cannot be loaded is what the load path meets.)"""
     engines = cluster.engines
-    from tinymodel import BLOCK_BYTES
+    from tests.support.tinymodel import BLOCK_BYTES
 
     p = prompt(28, 300)
     engines["prefill"].generate(p, max_tokens=1)

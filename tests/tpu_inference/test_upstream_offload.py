@@ -8,8 +8,8 @@ shared-memory pool). Tokens equal HF transformers' each time.
 from __future__ import annotations
 
 import pytest
-from harness import EngineSpec, delta, prompt
 
+from tests.support.engines import EngineSpec, delta, prompt
 from tpusync.store import KVStore
 
 CONNECTOR = {"kv_connector": "RaidenOffloadConnector",
@@ -20,8 +20,9 @@ CHUNKS = 24  # the host pool (TPU_OFFLOAD_NUM_CPU_CHUNKS): a few prompts' blocks
 @pytest.fixture(scope="module")
 def offload(model_dir, tmp_path_factory):
     """One sidecar and one engine on tpu-inference's RaidenOffloadConnector over it."""
-    from tinymodel import BLOCK_BYTES
     from tpu_harness import Pods, TpuEngine
+
+    from tests.support.tinymodel import BLOCK_BYTES
 
     pods = Pods(tmp_path_factory.mktemp("upstream-offload"), "upstream-offload")
     try:

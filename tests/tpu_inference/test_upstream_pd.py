@@ -11,7 +11,8 @@ the tokens HF transformers gives.
 from __future__ import annotations
 
 import pytest
-from harness import EngineSpec, delta, prompt
+
+from tests.support.engines import EngineSpec, delta, prompt
 
 MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 
@@ -19,9 +20,9 @@ MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 @pytest.fixture(scope="module")
 def pd(model_dir, tmp_path_factory):
     """Sidecars p and d; a prefill engine (kv_producer) on p and a decode engine (kv_consumer) on d."""
-    from tinymodel import BLOCK_BYTES
     from tpu_harness import Pods, TpuEngine, rendered_kv_transfer_config
 
+    from tests.support.tinymodel import BLOCK_BYTES
     from tpusync_operator.builders.engine import upstream_api_env
 
     pods = Pods(tmp_path_factory.mktemp("upstream-pd"), "upstream-pd")

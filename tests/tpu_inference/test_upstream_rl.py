@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import Reference
-from harness import EngineSpec, prompt
 
+from tests.support.engines import EngineSpec, prompt
 from tpusync.weights import WeightDistributor
 
 P = prompt(410, 70)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import Reference
-from harness import EngineError, prompt
 
+from tests.support.engines import EngineError, prompt
 from tpusync import KVStore, VersionedWeights
 
 MODEL = "tiny-policy"

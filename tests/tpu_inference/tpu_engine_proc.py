@@ -109,8 +109,8 @@ def main() -> int:
                 reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
                                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
             elif cmd["op"] == "stats":  # tpusync's connector counters in this process
+                from tpusync.connector.common import stats
                 from tpusync.upstream.counters import stats as upstream_stats
-                from tpusync.vllm.common import stats
 
                 reply({"stats": stats() | {f"upstream_{k}": v for k, v in upstream_stats().items()}})
             elif cmd["op"] == "reset_prefix_cache":

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import Engine, EngineSpec  # tests/vllm (conftest puts it on sys.path)
+from tests.support.engines import Engine, EngineSpec
 
 ENGINE_SCRIPT = Path(__file__).with_name("tpu_engine_proc.py")
 
@@ -102,7 +102,7 @@ class Pods:
     the engines on them; `close` stops the engines, kills the sidecars and removes the pools."""
 
     def __init__(self, work: Path, tag: str):
-        from tpusync.sidecar import write_secret
+        from tpusync.local.sidecars import write_secret
 
         self.work, self.tag = work, tag
         self.secret = write_secret(work / "secret", os.urandom(16).hex())
@@ -111,7 +111,7 @@ class Pods:
         self._pools: list[str] = []
 
     def sidecar(self, name: str, *, dram_bytes: int, block_bytes: int):
-        from tpusync import sidecar
+        from tpusync.local import sidecars as sidecar
 
         pool = f"/dev/shm/tpusync-{self.tag}-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
         self._pools.append(pool)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import not_collected
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 _vllm = importlib.util.find_spec("vllm")
 if _vllm is None or _vllm.origin is None:  # no vLLM (tests/vllm itself can pass for a namespace package)
@@ -62,9 +62,8 @@ class Cluster:
     def launch(self, name: str, shared_dir: Path | None = None):
         """Starts sidecar `name` (again: on the same pool file and control socket); with
         `shared_dir`, on that shared tier."""
-        from tinymodel import BLOCK_BYTES
-
-        from tpusync import sidecar as sidecar_mod
+        from tests.support.tinymodel import BLOCK_BYTES
+        from tpusync.local import sidecars as sidecar_mod
 
         pool = self.pools.setdefault(name, f"/dev/shm/tpusync-vllm-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
         self.sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(self.secret), dram_bytes=32 << 20,
@@ -91,8 +90,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    from harness import EngineSpec
-    from tinymodel import build
+    from tests.support.engines import EngineSpec
+    from tests.support.tinymodel import build
 
     work = tmp_path_factory.mktemp("vllm")
     secret = work / "secret"

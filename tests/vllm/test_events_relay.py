@@ -1,5 +1,5 @@
 """The relay that publishes the connector's KV events between those of vLLM's own publisher on
-the router's endpoint (tpusync.vllm.relay), on real ZMQ sockets: vLLM's ZmqEventPublisher as
+the router's endpoint (tpusync.connector.relay), on real ZMQ sockets: vLLM's ZmqEventPublisher as
 the engine's, a SUB socket as llm-d's indexer, vLLM's decoder reading what it receives."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 
 from tests.support.polling import wait_for
 from tpusync import errors
-from tpusync.vllm.relay import reachable, relay_for
+from tpusync.connector.relay import reachable, relay_for
 
 TOPIC = "kv@10.0.0.7:8000@tiny"
 

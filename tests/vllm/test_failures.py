@@ -4,9 +4,9 @@ and the output is exactly that of vLLM without a connector."""
 from __future__ import annotations
 
 import numpy as np
-from harness import delta, prompt
-from tinymodel import BLOCK_BYTES, BLOCK_SIZE
 
+from tests.support.engines import delta, prompt
+from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
 from tpusync.hashing import BlockHasher
 
 

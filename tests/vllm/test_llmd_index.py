@@ -8,7 +8,7 @@ Engines: a (kv_both on host s, which has a disk tier), b (kv_both on s too: a fr
 that loads what a saved), dec (kv_consumer on host d, pulls from s for P/D). Pods are the
 topics' names; events travel over ipc:// sockets (no network address). a and b publish as the
 operator deploys them: the connector on its own publisher, relayed with vLLM's on the pod's
-endpoint (`kv_events_endpoint`, tpusync.vllm.relay), so what their sidecar changes reaches the
+endpoint (`kv_events_endpoint`, tpusync.connector.relay), so what their sidecar changes reaches the
 index while they are idle. dec publishes through vLLM's publisher alone (`take_events`), at its
 steps.
 """
@@ -16,115 +16,28 @@ steps.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Engine, EngineSpec, delta, prompt
-from tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 
+from tests.support.engines import EngineSpec, delta, prompt
+from tests.support.llmd_indexer import Indexer, Pod, connect, eventually, held, indexer_binary
 from tests.support.polling import wait_for
+from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 from tpusync.hashing import BlockHasher
-from tpusync.launch import interrupt
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 from tpusync.store import KVStore
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "tiny"
-AUDIT_S = 3600.0  # past every wait here: what the sidecar changes can reach the index only by its feed
-WEIGHTS = [{"name": "gpu", "weight": 1.0}, {"name": "cpu", "weight": 0.8}, {"name": "disk", "weight": 0.5}]
-
-
-def indexer_binary() -> str:
-    """llm-d's indexer, built by tests/llmd/build-indexer.sh (`make vllm-test` builds it first)."""
-    path = os.environ.get("TPUSYNC_LLMD_INDEXER") or subprocess.run(
-        ["bash", str(ROOT / "tests/llmd/build-indexer.sh"), "--print"], check=True, capture_output=True,
-        text=True).stdout.strip().splitlines()[-1]
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"llm-d's indexer is not built at {path}: run `make llmd-indexer` (make vllm-test does)")
-    return path
-
-
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        result: dict[str, Any] = json.load(resp)
-        return result
-
-
-class Indexer:
-    """llmd-indexer: llm-d's indexer wired as the router's precise-prefix-cache-producer."""
-
-    def __init__(self, binary: str, block: int) -> None:
-        parameters = {"tokenProcessorConfig": {"blockSizeTokens": block},
-                      "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": False},
-                      "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": False},
-                                        "kvCacheBackendConfigs": WEIGHTS}}
-        self.block = block
-        self.process = subprocess.Popen([binary, "--config", json.dumps(parameters)], stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"llmd-indexer exited with {self.process.wait()}")
-        self.url = f"http://{json.loads(line)['listen']}"
-
-    def subscribe(self, pod: str, endpoint: str) -> None:
-        post(self.url + "/subscribe", {"pod": pod, "endpoint": endpoint})
-
-    def score(self, tokens: list[int]) -> dict[str, Any]:
-        return post(self.url + "/score", {"tokens": tokens, "model": MODEL, "pods": []})
-
-    def tiers(self, tokens: list[int], pod: str) -> dict[str, int]:
-        """Per tier, the pod's blocks of `tokens` from the first (llm-d's blocks)."""
-        tiers: dict[str, int] = self.score(tokens)["pods"].get(pod, {}).get("tiers", {})
-        return tiers
-
-    def stop(self) -> None:
-        interrupt(self.process, grace=10)
-
-
-class Pod:
-    """A vLLM engine and the pod name its KV-event topic carries. `extra`: the connector's
-    kv_connector_extra_config; `relay`: the connector publishes on its own, relaying vLLM's."""
-
-    def __init__(self, name: str, base: EngineSpec, role: str, work: Path, port: int, relay: bool = False,
-                 **extra: Any) -> None:
-        self.pod = f"127.0.0.1:{port}"  # a name in the topic; nothing listens there
-        self.endpoint = f"ipc://{work}/events-{name}"
-        engine_endpoint = self.endpoint
-        if relay:
-            extra["kv_events_endpoint"], engine_endpoint = self.endpoint, "inproc://vllm-kv-events"
-        spec = base.connector(role, kv_events_audit_s=AUDIT_S, **extra)
-        self.engine: Engine = spec.events(engine_endpoint, f"kv@{self.pod}@{MODEL}").start(name)
-
-    def generate(self, tokens: list[int], max_tokens: int = 1, **kw: Any) -> dict[str, Any]:
-        return self.engine.generate(tokens, max_tokens, **kw)
-
-
-def eventually(check: Callable[[], Any], step: Callable[[], Any] | None = None, timeout_s: float = 60) -> Any:
-    """Polls `check()` (a request to the indexer) until it is truthy; the last value otherwise.
-    `step` runs before each poll: a request that makes an engine without a relay step, so vLLM
-    publishes what the connector's feed reported."""
-    return wait_for("the indexer to see the change", check, timeout_s, interval=0.05, step=step,
-                    raise_on_timeout=False)
-
-
-def held(n_tokens: int, block: int) -> int:
-    """llm-d blocks of the full vLLM blocks of an n-token prompt (what a store of them serves)."""
-    return n_tokens // BLOCK_SIZE * BLOCK_SIZE // block
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     binary = indexer_binary()
     work = tmp_path_factory.mktemp("llmd-vllm")
@@ -163,18 +76,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
         for pool in pools:
             if os.path.exists(pool):
                 os.unlink(pool)
-
-
-def connect(ix: Indexer, p: Pod, seed: int) -> None:
-    """Subscribes and waits until the index has the engine's events: a ZMQ PUB drops what it
-    publishes before the subscription arrives, so probe prompts are served until one shows."""
-    ix.subscribe(p.pod, p.endpoint)
-    for i in range(40):
-        probe = prompt(seed + i, 64)
-        p.generate(probe)
-        if eventually(lambda probe=probe: ix.tiers(probe, p.pod), timeout_s=1):
-            return
-    raise AssertionError(f"{ix.url} never received {p.pod}'s events")
 
 
 def sidecar_keys(tokens: list[int]) -> list[int]:
@@ -327,7 +228,7 @@ def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_bloc
     its sidecar's scan of the tier and announces them as SHARED_STORAGE under its own topic,
     from the records sa's connector wrote beside them; llm-d's indexer scores su for every one.
     When the files leave the tier, su's score goes, sa's (DRAM) stays."""
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     work = tmp_path
     secret = work / "secret"

@@ -4,9 +4,9 @@ with an empty vLLM prefix cache loads it instead of computing it, and decodes th
 from __future__ import annotations
 
 import numpy as np
-from harness import delta, prompt
-from tinymodel import BLOCK_BYTES, BLOCK_SIZE
 
+from tests.support.engines import delta, prompt
+from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
 from tpusync.hashing import BlockHasher
 
 

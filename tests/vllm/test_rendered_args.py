@@ -20,8 +20,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tpusync.vllm.config import ConnectorConfig
-from tpusync.vllm.relay import reachable
+from tpusync.connector.config import ConnectorConfig
+from tpusync.connector.relay import reachable
 from tpusync_operator import versions
 from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
@@ -76,17 +76,17 @@ def option_matrix():
                {"enabled": False}]
     lengths = [{}, {"maxModelLen": 4096, "maxPositionEmbeddings": 8192},
                {"maxModelLen": 131072, "maxPositionEmbeddings": 40960, "ropeScaling": YARN}]
-    for (pname, pool), connector, model, route, layerwise, length in itertools.product(
-            pools.items(), ("tpusync", "tpu-inference"), models, routing, (True, False), lengths):
+    for (pname, pool), connector, model, route, length in itertools.product(
+            pools.items(), ("tpusync", "tpu-inference"), models, routing, lengths):
         spec = DisaggregatedServingSpec.model_validate({
             "model": {**model, **length}, "engine": {"type": "vllm-tpu"}, "poolRef": {"name": "pool"},
-            "kvTransfer": {"connector": connector, "layerwise": layerwise}, "routing": route,
+            "kvTransfer": {"connector": connector}, "routing": route,
             "prefill": {"args": ["--max-num-seqs=64"]}, "decode": {"args": ["--max-num-seqs=64"]}})
         pool_spec = TPUSyncPoolSpec.model_validate(pool)
         info = PoolInfo("pool", pool_spec, slice_for(pool_spec.tpu.type, pool_spec.tpu.topology))
         owner = Owner("tpusync.dev/v1alpha1", "DisaggregatedServing", "llm", "ns", "uid")
         rev = "rev" if "revision" in model else ""
-        ident = f"{pname}-{connector}-{model['uri']}-{rev}-{route}-{layerwise}-{length}"
+        ident = f"{pname}-{connector}-{model['uri']}-{rev}-{route}-{length}"
         yield ident, plan_serving(owner, spec, info, set(OPTIONAL_KINDS)).apply
 
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tpusync import KVStore, VersionedWeights, errors
-from tpusync import sidecar as sidecar_mod
-from tpusync.sidecar import write_secret
+from tpusync.local import sidecars as sidecar_mod
+from tpusync.local.sidecars import write_secret
 from tpusync.weights import Shard, TemplateMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]

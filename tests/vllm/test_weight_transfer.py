@@ -19,7 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import EngineError, delta, prompt
+
+from tests.support.engines import EngineError, delta, prompt
 
 MODEL = "tiny-policy"
 TRAINER = Path(__file__).with_name("trainer_proc.py")
@@ -144,7 +145,7 @@ def test_sampler_that_missed_versions_catches_up_to_the_newest(cluster, rl):
     head = read_head(cluster.sidecars["t"].pool_path, MODEL) or 0
     c = cluster.work / "model_c"
     if not c.exists():
-        from tinymodel import build
+        from tests.support.tinymodel import build
 
         build(c, seed=2)
     push(cluster, str(c), head + 1)                 # missed

@@ -29,7 +29,7 @@ TPU_CONNECTOR_NAME = "TPUConnector"
 # connector tpusync: tpusync's connector for tpu-inference (python/tpusync/tpu_inference).
 TPUSYNC_CONNECTOR_MODULE = "tpusync.tpu_inference.connector"
 # With tpusync's connector, vLLM's KV-events publisher binds in-process and the connector relays it,
-# its own events between vLLM's, on the pod's KV-events port (python/tpusync/vllm/relay.py): what the sidecar
+# its own events between vLLM's, on the pod's KV-events port (python/tpusync/connector/relay.py): what the sidecar
 # demotes or evicts reaches the router while the engine is idle, not at its next step.
 # vLLM binds inproc:// endpoints (vllm 0.32.0 distributed/kv_events.py, _is_bind_endpoint).
 VLLM_RELAYED_KV_EVENTS = "inproc://tpusync-vllm-kv-events"
@@ -97,7 +97,9 @@ class ModelSource:
 
 
 def engine_image(spec: DisaggregatedServingSpec) -> str:
-    return spec.engine.image or DEFAULT_IMAGES[spec.engine.type]
+    """The engine's image; tpusync's own from the registry of the operator's configuration
+    (versions.from_registry: the chart's imageRegistry)."""
+    return versions.from_registry(spec.engine.image or DEFAULT_IMAGES[spec.engine.type])
 
 
 def kv_events_topic(spec: DisaggregatedServingSpec) -> str:
@@ -125,8 +127,7 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
         args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", verbatim(src.ref),
                 "--served-model-name", verbatim(m.name), "--control-socket", CONTROL_SOCKET,
                 "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
-                "--kv-events-topic", kv_events_topic(spec),
-                "--kv-layerwise" if spec.kv_transfer.layerwise else "--no-kv-layerwise"]
+                "--kv-events-topic", kv_events_topic(spec)]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
         if multi_host == "worker":
@@ -247,7 +248,6 @@ def upstream_api_env(data_port: int) -> list[dict[str, Any]]:
 def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, data_port: int,
                multi_host: MultiHost = None) -> list[dict[str, Any]]:
     env = env_from_fields() + [
-        {"name": "TPUSYNC_ROLE", "value": role},
         {"name": "TPUSYNC_CONTROL_SOCKET", "value": CONTROL_SOCKET},
         # Block keys hashed with Python's hash() must agree across replicas.
         {"name": "PYTHONHASHSEED", "value": "0"},

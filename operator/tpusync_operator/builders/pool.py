@@ -72,26 +72,6 @@ def pool_node_selector(pool: str, namespace: str, spec: TPUSyncPoolSpec, tpu: Sl
     return selector
 
 
-def build_config_map(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice) -> dict[str, Any]:
-    disk = spec.tiers.disk
-    data = {
-        "TPUSYNC_POOL": owner.name,
-        "TPUSYNC_PEERS_DNS": names.peers_dns(owner.name, owner.namespace),
-        "TPUSYNC_DATA_PORT": str(spec.sidecar.data_port),
-        "TPUSYNC_HTTP_PORT": str(spec.sidecar.http_port),
-        "TPUSYNC_KV_EVENTS_PORT": str(spec.sidecar.kv_events_port),
-        "TPUSYNC_DRAM_BYTES": str(to_bytes(spec.tiers.dram)),
-        "TPUSYNC_DISK_BYTES": str(to_bytes(disk.size) if disk else 0),
-        "TPUSYNC_BLOCK_BYTES": str(to_bytes(spec.tiers.block_bytes)),
-        "TPUSYNC_TPU_TYPE": tpu.tpu_type,
-        "TPUSYNC_TPU_TOPOLOGY": tpu.topology,
-        "TPUSYNC_AUTH_SECRET": names.pool_auth(owner.name, spec),
-    }
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(owner, names.pool_config(owner.name), pool_labels(owner, "config")),
-            "data": data}
-
-
 def build_auth_secret(owner: Owner, spec: TPUSyncPoolSpec, token: bytes) -> dict[str, Any]:
     """The generated auth Secret. The caller creates it once and never rewrites it."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",

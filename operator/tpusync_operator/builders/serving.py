@@ -88,13 +88,12 @@ def role_selector(owner: Owner, role: str) -> dict[str, str]:
 
 def _tiers(spec: DisaggregatedServingSpec, pool: PoolInfo) -> tuple[int, DiskTier | None]:
     dram = to_bytes(spec.prefix_cache.host_dram or pool.spec.tiers.dram)
-    disk: DiskTier | None = None
-    if spec.prefix_cache.disk:
-        base = pool.spec.tiers.disk
-        disk = DiskTier(size=spec.prefix_cache.disk,
-                        medium=base.medium if base else "EmptyDir",
-                        storage_class_name=base.storage_class_name if base else None)
-    return dram, disk
+    base = pool.spec.tiers.disk
+    size = spec.prefix_cache.disk or (base.size if base else None)
+    if size is None:
+        return dram, None
+    return dram, DiskTier(size=size, medium=base.medium if base else "EmptyDir",
+                          storage_class_name=base.storage_class_name if base else None)
 
 
 ENGINE_TMP_BYTES = "2Gi"   # scratch only: weights and compiled programs have volumes of their own
@@ -171,9 +170,6 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         labels[LLMD_SERVING_LABEL] = "true"
     tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
     env = engine_env(owner, spec, role, data_port=pool.spec.sidecar.data_port, multi_host=multi_host)
-    if plan.kind == "LeaderWorkerSet":
-        env.append({"name": "TPUSYNC_WORKER_INDEX",
-                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_WORKER_INDEX}']"}}})
     engine: dict[str, Any] = {
         "name": "engine",
         "image": engine_image(spec),
@@ -181,7 +177,6 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "command": command,
         "args": args,
         "env": env,
-        "envFrom": [{"configMapRef": {"name": names.pool_config(pool.name)}}],
         # The engine publishes the KV events (it knows each block's tokens).
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},

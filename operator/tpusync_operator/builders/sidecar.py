@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import versions
 from ..models import DiskTier, SharedTier, TPUSyncPoolSpec
 from ..quantity import to_bytes
 from . import names
@@ -49,14 +50,14 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
     if shared is not None and shared_layout is not None:
         args += shared_tier_args(shared, shared_layout)
         mounts.append({"name": "tpusync-shared", "mountPath": SHARED_DIR})
-    env = env_from_fields() + [{"name": "TPUSYNC_POOL", "value": pool}]
+    env = env_from_fields()
 
     def probe(path: str, **extra: Any) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "sidecar-http"}, "periodSeconds": 5, **extra}
 
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": sc.image,
+        "image": versions.from_registry(sc.image),   # the chart's imageRegistry, for tpusync's images
         "imagePullPolicy": sc.image_pull_policy,
         "command": ["tpusync-sidecar"],
         "args": args,

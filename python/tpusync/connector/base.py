@@ -1,6 +1,6 @@
 """What every tpusync KV connector for vLLM shares, whatever holds the KV cache: the scheduler
-half (`tpusync.vllm.scheduler.SchedulerSide`), the KV events of the tiers tpusync holds
-(`tpusync.vllm.events`), and the wiring of a worker half to vLLM's worker-side calls.
+half (`tpusync.connector.scheduler.SchedulerSide`), the KV events of the tiers tpusync holds
+(`tpusync.connector.events`), and the wiring of a worker half to vLLM's worker-side calls.
 
 `tpusync.vllm.connector.TPUSyncConnector` (torch KV caches) and
 `tpusync.tpu_inference.connector.TPUSyncConnector` (JAX KV caches on tpu-inference) subclass
@@ -20,9 +20,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from tpusync.vllm.common import TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
-from tpusync.vllm.config import ConnectorConfig
-from tpusync.vllm.scheduler import SchedulerSide
+from tpusync.connector.common import TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
+from tpusync.connector.config import ConnectorConfig
+from tpusync.connector.scheduler import SchedulerSide
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 class WorkerHalf(Protocol):
     """A connector's worker half, called on the model runner's thread every step: start_load,
     wait_layer and save_layer per layer (where the platform has layer hooks), wait_for_save,
-    then the take_* results (tpusync.vllm.common.WorkerResults has those)."""
+    then the take_* results (tpusync.connector.common.WorkerResults has those)."""
 
     def start_load(self, meta: TPUSyncConnectorMetadata) -> None: ...
     def wait_layer(self, layer_name: str) -> None: ...
@@ -180,5 +180,5 @@ class ConnectorBase(KVConnectorBase_V1):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """The KV events of the tiers tpusync holds; vLLM's scheduler publishes them after its own
-        every step (tpusync.vllm.events)."""
+        every step (tpusync.connector.events)."""
         return self._sched.take_events() if self._sched is not None else ()

@@ -14,8 +14,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.logger import init_logger
 
 from tpusync import errors
+from tpusync.connector.config import ConnectorConfig
 from tpusync.store import KVStore
-from tpusync.vllm.config import ConnectorConfig
 
 log = init_logger("vllm.tpusync")  # under vLLM's logging configuration, beside the engine's own lines
 

@@ -22,7 +22,7 @@
     kv_events_endpoint  where the router subscribes to this engine's KV events, when the connector
                      publishes its own as they happen instead of at vLLM's next step (e.g.
                      "tcp://*:5557"; vLLM's --kv-events-config endpoint then binds where the
-                     connector relays it from, e.g. "inproc://vllm-kv-events"; tpusync.vllm.relay)
+                     connector relays it from, e.g. "inproc://vllm-kv-events"; tpusync.connector.relay)
 
 `kv_transfer_params` follow vLLM's NixlConnector conventions. The router (or a proxy) sends the
 prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finished` answers

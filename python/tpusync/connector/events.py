@@ -18,7 +18,7 @@ scheduler takes them.
 vLLM publishes only when its engine steps: what the feed or an audit finds while the engine is
 idle goes out with its next step (vLLM's engine loop sleeps on its input queue until a request
 comes). With `kv_events_endpoint` the connector publishes every event the moment it has it,
-between vLLM's own on the router's endpoint (`tpusync.vllm.relay`); after vLLM clears its
+between vLLM's own on the router's endpoint (`tpusync.connector.relay`); after vLLM clears its
 prefix cache, it announces again what the store holds.
 """
 
@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 from tpusync import errors
+from tpusync.connector.common import StoreLink, log
+from tpusync.connector.relay import relay_for
 from tpusync.kv_events import BlockAnnouncer, Event, event_hash, follow, tiers_of
-from tpusync.vllm.common import StoreLink, log
-from tpusync.vllm.relay import relay_for
 
 if TYPE_CHECKING:
     from vllm.config import KVEventsConfig
 
-    from tpusync.vllm.config import ConnectorConfig
+    from tpusync.connector.config import ConnectorConfig
 
 def to_vllm(event: Event) -> KVCacheEvent:
     """One of BlockAnnouncer's positional events as vLLM's event struct."""

@@ -27,7 +27,7 @@ import zmq
 from vllm.distributed.kv_events import AllBlocksCleared, KVEventBatch, ZmqEventPublisher
 
 from tpusync import errors
-from tpusync.vllm.common import log
+from tpusync.connector.common import log
 
 if TYPE_CHECKING:
     from vllm.config import KVEventsConfig

@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tpusync import errors
-from tpusync.hashing import BlockHasher
-from tpusync.vllm import served_weights
-from tpusync.vllm.common import (
+from tpusync.connector.common import (
     COUNTERS,
     Pins,
     StoreLink,
@@ -23,8 +21,10 @@ from tpusync.vllm.common import (
     log,
     release_pins,
 )
-from tpusync.vllm.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
-from tpusync.vllm.events import ConnectorEvents
+from tpusync.connector.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
+from tpusync.connector.events import ConnectorEvents
+from tpusync.hashing import BlockHasher
+from tpusync.vllm import served_weights
 from tpusync.vllm.served_weights import ServedWeights
 
 if TYPE_CHECKING:

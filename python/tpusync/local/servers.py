@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from tpusync import errors
-from tpusync.sidecar import terminate
+from tpusync.local.sidecars import terminate
 
 
 @dataclass

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from tpusync import errors
-from tpusync.store import KVStore
 
 
 def sidecar_binary() -> str:
@@ -79,15 +78,6 @@ class Sidecar:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def connect(control_socket: str | None, *, secret_file: str | None = None) -> KVStore:
-    """A client of this host's sidecar: `control_socket` is its socket's path or a URL
-    (unix://, tcp://), by default $TPUSYNC_CONTROL_SOCKET (set in the pods the operator renders)."""
-    address = control_socket or os.environ.get("TPUSYNC_CONTROL_SOCKET")
-    if not address:
-        raise errors.InvalidArgumentError("no sidecar: pass its control socket (or set $TPUSYNC_CONTROL_SOCKET)")
-    return KVStore.connect(address if "://" in address else f"unix://{address}", secret_file=secret_file)
 
 
 def write_secret(path: str | os.PathLike[str], secret: bytes | str) -> str:

@@ -28,9 +28,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--embedded-store-bytes", type=int, default=0,
                     help="without a sidecar: an in-process DRAM store of this size (0: no prefix cache)")
     ap.add_argument("--no-prefix-cache", action="store_true", help="always compute the whole prompt")
-    ap.add_argument("--kv-layerwise", action=argparse.BooleanOptionalAction, default=True,
-                    help="accepted for the operator's spec.kvTransfer.layerwise; this engine keeps all "
-                         "layers of a page in one block, so it always moves whole pages")
     ap.add_argument("--hash-seed", default="tpusync")
     ap.add_argument("--kv-events-endpoint", default=None, help='publish KV events here, e.g. "tcp://*:5557"')
     ap.add_argument("--kv-events-topic", default=None, help="default: kv@<host>:<port>@<model>")

@@ -1,7 +1,7 @@
 """tpusync's KV connector for vLLM on TPU (tpu-inference): prefix offload and P/D transfer
 through the pod's sidecar, for JAX KV caches.
 
-Everything but the worker half is `tpusync.vllm`'s (`tpusync.vllm.base.ConnectorBase`): the
+Everything but the worker half is `tpusync.vllm`'s (`tpusync.connector.base.ConnectorBase`): the
 same block keys (the chained prefix hash of the prompt's tokens), lookups and pins, background
 pulls from the prefill pod's sidecar of only the blocks this engine lacks, and the same
 `kv_transfer_params`, and the same KV events for the tiers tpusync holds, on vLLM's own
@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+from tpusync.connector.base import ConnectorBase, WorkerHalf
+from tpusync.connector.common import stats
 from tpusync.tpu_inference.shards import shard_links
 from tpusync.tpu_inference.worker import JaxWorkerSide
-from tpusync.vllm.base import ConnectorBase, WorkerHalf
-from tpusync.vllm.common import stats
 
 __all__ = ["TPUConnector", "TPUSyncConnector", "stats"]
 
@@ -47,12 +47,12 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-    from tpusync.vllm.config import ConnectorConfig
+    from tpusync.connector.config import ConnectorConfig
 
 
 class TPUSyncConnector(ConnectorBase):
     """kv_role kv_producer (prefill: saves), kv_consumer (decode: pulls and loads) or kv_both
-    (offload); options as for tpusync.vllm (`tpusync.vllm.config`)."""
+    (offload); options as for tpusync.vllm (`tpusync.connector.config`)."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         # Blocks are stored as one part per shard of the `model` axis (tpu-inference shards the

@@ -2,7 +2,7 @@
 
 tpu-inference shards every layer of the KV cache on the mesh's `model` axis, and the worker
 half stores each shard's part of a block under its own key (`tpusync.pages.shard_key`). The
-scheduler half (`tpusync.vllm.scheduler.SchedulerSide`) thinks in block keys; `ShardedStore`
+scheduler half (`tpusync.connector.scheduler.SchedulerSide`) thinks in block keys; `ShardedStore`
 lets it: a block is present when every shard of it is, a lookup pins and a release unpins
 every shard, a pull fetches every shard, and a block's tier is where all its shards are.
 Shard keys go to the store interleaved, block after block (`[b0s0, b0s1, b1s0, ...]`), so
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from tpusync import errors
+from tpusync.connector.common import StoreLink
+from tpusync.connector.config import ConnectorConfig
 from tpusync.pages import shard_key
 from tpusync.store import Changes, KVStore, LookupResult, Tier
-from tpusync.vllm.common import StoreLink
-from tpusync.vllm.config import ConnectorConfig
 
 
 class ShardedStore:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpusync import errors, sidecar
+from tpusync import errors
+from tpusync.store import connect_sidecar
 from tpusync.weights.inplace import await_version, iter_torch, pinned_version
 
 
@@ -49,7 +50,7 @@ class WeightUpdate:
         runner = self.model_runner
         if not hasattr(runner.model, "load_weights"):
             raise errors.InvalidArgumentError(f"{type(runner.model).__name__} cannot load weights from an iterator")
-        store = sidecar.connect(control_socket, secret_file=secret_file)
+        store = connect_sidecar(control_socket, secret_file=secret_file)
         try:
             loaded = await_version(store, model, version, timeout_s)
             with pinned_version(store, model, loaded) as manifest, jax.set_mesh(runner.mesh), \

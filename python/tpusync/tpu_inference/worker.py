@@ -16,8 +16,8 @@ from typing import Any
 import jax
 
 from tpusync import errors, pages
-from tpusync.vllm.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
-from tpusync.vllm.config import ConnectorConfig
+from tpusync.connector.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
+from tpusync.connector.config import ConnectorConfig
 
 
 class JaxWorkerSide(WorkerResults):

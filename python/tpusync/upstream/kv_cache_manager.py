@@ -41,8 +41,9 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from tpusync import errors, pages, sidecar
+from tpusync import errors, pages
 from tpusync.hashing import key_of
+from tpusync.store import connect_sidecar
 from tpusync.upstream import pd
 from tpusync.upstream.counters import count
 
@@ -112,7 +113,7 @@ class KVCacheManager:
         self._runner = runner if runner is not None else _caller_runner(kv_caches, 2)
         if self._runner.kv_caches is not kv_caches and list(self._runner.kv_caches) != list(kv_caches):
             raise errors.InvalidArgumentError("runner.kv_caches is not the kv_caches passed in")
-        self._store = sidecar.connect(control_socket)
+        self._store = connect_sidecar(control_socket)
         nbytes = pages.layer_block_bytes(kv_caches)
         if nbytes > self._store.block_bytes:
             self._store.close()
@@ -121,7 +122,7 @@ class KVCacheManager:
         self._transfers: pd.Transfers | None = None
         if host_blocks_to_allocate is None:
             assert max_blocks is not None and num_slots is not None
-            self._transfers = pd.Transfers(self._runner, self._store, lambda: sidecar.connect(control_socket),
+            self._transfers = pd.Transfers(self._runner, self._store, lambda: connect_sidecar(control_socket),
                                            max_blocks=max_blocks, num_slots=num_slots, timeout_s=timeout_s)
             self._port = local_control_port
             return

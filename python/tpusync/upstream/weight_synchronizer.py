@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tpusync import errors, sidecar
+from tpusync import errors
+from tpusync.store import connect_sidecar
 from tpusync.weights import VersionedWeights as _Versions
 from tpusync.weights.tensors import iter_leaves
 
@@ -69,7 +70,7 @@ class WeightSynchronizer:
                  bind_ip: str | None = None, auto_h2d: bool = False, *, model: str | None = None,
                  control_socket: str | None = None) -> None:
         self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
-        self._versions = _Versions(sidecar.connect(control_socket), self.model)
+        self._versions = _Versions(connect_sidecar(control_socket), self.model)
         self._local_port, self._listener_port = local_port, listener_port
         self._lock = threading.Lock()
         self._version: int | None = None

@@ -6,7 +6,7 @@
                            "kv_connector_extra_config": {"control_socket": "/run/tpusync/control.sock"}}'
 
 Importing this package does not import vLLM; `tpusync.vllm.connector` does. Options and the
-kv_transfer_params contract: `tpusync.vllm.config`; usage and what is tested: docs/vllm.md.
+kv_transfer_params contract: `tpusync.connector.config`; usage and what is tested: docs/vllm.md.
 """
 
 __all__ = ["TPUSyncConnector"]

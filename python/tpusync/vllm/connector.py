@@ -31,13 +31,13 @@ pass through untouched. Only prompt blocks are stored, not generated ones.
 
 With vLLM's KV events on (`--kv-events-config`), the scheduler half also announces the blocks
 the sidecar holds for this engine, at their tier, on vLLM's own publisher (`take_events`,
-`tpusync.vllm.events`), so llm-d's precise prefix-cache routing sees DRAM and disk as well as
+`tpusync.connector.events`), so llm-d's precise prefix-cache routing sees DRAM and disk as well as
 vLLM's GPU cache.
 
-The halves live in `tpusync.vllm.scheduler` and `tpusync.vllm.worker`, the connector methods
-both connectors share (this one and tpu-inference's) in `tpusync.vllm.base`, what the halves
-share in `tpusync.vllm.common`, the options and the kv_transfer_params contract in
-`tpusync.vllm.config`.
+The halves live in `tpusync.connector.scheduler` and `tpusync.vllm.worker`, the connector methods
+both connectors share (this one and tpu-inference's) in `tpusync.connector.base`, what the halves
+share in `tpusync.connector.common`, the options and the kv_transfer_params contract in
+`tpusync.connector.config`.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from tpusync.vllm.base import ConnectorBase, WorkerHalf
-from tpusync.vllm.common import log, stats
-from tpusync.vllm.config import ConnectorConfig, flag
+from tpusync.connector.base import ConnectorBase, WorkerHalf
+from tpusync.connector.common import log, stats
+from tpusync.connector.config import ConnectorConfig, flag
 from tpusync.vllm.worker import WorkerSide
 
 __all__ = ["TPUSyncConnector", "stats"]  # stats(): this process's connector counters
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 class TPUSyncConnector(ConnectorBase):
     """vLLM KV connector over tpusync's block store. Configure through kv_transfer_config:
     kv_role kv_producer (prefill: saves), kv_consumer (decode: loads, pulls from the prefill's
-    sidecar) or kv_both (offload: both); options in `tpusync.vllm.config`."""
+    sidecar) or kv_both (offload: both); options in `tpusync.connector.config`."""
 
     _cache_hit_source = CacheHitSource.HOST
 

@@ -49,8 +49,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.logger import init_logger
 
-from tpusync import errors, sidecar
-from tpusync.store import KVStore
+from tpusync import errors
+from tpusync.store import KVStore, connect_sidecar
 from tpusync.vllm import served_weights
 from tpusync.vllm.plugin import BACKEND
 from tpusync.weights.codec import manifest_digest
@@ -91,7 +91,7 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
     def init_transfer_engine(self, init_info: TpusyncInitInfo) -> None:
         if self.store is not None:
             self.store.close()
-        self.store = sidecar.connect(init_info.control_socket, secret_file=init_info.secret_file)
+        self.store = connect_sidecar(init_info.control_socket, secret_file=init_info.secret_file)
         self.info = init_info
 
     def start_weight_update(self) -> None:
@@ -181,7 +181,7 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
 
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.info = info
-        self.sync = VersionedWeights(sidecar.connect(info.control_socket, secret_file=info.secret_file), info.model)
+        self.sync = VersionedWeights(connect_sidecar(info.control_socket, secret_file=info.secret_file), info.model)
         self.version = self.sync.latest_version() or 0
         self._lock = threading.Lock()
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from tpusync import errors
-from tpusync.vllm.common import StoreLink, TPUSyncConnectorMetadata, Transfer, WorkerResults, log
-from tpusync.vllm.config import ConnectorConfig
+from tpusync.connector.common import StoreLink, TPUSyncConnectorMetadata, Transfer, WorkerResults, log
+from tpusync.connector.config import ConnectorConfig
 
 # Pool views of present blocks are read-only; torch warns when it wraps one (we only read them).
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)

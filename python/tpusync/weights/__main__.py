@@ -46,7 +46,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from tpusync import KVStore, sidecar
+    from tpusync import KVStore
+    from tpusync.local import sidecars as sidecar
     from tpusync.weights import VersionedWeights, WeightDistributor
 
     console = Console()

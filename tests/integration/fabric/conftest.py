@@ -6,7 +6,7 @@ import pytest
 
 import tpusync
 from tests.support import fabric as fab
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 SECRET = b"fabric-integration-secret-0123456789"
 BLOCK = 256 << 10

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync import sidecar
 from tpusync.hashing import BlockHasher
-from tpusync.launch import start_server
+from tpusync.local import sidecars as sidecar
+from tpusync.local.servers import start_server
+from tpusync.local.sidecars import write_secret
 from tpusync.serving.model import ModelConfig
-from tpusync.sidecar import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)

@@ -17,7 +17,7 @@ import tpusync
 from tests.support import fabric as fab
 from tests.support import sshfs
 from tests.support.keys import keys_for
-from tpusync.sidecar import write_secret
+from tpusync.local.sidecars import write_secret
 
 SECRET = b"shared-tier-integration-secret-0123"
 BLOCK = 256 << 10

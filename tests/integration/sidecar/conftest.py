@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from tpusync import sidecar as sidecar_mod
-from tpusync.sidecar import write_secret
+from tpusync.local import sidecars as sidecar_mod
+from tpusync.local.sidecars import write_secret
 
 SECRET = b"integration-test-secret-0123456789"
 BLOCK = 256 << 10

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync import sidecar as sidecar_mod
 from tpusync.errors import PreconditionError
+from tpusync.local import sidecars as sidecar_mod
 
 from .conftest import BLOCK, SECRET
 from .wire import ERROR, HELLO, WireClient, frame

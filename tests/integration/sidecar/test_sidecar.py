@@ -365,7 +365,7 @@ def test_http_endpoints(launch):
 
 
 def test_sidecar_refuses_to_start_without_a_secret(tmp_path):
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     with pytest.raises(tpusync.errors.UnavailableError, match="exited with 1"):
         sidecar_mod.launch(pool_path=f"/dev/shm/tpusync-nosecret-{tmp_path.name}", secret_file=str(tmp_path / "none"),
@@ -390,7 +390,7 @@ def test_a_clean_stop_removes_the_control_socket_and_the_start_logs_the_tiers(la
     ("--shared-policy=demote", "--shared-policy without --shared-dir: there is no shared tier"),
 ])
 def test_flags_that_cannot_work_are_refused_with_one_line(secret_file, flag, message):
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     done = subprocess.run([sidecar_mod.sidecar_binary(), "--block-bytes=4096", "--dram-bytes=1Mi", "--pool-path=/x",
                            f"--auth-secret-file={secret_file}", flag], capture_output=True, text=True, timeout=30)
@@ -399,7 +399,7 @@ def test_flags_that_cannot_work_are_refused_with_one_line(secret_file, flag, mes
 
 
 def test_a_secret_others_can_read_and_a_missing_disk_dir_are_refused(secret_file, tmp_path):
-    from tpusync import sidecar as sidecar_mod
+    from tpusync.local import sidecars as sidecar_mod
 
     base = [sidecar_mod.sidecar_binary(), "--block-bytes=4096", "--dram-bytes=1Mi",
             f"--pool-path=/dev/shm/tpusync-refused-{tmp_path.name}", "--data-port=0", "--http-port=0"]

@@ -14,8 +14,8 @@ import pytest
 
 import tpusync
 from tests.support.processes import free_port
-from tpusync import sidecar as sidecar_mod
-from tpusync.sidecar import write_secret
+from tpusync.local import sidecars as sidecar_mod
+from tpusync.local.sidecars import write_secret
 from tpusync.weights import VersionedWeights, WeightDistributor
 
 from .model import params

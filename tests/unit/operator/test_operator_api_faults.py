@@ -82,7 +82,7 @@ POOL_FAULTS = [
     (("list", "Pod"), KubeError(500, "etcdserver: request timed out", "GET /api/v1/namespaces/ns/pods"), "APIError"),
     (("list", "Node"), KubeError(0, "no answer within 30 s", "GET /api/v1/nodes"), "APIError"),
     (("get", "Secret"), KubeError(503, "unavailable", "GET /api/v1/namespaces/ns/secrets/pool-auth"), "APIError"),
-    (("apply", "ConfigMap"), KubeError(500, "Internal error", "PATCH /api/v1/namespaces/ns/configmaps/pool-config"),
+    (("apply", "Service"), KubeError(500, "Internal error", "PATCH /api/v1/namespaces/ns/services/pool-peers"),
      "APIError"),
     (("list", "Pod"), KubeError(403, "pods is forbidden", "GET /api/v1/namespaces/ns/pods"), "ApplyFailed"),
 ]

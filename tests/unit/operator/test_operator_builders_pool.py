@@ -32,9 +32,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pool_children_golden(case):
-    owner, spec, tpu = setup(CASES[case].build())
-    objs = [b.build_config_map(owner, spec, tpu), b.build_peers_service(owner, spec),
-            b.build_network_policy(owner, spec)]
+    owner, spec, _ = setup(CASES[case].build())
+    objs = [b.build_peers_service(owner, spec), b.build_network_policy(owner, spec)]
     if spec.store_nodes.enabled:
         objs.append(b.build_store_nodes(owner, spec))
     assert_golden(case, objs)

@@ -73,11 +73,13 @@ def test_multi_host_existing_pool_allows_many_hosts():
 def test_plan_pool_children_and_pruning():
     body = PoolBody().build()
     p = plan_pool(Owner.from_body(body), pool_spec(PoolBody()))
-    assert [o["kind"] for o in p.apply] == ["ConfigMap", "Service", "NetworkPolicy"]
-    assert set(p.delete) == {Ref("apps/v1", "StatefulSet", "pool-store"), Ref("apps/v1", "DaemonSet", "pool-store")}
+    assert [o["kind"] for o in p.apply] == ["Service", "NetworkPolicy"]
+    old_config = Ref("v1", "ConfigMap", "pool-config")     # what earlier versions created
+    assert set(p.delete) == {old_config, Ref("apps/v1", "StatefulSet", "pool-store"),
+                             Ref("apps/v1", "DaemonSet", "pool-store")}
     assert p.node_pool_requests == [] and p.desired_hosts == 1
     p = plan_pool(Owner.from_body(body), pool_spec(PoolBody().store(kind="DaemonSet")))
-    assert p.apply[-1]["kind"] == "DaemonSet" and p.delete == [Ref("apps/v1", "StatefulSet", "pool-store")]
+    assert p.apply[-1]["kind"] == "DaemonSet" and p.delete == [old_config, Ref("apps/v1", "StatefulSet", "pool-store")]
     assert p.store_replicas is None      # a DaemonSet: one per selected node
 
 

@@ -63,7 +63,7 @@ def test_pool_existing_mode(kube, clock):
     body = PoolBody().build()
     d = deps(kube, clock)
     status = run(reconcile_pool, body, d)
-    assert ("ConfigMap", "pool-config") in kube.kinds() and ("Secret", "pool-auth") in kube.kinds()
+    assert ("Secret", "pool-auth") in kube.kinds() and ("ConfigMap", "pool-config") not in kube.kinds()
     assert ("Service", "pool-peers") in kube.kinds() and ("NetworkPolicy", "pool-data") in kube.kinds()
     for (_, kind, _, name), obj in kube.objects.items():
         if kind not in ("Node", "TPUSyncPool"):
@@ -93,10 +93,10 @@ def test_pool_is_idempotent_and_repairs_drift(kube, clock):
     assert kube.objects == snapshot   # same children, same status (lastTransitionTime kept)
     assert not any(e[0] == "create" for e in kube.log) and d.emit.events == []
     assert kube.find("Secret", "pool-auth")["data"] == secret
-    # drift: someone edits the ConfigMap; the next pass puts it back
-    kube.find("ConfigMap", "pool-config")["data"]["TPUSYNC_DRAM_BYTES"] = "1"
+    # drift: someone edits the peers Service; the next pass puts it back
+    kube.find("Service", "pool-peers")["spec"]["publishNotReadyAddresses"] = False
     run(reconcile_pool, stored(kube, body), deps(kube, clock))
-    assert kube.find("ConfigMap", "pool-config")["data"]["TPUSYNC_DRAM_BYTES"] == str(16 * 2**30)
+    assert kube.find("Service", "pool-peers")["spec"]["publishNotReadyAddresses"] is True
 
 
 def test_pool_store_nodes_toggle_prunes(kube, clock):
@@ -291,13 +291,13 @@ def test_children_are_applied_not_replaced(kube, clock):
     kube.put(node("n1"))
     body = PoolBody().build()
     run(reconcile_pool, body, deps(kube, clock))
-    cm = kube.find("ConfigMap", "pool-config")
-    cm["metadata"]["annotations"] = {"example.com/owner": "team-a"}      # e.g. `kubectl annotate`
-    cm["data"]["TPUSYNC_DRAM_BYTES"] = "1"
+    svc = kube.find("Service", "pool-peers")
+    svc["metadata"]["annotations"] = {"example.com/owner": "team-a"}      # e.g. `kubectl annotate`
+    svc["spec"]["publishNotReadyAddresses"] = False
     run(reconcile_pool, stored(kube, body), deps(kube, clock))
-    cm = kube.find("ConfigMap", "pool-config")
-    assert cm["metadata"]["annotations"] == {"example.com/owner": "team-a"}
-    assert cm["data"]["TPUSYNC_DRAM_BYTES"] == str(16 * 2**30)
+    svc = kube.find("Service", "pool-peers")
+    assert svc["metadata"]["annotations"] == {"example.com/owner": "team-a"}
+    assert svc["spec"]["publishNotReadyAddresses"] is True
 
 
 def test_fake_apply_drops_what_the_manager_stopped_applying(kube):

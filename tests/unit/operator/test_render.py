@@ -46,7 +46,7 @@ def test_render_every_sample(sample):
     else:
         assert not requests
     # The pool's children, the generated Secret, the serving's workloads and llm-d objects.
-    assert {"ConfigMap", "Service", "NetworkPolicy", "Secret"} <= set(by_kind)
+    assert {"Service", "NetworkPolicy", "Secret"} <= set(by_kind)
     # Engines spanning several hosts run as LeaderWorkerSets, one-host engines as Deployments.
     multi_host = slice_for(pool["spec"]["tpu"]["type"], pool["spec"]["tpu"]["topology"]).multi_host
     workload = "LeaderWorkerSet" if multi_host else "Deployment"

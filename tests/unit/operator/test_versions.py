@@ -32,7 +32,7 @@ def pool_info(body):
 
 
 # Every engine option that changes a command line: engine and connector, routing (precise,
-# approximate, off), model source (hf, hf with revision and token, gs, path), layerwise.
+# approximate, off), model source (hf, hf with revision and token, gs, path).
 ENGINES = [({"type": "reference"}, {"connector": "tpusync"}),
            ({"type": "vllm-tpu"}, {"connector": "tpusync"}),
            ({"type": "vllm-tpu"}, {"connector": "tpu-inference"}),
@@ -49,18 +49,17 @@ MODELS = [{"name": "m", "uri": "hf://org/m"},
 def matrix():
     """(id, plan.apply) for every valid combination, on a v6e and a v7x multi-host pool."""
     pools = {"v6e": PoolBody(), "v7x": PoolBody().v7x("2x2x2").gke(workloadPolicy="wp")}
-    for (eng, kv), routing, model, layerwise, (pname, pool) in itertools.product(
-            ENGINES, ROUTING, MODELS, (True, False), pools.items()):
+    for (eng, kv), routing, model, (pname, pool) in itertools.product(ENGINES, ROUTING, MODELS, pools.items()):
         if eng["type"] == "sglang-jax" and routing.get("precisePrefixCache"):
             continue   # the schema refuses it: sglang-jax publishes no KV events
         if model["uri"].startswith("gs://") and eng["type"] != "vllm-tpu":
             continue   # the schema refuses it: only vLLM streams from gs://
         if eng["type"] == "sglang-jax" and pname == "v7x":
             continue   # the planner refuses it: sglang-jax runs on single-host slices only
-        body = ServingBody().spec(engine=eng, kvTransfer={**kv, "layerwise": layerwise}, routing=routing,
+        body = ServingBody().spec(engine=eng, kvTransfer=kv, routing=routing,
                                   model=model).build()
         spec = DisaggregatedServingSpec.model_validate(body["spec"])
-        ident = f"{eng['type']}-{kv['connector']}-{routing}-{model['uri']}-{layerwise}-{pname}"
+        ident = f"{eng['type']}-{kv['connector']}-{routing}-{model['uri']}-{pname}"
         yield ident, plan_serving(Owner.from_body(body), spec, pool_info(pool.build()), set(OPTIONAL_KINDS)).apply
     for eng, kv in ENGINES:      # Lockstep: the roles inside a DisaggregatedSet, the rollout screener
         body = ServingBody().spec(engine=eng, kvTransfer=kv, rollout={"strategy": "Lockstep"},
@@ -222,7 +221,7 @@ def test_rendered_sidecar_args_parse_with_the_sidecar_itself():
     command lines of every case (serving pods and store nodes) must pass it."""
     import subprocess
 
-    from tpusync.sidecar import sidecar_binary
+    from tpusync.local.sidecars import sidecar_binary
     binary = sidecar_binary()
     seen = set()
     for _, objs in CASES:

@@ -157,8 +157,8 @@ def make_manager(control_socket: str, host_blocks: int):
 
 @pytest.fixture
 def sidecar_socket(tmp_path):
-    from tpusync import sidecar
-    from tpusync.sidecar import write_secret
+    from tpusync.local import sidecars as sidecar
+    from tpusync.local.sidecars import write_secret
 
     write_secret(tmp_path / "secret", os.urandom(16).hex())
     car = sidecar.launch(pool_path=str(tmp_path / "pool"), secret_file=str(tmp_path / "secret"),
@@ -212,8 +212,8 @@ def test_the_runner_is_required():
 
 @pytest.fixture
 def two_sidecars(tmp_path):
-    from tpusync import sidecar
-    from tpusync.sidecar import write_secret
+    from tpusync.local import sidecars as sidecar
+    from tpusync.local.sidecars import write_secret
 
     write_secret(tmp_path / "secret", os.urandom(16).hex())
     cars = [sidecar.launch(pool_path=str(tmp_path / f"pool{i}"), secret_file=str(tmp_path / "secret"),
@@ -295,7 +295,7 @@ def test_failed_pulls_are_reported_and_unacknowledged_sends_expire(two_sidecars)
 def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
     import jax
 
-    from tpusync import sidecar
+    from tpusync.store import connect_sidecar
     from tpusync.upstream.weight_synchronizer import WeightSynchronizer
     from tpusync.weights import VersionedWeights as Trainer
 
@@ -309,7 +309,7 @@ def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
         sync.h2d()
     versions = [[rng.normal(size=(16, 8)).astype(np.float32), np.asarray(rng.normal(size=8), jnp.bfloat16)]
                 for _ in range(2)]
-    with Trainer(sidecar.connect(sidecar_socket), "rollout") as trainer:
+    with Trainer(connect_sidecar(sidecar_socket), "rollout") as trainer:
         trainer.publish(versions[0], 1)
         sync.h2d()
         for arr, want in zip(live, versions[0]):  # the same objects now hold version 1

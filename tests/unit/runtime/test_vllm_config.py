@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.vllm.config import ConnectorConfig, join_address, producer_params, remote_peer, split_address
+from tpusync.connector.config import ConnectorConfig, join_address, producer_params, remote_peer, split_address
 
 
 @pytest.mark.parametrize("extra, env, want", [
