@@ -106,6 +106,19 @@ class PassQueue(Generic[K]):
         while tasks := [s.task for s in self._slots.values()]:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def retrying(self) -> set[K]:
+        """The keys whose object will be touched after a delay: while this is empty and no pass
+        runs, the queue does nothing until the next request."""
+        return set(self._retries)
+
+    async def settle(self) -> None:
+        """Wait until no pass runs or is queued and no retry is pending (each has touched its
+        object or been cancelled): from then on the queue is idle until the next request."""
+        await self.drain()
+        while self._retries:
+            await asyncio.gather(*self._retries.values(), return_exceptions=True)
+            await self.drain()
+
     def close(self) -> None:
         for task in [s.task for s in self._slots.values()] + list(self._retries.values()):
             task.cancel()

@@ -77,7 +77,7 @@ def _where(doc: dict[str, Any]) -> str:
 def check(docs: list[dict[str, Any]]) -> list[str]:
     """Every error in the objects, schema and CEL first, then (for the objects that pass) the
     planner's; each line names the object and the field."""
-    from .validate import validate   # CEL's runtime: only where objects are validated (not the engine tiers)
+    from .validate import validate  # CEL's runtime: only where objects are validated, not in the engine tiers
 
     errors = [f"{_where(doc)}: {e}" for doc in docs for e in validate(doc)[1]]
     if not errors:

@@ -78,14 +78,14 @@ def test_failing_passes_touch_their_object_after_the_delay_and_do_not_stop_the_q
         await q.drain()
         await touched.reach(2)
         q.request("ok")
-        await q.drain()
-        return runs, touched, q._retries
+        await q.settle()
+        return runs, touched, q.retrying()
 
     runs, touched, pending = asyncio.run(main())
     assert sorted(runs) == ["bad", "boom", "ok", "ok", "tmp"]
     assert [k for k, _ in touched] == ["tmp", "boom"]                 # not "bad", not "ok"
     assert touched[0][1] >= 0.01 and touched[1][1] >= 0.02
-    assert pending == {}
+    assert pending == set()
 
 
 def test_a_pass_before_the_delay_cancels_the_retry():
@@ -103,14 +103,15 @@ def test_a_pass_before_the_delay_cancels_the_retry():
         q = PassQueue(run, touch)
         q.request("a")
         await q.drain()
-        assert set(q._retries) == {"a"}
+        assert q.retrying() == {"a"}
         fail = False
         q.request("a")          # e.g. the CRD it waited for was installed: this pass succeeds
         await q.drain()
-        await asyncio.sleep(0)
-        return touched, q._retries
+        pending = q.retrying()  # cancelled by the pass: no touch can come any more
+        await q.settle()
+        return touched, pending
 
-    assert asyncio.run(main()) == ([], {})
+    assert asyncio.run(main()) == ([], set())
 
 
 def test_owner_key_takes_only_our_controller_reference():
@@ -174,14 +175,12 @@ def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
         q.request("a")
         await q.drain()
         await attempts.reach(4)
-        if q._retries:                      # the retry that wrote it, finishing
-            await asyncio.wait(list(q._retries.values()))
-        await asyncio.sleep(0.2)            # nothing more once written
-        return attempts, q._retries
+        await q.settle()                    # the retry that wrote it finishes, and none follows
+        return list(attempts), q.retrying()
 
     with caplog.at_level("WARNING", logger="tpusync_operator.passes"):
         attempts, pending = asyncio.run(main())
-    assert attempts == [1, 2, 3, 4] and pending == {}
+    assert attempts == [1, 2, 3, 4] and pending == set()
     assert waits_logged(caplog.records) == ["0.02 s", "0.04 s", "0.08 s"]
     assert "API 500 #1" in caplog.records[0].getMessage()
 
@@ -231,12 +230,12 @@ def test_a_pass_ends_a_failing_touch_retry():
         fail = False
         q.request("a")
         await q.drain()
-        seen = len(attempts)
-        await asyncio.sleep(0.1)
-        return seen, len(attempts), q._retries
+        seen, pending = len(attempts), q.retrying()   # the pass cancelled the retry
+        await q.settle()
+        return seen, len(attempts), pending
 
     seen, later, pending = asyncio.run(main())
-    assert seen >= 2 and later == seen and pending == {}
+    assert seen >= 2 and later == seen and pending == set()
 
 
 def test_a_disaggregated_sets_workload_leads_to_its_serving():
