@@ -35,6 +35,7 @@ class OperatorProcess:
     namespace: str
     workdir: Path
     peering: str | None = "tpusync-operator"     # None: --standalone
+    namespaces: list[str] = field(default_factory=list)   # --namespace each (the chart's watchNamespaces)
     priority: int = 100
     resync_seconds: float = 3
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -66,7 +67,8 @@ class OperatorProcess:
                     "TPUSYNC_GKE_ENDPOINT": f"http://{LOOPBACK}:9", **self.extra_env})
         mode = (["--peering", self.peering, "--priority", str(self.priority)] if self.peering
                 else ["--standalone"])
-        argv = [sys.executable, "-m", "tpusync_operator", *mode,
+        scope = [arg for ns in self.namespaces for arg in ("--namespace", ns)]
+        argv = [sys.executable, "-m", "tpusync_operator", *mode, *scope,
                 "--liveness", f"http://{LOOPBACK}:{self.health_port}/healthz",
                 "--metrics-port", str(self.metrics_port), "--metrics-address", LOOPBACK]
         self.log.parent.mkdir(parents=True, exist_ok=True)
