@@ -57,7 +57,7 @@ lint-python: install
 build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install
 	cmake -S . -B build/lint -G Ninja -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_BUILD_PYTHON=ON -DTPUSYNC_FUZZ=ON \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
-	run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/' >build/lint/clang-tidy.log 2>&1 \
+	run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/(?!tests/layering/)' >build/lint/clang-tidy.log 2>&1 \
 	  || { sed 's/\x1b\[[0-9;]*m//g' build/lint/clang-tidy.log | grep -E -A3 '(warning|error):'; exit 1; }
 	@echo "clang-tidy: no findings (build/lint/clang-tidy.log)"
 	touch $@

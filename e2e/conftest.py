@@ -11,12 +11,9 @@ import uuid
 import pytest
 
 from tests.support import REPO
-from tests.support.cluster import Cluster
-from tests.support.controlplane import ControlPlaneError
+from tests.support.cluster import running_cluster
 from tests.support.lws import LWSController
 from tests.support.operator_process import OperatorProcess, helm_install_operator
-from tests.support.polling import WaitTimeout
-from tests.support.processes import ProcessExited
 
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
 # google.com/tpu=present:NoSchedule).
@@ -32,21 +29,10 @@ DEFAULT_POOLS = (
 def cluster(tmp_path_factory):
     """A running control plane with the default TPU node pools. The components' logs are in
     <workdir>/logs; their last lines are attached to the report of a failing test."""
-    workdir = tmp_path_factory.mktemp("cluster")
-    error = None
-    try:
-        cl = Cluster.create(workdir=workdir)
-        cl.start()
-    except (ControlPlaneError, ProcessExited, WaitTimeout) as err:
-        error = str(err)
-    if error is not None:
-        pytest.fail(error, pytrace=False)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as cl:
         for spec in DEFAULT_POOLS:
             cl.add_tpu_nodes(**spec)
         yield cl
-    finally:
-        cl.stop()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "log.h"
+#include "base/log.h"
 #include "sidecar/sidecar.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "log.h"
+#include "base/log.h"
 
 namespace tpusync {
 

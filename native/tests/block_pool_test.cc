@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "test_util.h"
 
 namespace tpusync {

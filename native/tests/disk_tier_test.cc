@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "test_util.h"
 
 namespace tpusync {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "checksum.h"
+#include "base/checksum.h"
 #include "net/conn.h"
 
 // The reference XXH3-64, compiled without any vector unit, to hold the dispatched ones to.

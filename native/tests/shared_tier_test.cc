@@ -13,7 +13,7 @@
 #include <thread>
 #include <unordered_set>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "test_util.h"
 #include "tpusync/store.h"
 

@@ -34,10 +34,9 @@ import pytest
 import yaml
 
 from tests.support import REPO
-from tests.support.cluster import Cluster
-from tests.support.controlplane import ControlPlaneError
-from tests.support.polling import WaitTimeout, wait_for
-from tests.support.processes import LOOPBACK, Component, ProcessExited, free_port
+from tests.support.cluster import Cluster, running_cluster
+from tests.support.polling import wait_for
+from tests.support.processes import LOOPBACK, Component, free_port
 from tpusync_operator import versions
 
 from .conftest import NOT_CHECKED, Tools
@@ -204,20 +203,11 @@ def released(tools: Tools, workdir: Path, registry: Registry) -> Released:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     workdir = Path(tempfile.mkdtemp(prefix="tpusync-release-cluster-"))
-    error = None
     try:
-        cl = Cluster.create(workdir=workdir)
-        cl.start()
-    except (ControlPlaneError, ProcessExited, WaitTimeout) as err:
-        error = str(err)
-    if error is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
-        pytest.fail(error, pytrace=False)
-    try:
-        cl.add_cpu_nodes("release", 2)      # where kwok plays the operator's two replicas
-        yield cl
+        with running_cluster(workdir) as cl:
+            cl.add_cpu_nodes("release", 2)      # where kwok plays the operator's two replicas
+            yield cl
     finally:
-        cl.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

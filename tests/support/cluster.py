@@ -14,6 +14,7 @@ the service range, the pod IPs that kwok hands out and the node addresses are al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,7 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,8 @@ from tests.support.controlplane import (
     kubectl_binary,
     read_versions,
 )
-from tests.support.polling import wait_for
-from tests.support.processes import LOOPBACK, Component, free_port
+from tests.support.polling import WaitTimeout, wait_for
+from tests.support.processes import LOOPBACK, Component, ProcessExited, free_port
 
 # Virtual ranges, never routed anywhere; kept in 127/8 so that nothing that tries to reach a
 # ClusterIP or a fake pod IP can ever send traffic off this machine.
@@ -492,6 +493,26 @@ class Cluster:
             f"system:serviceaccount:{namespace}:{name}", token)))
         path.chmod(0o600)
         return path
+
+
+@contextlib.contextmanager
+def running_cluster(workdir: Path) -> Iterator[Cluster]:
+    """A started control plane in workdir, stopped afterwards. A start that fails fails the
+    test that asked for it, with the reason (pytest.fail), not a traceback of the fixture."""
+    import pytest
+
+    error = None
+    try:
+        cl = Cluster.create(workdir=workdir)
+        cl.start()
+    except (ControlPlaneError, ProcessExited, WaitTimeout) as err:
+        error = str(err)
+    if error is not None:
+        pytest.fail(error, pytrace=False)
+    try:
+        yield cl
+    finally:
+        cl.stop()
 
 
 def llmd_objective_crd(published: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
 
@@ -74,7 +75,7 @@ class BlockPool {
 
   std::string path_;
   bool unlink_on_close_ = false;
-  int fd_ = -1;
+  UniqueFd fd_;  // held open for the flock until the pool closes
   void* base_ = nullptr;
   size_t file_bytes_ = 0;
   std::byte* data_ = nullptr;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
 
@@ -70,8 +71,8 @@ class DiskTier {
   uint64_t offset(uint32_t extent) const;
 
   std::string path_;
-  int fd_ = -1;
-  int lock_fd_ = -1;
+  UniqueFd fd_;
+  UniqueFd lock_fd_;  // its flock marks the directory as this process's
   uint64_t block_bytes_ = 0;
   uint32_t num_extents_ = 0;
   bool direct_io_ = false;

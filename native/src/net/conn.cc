@@ -12,7 +12,7 @@
 #include <optional>
 #include <sstream>
 
-#include "checksum.h"
+#include "base/checksum.h"
 
 namespace tpusync::net {
 namespace {

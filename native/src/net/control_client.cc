@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "copy.h"
+#include "base/copy.h"
 #include "net/control_service.h"
 #include "tpusync/net/block_stores.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "net/conn.h"
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "tpusync/block_store.h"
 #include "tpusync/store.h"
 

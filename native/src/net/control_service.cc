@@ -4,7 +4,7 @@
 #include <map>
 #include <sstream>
 
-#include "log.h"
+#include "base/log.h"
 
 namespace tpusync::net {
 namespace {

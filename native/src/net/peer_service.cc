@@ -3,7 +3,7 @@
 #include <optional>
 #include <unordered_set>
 
-#include "log.h"
+#include "base/log.h"
 
 namespace tpusync::net {
 namespace {

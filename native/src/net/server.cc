@@ -4,7 +4,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "log.h"
+#include "base/log.h"
 #include "net/conn.h"
 
 namespace tpusync::net {

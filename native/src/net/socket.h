@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "tpusync/status.h"
 
 namespace tpusync::net {

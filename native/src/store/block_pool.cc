@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 
 namespace tpusync {
 namespace {
@@ -173,7 +173,7 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& o) 
   }
   std::sort(pool->recovered_.begin(), pool->recovered_.end(),
             [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.tick < b.tick; });
-  pool->fd_ = fd.release();  // the pool keeps the fd, and so the flock, until it closes
+  pool->fd_ = std::move(fd);  // the pool keeps the fd, and so the flock, until it closes
   return pool;
 }
 
@@ -181,7 +181,6 @@ BlockPool::~BlockPool() {
   if (mlocked_) ::munlock(base_, file_bytes_);
   ::munmap(base_, file_bytes_);
   if (unlink_on_close_) ::unlink(path_.c_str());
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 std::optional<uint32_t> BlockPool::Allocate() {

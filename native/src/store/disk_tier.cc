@@ -13,9 +13,9 @@
 #include <fstream>
 #include <unordered_map>
 
-#include "checksum.h"
-#include "log.h"
-#include "posix_io.h"
+#include "base/checksum.h"
+#include "base/log.h"
+#include "base/posix_io.h"
 
 namespace tpusync {
 namespace {
@@ -65,9 +65,9 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   t->path_ = o.dir + "/extents.dat";
 
   const std::string lock_path = o.dir + "/tier.lock";
-  t->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (t->lock_fd_ < 0) return ErrnoStatus(errno, "open " + lock_path);
-  if (::flock(t->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  t->lock_fd_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!t->lock_fd_.valid()) return ErrnoStatus(errno, "open " + lock_path);
+  if (::flock(t->lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     return FailedPrecondition("disk tier " + o.dir + " is owned by another process");
   }
 
@@ -87,13 +87,13 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   }
 
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
-  t->fd_ = o.direct_io ? ::open(t->path_.c_str(), flags | O_DIRECT, 0600) : -1;
-  t->direct_io_ = t->fd_ >= 0;
-  if (t->fd_ < 0) t->fd_ = ::open(t->path_.c_str(), flags, 0600);
-  if (t->fd_ < 0) return ErrnoStatus(errno, "open disk tier file " + t->path_);
+  if (o.direct_io) t->fd_.reset(::open(t->path_.c_str(), flags | O_DIRECT, 0600));
+  t->direct_io_ = t->fd_.valid();
+  if (!t->fd_.valid()) t->fd_.reset(::open(t->path_.c_str(), flags, 0600));
+  if (!t->fd_.valid()) return ErrnoStatus(errno, "open disk tier file " + t->path_);
 
   struct stat st{};
-  if (::fstat(t->fd_, &st) != 0) return ErrnoStatus(errno, "stat " + t->path_);
+  if (::fstat(t->fd_.get(), &st) != 0) return ErrnoStatus(errno, "stat " + t->path_);
   const uint64_t want = n * extent_bytes;
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) < want) {
     struct statvfs vfs{};
@@ -106,7 +106,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
       }
     }
     // Reserve the space up front so a full disk shows up here rather than mid-eviction.
-    if (::fallocate(t->fd_, 0, 0, static_cast<off_t>(want)) != 0 && errno != EOPNOTSUPP) {
+    if (::fallocate(t->fd_.get(), 0, 0, static_cast<off_t>(want)) != 0 && errno != EOPNOTSUPP) {
       return ErrnoStatus(errno, "reserve " + std::to_string(want) + " bytes for " + t->path_);
     }
   }
@@ -115,7 +115,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   AlignedBuffer hdr(kHeaderBytes);
   std::vector<RecoveredExtent> found;
   for (uint32_t e = 0; e < t->num_extents_; ++e) {
-    ssize_t r = ::pread(t->fd_, hdr.data(), kHeaderBytes, static_cast<off_t>(t->offset(e)));
+    ssize_t r = ::pread(t->fd_.get(), hdr.data(), kHeaderBytes, static_cast<off_t>(t->offset(e)));
     const auto* h = reinterpret_cast<const ExtentHeader*>(hdr.data());
     if (r == static_cast<ssize_t>(kHeaderBytes) && HeaderValid(*h, o.block_bytes)) {
       found.push_back({e, {h->key_hi, h->key_lo}, h->length, h->seq});
@@ -145,10 +145,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   return t;
 }
 
-DiskTier::~DiskTier() {
-  if (fd_ >= 0) ::close(fd_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);
-}
+DiskTier::~DiskTier() = default;
 
 std::optional<uint32_t> DiskTier::Allocate() {
   std::lock_guard lock(mu_);
@@ -164,7 +161,7 @@ void DiskTier::Free(uint32_t extent) {
   AlignedBuffer hdr(kHeaderBytes);
   std::memset(hdr.data(), 0, kHeaderBytes);
   struct iovec iov = {hdr.data(), kHeaderBytes};
-  Status st = PwritevFull(fd_, &iov, 1, offset(extent), path_);
+  Status st = PwritevFull(fd_.get(), &iov, 1, offset(extent), path_);
   if (!st.ok()) Log(LogLevel::kWarning, "disk", "erasing a freed extent's header: " + st.ToString());
   std::lock_guard lock(mu_);
   free_.push_back(extent);
@@ -185,14 +182,14 @@ Status DiskTier::Write(uint32_t extent, const BlockKey& key, const std::byte* sr
   *h = ExtentHeader{kMagic, kVersion, 0, block_bytes_, key.hi, key.lo, length, seq, Checksum(src, length), 0};
   h->header_sum = HeaderSum(*h);
   struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {const_cast<std::byte*>(src), block_bytes_}};
-  return PwritevFull(fd_, iov, 2, offset(extent), path_);
+  return PwritevFull(fd_.get(), iov, 2, offset(extent), path_);
 }
 
 Status DiskTier::Read(uint32_t extent, const BlockKey& key, uint64_t length, std::byte* dst) {
   if (extent >= num_extents_) return InvalidArgument("disk read: bad extent " + std::to_string(extent));
   AlignedBuffer hdr(kHeaderBytes);
   struct iovec iov[2] = {{hdr.data(), kHeaderBytes}, {dst, block_bytes_}};
-  TPUSYNC_RETURN_IF_ERROR(PreadvFull(fd_, iov, 2, offset(extent), path_));
+  TPUSYNC_RETURN_IF_ERROR(PreadvFull(fd_.get(), iov, 2, offset(extent), path_));
   const auto* h = reinterpret_cast<const ExtentHeader*>(hdr.data());
   const std::string where = path_ + " extent " + std::to_string(extent) + " (block " + key.ToHex() + ")";
   if (!HeaderValid(*h, block_bytes_)) return DataLoss("damaged header at " + where);

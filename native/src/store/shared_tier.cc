@@ -17,9 +17,9 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "checksum.h"
-#include "log.h"
-#include "posix_io.h"
+#include "base/checksum.h"
+#include "base/log.h"
+#include "base/posix_io.h"
 
 namespace tpusync {
 namespace {

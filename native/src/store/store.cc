@@ -9,9 +9,9 @@
 #include <optional>
 #include <unordered_map>
 
-#include "copy.h"
-#include "log.h"
-#include "posix_io.h"
+#include "base/copy.h"
+#include "base/log.h"
+#include "base/posix_io.h"
 
 namespace tpusync {
 

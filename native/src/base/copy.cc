@@ -1,4 +1,4 @@
-#include "copy.h"
+#include "base/copy.h"
 
 #include <immintrin.h>
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "posix_io.h"
+#include "base/posix_io.h"
 #include "tpusync/block_key.h"
 
 namespace tpusync {
