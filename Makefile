@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 15
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk tests/sglang/sglang.mk
 
 # Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
 # OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of the data port's sessions), clang with its runtimes (libFuzzer); iproute2 and
@@ -92,14 +92,14 @@ fuzz: system-deps
 pytest: install
 	$(PY) -m pytest -q
 
-test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test llmd-test verify images release-test e2e
+test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test e2e
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
 # built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,
 # and the images' Debian bases) overlap the Go builds (control plane, LWS, llm-d's indexer)
 # instead of following them.
 caches: system-deps
-	$(MAKE) -j6 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env image-bases
+	$(MAKE) -j6 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env sglang-env image-bases
 
 demo: install
 	$(PY) -m tpusync.demo

@@ -1,0 +1,45 @@
+# The SGLang tier (tests/sglang): tpusync as SGLang's HiCache L3 storage backend, against SGLang's
+# real host pools and storage factory on the CPU. Included by the top-level Makefile; `make test`
+# runs it.
+#
+# SGLang lives in a venv of its own under ~/.cache/tpusync, keyed by the versions (~150 MB, reused
+# by every clone): the pinned wheel with --no-deps and what its memory-cache modules import
+# (tests/sglang/requirements.txt); torch comes from the vLLM tier's environment through a .pth
+# (the same torch 2.13.0, not a second copy). A small venv in build/ of this clone puts that
+# environment and this clone's tpusync (the sources and the native extension built in .venv) on
+# one interpreter, as the vLLM tier's overlay does.
+.PHONY: sglang-env sglang-test sglang-bench
+
+SGLANG_VERSION := 0.5.23
+SGLANG_ENV := $(CACHE)/sglang-$(SGLANG_VERSION)-torch-$(VLLM_TORCH)
+SGLANG_REQUIREMENTS := tests/sglang/requirements.txt
+SGLANG_OVERLAY := build/sglang-venv
+SGLANG_PY := $(SGLANG_OVERLAY)/bin/python
+
+$(SGLANG_ENV)/.complete: $(SGLANG_REQUIREMENTS) $(VLLM_ENV)/.complete
+	test -x $(SGLANG_ENV)/bin/python || $(PYTHON) -m venv $(SGLANG_ENV)
+	$(SGLANG_ENV)/bin/python $(VLLM_PIP) --no-deps -r $(SGLANG_REQUIREMENTS)
+	@lib=lib/$$($(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages; \
+	echo "import site; site.addsitedir('$(VLLM_ENV)/$$lib')" > $(SGLANG_ENV)/$$lib/zz-vllm-torch.pth
+	touch $@
+
+sglang-env: $(SGLANG_ENV)/.complete
+
+$(SGLANG_OVERLAY)/.ready: $(SGLANG_ENV)/.complete $(VENV)/.installed
+	rm -rf $(SGLANG_OVERLAY)
+	$(PYTHON) -m venv --without-pip $(SGLANG_OVERLAY)
+	@lib=lib/$$($(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages; \
+	set -e; here=$(SGLANG_OVERLAY)/$$lib; \
+	echo "import site; site.addsitedir('$(SGLANG_ENV)/$$lib')" > $$here/00-sglang.pth; \
+	cp $(VENV)/$$lib/_tpusync_editable.py $(VENV)/$$lib/_tpusync_editable.pth $$here/; \
+	cp -r $(VENV)/$$lib/tpusync-*.dist-info $$here/; \
+	mkdir -p $$here/tpusync && cp $(VENV)/$$lib/tpusync/_native*.so $$here/tpusync/; \
+	cp $(VENV)/bin/tpusync-sidecar $(SGLANG_OVERLAY)/bin/
+	touch $@
+
+sglang-test: $(SGLANG_OVERLAY)/.ready
+	$(SGLANG_PY) -m pytest -q -p no:cacheprovider --timeout=600 tests/sglang
+
+# The backend against a memcpy of the same pages: bench/results/sglang.json (docs/sglang.md).
+sglang-bench: $(SGLANG_OVERLAY)/.ready
+	$(SGLANG_PY) bench/sglang_bench.py
