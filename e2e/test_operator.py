@@ -203,11 +203,7 @@ def test_pool_with_store_nodes_becomes_ready(cluster, operator, module_namespace
     assert netpol["spec"]["podSelector"] == {"matchLabels": {"tpusync.dev/pool": POOL}}
     secret = get(cluster, "secret", ns, f"{POOL}-auth")
     assert owned_by(secret, pool) and len(base64.b64decode(secret["data"]["token"])) == 32
-    cm = get(cluster, "configmap", ns, f"{POOL}-config")
-    assert owned_by(cm, pool)
-    assert cm["data"]["TPUSYNC_DRAM_BYTES"] == str(8 * 2**30)
-    assert cm["data"]["TPUSYNC_BLOCK_BYTES"] == str(2 * 2**20)
-    assert cm["data"]["TPUSYNC_TPU_TOPOLOGY"] == "2x2"
+    assert get(cluster, "configmap", ns, f"{POOL}-config") is None     # no settings nothing reads
     # Every child is server-side applied by the operator's field manager.
     full = cluster.kubectl_json("get", "statefulset", f"{POOL}-store", "-n", ns,
                                 "--show-managed-fields")
@@ -542,20 +538,20 @@ def test_drift_is_repaired(cluster, operator, module_namespace):
     cluster.kubectl("scale", "deployment", f"{REF}-prefill", "-n", ns, "--replicas=2")
     cluster.kubectl("patch", "service", f"{REF}-decode", "-n", ns, "--type=merge", "-p",
                     json.dumps({"spec": {"selector": {"tpusync.dev/role": "prefill"}}}))
-    cluster.kubectl("patch", "configmap", f"{POOL}-config", "-n", ns, "--type=merge", "-p",
-                    json.dumps({"data": {"TPUSYNC_DRAM_BYTES": "1"}}))
+    cluster.kubectl("patch", "service", f"{POOL}-peers", "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"publishNotReadyAddresses": False}}))
 
     def repaired():
         cm = get(cluster, "configmap", ns, f"{REF}-epp")
         np_ = get(cluster, "networkpolicy", ns, f"{REF}-serving")
         dep = get(cluster, "deployment", ns, f"{REF}-prefill")
         svc = get(cluster, "service", ns, f"{REF}-decode")
-        pcm = get(cluster, "configmap", ns, f"{POOL}-config")
+        peers = get(cluster, "service", ns, f"{POOL}-peers")
         return (cm is not None and cm["metadata"]["uid"] != old_cm["metadata"]["uid"]
                 and cm["data"] == old_cm["data"] and np_ is not None
                 and dep["spec"]["replicas"] == 1
                 and svc["spec"]["selector"]["tpusync.dev/role"] == "decode"
-                and pcm["data"]["TPUSYNC_DRAM_BYTES"] == str(8 * 2**30))
+                and peers["spec"]["publishNotReadyAddresses"] is True)
     wait_for("drift repaired by the passes its events trigger", repaired, CONVERGE, interval=0.5)
     wait_condition(cluster, "disaggregatedservings", ns, REF)
     wait_for("prefill back to one pod", lambda: len(items(

@@ -71,9 +71,10 @@ def status_of(cluster, ns: str, name: str) -> dict:
     return (get(cluster, "tpusyncpool", ns, name) or {}).get("status") or {}
 
 
-def poke(cluster, ns: str, configmap: str, value: str) -> None:
-    """An edit of a child: its watch event triggers a pass of the owner (a triggered pass)."""
-    cluster.kubectl("label", "configmap", configmap, "-n", ns, f"e2e.tpusync.dev/poke={value}", "--overwrite")
+def poke(cluster, ns: str, pool: str, value: str) -> None:
+    """An edit of the pool's NetworkPolicy: its watch event triggers a pass of the pool."""
+    cluster.kubectl("label", "networkpolicy", f"{pool}-data", "-n", ns, f"e2e.tpusync.dev/poke={value}",
+                    "--overwrite")
 
 
 def pool_events(cluster, ns: str, name: str, reason: str) -> list[dict]:
@@ -98,7 +99,7 @@ def test_a_failed_list_keeps_the_pool_status_as_last_observed(cluster, faulty, p
     ns, name = namespace, "held"
     before = ready_pool(cluster, ns, name)
     pods = proxy.fail("GET", rf"/api/v1/namespaces/{ns}/pods", 500)      # the pass's list, not watches
-    poke(cluster, ns, f"{name}-config", "1")
+    poke(cluster, ns, name, "1")
     wait_for("a pass to list the pool's pods through the fault", lambda: pods.hits >= 1, 60)
     after = wait_for("the pool's status written by the failed pass",
                      lambda: (s := status_of(cluster, ns, name)) != before and s, 60)
@@ -136,7 +137,7 @@ def test_a_retry_survives_its_own_failed_touches(cluster, faulty, proxy, namespa
     object_path = rf"/apis/tpusync.dev/v1alpha1/namespaces/{ns}/tpusyncpools/{name}"
     touch = (proxy.fail("PATCH", object_path, 500, body=re.escape(RETRY_ANNOTATION)) if touch_fault == "500"
              else proxy.reset("PATCH", object_path, body=re.escape(RETRY_ANNOTATION)))
-    poke(cluster, ns, f"{name}-config", "1")
+    poke(cluster, ns, name, "1")
     wait_condition(cluster, "tpusyncpool", ns, name, type_="Degraded", status="True", reason="APIError")
     assert pods.hits >= 1
     # The pass asked to come back in 10 s; its touch fails, and must be tried again.
@@ -155,12 +156,12 @@ def test_every_connection_dropped_for_a_while(cluster, faulty, proxy, namespace)
     ns, name = namespace, "outage"
     before = ready_pool(cluster, ns, name)
     proxy.drop_all()
-    cluster.kubectl("delete", "configmap", f"{name}-config", "-n", ns)       # directly, not through the proxy
+    cluster.kubectl("delete", "networkpolicy", f"{name}-data", "-n", ns)       # directly, not through the proxy
     dropped = proxy.dropped
     wait_for("the operator to try again while dropped", lambda: proxy.dropped >= dropped + 10, 60)
-    assert get(cluster, "configmap", ns, f"{name}-config") is None
+    assert get(cluster, "networkpolicy", ns, f"{name}-data") is None
     proxy.restore()
-    wait_for("the deleted ConfigMap put back", lambda: get(cluster, "configmap", ns, f"{name}-config"), 120)
+    wait_for("the deleted NetworkPolicy put back", lambda: get(cluster, "networkpolicy", ns, f"{name}-data"), 120)
     after = wait_condition(cluster, "tpusyncpool", ns, name)["status"]
     for field in OBSERVED:
         assert after[field] == before[field], (field, after)
@@ -179,7 +180,7 @@ def test_a_watch_answered_404_lists_again_and_the_operator_keeps_running(cluster
     proxy.restore()
     wait_for("the InferencePool watch to be refused twice", lambda: unserved.hits >= 2, 60)
     assert op.alive()
-    cluster.kubectl("delete", "configmap", f"{name}-config", "-n", ns)
-    wait_for("the deleted ConfigMap put back", lambda: get(cluster, "configmap", ns, f"{name}-config"), 120)
+    cluster.kubectl("delete", "networkpolicy", f"{name}-data", "-n", ns)
+    wait_for("the deleted NetworkPolicy put back", lambda: get(cluster, "networkpolicy", ns, f"{name}-data"), 120)
     proxy.clear()
     assert op.alive() and "Traceback" not in op.log_text(), op.tail()

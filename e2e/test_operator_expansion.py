@@ -1,6 +1,6 @@
-"""Spec strings reach engine command lines as written, on the real control plane: a serving
-whose model name is `$(HF_TOKEN)`, with `spec.model.tokenSecretRef` naming a Secret of the
-namespace, cannot serve that Secret's value as its model name.
+"""Spec strings reach engine command lines as written, on the real control plane: a model
+name `$(HF_TOKEN)` is refused by the schema, and extra args and env values `$(HF_TOKEN)`, with
+`spec.model.tokenSecretRef` naming a Secret of the namespace, cannot carry that Secret's value.
 
 kwok plays the kubelets here and starts no container, so nothing in this harness performs
 the kubelet's `$(VAR)` expansion. The test reads what the API server stores -- the Pod the
@@ -15,6 +15,7 @@ value resolved through the API.
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 
 from test_operator import API, NONROOT_ENGINE, apply, container, get, items, pool_obj
@@ -33,14 +34,18 @@ def test_the_served_model_name_cannot_pick_up_a_secret(cluster, operator, module
     cluster.kubectl("create", "secret", "generic", "someone-elses-token", "-n", ns,
                     f"--from-literal=token={secret_value}")
     apply(cluster, pool_obj(ns, POOL, tpu={"type": "v6e", "topology": "2x2"}, node_pool="e2e-v6e-2x2", hosts=1))
-    apply(cluster, {"apiVersion": API, "kind": "DisaggregatedServing", "metadata": {"name": SERVING, "namespace": ns},
-                    "spec": {"model": {"name": LEAK, "uri": "hf://org/m",
-                                       "tokenSecretRef": {"name": "someone-elses-token"}},
-                             "engine": {"type": "reference", "env": [{"name": "MINE", "value": LEAK}],
-                                        "securityContext": NONROOT_ENGINE},   # the restricted namespace
-                             "poolRef": {"name": POOL},
-                             "prefill": {"replicas": 1, "args": [f"--extra={LEAK}"]}, "decode": {"replicas": 0},
-                             "routing": {"enabled": False}}})
+    serving = {"apiVersion": API, "kind": "DisaggregatedServing", "metadata": {"name": SERVING, "namespace": ns},
+               "spec": {"model": {"name": LEAK, "uri": "hf://org/m",
+                                  "tokenSecretRef": {"name": "someone-elses-token"}},
+                        "engine": {"type": "reference", "env": [{"name": "MINE", "value": LEAK}],
+                                   "securityContext": NONROOT_ENGINE},   # the restricted namespace
+                        "poolRef": {"name": POOL},
+                        "prefill": {"replicas": 1, "args": [f"--extra={LEAK}"]}, "decode": {"replicas": 0},
+                        "routing": {"enabled": False}}}
+    refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(serving), check=False)
+    assert refused.returncode != 0 and "spec.model.name" in refused.stderr, refused.stderr
+    serving["spec"]["model"]["name"] = "org/m"
+    apply(cluster, serving)
 
     # The Pod as the API server stores it, made by the controller-manager from the Deployment.
     pods = wait_for("the prefill pod", lambda: items(
@@ -61,7 +66,7 @@ def test_the_served_model_name_cannot_pick_up_a_secret(cluster, operator, module
     env = environment(engine, value_from)
     argv = command_line(engine, env)
     assert env["HF_TOKEN"] == secret_value                   # the engine gets the token, as a variable only
-    assert argv[argv.index("--served-model-name") + 1] == LEAK
+    assert argv[argv.index("--served-model-name") + 1] == "org/m"
     assert f"--extra={LEAK}" in argv and env["MINE"] == LEAK
     assert not any(secret_value in word for word in argv)
     assert all(secret_value not in v for k, v in env.items() if k != "HF_TOKEN")
@@ -69,7 +74,6 @@ def test_the_served_model_name_cannot_pick_up_a_secret(cluster, operator, module
     assert argv[argv.index("--data-address") + 1] == f"{env['POD_IP']}:7600"
     # Stored escaped, in the Pod as in the Deployment's template: `$$` is the kubelet's `$`.
     stored = engine["args"]
-    assert stored[stored.index("--served-model-name") + 1] == "$$(HF_TOKEN)"
     assert "--extra=$$(HF_TOKEN)" in stored
     assert {"name": "MINE", "value": "$$(HF_TOKEN)"} in engine["env"]
     template = container(get(cluster, "deployment", ns, f"{SERVING}-prefill")["spec"]["template"]["spec"], "engine")

@@ -63,7 +63,8 @@ def test_it_serves_its_namespaces_and_ignores_another(cluster, scoped):
         wait_condition(cluster, "tpusyncpool", ns, "kv", "Degraded", "False")
         wait_for(f"the serving's workloads in {ns}", lambda ns=ns: {d["metadata"]["name"] for d in items(
             cluster, "deployments", ns)} >= {"ref-prefill", "ref-decode"}, 90, interval=0.5)
-        assert get(cluster, "disaggregatedserving", ns, "ref")["status"]["conditions"]
+        wait_for(f"the serving's status in {ns}", lambda ns=ns: (
+            get(cluster, "disaggregatedserving", ns, "ref").get("status") or {}).get("conditions"), 60)
     # Every pass of the served namespaces has run; the other namespace's objects have not been
     # seen: no finalizer, no status, no child.
     for kind, name in (("tpusyncpool", "kv"), ("disaggregatedserving", "ref")):

@@ -203,7 +203,7 @@ def test_two_operators_only_one_acts(cluster, operator, module_namespace, tmp_pa
         apply(cluster, pool_obj(ns, "two", tpu={"type": "v6e", "topology": "2x2"}, node_pool="e2e-v6e-2x2", hosts=1))
         wait_condition(cluster, "tpusyncpool", ns, "two")
         assert standby.metric("tpusync_operator_reconcile_total", kind="TPUSyncPool", result="ok") >= 1
-        assert get(cluster, "configmap", ns, "two-config") is not None
+        assert get(cluster, "networkpolicy", ns, "two-data") is not None
         errors = [line for line in standby.log.read_text().splitlines() if " ERROR " in line]
         assert not errors, errors
     finally:
