@@ -4,8 +4,9 @@ vllm-tpu, update, drift repair, operator restart mid-reconcile, a missing option
 delete with garbage collection. kwok plays the kubelets (pods become Ready); the real
 kube-controller-manager runs the Deployments/StatefulSets and the garbage collector.
 
-The scenarios share one namespace and build on each other (pool -> servings -> update ->
-drift -> restart -> missing CRD -> delete), so they run in file order.
+The scenarios share one namespace and the six v6e hosts. Each starts from the objects it
+takes as fixtures (pool, ref, vllm: created, or put back to their baseline spec and Ready) and
+deletes any other serving it makes, so any one runs alone or in any order.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 import yaml
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 
@@ -129,6 +131,46 @@ SERVING_CHILDREN = [  # (kind, name suffix) of a serving with routing and a gate
 ]
 
 
+def ensure(cluster, kind: str, obj: dict) -> dict:
+    """obj in place with exactly its spec (created, or its spec replaced whole: what an earlier scenario
+    changed is undone) and Ready for that spec; returns it."""
+    ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+    live = get(cluster, kind, ns, name)
+    if live is None:
+        apply(cluster, obj)
+    else:
+        live.pop("status", None)        # the spec replaced, the metadata (kopf's annotations) kept
+        cluster.kubectl("replace", "-f", "-", input=json.dumps({**live, "spec": obj["spec"]}))
+    return wait_condition(cluster, kind, ns, name)
+
+
+@pytest.fixture
+def pool(cluster, operator, module_namespace) -> dict:
+    """Six v6e hosts and two store nodes lending 32 GiB DRAM and 100 GiB disk each."""
+    return ensure(cluster, "tpusyncpool", pool_obj(
+        module_namespace, POOL, tpu={"type": "v6e", "topology": "2x2"}, node_pool="e2e-v6e-2x2", hosts=6,
+        store={"enabled": True, "kind": "StatefulSet", "replicas": 2, "dram": "32Gi", "disk": {"size": "100Gi"},
+               "nodeSelector": {"cloud.google.com/gke-nodepool": STORE_POOL}}))
+
+
+@pytest.fixture
+def ref(cluster, pool, module_namespace) -> dict:
+    """The reference engine on two of the pool's hosts, routed through a gateway."""
+    return ensure(cluster, "disaggregatedservings", serving_obj(
+        module_namespace, REF, engine={"type": "reference"}, pool=POOL,
+        routing={"gatewayRef": {"name": "inference-gw"}, "pdThresholdTokens": 32}))
+
+
+@pytest.fixture
+def vllm(cluster, operator, module_namespace) -> dict:
+    """vllm-tpu on a v7x pool of two hosts, no gateway."""
+    ns = module_namespace
+    ensure(cluster, "tpusyncpool", pool_obj(ns, POOL7, tpu={"type": "v7x", "topology": "2x2x1"},
+                                            node_pool="e2e-tpu7x", hosts=2))
+    return ensure(cluster, "disaggregatedservings", serving_obj(
+        ns, VLLM, engine={"type": "vllm-tpu"}, pool=POOL7, routing={"precisePrefixCache": False}))
+
+
 # ----- the operator and its identity -------------------------------------------------------
 
 def test_operator_runs_as_the_chart_service_account(cluster, operator):
@@ -168,14 +210,8 @@ def test_namespace_enforces_the_restricted_pod_security_standard(cluster, module
     assert res.returncode != 0 and 'violates PodSecurity "restricted' in res.stderr, res.stderr
 
 
-def test_pool_with_store_nodes_becomes_ready(cluster, operator, module_namespace):
+def test_pool_with_store_nodes_becomes_ready(cluster, pool, module_namespace):
     ns = module_namespace
-    apply(cluster, pool_obj(ns, POOL, tpu={"type": "v6e", "topology": "2x2"},
-                            node_pool="e2e-v6e-2x2", hosts=6,
-                            store={"enabled": True, "kind": "StatefulSet", "replicas": 2,
-                                   "dram": "32Gi", "disk": {"size": "100Gi"},
-                                   "nodeSelector": {"cloud.google.com/gke-nodepool": STORE_POOL}}))
-    pool = wait_condition(cluster, "tpusyncpool", ns, POOL)
     st = pool["status"]
     assert st["hosts"] == 6 and st["readyHosts"] == 6
     assert st["sidecars"] == 2 and st["readySidecars"] == 2          # the two store nodes
@@ -216,12 +252,8 @@ def test_pool_with_store_nodes_becomes_ready(cluster, operator, module_namespace
 
 # ----- DisaggregatedServing ----------------------------------------------------------------
 
-def test_serving_reference_engine(cluster, operator, module_namespace):
-    ns = module_namespace
-    apply(cluster, serving_obj(ns, REF, engine={"type": "reference"}, pool=POOL,
-                               routing={"gatewayRef": {"name": "inference-gw"},
-                                        "pdThresholdTokens": 32}))
-    ds = wait_condition(cluster, "disaggregatedservings", ns, REF)
+def test_serving_reference_engine(cluster, operator, ref, module_namespace):
+    ns, ds = module_namespace, ref
     st = ds["status"]
     assert st["prefill"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
     assert st["decode"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
@@ -286,7 +318,7 @@ def test_serving_reference_engine(cluster, operator, module_namespace):
                            namespace=ns, name=REF) == 1.0
 
 
-def test_router_survives_losing_an_endpoint_picker(cluster, operator, module_namespace):
+def test_router_survives_losing_an_endpoint_picker(cluster, ref, module_namespace):
     """The endpoint picker as llm-d runs it for HA: two replicas under the router's leader
     election, each on a node of its own (the real scheduler keeps them apart). kwok runs no
     router, so both report ready here where on a cluster only the leader does; the serving needs
@@ -335,7 +367,7 @@ def test_router_survives_losing_an_endpoint_picker(cluster, operator, module_nam
     assert len({p["spec"]["nodeName"] for p in items(cluster, "pods", ns, selector)}) == 2
 
 
-def test_active_active_pickers_are_evicted_one_at_a_time(cluster, operator, module_namespace):
+def test_active_active_pickers_are_evicted_one_at_a_time(cluster, ref, module_namespace):
     """ActiveActive: every replica routes, and their PodDisruptionBudget lets the eviction API
     (what a node drain and a GKE upgrade call) take one at a time: with one replica gone and its
     replacement unable to schedule, the API server refuses to evict the other."""
@@ -381,13 +413,8 @@ def test_active_active_pickers_are_evicted_one_at_a_time(cluster, operator, modu
     wait_condition(cluster, "disaggregatedservings", ns, REF)
 
 
-def test_serving_vllm_tpu(cluster, operator, module_namespace):
-    ns = module_namespace
-    apply(cluster, pool_obj(ns, POOL7, tpu={"type": "v7x", "topology": "2x2x1"},
-                            node_pool="e2e-tpu7x", hosts=2))
-    apply(cluster, serving_obj(ns, VLLM, engine={"type": "vllm-tpu"}, pool=POOL7,
-                               routing={"precisePrefixCache": False}))
-    ds = wait_condition(cluster, "disaggregatedservings", ns, VLLM)
+def test_serving_vllm_tpu(cluster, vllm, module_namespace):
+    ns, ds = module_namespace, vllm
     assert ds["status"]["endpoint"] == f"http://{VLLM}-decode.{ns}.svc:8000"
     assert get(cluster, "httproute", ns, VLLM) is None     # no gatewayRef
     for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
@@ -415,7 +442,7 @@ def test_serving_vllm_tpu(cluster, operator, module_namespace):
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["gke-e2e-tpu7x-0", "gke-e2e-tpu7x-1"]
 
 
-def test_serving_sglang_jax_native_pd(cluster, operator, module_namespace):
+def test_serving_sglang_jax_native_pd(cluster, ref, module_namespace):
     """sglang-jax's own P/D: the real API server accepts the serving, the operator (under the
     chart's RBAC) generates the P/D secret, runs the bootstrap registry, points both roles at
     it, and the serving is Ready once the registry is available. kwok runs no engine: the
@@ -438,7 +465,7 @@ def test_serving_sglang_jax_native_pd(cluster, operator, module_namespace):
         assert args[args.index("--disaggregation-bootstrap-url") + 1] == url
         assert {"name": "SGL_JAX_PD_SHARED_SECRET",
                 "valueFrom": {"secretKeyRef": {"name": f"{name}-pd-secret", "key": "secret"}}} in eng["env"]
-    # Its TPU hosts are needed by the scenarios below; deleting it takes its registry and secret.
+    # Deleting it frees its TPU hosts and takes its registry and secret.
     cluster.kubectl("delete", "disaggregatedservings", name, "-n", ns, "--timeout=60s", timeout=90)
     wait_for("garbage collection of the sglang-jax serving", lambda: not any(
         get(cluster, kind, ns, f"{name}{suffix}") for kind, suffix in (
@@ -446,13 +473,13 @@ def test_serving_sglang_jax_native_pd(cluster, operator, module_namespace):
             ("deployment", "-decode"))), CONVERGE, interval=1)
 
 
-def test_units_scale_prefill_and_decode_together(cluster, operator, module_namespace):
+def test_units_scale_prefill_and_decode_together(cluster, ref, module_namespace):
     """spec.replicas counts units of the serving (one prefill and one decode replica each, on the
     pool's four free hosts): `kubectl scale` and a HorizontalPodAutoscaler move it through the
     /scale subresource, and the operator scales both roles, holding the ratio within the bounds
     (prefill at most 1 for the autoscaler). The real kube-controller-manager's HPA controller
     raises it to its minReplicas (it scales below that bound without asking any metric, and no
-    metrics API runs here)."""
+    metrics API runs here). The pool's four hosts beside ref's two hold three decodes and a prefill."""
     ns = module_namespace
     name = "sc"
     apply(cluster, serving_obj(ns, name, engine={"type": "reference"}, pool=POOL, routing={"enabled": False}))
@@ -496,7 +523,6 @@ def test_units_scale_prefill_and_decode_together(cluster, operator, module_names
     got = get(cluster, "horizontalpodautoscaler", ns, name)
     assert got["status"]["desiredReplicas"] == 3, got["status"]
     cluster.kubectl("delete", "horizontalpodautoscaler", name, "-n", ns)
-    # Its TPU hosts are needed by the scenarios below.
     cluster.kubectl("delete", "disaggregatedservings", name, "-n", ns, "--timeout=60s", timeout=90)
     wait_for(f"{name}'s pods gone", lambda: not items(cluster, "pods", ns, f"tpusync.dev/serving={name}"),
              CONVERGE, interval=1)
@@ -504,7 +530,7 @@ def test_units_scale_prefill_and_decode_together(cluster, operator, module_names
 
 # ----- update and drift ---------------------------------------------------------------------
 
-def test_update_scale_decode_and_scorer_weights(cluster, operator, module_namespace):
+def test_update_scale_decode_and_scorer_weights(cluster, ref, module_namespace):
     ns = module_namespace
     epp_before = get(cluster, "deployment", ns, f"{REF}-epp")
     hash_before = epp_before["spec"]["template"]["metadata"]["annotations"]["tpusync.dev/epp-config-hash"]
@@ -529,7 +555,7 @@ def test_update_scale_decode_and_scorer_weights(cluster, operator, module_namesp
     assert epp["spec"]["template"]["metadata"]["annotations"]["tpusync.dev/epp-config-hash"] != hash_before
 
 
-def test_drift_is_repaired(cluster, operator, module_namespace):
+def test_drift_is_repaired(cluster, ref, module_namespace):
     ns = module_namespace
     old_cm = get(cluster, "configmap", ns, f"{REF}-epp")
     cluster.kubectl("delete", "configmap", f"{REF}-epp", "-n", ns)
@@ -560,10 +586,11 @@ def test_drift_is_repaired(cluster, operator, module_namespace):
 
 # ----- restart, missing CRD ----------------------------------------------------------------
 
-def test_operator_restart_mid_reconcile(cluster, operator, module_namespace):
+def test_operator_restart_mid_reconcile(cluster, operator, ref, module_namespace):
     """SIGKILL the operator while it is creating a serving's children, start it again: the
     serving converges with exactly one of each child, the pool's generated Secret is not
     rotated, and no workload was rolled by the second pass."""
+    starts = operator.starts
     ns = module_namespace
     name = "rst"
     token_before = get(cluster, "secret", ns, f"{POOL}-auth")["data"]["token"]
@@ -593,14 +620,18 @@ def test_operator_restart_mid_reconcile(cluster, operator, module_namespace):
     # The earlier objects were resumed by the new process and are still Ready.
     wait_condition(cluster, "disaggregatedservings", ns, REF)
     wait_condition(cluster, "tpusyncpool", ns, POOL)
+    assert operator.starts == starts + 1
+    cluster.kubectl("delete", "disaggregatedservings", name, "-n", ns, "--timeout=60s", timeout=90)
+    wait_for(f"{name}'s pods gone", lambda: not items(cluster, "pods", ns, f"tpusync.dev/serving={name}"),
+             CONVERGE, interval=1)
 
 
-def test_missing_optional_crd_degrades_then_recovers(cluster, operator, module_namespace):
+def test_missing_optional_crd_degrades_then_recovers(cluster, operator, vllm, module_namespace):
     """Without the InferencePool CRD the serving reports Degraded/MissingCRD naming it,
     keeps the rest applied, and converges by itself once the CRD is installed: the CRD's
     event triggers a pass, and a pass that still finds it unserved is retried in 60 s (no
     restart, no crash loop)."""
-    ns = module_namespace
+    ns, starts = module_namespace, operator.starts
     crd_file = cluster.crd_dir / "inference.networking.k8s.io_inferencepools.yaml"
     cluster.kubectl("delete", "crd", "inferencepools.inference.networking.k8s.io", "--wait=true",
                     timeout=120)
@@ -626,19 +657,17 @@ def test_missing_optional_crd_degrades_then_recovers(cluster, operator, module_n
     assert conditions(ds)["Degraded"]["status"] == "False"
     ipool = get(cluster, "inferencepool", ns, VLLM)
     assert ipool is not None and owned_by(ipool, ds)
-    assert operator.starts == 2      # recovered without a restart (the one above was the test's)
+    assert operator.starts == starts      # recovered without a restart
 
 
 # ----- delete -------------------------------------------------------------------------------
 
-def test_delete_garbage_collects_children(cluster, operator, module_namespace):
+def test_delete_garbage_collects_children(cluster, operator, ref, vllm, module_namespace):
     ns = module_namespace
-    for name in (REF, VLLM, "rst"):
-        ds = get(cluster, "disaggregatedservings", ns, name)
+    for ds in (ref, vllm):
         assert FINALIZER not in ds["metadata"].get("finalizers", [])
     # No finalizer: the objects are gone at once, and the garbage collector takes their children.
-    cluster.kubectl("delete", "disaggregatedservings", REF, VLLM, "rst", "-n", ns,
-                    "--timeout=60s", timeout=90)
+    cluster.kubectl("delete", "disaggregatedservings", REF, VLLM, "-n", ns, "--timeout=60s", timeout=90)
     assert items(cluster, "disaggregatedservings", ns) == []
 
     def serving_children_left():
@@ -647,7 +676,7 @@ def test_delete_garbage_collects_children(cluster, operator, module_namespace):
                      "networkpolicies", "roles", "rolebindings", "inferencepools",
                      "inferenceobjectives.llm-d.ai", "httproutes"):
             left += [f"{kind}/{o['metadata']['name']}" for o in items(cluster, kind, ns)
-                     if o["metadata"]["name"].startswith((REF, VLLM, "rst"))]
+                     if o["metadata"]["name"].startswith((REF, VLLM))]
         left += [f"serviceaccounts/{o['metadata']['name']}" for o in items(
             cluster, "serviceaccounts", ns) if o["metadata"]["name"].endswith("-epp")]
         return left

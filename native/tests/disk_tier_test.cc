@@ -1,4 +1,4 @@
-#include "tpusync/disk_tier.h"
+#include "store/disk_tier.h"
 
 #include <fcntl.h>
 #include <sys/statvfs.h>

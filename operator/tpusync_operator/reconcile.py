@@ -24,6 +24,7 @@ from typing import Any, NoReturn, cast
 import kopf
 from pydantic import BaseModel, ValidationError
 
+from .builders.common import Owner
 from .gke import GKEClient
 from .kube import Kube, KubeError
 from .planner import Child, Ref
@@ -146,3 +147,17 @@ async def apply_all(kube: Kube, namespace: str, apply: Sequence[Child], delete: 
 def kept(old: dict[str, Any], *names: str) -> dict[str, Any]:
     """The named status fields as last written (None where never written)."""
     return {n: old.get(n) for n in names}
+
+
+async def stored_status(kube: Kube, p: Pass, owner: Owner) -> dict[str, Any]:
+    """The status as the API server holds it now, for a pass that could not observe and so
+    holds what was last written: the body the pass started from may predate the last status
+    write (its watch event can lag), and holding that would take back what was observed since.
+    The pass's body takes it, so the condition events compare with it too."""
+    try:
+        body = await kube.get(owner.api_version, owner.kind, owner.namespace, owner.name)
+    except KubeError:
+        body = None
+    if body is not None:
+        p.body = {**p.body, "status": body.get("status") or {}}
+    return p.body.get("status") or {}

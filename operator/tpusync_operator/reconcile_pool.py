@@ -13,7 +13,7 @@ from .kube import Kube, KubeError
 from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
 from .nodepools import reconcile_node_pools
 from .planner import PlanError, plan_pool
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, validation_message
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
 from .status import (
     Capacity,
     PoolObservation,
@@ -67,6 +67,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
     except KubeError as e:
         p.request_failed(e)
+        old = await stored_status(kube, p, owner)
         # Node pool entries are written even so: they record GKE operations started this pass.
         return await finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
             **kept(old, "observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes",

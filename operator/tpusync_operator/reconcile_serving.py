@@ -14,7 +14,7 @@ from .builders.serving import PoolInfo
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
 from .planner import OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message, plan_serving
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, validation_message
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
 from .status import (
     RevisionObservation,
     RoleObservation,
@@ -49,9 +49,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
 
     async def finish_held(e: KubeError) -> dict[str, Any]:
         p.request_failed(e)
-        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+        held = await stored_status(kube, p, owner)
+        conds = held_conditions(held.get("conditions"), p.failures + p.issues, gen, deps.now())
         return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
-            **kept(old, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector",
+            **kept(held, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector",
                    "rollout"),
             "conditions": conds})
 

@@ -26,10 +26,12 @@ _GROUP = 16  # pages per device update call (padded by repeating the last page)
 
 
 def shard_key(key: int, shard: int, shards: int) -> int:
-    """The key of one shard's part of a block (the block key itself when unsharded)."""
+    """The key of one shard's part of a block (the block key itself when unsharded). The split
+    is part of the key: shard 0 of 2 and shard 0 of 4 hold other heads, so an engine of
+    another tensor parallelism never takes one for the other. Its own inverse."""
     if shards == 1:
         return key
-    return (key ^ (0x9E3779B97F4A7C15_2545F4914F6CDD1D * (shard + 1))) & ((1 << 128) - 1)
+    return (key ^ (0x9E3779B97F4A7C15_2545F4914F6CDD1D * ((shards << 32) | (shard + 1)))) & ((1 << 128) - 1)
 
 
 def _check_fits(store: KVStore, page_bytes: int) -> None:
@@ -371,12 +373,93 @@ def _load_layer_pages_sharded(store: KVStore, keys: Sequence[int], layers: list[
                     offset += size
                 del src
         host[n] = arrays
-    if loaded == 0:
-        return layers, 0
+    return (_assemble(layers, host), loaded) if loaded else (layers, 0)
+
+
+def _assemble(layers: list[jax.Array], host: dict[int, list[np.ndarray]]) -> list[jax.Array]:
+    """The global arrays again, each device given its shard's host copy."""
     out: list[jax.Array] = []
     for li, layer in enumerate(layers):
         shard_shape = layer.sharding.shard_shape(layer.shape)
         parts = [jax.device_put(host[shard_number(s.index, layer.shape, shard_shape)][li], s.device)
                  for s in layer.addressable_shards]
         out.append(jax.make_array_from_single_device_arrays(layer.shape, layer.sharding, parts))
-    return out, loaded
+    return out
+
+
+# -- resharding on load: blocks stored by an engine whose cache is split otherwise ---------------
+
+
+def reshard_ranges(length: int, src_shards: int, dst: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """The stored parts that make up positions [dst[0], dst[1]) of an axis of `length` split in
+    `src_shards` equal parts: [(source shard, first position in it, first position in dst, count)]."""
+    if length % src_shards:
+        raise errors.InvalidArgumentError(f"an axis of {length} cannot be split in {src_shards} equal parts")
+    width = length // src_shards
+    out = []
+    for i in range(dst[0] // width, -(-dst[1] // width)):
+        lo, hi = max(dst[0], i * width), min(dst[1], (i + 1) * width)
+        out.append((i, lo - i * width, lo - dst[0], hi - lo))
+    return out
+
+
+def _axis_ranges(layer: jax.Array, axis: int) -> dict[int, tuple[int, int]]:
+    """{global shard number: [start, stop) along `axis`} of this host's shards of a layer split
+    along `axis` only."""
+    shard_shape = layer.sharding.shard_shape(layer.shape)
+    if any(size != dim for i, (dim, size) in enumerate(zip(layer.shape, shard_shape)) if i != axis):
+        raise errors.InvalidArgumentError(f"the cache is split along axes other than {axis}: {shard_shape} of "
+                                          f"{layer.shape}")
+    return {shard_number(s.index, layer.shape, shard_shape): (s.index[axis].start or 0,
+                                                               (s.index[axis].start or 0) + shard_shape[axis])
+            for s in layer.addressable_shards}
+
+
+def load_layer_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array],
+                               page_ids: Sequence[int], src_shards: int, axis: int) -> tuple[list[jax.Array], int]:
+    """Loads blocks that an engine with the same global layer shapes and dtype stored split in
+    `src_shards` equal parts along `axis` (`save_layer_pages` of a cache sharded there), into
+    this cache however it is split along that axis (tensor parallelism of another degree): each
+    shard here reads only the stored parts it overlaps. Returns the new layers and the number of
+    leading pages loaded (as `load_layer_pages`)."""
+    layers = list(layers)
+    ranges = _axis_ranges(layers[0], axis)
+    if any(_axis_ranges(layer, axis) != ranges for layer in layers[1:]):
+        raise errors.InvalidArgumentError("layers are sharded differently")
+    part_shapes = []
+    for layer in layers:
+        if layer.shape[axis] % src_shards:
+            raise errors.InvalidArgumentError(f"axis {axis} of a layer {layer.shape} cannot be split in {src_shards}")
+        part_shapes.append(tuple(d // src_shards if i == axis else d for i, d in enumerate(layer.shape))[1:])
+    sizes = [int(np.prod(shape)) * layer.dtype.itemsize for shape, layer in zip(part_shapes, layers)]
+    offsets = np.cumsum([0] + sizes).tolist()
+    _check_fits(store, offsets[-1])
+    _, shards = _layer_shards(layers)
+    plans = {n: reshard_ranges(layers[0].shape[axis], src_shards, ranges[n]) for n in shards}
+    loaded = len(keys)
+    for plan in plans.values():
+        wanted = [shard_key(key, i, src_shards) for key in keys for i, *_ in plan]
+        loaded = min(loaded, store.lookup(wanted).prefix_len // len(plan))
+    host: dict[int, list[np.ndarray]] = {}
+    for n, parts in shards.items():
+        if loaded == 0:
+            break
+        plan, arrays = plans[n], [np.array(p) for p in parts]
+        with store.acquire_many([shard_key(key, i, src_shards) for key in keys[:loaded] for i, *_ in plan]) as views:
+            for b, pid in enumerate(page_ids[:loaded]):
+                got = views[b * len(plan):(b + 1) * len(plan)]
+                if any(view is None or len(view) != offsets[-1] for view in got):
+                    loaded = b
+                    break
+                for view, (_, src_at, dst_at, count) in zip(got, plan):
+                    raw = np.frombuffer(cast(memoryview, view), dtype=np.uint8, count=offsets[-1])
+                    for li, a in enumerate(arrays):
+                        part = raw[offsets[li]:offsets[li + 1]].view(a.dtype).reshape(part_shapes[li])
+                        src = [slice(None)] * part.ndim
+                        src[axis - 1] = slice(src_at, src_at + count)
+                        dst = [slice(None)] * part.ndim
+                        dst[axis - 1] = slice(dst_at, dst_at + count)
+                        a[pid][tuple(dst)] = part[tuple(src)]
+                    del raw
+        host[n] = arrays
+    return (_assemble(layers, host), loaded) if loaded else (layers, 0)

@@ -12,34 +12,39 @@ connector has loads (tpusync.tpu_inference.upstream_fix) makes the tokens right.
 
 from __future__ import annotations
 
+from tpu_engine_proc import BLOCK_SIZE
+
 from tests.support.engines import prompt
 
 PROMPT = prompt(11, 200)  # 6 full blocks pulled, 8 tokens computed on the decode engine
 
 
-def _prefill(engines, p: list[int]) -> dict:
+def _prefill(engines, p: list[int]) -> tuple[dict, set[str]]:
+    """The prefill's transfer params, and the digests of the pages it offers (read while it holds them)."""
     out = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     params = out["kv_transfer_params"]
     assert params["remote_block_ids"] and params["remote_host"] == "127.0.0.1"
-    return params
+    params.pop("remote_prefill_cached_tokens", None)  # else vLLM reports the prefill's hits as the decode's
+    pages = engines["prefill"].call("page_digests")["digests"][0]
+    return params, {pages[b] for b in params["remote_block_ids"]}
 
 
-def _pulled_and_inserted(engine) -> bool:
-    """The decode engine's log says the pull succeeded and the KV went into its cache (so wrong
-    tokens come from when it went in, not from a failed pull)."""
-    log = engine.log_path.read_text(errors="replace")
-    return "kv transfer | done pull" in log and "for insert_kv_chunks" in log
+def _decode(engine, p: list[int], params: dict, offered: set[str]) -> list[int]:
+    """Decodes p from the prefill's blocks; checks vLLM took them as external hits and that the
+    decode engine's cache holds those very pages afterwards (so a wrong token comes from when
+    the KV went in, not from a failed pull)."""
+    out = engine.generate(p, max_tokens=16, kv_transfer_params=params)
+    assert out["num_cached_tokens"] == len(params["remote_block_ids"]) * BLOCK_SIZE
+    assert offered <= set(engine.call("page_digests")["digests"][0])
+    return out["token_ids"]
 
 
 def test_shipped_connector_decodes_wrong_tokens(engines, reference):
-    params = _prefill(engines, PROMPT)
-    out = engines["decode"].generate(PROMPT, max_tokens=16, kv_transfer_params=params)
-    assert _pulled_and_inserted(engines["decode"])
-    assert out["token_ids"] != reference(PROMPT), "upstream fixed the load ordering: update this test and the operator"
+    params, offered = _prefill(engines, PROMPT)
+    tokens = _decode(engines["decode"], PROMPT, params, offered)
+    assert tokens != reference(PROMPT), "upstream fixed the load ordering: update this test and the operator"
 
 
 def test_sync_load_flag_fixes_it(engines, reference):
-    params = _prefill(engines, PROMPT)
-    out = engines["decode-fixed"].generate(PROMPT, max_tokens=16, kv_transfer_params=params)
-    assert _pulled_and_inserted(engines["decode-fixed"])
-    assert out["token_ids"] == reference(PROMPT)
+    params, offered = _prefill(engines, PROMPT)
+    assert _decode(engines["decode-fixed"], PROMPT, params, offered) == reference(PROMPT)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tpu_engine_proc import BLOCK_SIZE
 
 from tests.support.engines import delta, prompt
 from tests.support.llmd_indexer import MODEL, Indexer, connect, eventually, held, indexer_binary
@@ -27,7 +28,6 @@ from tpusync.store import KVStore
 
 SECRET = b"tpu-inference-tier-secret-0123456789"
 PROMPT = prompt(21, 300)  # 9 full blocks and 12 tokens
-BLOCK_SIZE = 32
 AUDIT_S = 0.2
 
 

@@ -7,8 +7,11 @@ The protocol of tests/vllm/engine_proc.py (one JSON command per line on stdin, o
 per line on stdout, vLLM's own output on stderr), so tests/vllm/harness.py's Engine drives it:
 
     {"op": "generate", "prompts": [[ids...]], "max_tokens": 16, "kv_transfer_params": [{...} or null]}
-        -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null, "seconds": s}]}
-        (seconds: the engine's time for the batch, from submission to the last output)
+        -> {"outputs": [{"token_ids": [...], "kv_transfer_params": {...} or null, "seconds": s,
+                         "num_cached_tokens": n}]}
+        (seconds: the engine's time for the batch, from submission to the last output;
+        num_cached_tokens: the prompt tokens vLLM did not compute, local and external hits; the
+        prefill's, if kv_transfer_params carry remote_prefill_cached_tokens)
     {"op": "stats"} -> {"stats": {...}}   tpusync's connector counters in this process, and
         tpusync.upstream's KVCacheManager's as upstream_<name>
     {"op": "reset_prefix_cache"} -> {}   empties vLLM's own prefix cache
@@ -107,6 +110,7 @@ def main() -> int:
                 seconds = time.perf_counter() - start  # the whole batch, before the settling step
                 settle()
                 reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
+                                    "num_cached_tokens": o.num_cached_tokens,
                                     "kv_transfer_params": o.kv_transfer_params} for o in outs]})
             elif cmd["op"] == "stats":  # tpusync's connector counters in this process
                 from tpusync.connector.common import stats

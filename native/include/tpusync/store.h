@@ -20,11 +20,10 @@
 
 #include "tpusync/block_index.h"
 #include "tpusync/block_key.h"
-#include "tpusync/block_pool.h"
 #include "tpusync/change_feed.h"
-#include "tpusync/disk_tier.h"
 #include "tpusync/shared_tier.h"
 #include "tpusync/status.h"
+#include "tpusync/tier_options.h"
 
 namespace tpusync {
 
@@ -203,7 +202,10 @@ class Store {
   Result<WriteLease> Reserve(const BlockKey& key, bool wait = true);
   Result<ReadLease> Acquire(const BlockKey& key);
 
-  const BlockPool& pool() const;
+  // The DRAM pool's geometry and file.
+  uint64_t block_bytes() const;
+  uint32_t num_slots() const;
+  const std::string& pool_path() const;
 
  private:
   explicit Store(std::unique_ptr<StoreImpl> impl);

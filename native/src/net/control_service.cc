@@ -100,7 +100,7 @@ void ControlService::Serve(Connection& conn) {
     return;
   }
   const WakeFd& stop = conn.stop();
-  FramedConn c(conn.socket(), store_.pool().block_bytes());
+  FramedConn c(conn.socket(), store_.block_bytes());
   Session session(store_);
   for (;;) {
     Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::Never());
@@ -133,9 +133,9 @@ Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, D
   switch (f.header.op) {
     case Op::kInfo: {
       BodyWriter w;
-      w.Str(store_.pool().path());
-      w.U64(store_.pool().block_bytes());
-      w.U64(store_.pool().num_slots());
+      w.Str(store_.pool_path());
+      w.U64(store_.block_bytes());
+      w.U64(store_.num_slots());
       return c.Send(Op::kInfoReply, w.bytes(), d);
     }
     case Op::kLookup: {

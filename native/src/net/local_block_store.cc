@@ -18,8 +18,8 @@ class LocalBlockStore final : public BlockStore {
  public:
   LocalBlockStore(std::unique_ptr<Store> store, PeerOptions options)
       : store_(std::move(store)),
-        pool_path_(store_->pool().path()),
-        block_bytes_(store_->pool().block_bytes()),
+        pool_path_(store_->pool_path()),
+        block_bytes_(store_->block_bytes()),
         options_(std::move(options)) {
     if (!options_.secret.empty()) {
       // The caller names its peers itself: an in-process store dials what it is told to.

@@ -185,7 +185,7 @@ class StoreSink : public BlockSink {
       : digests_(keys.size()), store_(store), keys_(keys), leases_(keys.size()), want_digests_(digests) {}
   bool wants_digests() const override { return want_digests_; }
   std::byte* Begin(size_t i, uint64_t length) override {
-    if (length > store_.pool().block_bytes()) return nullptr;
+    if (length > store_.block_bytes()) return nullptr;
     // No wait for another writer of the key (it could outlast the peer's progress deadline):
     // its block counts as held if it committed by the end of the pull.
     Result<WriteLease> l = store_.Reserve(keys_[i], /*wait=*/false);

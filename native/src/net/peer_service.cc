@@ -44,9 +44,9 @@ void PeerService::Serve(Connection& conn) {
   ++metrics_.connections_total;
   ++metrics_.connections_active;
   const WakeFd& stop = conn.stop();
-  FramedConn c(conn.socket(), store_.pool().block_bytes());
+  FramedConn c(conn.socket(), store_.block_bytes());
   const Deadline hd = Deadline::After(options_.handshake_timeout);
-  Status hs = ServerHandshake(c, secret_, {.block_bytes = store_.pool().block_bytes(), .encrypt = options_.encrypt},
+  Status hs = ServerHandshake(c, secret_, {.block_bytes = store_.block_bytes(), .encrypt = options_.encrypt},
                               hd, [&conn] { return conn.Admit(); });
   c.set_progress_timeout(options_.progress_timeout);
   if (hs.code() == StatusCode::kResourceExhausted) {

@@ -1,4 +1,4 @@
-#include "tpusync/block_pool.h"
+#include "store/block_pool.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

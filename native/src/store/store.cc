@@ -10,6 +10,8 @@
 #include <unordered_map>
 
 #include "base/copy.h"
+#include "store/block_pool.h"
+#include "store/disk_tier.h"
 #include "base/log.h"
 #include "base/posix_io.h"
 
@@ -988,6 +990,8 @@ Result<SharedRecords> Store::Records(std::span<const BlockKey> keys, size_t max_
 }
 Result<WriteLease> Store::Reserve(const BlockKey& key, bool wait) { return impl_->Reserve(key, wait); }
 Result<ReadLease> Store::Acquire(const BlockKey& key) { return impl_->Acquire(key); }
-const BlockPool& Store::pool() const { return impl_->pool(); }
+uint64_t Store::block_bytes() const { return impl_->pool().block_bytes(); }
+uint32_t Store::num_slots() const { return impl_->pool().num_slots(); }
+const std::string& Store::pool_path() const { return impl_->pool().path(); }
 
 }  // namespace tpusync

@@ -21,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from tpusync.connector.common import TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
-from tpusync.connector.config import ConnectorConfig
+from tpusync.connector.config import ConnectorConfig, kv_layout
 from tpusync.connector.scheduler import SchedulerSide
 
 if TYPE_CHECKING:
@@ -73,11 +73,17 @@ class ConnectorBase(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             assert kv_cache_config is not None  # _unsupported says so otherwise
             group = kv_cache_config.kv_cache_groups[0]
+            model = vllm_config.model_config
+            layout = kv_layout(model=str(model.model), layers=len(group.layer_names),
+                               kv_heads=model.get_total_num_kv_heads(), head_size=model.get_head_size(),
+                               dtype=str(group.kv_cache_spec.dtype),
+                               shards=vllm_config.parallel_config.tensor_parallel_size)
             self._sched = SchedulerSide(
                 self._cfg, block_size=vllm_config.cache_config.block_size,
                 block_bytes=group.kv_cache_spec.page_size_bytes * len(group.layer_names),
                 engine_id=str(kvt.engine_id), save=kvt.is_kv_producer, pull=kvt.is_kv_consumer,
-                kv_events=kv_events(vllm_config), dp_rank=vllm_config.parallel_config.data_parallel_index)
+                kv_events=kv_events(vllm_config), dp_rank=vllm_config.parallel_config.data_parallel_index,
+                layout=layout)
         else:
             self._worker = self._make_worker(self._cfg)
 

@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -27,7 +28,8 @@ class Counters:
     worker's share also reaches vLLM's metrics log through get_kv_connector_stats)."""
 
     FIELDS = ("lookups", "matched_requests", "matched_tokens", "pulled_blocks", "peer_errors",
-              "store_errors", "loaded_blocks", "load_error_blocks", "saved_blocks", "save_errors")
+              "store_errors", "loaded_blocks", "load_error_blocks", "saved_blocks", "save_errors",
+              "refused_prefills")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -79,6 +81,7 @@ class Transfer:
     req_id: str
     keys: list[int]
     block_ids: list[int]
+    shards: int = 0   # the parts each block was stored in, when another engine split it otherwise; 0: as here
 
 
 @dataclass
@@ -195,6 +198,14 @@ class StoreLink:
     def current(self) -> KVStore | None:
         return self._store
 
+    reshards = False  # whether view() sees blocks split otherwise
+
+    def view(self, store: Any, shards: int) -> Any:
+        """`store` seen through blocks stored in `shards` parts (0: as this link keys them)."""
+        if shards:
+            raise errors.InvalidArgumentError(f"this connector cannot load blocks stored in {shards} parts")
+        return store
+
     def failed(self, exc: BaseException) -> None:
         """A call on the current store failed: run without it for retry_s."""
         COUNTERS.add(store_errors=1)
@@ -226,8 +237,9 @@ class StoreLink:
 
 @dataclass
 class Pins:
-    store: KVStore | None = None
+    store: KVStore | None = None   # the link's store that took them
     keys: list[int] = field(default_factory=list)
+    shards: int = 0                # taken through StoreLink.view(store, shards)
 
 
 def release_pins(link: StoreLink, pins: Pins) -> None:
@@ -235,7 +247,7 @@ def release_pins(link: StoreLink, pins: Pins) -> None:
     if not pins.keys or pins.store is None or pins.store is not link.current():
         return
     try:
-        pins.store.release(pins.keys)
+        link.view(pins.store, pins.shards).release(pins.keys)
     except errors.PreconditionError:
         pass
     except errors.TpuSyncError as e:

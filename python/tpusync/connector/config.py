@@ -134,8 +134,16 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def kv_layout(*, model: str, layers: int, kv_heads: int, head_size: int, dtype: str, shards: int) -> dict[str, Any]:
+    """What a block's bytes depend on besides its tokens, as a prefill engine tells its decode
+    engines: they load its blocks only where all but `shards` (the parts a block is stored in,
+    one per tensor-parallel shard) equal their own."""
+    return {"model": model, "layers": layers, "kv_heads": kv_heads, "head_size": head_size, "dtype": dtype,
+            "shards": shards}
+
+
 def producer_params(*, data_address: str | None, engine_id: str, request_id: str, num_tokens: int,
-                    block_size: int, last_key: int | None) -> dict[str, Any]:
+                    block_size: int, last_key: int | None, layout: dict[str, Any] | None = None) -> dict[str, Any]:
     """The kv_transfer_params a prefill engine returns for a request it computed for a decode engine."""
     params: dict[str, Any] = {
         "do_remote_prefill": True,
@@ -148,6 +156,8 @@ def producer_params(*, data_address: str | None, engine_id: str, request_id: str
     }
     if last_key is not None:
         params["tpusync_last_key"] = f"{last_key:032x}"
+    if layout is not None:
+        params["tpusync_kv_layout"] = layout
     if data_address:
         params["remote_host"], params["remote_port"] = split_address(data_address)
     return params
@@ -161,6 +171,7 @@ class RemotePrefill:
     num_tokens: int | None    # prompt tokens the prefill engine stored (None: unknown, try all)
     block_size: int | None
     last_key: int | None
+    layout: dict[str, Any] | None = None  # kv_layout() of the prefill engine, if it said
 
 
 def remote_peer(params: Mapping[str, Any] | None) -> RemotePrefill | None:
@@ -175,6 +186,7 @@ def remote_peer(params: Mapping[str, Any] | None) -> RemotePrefill | None:
         num_tokens=_opt_int(params.get("remote_num_tokens")),
         block_size=_opt_int(params.get("tpusync_block_size")),
         last_key=int(last, 16) if isinstance(last, str) and last else None,
+        layout=layout if isinstance(layout := params.get("tpusync_kv_layout"), dict) else None,
     )
 
 

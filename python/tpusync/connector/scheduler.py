@@ -5,7 +5,7 @@ a pull runs on a thread of its own and the scheduler is told to ask again."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -47,14 +47,16 @@ class _Request:
     load: tuple[int, int] | None = None  # (first block, blocks) offered by the last lookup
     saved: int = 0                  # leading prompt blocks in the store or being saved
     plain: bool = True              # keyed by the tokens alone (no LoRA, no cache salt): llm-d keys them alike
+    shards: int = 0                 # the parts the prefill engine split its blocks in, where not as here
 
 
 class SchedulerSide:
     """Called by TPUSyncConnector's scheduler-side methods, on vLLM's scheduler thread."""
 
     def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int, engine_id: str,
-                 save: bool, pull: bool, kv_events: KVEventsConfig | None = None, dp_rank: int = 0) -> None:
-        self.cfg, self.block_size, self.engine_id = cfg, block_size, engine_id
+                 save: bool, pull: bool, kv_events: KVEventsConfig | None = None, dp_rank: int = 0,
+                 layout: dict[str, Any] | None = None) -> None:
+        self.cfg, self.block_size, self.engine_id, self.layout = cfg, block_size, engine_id, layout
         self.save, self.pull = save, pull
         self.hasher = BlockHasher(block_size, cfg.hash_seed)
         self.link = StoreLink(cfg, block_bytes, "lookups")
@@ -106,7 +108,7 @@ class SchedulerSide:
         if st.pull is None:
             sources, limit = self._sources(st)
             if sources and limit > start:
-                st.pull = self.pool.submit(self._pull, st.keys[start:limit], sources)
+                st.pull = self.pool.submit(self._pull, st.keys[start:limit], sources, st.shards)
             else:
                 st.pull = _done(0)
         if not st.pull.done():
@@ -116,12 +118,12 @@ class SchedulerSide:
         if store is None:
             return 0, False
         try:
-            found = store.lookup(st.keys[start:st.usable], pin=True).prefix_len
+            found = self.link.view(store, st.shards).lookup(st.keys[start:st.usable], pin=True).prefix_len
         except errors.TpuSyncError as e:
             self.link.failed(e)
             return 0, False
         COUNTERS.add(lookups=1)
-        old, st.pins = st.pins, Pins(store, st.keys[start:start + found])
+        old, st.pins = st.pins, Pins(store, st.keys[start:start + found], st.shards)
         release_pins(self.link, old)
         st.load = (start, found) if found else None
         return found * self.block_size, False
@@ -140,6 +142,14 @@ class SchedulerSide:
                                                              or st.keys[stored - 1] != remote.last_key):
                 log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or "
                             "prompt?): recomputing", remote.peer)
+            elif (refused := self._refuses(remote.layout)) is not None:
+                COUNTERS.add(refused_prefills=1)
+                log.warning("the prefill engine at %s holds other KV (%s): recomputing", remote.peer, refused)
+            elif remote.layout is not None and self.layout is not None \
+                    and remote.layout["shards"] != self.layout["shards"]:
+                # Blocks split otherwise: only the prefill engine's sidecar holds them in its parts.
+                st.shards = int(remote.layout["shards"])
+                return [remote.peer], st.usable if stored is None else min(st.usable, stored)
             else:
                 sources.append(remote.peer)
                 limit = st.usable if stored is None else min(st.usable, stored)
@@ -149,13 +159,29 @@ class SchedulerSide:
                 limit = st.usable
         return sources, limit
 
-    def _pull(self, keys: list[int], sources: list[str]) -> int:
+    def _refuses(self, theirs: dict[str, Any] | None) -> str | None:
+        """Why blocks of a prefill engine with KV layout `theirs` cannot be loaded here, or None."""
+        if theirs is None or self.layout is None:
+            return None  # a prefill engine that does not say: as before, keys and block sizes decide
+        other = [f"{k} {theirs.get(k)!r}, here {v!r}" for k, v in self.layout.items()
+                 if k != "shards" and theirs.get(k) != v]
+        if other:
+            return "; ".join(other)
+        shards = theirs.get("shards")
+        if not isinstance(shards, int) or shards < 1:
+            return f"shards {shards!r}"
+        if shards != self.layout["shards"] and not self.link.reshards:
+            return f"blocks in {shards} parts, this connector loads only its own {self.layout['shards']}"
+        return None
+
+    def _pull(self, keys: list[int], sources: list[str], shards: int = 0) -> int:
         """Has the sidecar fetch the blocks of `keys` it lacks from the first peers that have
-        them. Returns how many arrived; never raises."""
+        them (stored in `shards` parts, 0: as here). Returns how many arrived; never raises."""
         try:
             store = self.pull_link.get()
             if store is None:
                 return 0
+            store = self.pull_link.view(store, shards)
             try:
                 local = store.lookup(keys).prefix_len
             except errors.TpuSyncError as e:
@@ -192,11 +218,12 @@ class SchedulerSide:
         start, found = st.load
         n = min(n, found)
         block_ids = blocks.get_block_ids()[0]
-        self.loads.append(Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n]))
+        self.loads.append(Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n],
+                                   st.shards))
         pins, st.pins, st.load = st.pins, Pins(), None
-        release_pins(self.link, Pins(pins.store, pins.keys[n:]))
+        release_pins(self.link, replace(pins, keys=pins.keys[n:]))
         release_pins(self.link, self.awaiting_load.pop(request.request_id, Pins()))  # a load before a preemption
-        self.awaiting_load[request.request_id] = Pins(pins.store, pins.keys[:n])
+        self.awaiting_load[request.request_id] = replace(pins, keys=pins.keys[:n])
         if self.save and start > st.saved:  # vLLM's own prefix hit: make sure the store has it too
             self.saves.append(Transfer(request.request_id, st.keys[st.saved:start], block_ids[st.saved:start]))
         st.saved = max(st.saved, start + n)
@@ -246,7 +273,8 @@ class SchedulerSide:
             st = self.reqs.get(req_id)
             if st is not None and keys and keys[0] in st.keys:
                 st.saved = min(st.saved, st.keys.index(keys[0]))
-            self._drop(keys)
+            if st is None or not st.shards:  # not the prefill engine's parts: those are its sidecar's to keep
+                self._drop(keys)
 
     def _drop(self, keys: list[int]) -> None:
         """Evicts blocks from every tier of the store (a block of the wrong size, say)."""
@@ -283,7 +311,8 @@ class SchedulerSide:
         n = st.saved
         return producer_params(data_address=self.cfg.data_address, engine_id=self.engine_id,
                                request_id=request.request_id, num_tokens=n * self.block_size,
-                               block_size=self.block_size, last_key=st.keys[n - 1] if n else None)
+                               block_size=self.block_size, last_key=st.keys[n - 1] if n else None,
+                               layout=self.layout)
 
     def _announce(self, request: Request, st: _Request) -> None:
         """Tells the router which of the prompt's blocks this engine can load from the store, and

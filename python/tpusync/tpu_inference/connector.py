@@ -59,7 +59,7 @@ class TPUSyncConnector(ConnectorBase):
         # cache over all tensor-parallel devices).
         self._shards = vllm_config.parallel_config.tensor_parallel_size
         super().__init__(vllm_config, role, kv_cache_config)
-        if self._sched is not None and self._shards > 1:
+        if self._sched is not None:
             assert kv_cache_config is not None  # a scheduler half has one (_unsupported)
             group = kv_cache_config.kv_cache_groups[0]
             block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)

@@ -90,16 +90,22 @@ class ShardedStoreLink(StoreLink):
     def _open(self) -> Any:
         return ShardedStore(super()._open(), self._shards)
 
+    reshards = True
+
+    def view(self, store: Any, shards: int) -> Any:
+        return ShardedStore(store.store, shards) if shards else store
+
     def _close(self, store: Any) -> None:
         super()._close(store.store if isinstance(store, ShardedStore) else store)
 
 
 def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int) -> None:
     """Points a SchedulerSide's store links (lookups, pulls, KV-event audits and feed) at the shards
-    the workers store. Nothing is opened yet when this runs: the links open on first use."""
+    the workers store, and lets its lookups and pulls see blocks another engine split otherwise.
+    Nothing is opened yet when this runs: the links open on first use."""
     sched.link = ShardedStoreLink(cfg, shard_bytes, "lookups", shards)
     sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
-    if sched.events is not None:
+    if sched.events is not None and shards > 1:  # unsplit blocks are announced as they are
         sched.events.sharded(ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards),
                              ShardedStoreLink(cfg, shard_bytes, "the KV events feed", shards))
 

@@ -19,6 +19,11 @@ from tpusync import errors, pages
 from tpusync.connector.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
 from tpusync.connector.config import ConnectorConfig
 
+# The axis tpu-inference splits a layer's cache on over tensor-parallel devices:
+# [pages, page_size, kv heads x2 / packing, packing, head_dim] under PartitionSpec(BATCH,
+# KV_CONTEXT, KV_HEAD) (tpu_inference/runner/kv_cache.py, create_kv_caches, 0.32.0).
+KV_HEAD_AXIS = 2
+
 
 class JaxWorkerSide(WorkerResults):
     """Called by the connector's worker-side methods on the model runner's thread. tpu-inference
@@ -78,7 +83,12 @@ class JaxWorkerSide(WorkerResults):
         assert self.link is not None
         for attempt in range(2):
             try:
-                self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches, t.block_ids)
+                if t.shards and t.shards != self.shards:  # a prefill engine of another tensor parallelism
+                    self.runner.kv_caches, n = pages.load_layer_pages_resharded(
+                        store, t.keys, self.runner.kv_caches, t.block_ids, t.shards, axis=KV_HEAD_AXIS)
+                else:
+                    self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches,
+                                                                      t.block_ids)
                 return n, store
             except (errors.TpuSyncError, OSError) as e:
                 self.link.failed(e)

@@ -124,6 +124,25 @@ def test_a_failed_request_keeps_the_pool_status_as_last_observed(kube, clock, wh
     assert d.emit.events == []
 
 
+def test_a_failed_pass_from_a_body_older_than_the_last_status_write_holds_the_stored_status(kube, clock):
+    """The watch event of the last status write can lag: a pass that starts from the body
+    before it (no status yet) and then cannot observe holds the status the API server has,
+    not the body's (which would erase every observed field and Ready with it)."""
+    body, before = ready_pool(kube, clock)
+    clock.advance(60)
+    kube.faults[("list", "Pod")] = KubeError(500, "etcdserver: request timed out", "GET /api/v1/namespaces/ns/pods")
+    d = deps(kube, clock)
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(reconcile_pool(copy.deepcopy(body), d))      # the body as first created: no status
+    after = stored_status(kube, "TPUSyncPool")
+    for field in ("observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes",
+                  "diskBytes", "peersService"):
+        assert after[field] == before[field], field
+    assert conds(after)["Ready"] == conds(before)["Ready"]
+    assert conds(after)["Degraded"]["reason"] == "APIError"
+    assert [e[:2] for e in d.emit.events] == [("Warning", "APIError")]      # no Ready event again
+
+
 def test_a_failed_observation_after_a_change_is_seen_as_not_yet_observed(kube, clock):
     """Changing the spec and failing to observe: the status stays that of the last generation
     observed, so nobody reads the old figures as the new spec's."""

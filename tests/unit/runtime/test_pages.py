@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tpusync
+from tests.support.host_devices import run_on_four_devices
 from tpusync.pages import load_pages, save_pages, shard_number
 
 SHAPE = (3, 6, 4, 2, 8)  # layers, pages, page_size, kv_heads, head_dim
@@ -67,10 +63,7 @@ def test_a_block_too_small_for_the_page_is_refused():
         save_pages(store, [1], big, big, [0])
 
 
-SHARDED = textwrap.dedent(
-    """
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+SHARDED = """
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import tpusync
@@ -118,13 +111,10 @@ SHARDED = textwrap.dedent(
             raise AssertionError("a cache sharded over pages was accepted")
     print("ok")
     """
-)
 
 
 def test_sharded_cache_moves_shard_by_shard():
-    out = subprocess.run([sys.executable, "-c", SHARDED], check=False, capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    run_on_four_devices(SHARDED)
 
 
 def test_shard_numbers_come_from_the_shard_position_not_the_local_order():

@@ -3,16 +3,12 @@ tpu-inference's layout) between the layers and store blocks."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tpusync
+from tests.support.host_devices import run_on_four_devices
 from tpusync.pages import layer_block_bytes, load_layer_pages, save_layer_pages
 
 # tpu-inference's per-layer shape: pages, page_size, heads x2 / packing, packing, head_dim
@@ -55,10 +51,7 @@ def test_a_block_too_small_for_a_page_of_every_layer_is_refused():
         save_layer_pages(store, [1], big, [0])
 
 
-SHARDED = textwrap.dedent(
-    """
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+SHARDED = """
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import tpusync
@@ -88,14 +81,66 @@ SHARDED = textwrap.dedent(
             raise AssertionError("a cache sharded over pages was accepted")
     print("ok")
     """
-)
 
 
 def test_sharded_layers_move_shard_by_shard():
-    out = subprocess.run([sys.executable, "-c", SHARDED], check=False, capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    run_on_four_devices(SHARDED)
 
+
+
+RESHARDED = """
+    import itertools
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import tpusync
+    from tpusync.pages import load_layer_pages_resharded, save_layer_pages, shard_key
+    shape = (5, 4, 8, 1, 16)  # pages, page_size, heads x2 (split on "model"), packing, dim
+    devs = np.array(jax.devices())
+
+    def split(n):
+        return NamedSharding(Mesh(devs[:n], ("model",)), P(None, None, "model", None, None))
+
+    src = [jnp.asarray(np.random.default_rng(i).normal(size=shape).astype(np.float32)) for i in range(3)]
+    for stored, loading in itertools.product((1, 2, 4), (1, 2, 4)):
+        with tpusync.KVStore.local(dram_bytes=256 * 8192, block_bytes=8192) as store:
+            save_layer_pages(store, [7, 8, 9], [jax.device_put(a, split(stored)) for a in src], [0, 3, 4])
+            store.evict([shard_key(9, stored - 1, stored)])  # the last block lacks one part
+            zeros = [jax.device_put(jnp.zeros(shape), split(loading)) for _ in src]
+            dst, n = load_layer_pages_resharded(store, [7, 8, 9], zeros, [1, 2, 4], stored, axis=2)
+        assert n == 2, (stored, loading, n)
+        assert all(d.sharding == split(loading) for d in dst)
+        for a, b in zip(src, dst):
+            assert np.array_equal(np.asarray(b[1]), np.asarray(a[0])), (stored, loading)
+            assert np.array_equal(np.asarray(b[2]), np.asarray(a[3])), (stored, loading)
+            assert not np.asarray(b[0]).any() and not np.asarray(b[4]).any()
+    with tpusync.KVStore.local(dram_bytes=256 * 8192, block_bytes=8192) as store:
+        save_layer_pages(store, [7], [jax.device_put(a, split(4)) for a in src], [0])
+        dst, n = load_layer_pages_resharded(store, [7], [jnp.zeros(shape) for _ in src], [0], 2, axis=2)
+        assert n == 0  # stored in 4 parts, asked for 2: other keys, nothing taken for what it is not
+        try:
+            load_layer_pages_resharded(store, [7], [jnp.zeros(shape) for _ in src], [0], 3, axis=2)
+        except tpusync.InvalidArgumentError as e:
+            assert "cannot be split in 3" in str(e)
+        else:
+            raise AssertionError("3 parts of 8 heads accepted")
+    print("ok")
+    """
+
+
+def test_a_cache_split_otherwise_loads_what_each_shard_overlaps():
+    """Tensor parallelism of another degree: blocks stored in 1, 2 or 4 parts along the head
+    axis load bit-exact into a cache split in 1, 2 or 4, a block missing a part ends the run,
+    and parts of another split are never taken for the asked one."""
+    run_on_four_devices(RESHARDED)
+
+
+def test_reshard_ranges_cover_the_target_once():
+    from tpusync.pages import reshard_ranges
+
+    assert reshard_ranges(8, 2, (0, 4)) == [(0, 0, 0, 4)]
+    assert reshard_ranges(8, 4, (0, 4)) == [(0, 0, 0, 2), (1, 0, 2, 2)]
+    assert reshard_ranges(8, 1, (4, 6)) == [(0, 4, 0, 2)]
+    assert reshard_ranges(8, 4, (3, 7)) == [(1, 1, 0, 1), (2, 0, 1, 2), (3, 0, 3, 1)]
 
 
 class _DropsAfter:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.connector.config import ConnectorConfig, join_address, producer_params, remote_peer, split_address
+from tpusync.connector.config import (
+    ConnectorConfig,
+    join_address,
+    kv_layout,
+    producer_params,
+    remote_peer,
+    split_address,
+)
 
 
 @pytest.mark.parametrize("extra, env, want", [
@@ -44,6 +51,12 @@ def test_producer_params_are_what_the_consumer_reads():
     assert params["remote_block_ids"] == [] and params["tpusync_last_key"] == f"{0xABC:032x}"
     remote = remote_peer(params)
     assert (remote.peer, remote.num_tokens, remote.block_size, remote.last_key) == ("10.1.2.3:7600", 320, 32, 0xABC)
+    assert remote.layout is None
+    layout = kv_layout(model="m", layers=2, kv_heads=2, head_size=64, dtype="float32", shards=2)
+    with_layout = producer_params(data_address=None, engine_id="e", request_id="r", num_tokens=64, block_size=32,
+                                  last_key=None, layout=layout)
+    assert remote_peer(with_layout).layout == layout
+    assert remote_peer({**with_layout, "tpusync_kv_layout": "2 shards"}).layout is None  # not a layout
 
 
 @pytest.mark.parametrize("params", [None, {}, {"do_remote_decode": True}, {"do_remote_prefill": False}])

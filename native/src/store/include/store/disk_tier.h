@@ -1,4 +1,4 @@
-// DiskTier: fixed-size extents in one preallocated file, each carrying its own checksummed
+// DiskTier (private to the store: include/tpusync/store.h is its interface): fixed-size extents in one preallocated file, each carrying its own checksummed
 // header (magic, key, length, sequence, xxh3 of the payload and of the header).
 //
 // The headers are the tier's index: opening the directory again scans them and reports every
@@ -18,15 +18,9 @@
 #include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
+#include "tpusync/tier_options.h"
 
 namespace tpusync {
-
-struct DiskTierOptions {
-  std::string dir;              // created if absent
-  uint64_t capacity_bytes = 0;  // payload bytes; rounded down to whole extents
-  uint64_t block_bytes = 0;     // multiple of 4096, same as the DRAM pool's
-  bool direct_io = true;        // falls back to buffered I/O where O_DIRECT is refused
-};
 
 struct RecoveredExtent {
   uint32_t extent;

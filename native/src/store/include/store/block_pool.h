@@ -1,4 +1,4 @@
-// BlockPool: a host-DRAM arena of fixed-size blocks in a shared-memory file.
+// BlockPool (private to the store: include/tpusync/store.h is its interface): a host-DRAM arena of fixed-size blocks in a shared-memory file.
 //
 // The file (by default under /dev/shm) holds a header, one metadata record per slot and the
 // page-aligned slot data. Committed slots record their key, so a process that re-opens the
@@ -17,18 +17,9 @@
 #include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
+#include "tpusync/tier_options.h"
 
 namespace tpusync {
-
-struct BlockPoolOptions {
-  std::string path;          // shared-memory file; created if absent, re-attached if present
-  uint64_t block_bytes = 0;  // multiple of 4096; 0 = take it from an existing file
-  uint64_t num_slots = 0;    // 0 = take it from an existing file
-  bool hugepages = false;    // ask for transparent huge pages (madvise); best effort
-  bool mlock = false;        // lock the arena in RAM; best effort (needs RLIMIT_MEMLOCK)
-  bool populate = true;      // pre-fault every page at open so the first copy runs at memcpy speed
-  bool unlink_on_close = false;
-};
 
 // A committed slot found when the pool file was re-attached.
 struct RecoveredSlot {
