@@ -387,7 +387,17 @@ def _assemble(layers: list[jax.Array], host: dict[int, list[np.ndarray]]) -> lis
     return out
 
 
-# -- resharding on load: blocks stored by an engine whose cache is split otherwise ---------------
+# -- loads of blocks stored by an engine whose cache is split or paged otherwise -----------------
+
+
+def _pieces(width: int, start: int, stop: int) -> list[tuple[int, int, int, int]]:
+    """Positions [start, stop) of a run cut in parts of `width`: [(part, first position in it,
+    first position in [start, stop), count)]."""
+    out = []
+    for i in range(start // width, -(-stop // width)):
+        lo, hi = max(start, i * width), min(stop, (i + 1) * width)
+        out.append((i, lo - i * width, lo - start, hi - lo))
+    return out
 
 
 def reshard_ranges(length: int, src_shards: int, dst: tuple[int, int]) -> list[tuple[int, int, int, int]]:
@@ -395,12 +405,15 @@ def reshard_ranges(length: int, src_shards: int, dst: tuple[int, int]) -> list[t
     `src_shards` equal parts: [(source shard, first position in it, first position in dst, count)]."""
     if length % src_shards:
         raise errors.InvalidArgumentError(f"an axis of {length} cannot be split in {src_shards} equal parts")
-    width = length // src_shards
-    out = []
-    for i in range(dst[0] // width, -(-dst[1] // width)):
-        lo, hi = max(dst[0], i * width), min(dst[1], (i + 1) * width)
-        out.append((i, lo - i * width, lo - dst[0], hi - lo))
-    return out
+    return _pieces(length // src_shards, dst[0], dst[1])
+
+
+def page_ranges(page_tokens: int, src_page_tokens: int, first_token: int, page: int) -> list[tuple[int, int, int, int]]:
+    """The stored blocks (of `src_page_tokens` tokens each, the first of them starting
+    `first_token` tokens before this run) that make up page `page` here (of `page_tokens`):
+    [(block, first token in it, first token in the page, count)]."""
+    start = first_token + page * page_tokens
+    return _pieces(src_page_tokens, start, start + page_tokens)
 
 
 def _axis_ranges(layer: jax.Array, axis: int) -> dict[int, tuple[int, int]]:
@@ -416,13 +429,24 @@ def _axis_ranges(layer: jax.Array, axis: int) -> dict[int, tuple[int, int]]:
 
 
 def load_layer_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array],
-                               page_ids: Sequence[int], src_shards: int, axis: int) -> tuple[list[jax.Array], int]:
-    """Loads blocks that an engine with the same global layer shapes and dtype stored split in
+                               page_ids: Sequence[int], src_shards: int, axis: int, *, src_page_tokens: int = 0,
+                               first_token: int = 0) -> tuple[list[jax.Array], int]:
+    """Loads blocks that an engine with the same layers (but for their page size) stored split in
     `src_shards` equal parts along `axis` (`save_layer_pages` of a cache sharded there), into
     this cache however it is split along that axis (tensor parallelism of another degree): each
-    shard here reads only the stored parts it overlaps. Returns the new layers and the number of
-    leading pages loaded (as `load_layer_pages`)."""
+    shard here reads only the stored parts it overlaps.
+
+    `src_page_tokens`: the tokens of a stored block where that engine's pages held another
+    number than this cache's (0: as here). The blocks of `keys` then hold consecutive tokens,
+    from token `first_token` of keys[0], and each page here takes the token ranges of the
+    blocks it overlaps (two blocks of 16 tokens for a page of 32, half a block of 32 for a
+    page of 16). Returns the new layers and the number of leading pages loaded: a page is
+    loaded only when every part of every block it overlaps is stored (as `load_layer_pages`)."""
     layers = list(layers)
+    page_tokens = layers[0].shape[1]
+    src_page = src_page_tokens or page_tokens
+    if axis == 1 or any(layer.shape[1] != page_tokens for layer in layers):
+        raise errors.InvalidArgumentError("the layers' pages must hold one number of tokens, split on another axis")
     ranges = _axis_ranges(layers[0], axis)
     if any(_axis_ranges(layer, axis) != ranges for layer in layers[1:]):
         raise errors.InvalidArgumentError("layers are sharded differently")
@@ -430,36 +454,45 @@ def load_layer_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequ
     for layer in layers:
         if layer.shape[axis] % src_shards:
             raise errors.InvalidArgumentError(f"axis {axis} of a layer {layer.shape} cannot be split in {src_shards}")
-        part_shapes.append(tuple(d // src_shards if i == axis else d for i, d in enumerate(layer.shape))[1:])
+        part_shapes.append(tuple(d // src_shards if i == axis else src_page if i == 1 else d
+                                 for i, d in enumerate(layer.shape))[1:])
     sizes = [int(np.prod(shape)) * layer.dtype.itemsize for shape, layer in zip(part_shapes, layers)]
     offsets = np.cumsum([0] + sizes).tolist()
     _check_fits(store, offsets[-1])
     _, shards = _layer_shards(layers)
-    plans = {n: reshard_ranges(layers[0].shape[axis], src_shards, ranges[n]) for n in shards}
-    loaded = len(keys)
-    for plan in plans.values():
+    heads = {n: reshard_ranges(layers[0].shape[axis], src_shards, ranges[n]) for n in shards}
+    tokens = [page_ranges(page_tokens, src_page, first_token, j) for j in range(len(page_ids))]
+
+    def pages_within(blocks: int) -> int:  # leading pages whose blocks are all among the first `blocks`
+        return next((j for j, t in enumerate(tokens) if t[-1][0] >= blocks), len(tokens))
+
+    loaded = len(page_ids)
+    for plan in heads.values():
         wanted = [shard_key(key, i, src_shards) for key in keys for i, *_ in plan]
-        loaded = min(loaded, store.lookup(wanted).prefix_len // len(plan))
+        loaded = min(loaded, pages_within(store.lookup(wanted).prefix_len // len(plan)))
     host: dict[int, list[np.ndarray]] = {}
     for n, parts in shards.items():
         if loaded == 0:
             break
-        plan, arrays = plans[n], [np.array(p) for p in parts]
-        with store.acquire_many([shard_key(key, i, src_shards) for key in keys[:loaded] for i, *_ in plan]) as views:
-            for b, pid in enumerate(page_ids[:loaded]):
-                got = views[b * len(plan):(b + 1) * len(plan)]
-                if any(view is None or len(view) != offsets[-1] for view in got):
-                    loaded = b
-                    break
-                for view, (_, src_at, dst_at, count) in zip(got, plan):
-                    raw = np.frombuffer(cast(memoryview, view), dtype=np.uint8, count=offsets[-1])
-                    for li, a in enumerate(arrays):
-                        part = raw[offsets[li]:offsets[li + 1]].view(a.dtype).reshape(part_shapes[li])
-                        src = [slice(None)] * part.ndim
-                        src[axis - 1] = slice(src_at, src_at + count)
-                        dst = [slice(None)] * part.ndim
-                        dst[axis - 1] = slice(dst_at, dst_at + count)
-                        a[pid][tuple(dst)] = part[tuple(src)]
-                    del raw
+        plan, arrays = heads[n], [np.array(p) for p in parts]
+        blocks = tokens[loaded - 1][-1][0] + 1
+        with store.acquire_many([shard_key(key, i, src_shards) for key in keys[:blocks] for i, *_ in plan]) as views:
+            whole = next((b for b in range(blocks) if any(
+                view is None or len(view) != offsets[-1] for view in views[b * len(plan):(b + 1) * len(plan)])), blocks)
+            loaded = min(loaded, pages_within(whole))
+            for j, pid in enumerate(page_ids[:loaded]):
+                for b, t_src, t_dst, t_count in tokens[j]:
+                    for p, (_, h_src, h_dst, h_count) in enumerate(plan):
+                        raw = np.frombuffer(cast(memoryview, views[b * len(plan) + p]), dtype=np.uint8,
+                                            count=offsets[-1])
+                        for li, a in enumerate(arrays):
+                            part = raw[offsets[li]:offsets[li + 1]].view(a.dtype).reshape(part_shapes[li])
+                            src: list[slice] = [slice(None)] * part.ndim
+                            dst: list[slice] = [slice(None)] * part.ndim
+                            src[0], dst[0] = slice(t_src, t_src + t_count), slice(t_dst, t_dst + t_count)
+                            src[axis - 1] = slice(h_src, h_src + h_count)
+                            dst[axis - 1] = slice(h_dst, h_dst + h_count)
+                            a[pid][tuple(dst)] = part[tuple(src)]
+                        del raw
         host[n] = arrays
     return (_assemble(layers, host), loaded) if loaded else (layers, 0)

@@ -38,7 +38,8 @@ import traceback
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 BLOCK_SIZE = 32
-NUM_BLOCKS = 96  # KV cache pages: vLLM would otherwise size the cache from the "HBM" the shim reports
+NUM_BLOCKS = 96  # KV cache pages of BLOCK_SIZE tokens (as many tokens at another page size): vLLM would
+# otherwise size the cache from the "HBM" the shim reports
 
 
 def page_digests(layers: list) -> dict:
@@ -76,8 +77,10 @@ def main() -> int:
 
     events = spec.get("kv_events_config")
 
-    llm = LLM(model=spec["model"], dtype="float32", block_size=BLOCK_SIZE, num_gpu_blocks_override=NUM_BLOCKS,
-              distributed_executor_backend="uni", max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024,
+    block_size = spec.get("block_size", BLOCK_SIZE)
+    llm = LLM(model=spec["model"], dtype="float32", block_size=block_size,
+              num_gpu_blocks_override=NUM_BLOCKS * BLOCK_SIZE // block_size, distributed_executor_backend="uni",
+              max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024,
               enable_prefix_caching=True, seed=0, async_scheduling=False,
               tensor_parallel_size=spec.get("tensor_parallel_size", 1),
               kv_transfer_config=spec.get("kv_transfer_config"),

@@ -63,6 +63,7 @@ class TpuEngine(Engine):
     netns: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     tensor_parallel_size: int = 1  # on as many XLA host (CPU) devices, the KV cache sharded on `model`
+    block_size: int | None = None  # vLLM's (tpu-inference's page size); None: tpu_engine_proc.BLOCK_SIZE
     python: str = sys.executable  # the tier's interpreter (a bench drives engines from another one)
     worker_extension_cls: str | None = None  # vLLM's worker_extension_cls
 
@@ -76,6 +77,7 @@ class TpuEngine(Engine):
         arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
                           "kv_events_config": self.spec.kv_events_config,
                           "tensor_parallel_size": self.tensor_parallel_size,
+                          **({"block_size": self.block_size} if self.block_size else {}),
                           "worker_extension_cls": self.worker_extension_cls})
         cmd = [self.python, str(ENGINE_SCRIPT), arg]
         if self.netns is not None:

@@ -82,6 +82,14 @@ class Transfer:
     keys: list[int]
     block_ids: list[int]
     shards: int = 0   # the parts each block was stored in, when another engine split it otherwise; 0: as here
+    # Blocks of another engine's page size: the tokens each holds (0: a block per page, as
+    # here), and the tokens of keys[0] before the first page's.
+    src_tokens: int = 0
+    first_token: int = 0
+
+    def key_index(self, page: int, page_tokens: int) -> int:
+        """The index in keys of the block that holds the first token of page `page`."""
+        return (self.first_token + page * page_tokens) // self.src_tokens if self.src_tokens else page
 
 
 @dataclass
@@ -198,7 +206,9 @@ class StoreLink:
     def current(self) -> KVStore | None:
         return self._store
 
-    reshards = False  # whether view() sees blocks split otherwise
+    # Whether view() sees blocks split otherwise, and the worker loads blocks split or paged
+    # otherwise (another tensor parallelism or page size).
+    reshards = False
 
     def view(self, store: Any, shards: int) -> Any:
         """`store` seen through blocks stored in `shards` parts (0: as this link keys them)."""

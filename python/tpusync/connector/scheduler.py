@@ -37,7 +37,27 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class _Source:
+    """A prefill engine's blocks where its pages hold another number of tokens than this
+    engine's: its keys for the same prompt, and which of its blocks hold which of ours."""
+
+    block_size: int
+    keys: list[int]
+
+    def span(self, block_size: int, start: int, stop: int) -> tuple[int, list[int]]:
+        """(index of the first, keys) of its blocks that hold the tokens of our blocks [start, stop)."""
+        first = start * block_size // self.block_size
+        return first, self.keys[first:-(-stop * block_size // self.block_size)]
+
+    def whole(self, block_size: int, start: int, first: int, blocks: int) -> int:
+        """Our blocks from `start` that its `blocks` blocks from `first` hold whole."""
+        return max(0, (first + blocks) * self.block_size // block_size - start)
+
+
+@dataclass
 class _Request:
+    tokens: list[int]
+    extra: list[str] | None         # what keys the blocks besides the tokens (LoRA, salt, weights)
     keys: list[int]                 # the prompt's full blocks
     usable: int                     # leading blocks that may be loaded: the last prompt token is computed
     remote: RemotePrefill | None
@@ -48,6 +68,7 @@ class _Request:
     saved: int = 0                  # leading prompt blocks in the store or being saved
     plain: bool = True              # keyed by the tokens alone (no LoRA, no cache salt): llm-d keys them alike
     shards: int = 0                 # the parts the prefill engine split its blocks in, where not as here
+    src: _Source | None = None      # the prefill engine's blocks, where its page size is not ours
 
 
 class SchedulerSide:
@@ -92,7 +113,8 @@ class SchedulerSide:
         weights = self.served.tag()
         if weights is not None:
             extra.append(f"weights:{weights}")
-        st = _Request(keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
+        st = _Request(tokens=list(tokens), extra=extra or None, keys=self.hasher.keys(tokens, extra or None),
+                      usable=(len(tokens) - 1) // self.block_size,
                       remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=plain)
         self.reqs[request.request_id] = st
         return st
@@ -108,7 +130,8 @@ class SchedulerSide:
         if st.pull is None:
             sources, limit = self._sources(st)
             if sources and limit > start:
-                st.pull = self.pool.submit(self._pull, st.keys[start:limit], sources, st.shards)
+                keys = st.keys[start:limit] if st.src is None else st.src.span(self.block_size, start, limit)[1]
+                st.pull = self.pool.submit(self._pull, keys, sources, st.shards)
             else:
                 st.pull = _done(0)
         if not st.pull.done():
@@ -117,47 +140,67 @@ class SchedulerSide:
         store = self.link.get()
         if store is None:
             return 0, False
+        first, keys = (start, st.keys[start:st.usable]) if st.src is None else \
+            st.src.span(self.block_size, start, st.usable)
         try:
-            found = self.link.view(store, st.shards).lookup(st.keys[start:st.usable], pin=True).prefix_len
+            view = self.link.view(store, st.shards)
+            found = pinned = held = view.lookup(keys, pin=True).prefix_len
+            if st.src is not None:  # our blocks that its blocks hold whole; the others' pins go
+                found = min(st.usable - start, st.src.whole(self.block_size, start, first, pinned))
+                held = len(st.src.span(self.block_size, start, start + found)[1]) if found else 0
+                if pinned > held:
+                    view.release(keys[held:pinned])
         except errors.TpuSyncError as e:
             self.link.failed(e)
             return 0, False
         COUNTERS.add(lookups=1)
-        old, st.pins = st.pins, Pins(store, st.keys[start:start + found], st.shards)
+        old, st.pins = st.pins, Pins(store, keys[:held], st.shards)
         release_pins(self.link, old)
         st.load = (start, found) if found else None
         return found * self.block_size, False
 
     def _sources(self, st: _Request) -> tuple[list[str], int]:
-        """Peers to pull from, and how many leading blocks they may have."""
+        """Peers to pull from, and how many leading blocks (of ours) they may have."""
         sources: list[str] = []
         limit = 0
         remote, bs = st.remote, self.block_size
         if remote is not None and remote.peer:
-            stored = None if remote.num_tokens is None else remote.num_tokens // bs
-            if remote.block_size not in (None, bs):
+            theirs = remote.block_size or bs
+            if theirs != bs and not self._regroups(remote):
                 log.warning("the prefill engine at %s used blocks of %d tokens, this engine %d: recomputing",
-                            remote.peer, remote.block_size, bs)
-            elif remote.last_key is not None and stored and (stored > len(st.keys)
-                                                             or st.keys[stored - 1] != remote.last_key):
-                log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or "
-                            "prompt?): recomputing", remote.peer)
+                            remote.peer, theirs, bs)
             elif (refused := self._refuses(remote.layout)) is not None:
                 COUNTERS.add(refused_prefills=1)
                 log.warning("the prefill engine at %s holds other KV (%s): recomputing", remote.peer, refused)
-            elif remote.layout is not None and self.layout is not None \
-                    and remote.layout["shards"] != self.layout["shards"]:
-                # Blocks split otherwise: only the prefill engine's sidecar holds them in its parts.
-                st.shards = int(remote.layout["shards"])
-                return [remote.peer], st.usable if stored is None else min(st.usable, stored)
             else:
-                sources.append(remote.peer)
-                limit = st.usable if stored is None else min(st.usable, stored)
+                src = None if theirs == bs else _Source(theirs, BlockHasher(theirs, self.cfg.hash_seed).keys(
+                    st.tokens, st.extra))
+                keys = st.keys if src is None else src.keys
+                stored = None if remote.num_tokens is None else remote.num_tokens // theirs
+                if remote.last_key is not None and stored and (stored > len(keys)
+                                                               or keys[stored - 1] != remote.last_key):
+                    log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or "
+                                "prompt?): recomputing", remote.peer)
+                else:
+                    limit = st.usable if stored is None else min(st.usable, stored * theirs // bs)
+                    shards = 0 if remote.layout is None or self.layout is None \
+                        or remote.layout["shards"] == self.layout["shards"] else int(remote.layout["shards"])
+                    if src is not None or shards:
+                        # Blocks split or paged otherwise: only the prefill engine's sidecar holds them so.
+                        st.src, st.shards = src, shards
+                        return [remote.peer], limit
+                    sources.append(remote.peer)
         for peer in self.cfg.peers:
             if peer not in sources:
                 sources.append(peer)
                 limit = st.usable
         return sources, limit
+
+    def _regroups(self, remote: RemotePrefill) -> bool:
+        """Whether blocks of a prefill engine whose pages hold another number of tokens can be
+        loaded here: by a worker that loads blocks paged otherwise, from a prefill that told its
+        KV layout (checked by _refuses like any other)."""
+        return self.link.reshards and remote.layout is not None and self.layout is not None
 
     def _refuses(self, theirs: dict[str, Any] | None) -> str | None:
         """Why blocks of a prefill engine with KV layout `theirs` cannot be loaded here, or None."""
@@ -218,12 +261,19 @@ class SchedulerSide:
         start, found = st.load
         n = min(n, found)
         block_ids = blocks.get_block_ids()[0]
-        self.loads.append(Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n],
-                                   st.shards))
+        if st.src is None:
+            transfer = Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n], st.shards)
+        else:
+            first, keys = st.src.span(self.block_size, start, start + n)
+            transfer = Transfer(request.request_id, keys, block_ids[start:start + n], st.shards,
+                                src_tokens=st.src.block_size, first_token=start * self.block_size - first *
+                                st.src.block_size)
+        self.loads.append(transfer)
+        m = len(transfer.keys)  # the pins this load holds
         pins, st.pins, st.load = st.pins, Pins(), None
-        release_pins(self.link, replace(pins, keys=pins.keys[n:]))
+        release_pins(self.link, replace(pins, keys=pins.keys[m:]))
         release_pins(self.link, self.awaiting_load.pop(request.request_id, Pins()))  # a load before a preemption
-        self.awaiting_load[request.request_id] = replace(pins, keys=pins.keys[:n])
+        self.awaiting_load[request.request_id] = replace(pins, keys=pins.keys[:m])
         if self.save and start > st.saved:  # vLLM's own prefix hit: make sure the store has it too
             self.saves.append(Transfer(request.request_id, st.keys[st.saved:start], block_ids[st.saved:start]))
         st.saved = max(st.saved, start + n)
@@ -233,7 +283,8 @@ class SchedulerSide:
         st = self.reqs.get(request.request_id)
         if not num_external_tokens:
             return {}
-        p2p = min(num_external_tokens, (st.pulled if st else 0) * self.block_size)
+        pulled = 0 if st is None else st.pulled * (st.src.block_size if st.src else self.block_size)
+        p2p = min(num_external_tokens, pulled)
         out = {CacheHitSource.P2P: p2p, CacheHitSource.HOST: num_external_tokens - p2p}
         return {k: v for k, v in out.items() if v}
 
@@ -273,7 +324,7 @@ class SchedulerSide:
             st = self.reqs.get(req_id)
             if st is not None and keys and keys[0] in st.keys:
                 st.saved = min(st.saved, st.keys.index(keys[0]))
-            if st is None or not st.shards:  # not the prefill engine's parts: those are its sidecar's to keep
+            if st is None or not (st.shards or st.src):  # not the prefill engine's split: its sidecar's to keep
                 self._drop(keys)
 
     def _drop(self, keys: list[int]) -> None:

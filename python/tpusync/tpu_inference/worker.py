@@ -74,7 +74,7 @@ class JaxWorkerSide(WorkerResults):
             if n < len(t.keys):
                 log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
                             len(t.keys) - n, len(t.keys))
-                self._fail(t.req_id, t.keys[n:], t.block_ids[n:])
+                self._fail(t.req_id, t.keys[t.key_index(n, self.runner.kv_caches[0].shape[1]):], t.block_ids[n:])
 
     def _load(self, store: Any, t: Any) -> tuple[int, Any]:
         """Loads one request's blocks: (blocks loaded, the store to go on with). A connection that
@@ -83,9 +83,11 @@ class JaxWorkerSide(WorkerResults):
         assert self.link is not None
         for attempt in range(2):
             try:
-                if t.shards and t.shards != self.shards:  # a prefill engine of another tensor parallelism
+                if t.src_tokens or (t.shards and t.shards != self.shards):  # a prefill engine of another
+                    # tensor parallelism or page size
                     self.runner.kv_caches, n = pages.load_layer_pages_resharded(
-                        store, t.keys, self.runner.kv_caches, t.block_ids, t.shards, axis=KV_HEAD_AXIS)
+                        store, t.keys, self.runner.kv_caches, t.block_ids, t.shards or self.shards, axis=KV_HEAD_AXIS,
+                        src_page_tokens=t.src_tokens, first_token=t.first_token)
                 else:
                     self.runner.kv_caches, n = pages.load_layer_pages(store, t.keys, self.runner.kv_caches,
                                                                       t.block_ids)
