@@ -632,6 +632,8 @@ def _owned_flag_rule(role: str) -> tuple[str, str, str]:
             f"' is rendered by the operator from the spec (the engine would take the last value); set it there'")
 
 
+REVISION_NEEDS_WEIGHTS = ("spec.model.revision does not apply to spec.engine.type reference: its model is built in "
+                          "(it loads no weights from spec.model.uri)")
 SGLANG_SINGLE_HOST = ("spec.prefill/decode.hostsPerReplica must be 1 with spec.engine.type sglang-jax: the operator "
                       "runs sglang-jax on single-host slices only")
 
@@ -659,6 +661,7 @@ class DisaggregatedServingSpec(Model):
          "spec.engine.type is immutable: delete and re-create the serving to change engines"),
         ("self.engine.type != 'sglang-jax' || has(self.engine.image)", SGLANG_IMAGE_REQUIRED),
         ("!self.model.uri.startsWith('gs://') || self.engine.type == 'vllm-tpu'", GS_NEEDS_VLLM),
+        ("!has(self.model.revision) || self.engine.type != 'reference'", REVISION_NEEDS_WEIGHTS),
         ("self.engine.type != 'sglang-jax' || !self.routing.enabled || !self.routing.precisePrefixCache",
          "spec.routing.precisePrefixCache must be false with spec.engine.type sglang-jax: it publishes no KV events"),
         ("(!has(self.model.maxModelLen) && !has(self.model.ropeScaling)) || self.engine.type == 'vllm-tpu'",

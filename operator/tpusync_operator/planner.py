@@ -27,6 +27,7 @@ from .models import (
     MAX_MODEL_LEN_BEYOND_SCALING,
     MAX_MODEL_LEN_TOO_LONG,
     MAX_MODEL_LEN_UNDECLARED,
+    REVISION_NEEDS_WEIGHTS,
     SGLANG_IMAGE_REQUIRED,
     SGLANG_SINGLE_HOST,
     DisaggregatedServingSpec,
@@ -480,6 +481,8 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         raise PlanError(SGLANG_IMAGE_REQUIRED)
     if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
         raise PlanError(GS_NEEDS_VLLM)
+    if spec.model.revision and spec.engine.type == "reference":                  # and this
+        raise PlanError(REVISION_NEEDS_WEIGHTS)
     check_model_length(spec)
     check_engine_security(spec)
     lockstep = spec.rollout.strategy == "Lockstep"

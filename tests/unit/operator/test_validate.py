@@ -141,8 +141,9 @@ def test_every_flag_the_operator_renders_is_one_the_schema_keeps_out_of_args(eng
     extra = {"sglang-jax": {"engine": {"type": "sglang-jax", "image": "r.example/sgl:main"},
                             "kvTransfer": {"connector": "sglang-jax"}, "routing": {"precisePrefixCache": False}},
              "reference": {"engine": {"type": "reference"}}, "vllm-tpu": {"engine": {"type": "vllm-tpu"}}}[engine]
-    body = ServingBody().spec(model={"revision": "v1", "maxModelLen": 1024, "maxPositionEmbeddings": 4096}
-                              if engine == "vllm-tpu" else {"revision": "v1"}, **extra).build()
+    model = {"vllm-tpu": {"revision": "v1", "maxModelLen": 1024, "maxPositionEmbeddings": 4096},
+             "sglang-jax": {"revision": "v1"}, "reference": {}}[engine]
+    body = ServingBody().spec(model=model, **extra).build()
     plan = plan_serving(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]),
                         PoolInfo("pool", spec, slice_for(spec.tpu.type, spec.tpu.topology)), set(OPTIONAL_KINDS))
     flags = set()

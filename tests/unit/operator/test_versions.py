@@ -54,6 +54,8 @@ def matrix():
             continue   # the schema refuses it: sglang-jax publishes no KV events
         if model["uri"].startswith("gs://") and eng["type"] != "vllm-tpu":
             continue   # the schema refuses it: only vLLM streams from gs://
+        if "revision" in model and eng["type"] == "reference":
+            continue   # the schema refuses it: the reference engine's model is built in
         if eng["type"] == "sglang-jax" and pname == "v7x":
             continue   # the planner refuses it: sglang-jax runs on single-host slices only
         body = ServingBody().spec(engine=eng, kvTransfer=kv, routing=routing,
