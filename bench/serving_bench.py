@@ -16,7 +16,10 @@ tpu-inference 0.32.0 on the CPU with tpusync's connector, on the tier's tiny Qwe
 the tests drive them, sidecars as above. TTFT with the prompt's blocks in a sidecar's DRAM or
 on its disk against the same engine build recomputing the prompt; the P/D cost (the prefill
 side's extra time to save, the pull between sidecars, the decode side's TTFT loading the pulled
-blocks) against recomputing on the decode side; and the decode TTFT when the connector pulls.
+blocks) against recomputing on the decode side; and the decode TTFT when the connector pulls,
+by a decode engine like the prefill (pd-decode) and by one of another tensor parallelism and
+page size (pd-decode-hetero: two XLA host devices, 16-token pages, loading the prefill's
+32-token blocks resharded and regrouped), the latter against the former.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
 
 ROOT = Path(__file__).resolve().parents[1]
 TIER_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"  # make tpu-inference-venv
+HETERO_BLOCK_SIZE = 16  # the pd-decode-hetero engine's pages (the others': tests/support/tinymodel.BLOCK_SIZE)
 
 
 def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
@@ -74,7 +78,7 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
         write_secret(secret, uuid.uuid4().hex * 2)
         sides: dict[str, Any] = {}
         try:
-            for name, disk in (("host", True), ("prefill", False), ("decode", False)):
+            for name, disk in (("host", True), ("prefill", False), ("decode", False), ("hetero", False)):
                 sides[name] = sidecar.launch(
                     pool_path=f"/dev/shm/tpusync-sbench-tpuinf-{uuid.uuid4().hex[:8]}", secret_file=str(secret),
                     block_bytes=BLOCK_BYTES, dram_bytes=64 << 20, disk_dir=str(work / "disk") if disk else None,
@@ -90,6 +94,8 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
                      "prefill": spec("prefill", "prefill"), "decode": spec("decode", "decode")}
             for name, sp in specs.items():
                 engines[name] = TpuEngine(f"bench-{name}", sp, python=str(TIER_PY))
+            engines["hetero"] = TpuEngine("bench-hetero", spec("decode", "hetero"), python=str(TIER_PY),
+                                          tensor_parallel_size=2, block_size=HETERO_BLOCK_SIZE)
             for e in engines.values():
                 e.wait_ready()
             stores = {k: KVStore.connect(f"unix://{s.control_socket}") for k, s in sides.items()}
@@ -107,7 +113,7 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
             for n in (500, 1000):
                 full = (n - 1) // BLOCK_SIZE  # loadable blocks: the last prompt token is computed
                 rows: dict[str, list[float]] = {k: [] for k in ("base", "dram", "disk", "prefill", "transfer",
-                                                                "decode_local", "decode_pull")}
+                                                                "decode_local", "decode_pull", "decode_hetero")}
                 for rep in range(reps + 1):  # rep 0 compiles what each path needs: not counted
                     status.update(f"tpu-inference: {n} tokens, rep {rep}")
                     got: dict[str, float] = {}
@@ -133,6 +139,8 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
                     got["decode_local"] = ttft("decode", r, out["kv_transfer_params"], loads=full)
                     params = engines["prefill"].generate(s, 1, kv_transfer_params=pd)["kv_transfer_params"]
                     got["decode_pull"] = ttft("decode", s, params, loads=full)
+                    got["decode_hetero"] = ttft("hetero", s, params, loads=min(  # the prefill's blocks' tokens
+                        (n - 1) // HETERO_BLOCK_SIZE, n // BLOCK_SIZE * BLOCK_SIZE // HETERO_BLOCK_SIZE))
                     if rep:
                         for k, v in got.items():
                             rows[k].append(v)
@@ -145,6 +153,10 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
                          ("pd-decode", med["decode_pull"], {})]
                 results += [{"case": f"tpu-inference-{case}-{n}", "seconds": sec, "ratio": sec / med["base"], **at,
                              **extra} for case, sec, extra in cases]
+                results.append({"case": f"tpu-inference-pd-decode-hetero-{n}", "seconds": med["decode_hetero"],
+                                "ratio": med["decode_hetero"] / med["decode_pull"], **at,
+                                "baseline_seconds": med["decode_pull"],
+                                "baseline": f"tpu-inference-pd-decode-{n}: a decode engine like the prefill"})
         finally:
             for e in engines.values():
                 e.stop()
@@ -164,7 +176,8 @@ TPU_INFERENCE_NOTE = (
     "the same engine build recomputing the prompt; prefix-hit: TTFT with the prompt's full blocks in the "
     "sidecar's DRAM / on its disk; pd-cost: the prefill's extra time over the baseline (save s) + the pull between "
     "sidecars (transfer s) + the decode TTFT loading the pulled blocks (decode s); pd-decode: the decode TTFT when "
-    "the connector pulls itself")
+    "the connector pulls itself; pd-decode-hetero: the same by a decode engine on two devices with 16-token pages "
+    "(the prefill: one device, 32), its ratio against pd-decode's seconds")
 
 
 def run_tpu_inference(args: argparse.Namespace, console: Console) -> int:
