@@ -74,6 +74,7 @@ def test_decode_loads_a_prefill_of_another_page_size(engines, reference, seed, s
     d = delta(engines[dst].stats(), before)
     assert d["pulled_blocks"] == TOKENS // BLOCK_SIZE[src] and d["loaded_blocks"] == TOKENS // BLOCK_SIZE[dst], d
     assert d["load_error_blocks"] == 0 and d["refused_prefills"] == 0, d
+    assert d["saved_blocks"] == TOKENS // BLOCK_SIZE[dst], d  # kv_both: kept under its own keys too
     assert got["num_cached_tokens"] == TOKENS
     assert got["token_ids"] == reference(p)
 

@@ -276,7 +276,8 @@ class SchedulerSide:
         self.awaiting_load[request.request_id] = replace(pins, keys=pins.keys[:m])
         if self.save and start > st.saved:  # vLLM's own prefix hit: make sure the store has it too
             self.saves.append(Transfer(request.request_id, st.keys[st.saved:start], block_ids[st.saved:start]))
-        st.saved = max(st.saved, start + n)
+        if st.src is None:  # else the store holds them under the prefill's keys: saved under ours after the step
+            st.saved = max(st.saved, start + n)
         COUNTERS.add(matched_requests=1, matched_tokens=n * self.block_size)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
