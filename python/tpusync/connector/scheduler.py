@@ -56,7 +56,7 @@ class _Source:
 
 @dataclass
 class _Request:
-    tokens: list[int]
+    tokens: list[int]               # the prompt (the request's own list)
     extra: list[str] | None         # what keys the blocks besides the tokens (LoRA, salt, weights)
     keys: list[int]                 # the prompt's full blocks
     usable: int                     # leading blocks that may be loaded: the last prompt token is computed
@@ -113,7 +113,7 @@ class SchedulerSide:
         weights = self.served.tag()
         if weights is not None:
             extra.append(f"weights:{weights}")
-        st = _Request(tokens=list(tokens), extra=extra or None, keys=self.hasher.keys(tokens, extra or None),
+        st = _Request(tokens=tokens, extra=extra or None, keys=self.hasher.keys(tokens, extra or None),
                       usable=(len(tokens) - 1) // self.block_size,
                       remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=plain)
         self.reqs[request.request_id] = st
