@@ -138,9 +138,9 @@ def ensure(cluster, kind: str, obj: dict) -> dict:
     live = get(cluster, kind, ns, name)
     if live is None:
         apply(cluster, obj)
-    else:
-        live.pop("status", None)        # the spec replaced, the metadata (kopf's annotations) kept
-        cluster.kubectl("replace", "-f", "-", input=json.dumps({**live, "spec": obj["spec"]}))
+    else:  # the spec replaced whole by a patch: no resourceVersion to race the operator's own writes with
+        cluster.kubectl("patch", kind, name, "-n", ns, "--type=json",
+                        "-p", json.dumps([{"op": "replace", "path": "/spec", "value": obj["spec"]}]))
     return wait_condition(cluster, kind, ns, name)
 
 
