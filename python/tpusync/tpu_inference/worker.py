@@ -71,9 +71,9 @@ class JaxWorkerSide(WorkerResults):
                 continue
             n, store = self._load(store, t)
             self._count(loaded_blocks=n)
-            if n < len(t.keys):
+            if n < len(t.block_ids):  # pages: with blocks of another page size, not as many as keys
                 log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
-                            len(t.keys) - n, len(t.keys))
+                            len(t.block_ids) - n, len(t.block_ids))
                 self._fail(t.req_id, t.keys[t.key_index(n, self.runner.kv_caches[0].shape[1]):], t.block_ids[n:])
 
     def _load(self, store: Any, t: Any) -> tuple[int, Any]:
