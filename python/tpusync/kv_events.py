@@ -121,6 +121,20 @@ def _media(tier: int) -> frozenset[str]:
     return frozenset(m for m, bit in _MEDIA_BITS if int(tier) & bit)
 
 
+def _block_tier(parts: Sequence[int]) -> int:
+    """The tier of a block stored in parts (each a Tier code): the tiers that hold every part;
+    when every part is held but on different tiers, the slowest tier a part is on (a load waits
+    for it). 0 when a part is missing."""
+    common, seen = -1, 0
+    for part in parts:
+        t = int(part)
+        if not t:
+            return 0
+        common &= t
+        seen |= t
+    return common if common else 1 << (seen.bit_length() - 1)
+
+
 # A block's record on the shared tier: version, flags (1: has a parent, 2: has a LoRA id), the
 # parent's event hash, the LoRA id, then the token ids (uint32, little-endian).
 _RECORD = struct.Struct("<BBxxQq")
@@ -147,9 +161,9 @@ def decode_record(record: bytes) -> tuple[int | None, array[int], int | None] | 
 
 @dataclass
 class _Block:
-    key: int                  # the store key, to ask the store where the block is
+    keys: tuple[int, ...]     # the store keys of its parts (one for a block stored whole)
     parent: int | None        # the event hash of the block before it
-    tokens: array[int]        # its token ids, to announce it again on another tier
+    tokens: array[int]        # its token ids, to announce it again on another tier (none: tokenless)
     media: frozenset[str]     # where llm-d was last told it is
     described: bool = False   # its record is on the shared tier (or was queued to be written)
 
@@ -211,15 +225,14 @@ class BlockAnnouncer:
             for i, h in enumerate(hashes):
                 old = self._blocks.pop(h, None)
                 b = self.block_size
-                block = _Block(keys[i], hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]), media[i],
-                               described=old is not None and old.described)
+                block = _Block((keys[i],), hashes[i - 1] if i else None, array("I", tokens[i * b:(i + 1) * b]),
+                               media[i], described=old is not None and old.described)
                 if i < held and not block.described and self.describing and len(self._records) < self.remember:
                     self._records[keys[i]] = encode_record(block.parent, block.tokens)
                     block.described = True
                 self._blocks[h] = block
                 self._by_key[keys[i]] = h
-            while len(self._blocks) > self.remember:
-                self._by_key.pop(self._blocks.pop(next(iter(self._blocks))).key, None)
+            self._trim()
             # Sent under the lock: batches leave in the order the announcer's state changed.
             return self.publisher.send(batch) if batch else None
 
@@ -253,12 +266,38 @@ class BlockAnnouncer:
                     continue
                 parent, tokens, _ = decoded
                 h = event_hash(key)
-                self._blocks[h] = _Block(key, parent, tokens, frozenset(), described=True)
+                self._blocks[h] = _Block((key,), parent, tokens, frozenset(), described=True)
                 self._by_key[key] = h
                 adopted.append(key)
-            while len(self._blocks) > self.remember:
-                self._by_key.pop(self._blocks.pop(next(iter(self._blocks))).key, None)
+            self._trim()
         return adopted
+
+    def track(self, hashes: Sequence[int], parts: Sequence[Sequence[int]],
+              lookup: Callable[[list[int]], Sequence[int]]) -> int | None:
+        """Announces blocks an engine announces with tokens itself (SGLang's pages, on its own
+        stream), where the store holds every one of their parts (`parts`: per block, its store
+        keys), as tokenless events: llm-d adds the tier to the engine keys it has mapped from the
+        engine's own events. Their parts' changes are followed as any block's. Returns the
+        batch's sequence number (None: nothing to say)."""
+        with self._lock:
+            for h, keys in zip(hashes, parts):
+                old = self._blocks.pop(h, None)
+                block = old if old is not None and old.keys == tuple(keys) else _Block(tuple(keys), None, array("I"),
+                                                                                        frozenset(), described=True)
+                self._blocks[h] = block
+                for k in block.keys:
+                    self._by_key[k] = h
+            self._trim()
+        return self.audit(lookup, [k for keys in parts for k in keys])
+
+    def _trim(self) -> None:
+        """Forgets the least recently served blocks past `remember` (under the lock)."""
+        while len(self._blocks) > self.remember:
+            h, block = next(iter(self._blocks.items()))
+            del self._blocks[h]
+            for k in block.keys:
+                if self._by_key.get(k) == h:
+                    del self._by_key[k]
 
     def audit(self, lookup: Callable[[list[int]], Sequence[int]],
               keys: Collection[int] | None = None) -> int | None:
@@ -277,7 +316,11 @@ class BlockAnnouncer:
                 items = [(h, self._blocks[h]) for h in hashes]
         if not items:
             return None
-        tiers = lookup([b.key for _, b in items])
+        flat = lookup([k for _, b in items for k in b.keys])
+        tiers, at = [], 0
+        for _, b in items:
+            tiers.append(_block_tier(flat[at:at + len(b.keys)]))
+            at += len(b.keys)
         with self._lock:
             now = [(h, b, _media(t)) for (h, b), t in zip(items, tiers) if self._blocks.get(h) is b]
             batch: list[Event] = []

@@ -86,10 +86,10 @@ def _make_pool(layout: str, *, mla: bool, tokens: int, layers: int, heads: int, 
 
 
 def storage_config(extra: dict[str, Any], *, mla: bool = False, tp_rank: int = 0, tp_size: int = 1,
-                   layout: str = "page_first", model: str = "test/model") -> Any:
+                   pp_size: int = 1, layout: str = "page_first", model: str = "test/model") -> Any:
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=pp_size, attn_cp_rank=0,
                                 attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=True,
                                 is_page_first_layout=layout != "layer_first", model_name=model,
                                 extra_config={**BACKEND, **extra})

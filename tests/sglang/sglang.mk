@@ -37,7 +37,9 @@ $(SGLANG_OVERLAY)/.ready: $(SGLANG_ENV)/.complete $(VENV)/.installed
 	cp $(VENV)/bin/tpusync-sidecar $(SGLANG_OVERLAY)/bin/
 	touch $@
 
-sglang-test: $(SGLANG_OVERLAY)/.ready
+# test_hicache_events.py reads the backend's KV events with llm-d's own indexer (tests/llmd).
+sglang-test: $(SGLANG_OVERLAY)/.ready llmd-indexer
+	TPUSYNC_LLMD_INDEXER=$$(bash tests/llmd/build-indexer.sh --print) \
 	$(SGLANG_PY) -m pytest -q -p no:cacheprovider --timeout=600 tests/sglang
 
 # The backend against a memcpy of the same pages: bench/results/sglang.json (docs/sglang.md).

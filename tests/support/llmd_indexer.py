@@ -45,9 +45,11 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 class Indexer:
     """llmd-indexer: llm-d's indexer wired as the router's precise-prefix-cache-producer."""
 
-    def __init__(self, binary: str, block: int) -> None:
-        parameters = {"tokenProcessorConfig": {"blockSizeTokens": block},
-                      "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": False},
+    def __init__(self, binary: str, block: int, *, engine_type: str | None = None) -> None:
+        events: dict[str, Any] = {"topicFilter": "kv@", "discoverPods": False}
+        if engine_type is not None:  # llm-d's adapter for the engine's wire format (default: vLLM's)
+            events["engineType"] = engine_type
+        parameters = {"tokenProcessorConfig": {"blockSizeTokens": block}, "kvEventsConfig": events,
                       "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": False},
                                         "kvCacheBackendConfigs": WEIGHTS}}
         self.block = block

@@ -17,6 +17,9 @@ The extra config (``--hicache-storage-backend-extra-config``, JSON) also says wh
                      host's sidecar, on batch_exists)
     model            the model part of the keys (default: SGLang's model_name)
     reconnect_interval_s   how often a lost sidecar is dialled again (default 1.0)
+    kv_events        {"endpoint": .., "engine_endpoint": .., "topic": ..}: announce the pages the
+                     sidecar holds to llm-d, relayed with SGLang's own events on `endpoint`
+                     (tpusync.sglang.events; needs the sidecar)
 
 Copies: the v1 path copies each byte once, between the host pool's page buffers (the
 pointers of ``get_page_buffer_meta``) and the store's shared-memory DRAM pool: a page whose parts
@@ -45,6 +48,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
 from tpusync import errors
+from tpusync.sglang.events import EventsConfig, StorageEvents, part_keys, publishes
 from tpusync.sglang.keys import KeyScope, block_keys
 from tpusync.sglang.plan import Chunk, PagePlan
 from tpusync.store import KVStore, connect_sidecar
@@ -110,15 +114,31 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
         self._last_attempt = -1e18
         self._plan: PagePlan | None = None
         self._namespace = b""
+        self._scope: KeyScope | None = None
         self._counters: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
         self._reported: set[str] = set()
         self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                                                  "backup_bandwidth": []}
+        self._events = self._make_events(extra.get("kv_events"))
         try:
             self._connected()
         except Exception as e:  # noqa: BLE001 - a sidecar that is not up yet is dialled again on use
             self._report("connect", e)
+
+    def _make_events(self, raw: Any) -> StorageEvents | None:
+        """The publishing rank's KV events; a bad setting fails SGLang's start with its name."""
+        if raw is None:
+            return None
+        cfg = EventsConfig.parse(raw)
+        if self._extra.get("local") or self._extra.get("store_url"):
+            raise errors.InvalidArgumentError("kv_events follows the pod's sidecar (its change feed): "
+                                              "leave local and store_url unset")
+        if not publishes(self.config):
+            return None
+        return StorageEvents(cfg, dp_rank=int(getattr(self.config, "dp_rank", 0) or 0),
+                             pp_size=int(self.config.pp_size), open_store=self._open,
+                             retry_s=max(self._reconnect_interval, 0.1))
 
     # -- the store ----------------------------------------------------------------------
 
@@ -175,8 +195,18 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
                                      chunk_bytes=store.block_bytes)
         with self._lock:
             self._namespace = scope.namespace()
+            self._scope = scope
             self._plan = plan
         return plan
+
+    def _announce(self, store: KVStore, plan: PagePlan, pages: list[str]) -> None:
+        """Pages now in the store, to the router (the publishing rank only); never raises."""
+        if self._events is None or not pages or self._scope is None:
+            return
+        try:
+            self._events.stored(store, pages, part_keys(self._scope, pages, plan.slots))
+        except Exception as e:  # noqa: BLE001 - an announcement is a help to the router, never a failed set
+            self._report("kv_events", e)
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -206,6 +236,8 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         self.mem_pool_host = mem_pool_host
+        if self._events is not None:
+            self._events.set_page_size(int(mem_pool_host.page_size))
         with self._lock:
             self._plan = None
 
@@ -231,7 +263,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
             store, plan, ns = self._ready()
             per = len(plan.slots)
             flat = block_keys(ns, keys, plan.slots)
-            held = store.lookup(flat).prefix_len // per
+            held = local = store.lookup(flat).prefix_len // per
             for peer in self._peers:
                 if held >= len(keys):
                     break
@@ -245,6 +277,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
                 held += more
             self._count("exists_pages", len(keys))
             self._count("exists_hits", held)
+            self._announce(store, plan, keys[local:held])
             return held
         except Exception as e:  # noqa: BLE001 - never into SGLang's cache controller
             self._failed("exists", e, store)
@@ -269,6 +302,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
             except errors.CapacityError as e:  # what was stored before the store filled stays stored
                 self._failed("set", e, store)
                 ok = self._pages_held(store, flat, len(plan.slots), len(keys))
+            self._announce(store, plan, [k for k, stored in zip(keys, ok) if stored])
         except Exception as e:  # noqa: BLE001 - never into SGLang's cache controller
             self._failed("set", e, store)
             ok = [False] * len(keys)
@@ -422,6 +456,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
             tensors = [v.contiguous() for v in values]
             store.put(block_keys(ns, keys, plan.slots), self._flat_buffers(plan, tensors))
             ok = True
+            self._announce(store, plan, keys)
         except Exception as e:  # noqa: BLE001 - never into SGLang's cache controller
             self._failed("set", e, store)
             ok = False
@@ -467,6 +502,8 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
         return metrics
 
     def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
         with self._lock:
             store, self._store = self._store, None
         if store is not None:

@@ -117,6 +117,26 @@ def test_audit_announces_what_the_store_did_since():
                               ["BlockRemoved", [11], "CPU"]]
 
 
+def test_a_block_in_parts_is_announced_tokenless_while_every_part_is_held():
+    pub = _Recorder()
+    ann = BlockAnnouncer(pub, 4, remember=2)
+    where = {1: 1, 2: 0, 3: 1, 4: 1}  # block 21: keys 1 and 2; block 22: keys 3 and 4
+    look = lambda keys: [where[k] for k in keys]  # noqa: E731
+    assert ann.track([21, 22], [[1, 2], [3, 4]], look) == 0
+    assert pub.batches[0] == [["BlockStored", [22], None, [], 4, None, "CPU"]]  # 21 lacks a part
+    where[2] = 1  # its other part arrives (the change feed's key)
+    assert ann.audit(look, [2]) == 1
+    assert pub.batches[1] == [["BlockStored", [21], None, [], 4, None, "CPU"]]
+    where.update({1: 3, 2: 2})  # both parts on disk, one also in DRAM: the block is on disk
+    where.update({3: 1, 4: 2})  # parts on different tiers: the slower one
+    assert ann.audit(look) == 2
+    assert pub.batches[2] == [["BlockRemoved", [21, 22], "CPU"],
+                              ["BlockStored", [21], None, [], 4, None, "DISK"],
+                              ["BlockStored", [22], None, [], 4, None, "DISK"]]
+    assert ann.track([23], [[5]], lambda keys: [0]) is None  # past `remember`: 21 is forgotten
+    assert ann.unknown([1, 2, 3, 5]) == [1, 2]
+
+
 def test_follow_announces_an_eviction_when_the_store_makes_it():
     """No audit timer: the store's change feed names the block that left DRAM, and the
     announcer withdraws it (a block it did not change is not looked up again)."""
