@@ -86,6 +86,19 @@ def pod(sockets: Path, launch):
     engine.close()
 
 
+@pytest.fixture
+def backend(pod):
+    """The pod's backend (rank 0 of one) on a page_first host pool, llm-d subscribed to its relay."""
+    host, engine, ix, events = pod
+    pool = make_pool("page_first")
+    storage = make_backend(pool, {"control_socket": host.socket, "kv_events": events})
+    try:
+        subscribed(ix, engine, events["endpoint"])
+        yield pool, storage
+    finally:
+        storage.close()
+
+
 def tiers(ix: Indexer, prompt: list[int]) -> dict[str, int]:
     return ix.tiers(prompt, POD)
 
@@ -121,39 +134,33 @@ def test_sglangs_storage_keys_are_the_hashes_its_events_carry(pod):
     assert [h for e in stored for h in e.block_hashes] == [page_hash(k) for k in node.hash_value]
 
 
-def test_pages_in_the_sidecar_reach_llmd_and_leave_it_with_the_sidecar(pod):
-    host, engine, ix, events = pod
-    pool = make_pool("page_first")
-    backend = make_backend(pool, {"control_socket": host.socket, "kv_events": events})
-    try:
-        subscribed(ix, engine, events["endpoint"])
-        prompt = tokens(6 * PAGE, seed=2)
-        node = engine.node(prompt)
-        keys = engine.stored(node)
-        until(ix, prompt, {"gpu": 6})
+def test_pages_in_the_sidecar_reach_llmd_and_leave_it_with_the_sidecar(pod, backend):
+    host, engine, ix, _ = pod
+    pool, storage = backend
+    prompt = tokens(6 * PAGE, seed=2)
+    node = engine.node(prompt)
+    keys = engine.stored(node)
+    until(ix, prompt, {"gpu": 6})
 
-        assert backend.batch_set_v1(keys, fill(pool, 6)) == [True] * 6
-        until(ix, prompt, {"gpu": 6, "cpu": 6})
+    assert storage.batch_set_v1(keys, fill(pool, 6)) == [True] * 6
+    until(ix, prompt, {"gpu": 6, "cpu": 6})
 
-        # SGLang evicts the node from the device: the pod still serves the prefix from L3.
-        engine.recorder.record_remove(node)
-        engine.publish()
-        until(ix, prompt, {"cpu": 6})
+    # SGLang evicts the node from the device: the pod still serves the prefix from L3.
+    engine.recorder.record_remove(node)
+    engine.publish()
+    until(ix, prompt, {"cpu": 6})
 
-        # The sidecar evicts the last three pages (no disk tier: gone): its change feed tells llm-d.
-        scope = backend._scope
-        parts = part_keys(scope, keys[3:], backend._plan.slots)
-        with KVStore.connect(f"unix://{host.socket}") as store:
-            store.evict([k for p in parts for k in p])
-        until(ix, prompt, {"cpu": 3})
+    # The sidecar evicts the last three pages (no disk tier: gone): its change feed tells llm-d.
+    parts = part_keys(storage._scope, keys[3:], storage._plan.slots)
+    with KVStore.connect(f"unix://{host.socket}") as store:
+        store.evict([k for p in parts for k in p])
+    until(ix, prompt, {"cpu": 3})
 
-        # SGLang computes the prefix again (its own events map the pages again: llm-d forgot the
-        # evicted ones with their last tier) and backs it up: every page is announced again.
-        engine.stored(node)
-        assert backend.batch_set_v1(keys, fill(pool, 6, seed=3)) == [True] * 6
-        until(ix, prompt, {"gpu": 6, "cpu": 6})
-    finally:
-        backend.close()
+    # SGLang computes the prefix again (its own events map the pages again: llm-d forgot the
+    # evicted ones with their last tier) and backs it up: every page is announced again.
+    engine.stored(node)
+    assert storage.batch_set_v1(keys, fill(pool, 6, seed=3)) == [True] * 6
+    until(ix, prompt, {"gpu": 6, "cpu": 6})
 
 
 def test_a_page_is_announced_once_every_tp_rank_stored_its_heads(pod):
@@ -182,22 +189,17 @@ def test_a_page_is_announced_once_every_tp_rank_stored_its_heads(pod):
         rank1.close()
 
 
-def test_after_sglang_clears_its_cache_the_stored_pages_are_announced_again(pod):
+def test_after_sglang_clears_its_cache_the_stored_pages_are_announced_again(pod, backend):
     """SGLang's /flush_cache publishes AllBlocksCleared, which makes llm-d forget every tier of the
     pod; what the sidecar still holds is announced again, so the router keeps the L3 prefix."""
-    host, engine, ix, events = pod
-    pool = make_pool("page_first")
-    backend = make_backend(pool, {"control_socket": host.socket, "kv_events": events})
-    try:
-        subscribed(ix, engine, events["endpoint"])
-        prompt = tokens(5 * PAGE, seed=6)
-        keys = engine.stored(engine.node(prompt))
-        assert backend.batch_set_v1(keys, fill(pool, 5)) == [True] * 5
-        until(ix, prompt, {"gpu": 5, "cpu": 5})
-        engine.publish(AllBlocksCleared())
-        until(ix, prompt, {"cpu": 5})
-    finally:
-        backend.close()
+    _, engine, ix, _ = pod
+    pool, storage = backend
+    prompt = tokens(5 * PAGE, seed=6)
+    keys = engine.stored(engine.node(prompt))
+    assert storage.batch_set_v1(keys, fill(pool, 5)) == [True] * 5
+    until(ix, prompt, {"gpu": 5, "cpu": 5})
+    engine.publish(AllBlocksCleared())
+    until(ix, prompt, {"cpu": 5})
 
 
 def test_llmds_sglang_adapter_cannot_read_sglang_0_5_23s_events():
@@ -264,3 +266,21 @@ def test_kv_events_need_the_sidecar_and_one_pipeline_stage(launch, sockets):
         make_backend(make_pool("page_first"), {"store_url": "tpusync://127.0.0.1:1", "kv_events": events})
     with pytest.raises(errors.InvalidArgumentError, match="pp_size 2"):
         make_backend(make_pool("page_first"), {"control_socket": host.socket, "kv_events": events}, pp_size=2)
+
+
+def test_the_feed_follows_a_restarted_sidecar(pod, backend, launch):
+    """The sidecar restarts (its shared-memory pool and the pages in it survive): the backend's feed
+    dials it again, and what the new sidecar evicts still reaches the router."""
+    host, engine, ix, _ = pod
+    pool, storage = backend
+    prompt = tokens(4 * PAGE, seed=10)
+    keys = engine.stored(engine.node(prompt))
+    assert storage.batch_set_v1(keys, fill(pool, 4)) == [True] * 4
+    until(ix, prompt, {"gpu": 4, "cpu": 4})
+    assert host.sidecar.stop() == 0
+    again = launch("events")
+    parts = [k for page in part_keys(storage._scope, keys, storage._plan.slots) for k in page]  # page-major
+    with KVStore.connect(f"unix://{again.socket}") as store:
+        assert store.lookup(parts).prefix_len == len(parts)
+        store.evict(parts[len(parts) // 2:])  # the last two pages
+    until(ix, prompt, {"gpu": 4, "cpu": 2})
