@@ -83,6 +83,14 @@ def _host_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, l
     return np.asarray(gathered), list(range(len(page_ids)))  # one device-to-host transfer of just these pages
 
 
+def host_shard_keys(keys: Sequence[int], k: jax.Array) -> tuple[list[int], int]:
+    """The keys save_pages stores these blocks under on this host, block after block, and how
+    many each block has here: one per shard of the cache held here (the block key itself when
+    unsharded)."""
+    total, shards = _local_shards(k)
+    return [shard_key(key, n, total) for key in keys for n in shards], len(shards)
+
+
 def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, page_ids: Sequence[int]) -> int:
     """Stores the given pages under `keys` (blocks already stored are skipped). Returns bytes written."""
     if len(keys) != len(page_ids):

@@ -52,8 +52,57 @@ def start_server(role: str, *, model_config: dict[str, Any], control_socket: str
         args.append("--no-prefix-cache")
     args += extra_args
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    return ServerProcess(proc, _ready(proc, role)["port"], role)
+
+
+@dataclass
+class SliceProcesses:
+    """A multi-host slice of reference servers: the leader serves HTTP, the followers follow it."""
+
+    leader: ServerProcess
+    followers: list[subprocess.Popen[str]]
+
+    @property
+    def url(self) -> str:
+        return self.leader.url
+
+    def stop(self) -> None:
+        """The leader tells the followers to exit as it stops; then they are waited for."""
+        self.leader.stop()
+        for f in self.followers:
+            interrupt(f, grace=15)
+            if f.stdout:
+                f.stdout.close()
+
+
+def start_slice(role: str, hosts: Sequence[tuple[str, str]], *, model_config: dict[str, Any], coordinator: str,
+                cpu_devices: int = 0, stderr: int | IO[str] | None = None,
+                extra_args: Sequence[str] = ()) -> SliceProcesses:
+    """Starts one `python -m tpusync.serving` process per host of a slice (`hosts`: each host's
+    sidecar control socket and data address) and returns once all are warmed up; the
+    coordinator (host:port) is process 0's."""
+    procs = []
+    try:
+        for i, (control_socket, data_address) in enumerate(hosts):
+            args = [sys.executable, "-m", "tpusync.serving", "--role", role, "--port", "0",
+                    "--model-config", json.dumps(model_config), "--control-socket", control_socket,
+                    "--data-address", data_address, "--num-processes", str(len(hosts)), "--process-id", str(i),
+                    "--coordinator", coordinator, "--cpu-devices", str(cpu_devices), *extra_args]
+            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True))
+        ready = [_ready(p, f"{role} process {i}") for i, p in enumerate(procs)]
+    except BaseException:
+        for p in procs:
+            terminate(p, 5, signal.SIGKILL)
+        raise
+    return SliceProcesses(ServerProcess(procs[0], ready[0]["port"], role), procs[1:])
+
+
+def _ready(proc: subprocess.Popen[str], what: str) -> dict[str, Any]:
+    """The server's ready line: the first JSON object it prints (collective libraries such as
+    gloo print their own lines to stdout first)."""
     assert proc.stdout is not None  # stdout=PIPE
-    line = proc.stdout.readline()
-    if not line:
-        raise errors.UnavailableError(f"the {role} server exited with {proc.wait()} before listening")
-    return ServerProcess(proc, json.loads(line)["port"], role)
+    for line in proc.stdout:
+        if line.startswith("{"):
+            ready: dict[str, Any] = json.loads(line)
+            return ready
+    raise errors.UnavailableError(f"the {what} exited with {proc.wait()} before listening")

@@ -7,11 +7,13 @@ import json
 import logging
 import os
 import sys
+import threading
 
-from tpusync import cli
+from tpusync import cli, errors
 from tpusync.serving.engine import ROLES, Engine
 from tpusync.serving.model import ModelConfig
 from tpusync.serving.server import BODY_BYTES_PER_TOKEN, DEFAULT_MAX_BODY_BYTES, CompletionServer
+from tpusync.serving.slice import Slice, SliceConfig
 from tpusync.store import KVStore
 
 
@@ -44,6 +46,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          f"{DEFAULT_MAX_BODY_BYTES >> 20} MiB, or {BODY_BYTES_PER_TOKEN} bytes a prompt token if "
                          "that is more)")
     ap.add_argument("--no-warm-up", action="store_true")
+    mh = ap.add_argument_group("multi-host slice", "one process per host, all started with the same flags but "
+                                                   "--process-id and their host's --control-socket/--data-address; "
+                                                   "process 0 serves HTTP")
+    mh.add_argument("--num-processes", type=cli.positive(int), default=1)
+    mh.add_argument("--process-id", type=int, default=0)
+    mh.add_argument("--coordinator", default=None, help="host:port of process 0's coordination service")
+    mh.add_argument("--cpu-devices", type=int, default=0, help="on the CPU: JAX devices per process")
     cli.add_debug(ap)
     return ap.parse_args(argv)
 
@@ -55,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="ts=%(created).6f level=%(levelname)s msg=%(message)s")
+    group = None
+    if args.num_processes > 1:  # before anything else starts JAX
+        if not args.coordinator:
+            raise errors.InvalidArgumentError("--num-processes > 1 needs --coordinator host:port")
+        group = Slice(SliceConfig(args.coordinator, args.num_processes, args.process_id, args.cpu_devices))
     cfg = ModelConfig(**json.loads(args.model_config))
     store = None
     if args.control_socket:
@@ -71,9 +85,15 @@ def _main(argv: list[str]) -> int:
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
                     prefix_cache=not args.no_prefix_cache, kv_events=events,
-                    kv_events_audit_s=args.kv_events_audit_s, kv_events_feed=feed)
+                    kv_events_audit_s=args.kv_events_audit_s, kv_events_feed=feed, slice=group)
     if not args.no_warm_up:
-        engine.warm_up()
+        engine.warm_up()  # on a slice, every process compiles the same computations in lockstep
+    if group is not None and not group.leader:
+        print(json.dumps({"event": "ready", "process": args.process_id}), flush=True)
+        engine.follow_leader()
+        return 0
+    if group is not None:
+        threading.Thread(target=engine.keep_slice_alive, daemon=True, name="slice-keepalive").start()
     server = CompletionServer((args.host, args.port), engine, args.served_model_name or args.model,
                               max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens)
     port = server.server_address[1]
@@ -92,6 +112,8 @@ def _main(argv: list[str]) -> int:
         pass
     finally:
         server.server_close()
+        if group is not None:
+            engine.stop_slice()
     return 0
 
 

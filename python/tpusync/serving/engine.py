@@ -9,10 +9,15 @@ Roles:
 Every role looks up the longest cached prefix (DRAM, disk, then the configured peers) and
 computes only the rest. If the store or a peer fails, or holds a block that is not a page of
 this model, it recomputes: never wrong tokens. Why it failed goes to the log, not to clients.
+
+On a multi-host slice (`tpusync.serving.slice`) every process runs each request in lockstep;
+each host moves its own shards of every page through its own sidecar, and the slice computes
+from the shortest prefix its hosts hold.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -23,12 +28,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
 from tpusync.kv_events import BlockAnnouncer, EventSink, follow, tiers_of
-from tpusync.pages import compile_loads, load_pages, save_pages
+from tpusync.pages import compile_loads, host_shard_keys, load_pages, save_pages
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
+from tpusync.serving.slice import Slice
 from tpusync.store import KVStore
 
 log = logging.getLogger("tpusync.serving")
@@ -76,10 +83,17 @@ class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
                  prefix_cache: bool = True, kv_events: EventSink | None = None, kv_events_audit_s: float = 2.0,
-                 kv_events_feed: KVStore | None = None) -> None:
+                 kv_events_feed: KVStore | None = None, slice: Slice | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
+        if slice is not None:
+            if cfg.kv_heads % slice.devices:
+                raise errors.InvalidArgumentError(f"kv_heads ({cfg.kv_heads}) must be a multiple of the slice's "
+                                                  f"{slice.devices} devices: each holds whole heads")
+            if kv_events is not None:
+                raise errors.InvalidArgumentError("KV events from a multi-host slice are not built yet: a block is "
+                                                  "the slice's only when every host holds its part")
         if store is not None and store.block_bytes < cfg.page_bytes:
             raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
         self.cfg, self.role, self.store = cfg, role, store
@@ -99,12 +113,37 @@ class Engine:
             # from the shared tier at the sidecar's scans: announced at once (kv_events.follow).
             threading.Thread(target=self._follow_loop, args=(self.announcer, kv_events_feed), daemon=True,
                              name="kv-events-feed").start()
-        self.params = init_params(cfg)
-        self.k, self.v = empty_cache(cfg)
+        self.slice = slice
+        self.params = init_params(cfg) if slice is None else jax.tree.map(self._replicated, init_params(cfg))
+        self.k, self.v = self._empty_cache()
+        # The data ports of every host of the slice, for kv_transfer_params (process order).
+        self.slice_addresses = slice.gather_text(data_address or "") if slice is not None else []
         self.lock = threading.Lock()
         self.running = 0
         self.waiting = 0
         self.pages_in_use = 0
+
+    def _replicated(self, x: jax.Array) -> jax.Array:
+        assert self.slice is not None
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, self.slice.sharding(None, host.ndim), lambda i: host[i])
+
+    def _empty_cache(self) -> tuple[jax.Array, jax.Array]:
+        """The KV cache, on a slice sharded over its devices by kv heads (axis 3)."""
+        if self.slice is None:
+            return empty_cache(self.cfg)
+        cfg = self.cfg
+        shape = (cfg.layers, cfg.pages, cfg.page_size, cfg.kv_heads, cfg.head_dim)
+        sharding = self.slice.sharding(3, len(shape))
+        k, v = (jax.make_array_from_callback(shape, sharding, lambda i: np.zeros(shape, cfg.dtype)[i])
+                for _ in range(2))
+        return k, v
+
+    def _token(self, logits: jax.Array, row: int) -> int:
+        """The greedy token of one row of logits (replicated on every process of a slice)."""
+        if self.slice is None:
+            return int(jnp.argmax(logits[row]))
+        return int(_argmax_replicated(self.slice)(logits, row))
 
     # -- the request path ----------------------------------------------------------------
 
@@ -125,10 +164,42 @@ class Engine:
             self.waiting -= 1
             self.running += 1
             try:
+                if self.slice is not None:  # every process of the slice runs it, in this order
+                    self.slice.broadcast({"op": "generate", "prompt": prompt, "max_tokens": max_tokens,
+                                          "kv_transfer_params": kv_transfer_params})
                 return self._generate(prompt, max_tokens, kv_transfer_params, on_token, arrived)
             finally:
                 self.running -= 1
                 self.pages_in_use = 0
+
+    def follow_leader(self, idle_s: float = 30.0) -> None:
+        """A follower of a slice: runs what the leader broadcasts until it says stop."""
+        assert self.slice is not None and not self.slice.leader
+        while True:
+            message = self.slice.broadcast(None)
+            if message.get("op") == "stop":
+                return
+            if message.get("op") == "generate":
+                self._generate(message["prompt"], message["max_tokens"], message.get("kv_transfer_params"), None,
+                               time.perf_counter())
+
+    def keep_slice_alive(self, every_s: float = 30.0) -> None:
+        """The leader, on a thread of its own: an empty broadcast when idle, so that followers
+        waiting in the collective never reach its timeout."""
+        assert self.slice is not None and self.slice.leader
+        while True:
+            time.sleep(every_s)  # a period, not a synchronisation
+            if self.lock.acquire(blocking=False):  # busy: a request is a broadcast too
+                try:
+                    self.slice.broadcast(None)
+                finally:
+                    self.lock.release()
+
+    def stop_slice(self) -> None:
+        """The leader: tells the followers to exit."""
+        assert self.slice is not None and self.slice.leader
+        with self.lock:
+            self.slice.broadcast({"op": "stop"})
 
     def _generate(self, prompt: list[int], max_tokens: int, kv_params: dict[str, Any] | None,
                   on_token: Callable[[int], None] | None, arrived: float) -> Result:
@@ -151,7 +222,7 @@ class Engine:
                                              n=cfg.chunk, span=span_for(cfg, c + cfg.chunk))
             last = len(chunk) - 1
         assert logits is not None  # start <= len(prompt) - 1: the loop ran at least once
-        token = int(jnp.argmax(logits[last]))
+        token = self._token(logits, last)
         st.computed_tokens = len(prompt) - start
         st.prefill_seconds = time.perf_counter() - t0
         st.ttft_seconds = time.perf_counter() - arrived
@@ -167,7 +238,7 @@ class Engine:
         while len(out) < max_tokens:
             logits, self.k, self.v = forward(self.params, self.k, self.v, jnp.asarray([token], jnp.int32),
                                              jnp.int32(pos), cfg=cfg, n=1, span=span_for(cfg, pos + 1))
-            token = int(jnp.argmax(logits[0]))
+            token = self._token(logits, 0)
             out.append(token)
             pos += 1
             if on_token:
@@ -175,60 +246,77 @@ class Engine:
         return Result(out, None, st)
 
     def _bring_prefix(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> int:
-        """Makes the longest available prefix of `keys` local and loads it; returns its pages."""
+        """Makes the longest available prefix of `keys` local and loads it; returns its pages
+        (on a slice, the pages every host loaded its shards of)."""
         if self.store is None or not keys or not (self.prefix_cache or kv_params):
             return 0
+        loaded = self._bring_shards(keys, kv_params, st)
+        if self.slice is not None:  # a collective: every process reaches it
+            loaded, ok = self.slice.agree([loaded, 0 if st.store_error else 1])
+            if not ok and not st.store_error:
+                st.store_error = "the store or a peer of another host of the slice failed"
+        return loaded
+
+    def _bring_shards(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> int:
+        """This host's part of _bring_prefix: its shards of each block (the blocks themselves
+        when the cache is not sharded), from its store, the prefill host and peers."""
+        assert self.store is not None
         try:
-            sources = []
-            remote = remote_address(kv_params)
-            if remote is not None:
-                sources.append(remote)  # the prefill server's sidecar first
+            sources = remote_addresses(kv_params, self.slice.cfg.process_id if self.slice is not None else 0)
             if self.prefix_cache:
                 sources += [p for p in self.peers if p not in sources]
-            local = self.store.lookup(keys).prefix_len
+            host_keys, per = host_shard_keys(keys, self.k)
+            local = self.store.lookup(host_keys).prefix_len // per
             for peer in sources:
                 if local == len(keys):
                     break
                 t0 = time.perf_counter()
                 try:
-                    held = self.store.read_remote(peer, keys)
+                    held = self.store.read_remote(peer, host_keys)
                 except errors.TpuSyncError as e:  # a dead peer: try the next, keep what is local
                     st.store_error = str(e)
                     log.warning("peer %s unavailable: %s", peer, e)
                     continue
                 finally:
                     st.transfer_seconds += time.perf_counter() - t0
-                now = next((i for i, h in enumerate(held) if not h), len(held))
+                now = next((i for i, h in enumerate(held) if not h), len(held)) // per
                 st.pulled_blocks += max(0, now - local)
                 local = max(local, now)
-            st.pulled_bytes = st.pulled_blocks * self.cfg.page_bytes
+            st.pulled_bytes = st.pulled_blocks * self.cfg.page_bytes * per // max(1, self._shards())
             t0 = time.perf_counter()
             self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
             st.load_seconds = time.perf_counter() - t0
             if loaded < local:  # a block the store holds, but not as a page of this model (or gone since)
-                self._evict_unloadable(keys[loaded], st)
+                self._evict_unloadable(host_keys[loaded * per:(loaded + 1) * per], st)
             return loaded
         except errors.TpuSyncError as e:  # a dead sidecar or peer: recompute, never fail or guess
             st.store_error = str(e)
             log.warning("prefix cache unavailable, recomputing: %s", e)
-            self.k, self.v = empty_cache(self.cfg) if self.k.is_deleted() else (self.k, self.v)
+            self.k, self.v = self._empty_cache() if self.k.is_deleted() else (self.k, self.v)
             return 0
 
-    def _evict_unloadable(self, key: int, st: RequestStats) -> None:
-        """Evicts a block that could not be loaded (the wrong length), from DRAM and then disk, so
-        that the page computed in its stead is what gets stored, and loaded next time."""
+    def _shards(self) -> int:
+        """Shards of the cache over the whole slice (1 when not sharded)."""
+        return self.slice.devices if self.slice is not None else 1
+
+    def _evict_unloadable(self, keys: list[int], st: RequestStats) -> None:
+        """Evicts a block (its shards held here) that could not be loaded (the wrong length), from
+        DRAM and then disk, so that the page computed in its stead is what gets stored, and
+        loaded next time."""
         assert self.store is not None
         try:
-            if not self.store.lookup([key]).prefix_len:
+            present = [k for k, t in zip(keys, self.store.where(keys).tolist()) if t]
+            if not present:
                 return  # gone since the lookup: nothing to replace
-            log.warning("block %032x is stored but is not a page of this model: recomputing it", key)
+            log.warning("block %032x is stored but is not a page of this model: recomputing it", present[0])
             for _ in range(2):  # DRAM, then disk
-                self.store.evict([key])
-                if not self.store.lookup([key]).prefix_len:
+                self.store.evict(present)
+                present = [k for k, t in zip(present, self.store.where(present).tolist()) if t]
+                if not present:
                     return
         except errors.TpuSyncError as e:  # it stays a miss, recomputed each time
             st.store_error = str(e)
-            log.warning("could not evict block %032x: %s", key, e)
+            log.warning("could not evict block %032x: %s", keys[0], e)
 
     def _save_prompt(self, keys: list[int], cached_pages: int, st: RequestStats) -> None:
         if self.store is None or not (self.prefix_cache or self.role == "prefill"):
@@ -274,8 +362,11 @@ class Engine:
                 never.wait(1.0)  # a back-off before the next long poll, not a synchronisation
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
-        return {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
-                "num_tokens": num_tokens, "block_size": self.cfg.page_size}
+        params = {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
+                  "num_tokens": num_tokens, "block_size": self.cfg.page_size}
+        if self.slice is not None:  # each decode host pulls its shards from the host that holds them
+            params["remote_addresses"] = self.slice_addresses
+        return params
 
     # -- gauges for /metrics ----------------------------------------------------------------
 
@@ -288,9 +379,9 @@ class Engine:
         while True:
             forward(self.params, self.k, self.v, jnp.zeros(self.cfg.chunk, jnp.int32), jnp.int32(0), cfg=self.cfg,
                     n=self.cfg.chunk, span=span)
-            self.k, self.v = empty_cache(self.cfg)
+            self.k, self.v = self._empty_cache()
             forward(self.params, self.k, self.v, jnp.zeros(1, jnp.int32), jnp.int32(0), cfg=self.cfg, n=1, span=span)
-            self.k, self.v = empty_cache(self.cfg)
+            self.k, self.v = self._empty_cache()
             if span >= self.cfg.max_seq:
                 break
             span = min(span * 2, self.cfg.max_seq)
@@ -302,11 +393,34 @@ def remote_address(kv_params: dict[str, Any] | None) -> str | None:
     """kv_transfer_params' remote_address (the prefill server's sidecar), if there is one. The
     client sends it, and the sidecar is asked to pull from it: anything but a host:port is
     logged and ignored, never passed on."""
-    address = (kv_params or {}).get("remote_address")
+    return _peer_address((kv_params or {}).get("remote_address"), "remote_address")
+
+
+def remote_addresses(kv_params: dict[str, Any] | None, host: int) -> list[str]:
+    """The prefill hosts to pull from: a slice's `remote_addresses` (every host's sidecar, in
+    process order) starting with the one of this host's index, whose shards a decode slice of the
+    same layout needs; else `remote_address`. Malformed entries are logged and dropped."""
+    listed = (kv_params or {}).get("remote_addresses")
+    if isinstance(listed, list) and 0 < len(listed) <= 1024:
+        valid = [a for a in (_peer_address(x, "remote_addresses") for x in listed) if a is not None]
+        first = host % len(valid) if valid else 0
+        return valid[first:] + valid[:first]
+    one = remote_address(kv_params)
+    return [one] if one is not None else []
+
+
+def _peer_address(address: object, field: str) -> str | None:
     if address is None or address == "":
         return None
     match = _PEER_ADDRESS.fullmatch(address) if isinstance(address, str) and len(address) <= 300 else None
     if match is None or not 0 < int(match.group(1)) < 65536:
-        log.warning("ignoring a malformed kv_transfer_params remote_address: %.80r", address)
+        log.warning("ignoring a malformed kv_transfer_params %s: %.80r", field, address)
         return None
     return match.string
+
+
+@functools.cache
+def _argmax_replicated(slice: Slice) -> Callable[[jax.Array, int], jax.Array]:
+    """argmax of one row of logits, replicated on every process (a multi-process array converts
+    to a number only then)."""
+    return jax.jit(lambda logits, row: jnp.argmax(logits[row]), out_shardings=slice.sharding(None, 0))

@@ -1,0 +1,146 @@
+"""Multi-host slices of the reference engine, on real processes: each slice is one JAX program of
+two processes (jax.distributed on the CPU, gloo collectives, 2 devices each: 2 hosts x 2
+devices), each process with its own sidecar. The KV cache is sharded over the slice's 4 devices
+by kv heads, so each host holds half the heads of every page.
+
+Tokens must equal the monolithic single-process engine's, every time: prefix-cached on a slice,
+P/D from a prefill slice to a decode slice (host to host, each host pulling its own shards), and
+with one decode host's sidecar gone (the slice recomputes; nothing is loaded in part).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+
+from tests.support.processes import free_port
+from tpusync import KVStore
+from tpusync.local import sidecars as sidecar
+from tpusync.local.servers import start_server, start_slice
+from tpusync.local.sidecars import write_secret
+from tpusync.pages import shard_key
+from tpusync.serving.model import ModelConfig
+
+MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "heads": 4, "kv_heads": 4, "head_dim": 32}
+CFG = ModelConfig(**MODEL)
+BLOCK = -(-CFG.page_bytes // 4096) * 4096
+SHARDS = 4  # 2 hosts x 2 devices, one kv head each
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.load(resp)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 256, n).tolist()
+
+
+def tokens(resp: dict) -> list[int]:
+    return resp["choices"][0]["token_ids"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Four sidecars (hosts p0, p1 of the prefill slice, d0, d1 of the decode slice), the slices,
+    and a monolithic engine on one device as the reference."""
+    work = tmp_path_factory.mktemp("mh")
+    secret = work / "secret"
+    write_secret(secret, uuid.uuid4().hex * 2)
+    pools = [f"/dev/shm/tpusync-mh-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    started: list = []
+    env = {"JAX_PLATFORMS": "cpu"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        sides = [sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK,
+                                control_socket=str(work / f"{i}.sock"), stderr=subprocess.DEVNULL)
+                 for i, pool in enumerate(pools)]
+        started += sides
+        started.append(start_server("both", model_config=MODEL, prefix_cache=False))
+        for role, hosts in (("prefill", sides[:2]), ("decode", sides[2:])):
+            started.append(start_slice(role, [(h.control_socket, h.address) for h in hosts], model_config=MODEL,
+                                       coordinator=f"127.0.0.1:{free_port()}", cpu_devices=2,
+                                       stderr=subprocess.DEVNULL))
+        yield dict(zip(("p0", "p1", "d0", "d1", "mono", "prefill", "decode"), started))
+    finally:
+        for s in reversed(started):
+            s.stop()
+        for pool in pools:
+            for path in (pool, pool + ".lock"):
+                if os.path.exists(path):
+                    os.unlink(path)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def held_shards(host, keys: list[int]) -> set[int]:
+    """The shard numbers of which this host's sidecar holds every block of `keys`."""
+    with KVStore.connect(f"unix://{host.control_socket}") as store:
+        return {n for n in range(SHARDS)
+                if store.lookup([shard_key(k, n, SHARDS) for k in keys]).prefix_len == len(keys)}
+
+
+def test_a_slice_serves_the_monolithic_tokens_and_each_host_keeps_its_own_shards(cluster):
+    p = prompt(1, 300)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 10}))
+    first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    assert tokens(first) == want[:1]
+    params = first["kv_transfer_params"]
+    assert params["remote_addresses"] == [cluster["p0"].address, cluster["p1"].address]
+    keys = [int(k, 16) for k in params["block_keys"]]
+    assert len(keys) == 300 // CFG.page_size
+    # Host 0 holds the first two kv heads (devices 0, 1), host 1 the other two; neither the whole block.
+    assert held_shards(cluster["p0"], keys) == {0, 1} and held_shards(cluster["p1"], keys) == {2, 3}
+    with KVStore.connect(f"unix://{cluster['p0'].control_socket}") as store:
+        assert store.lookup(keys).prefix_len == 0
+
+    # The same prompt again on the prefill slice: every host loads its shards, nothing recomputed
+    # but the chunk that yields the first token.
+    again = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    assert tokens(again) == want[:1] and again["tpusync"]["cached_tokens"] == 256
+
+
+def test_pd_between_two_slices_pulls_host_to_host(cluster):
+    shared = prompt(2, 400)
+    for i in range(2):
+        p = shared + prompt(20 + i, 150)
+        want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 12}))
+        first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+        decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 12,
+                                               "kv_transfer_params": first["kv_transfer_params"]})
+        assert tokens(decoded) == want
+        st = decoded["tpusync"]
+        assert st["cached_tokens"] == len(p) // CFG.chunk * CFG.chunk and st["prefix_cache"] == "ok"
+        keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+        assert held_shards(cluster["d0"], keys) == {0, 1} and held_shards(cluster["d1"], keys) == {2, 3}
+        # Each host pulled only its half of each block: the blocks the first request lacked.
+        assert st["pulled_bytes"] == st["pulled_blocks"] * CFG.page_bytes // 2
+
+
+def test_a_decode_host_without_its_sidecar_makes_the_slice_recompute(cluster):
+    """Host d1's sidecar goes away: its lookups and pulls fail, the slice agrees on no cached
+    prefix and computes the whole prompt; the tokens are still the monolithic run's."""
+    p = prompt(3, 350)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 8}))
+    first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    assert cluster["d1"].stop() == 0
+    decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 8,
+                                           "kv_transfer_params": first["kv_transfer_params"]})
+    assert tokens(decoded) == want
+    st = decoded["tpusync"]
+    assert st["cached_tokens"] == 0 and st["computed_tokens"] == 350 and st["prefix_cache"] == "unavailable"
+    # Host d0 pulled its shards (its sidecar is up); the slice did not load them without d1's.
+    keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+    assert held_shards(cluster["d0"], keys) == {0, 1}
