@@ -83,12 +83,10 @@ def _host_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, l
     return np.asarray(gathered), list(range(len(page_ids)))  # one device-to-host transfer of just these pages
 
 
-def host_shard_keys(keys: Sequence[int], k: jax.Array) -> tuple[list[int], int]:
-    """The keys save_pages stores these blocks under on this host, block after block, and how
-    many each block has here: one per shard of the cache held here (the block key itself when
-    unsharded)."""
+def host_shards(k: jax.Array) -> tuple[int, list[int]]:
+    """(shards of a K/V cache, the global numbers of those held on this host)."""
     total, shards = _local_shards(k)
-    return [shard_key(key, n, total) for key in keys for n in shards], len(shards)
+    return total, list(shards)
 
 
 def save_pages(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, page_ids: Sequence[int]) -> int:
@@ -422,6 +420,58 @@ def page_ranges(page_tokens: int, src_page_tokens: int, first_token: int, page: 
     [(block, first token in it, first token in the page, count)]."""
     start = first_token + page * page_tokens
     return _pieces(src_page_tokens, start, start + page_tokens)
+
+
+def head_sources(k: jax.Array, src_shards: int) -> dict[int, list[tuple[int, int, int, int]]]:
+    """For each of this host's shards of a K/V cache split on kv heads (axis 3): the parts of a
+    block stored split in `src_shards` along kv heads that it overlaps (`reshard_ranges`)."""
+    return {n: reshard_ranges(k.shape[3], src_shards, heads) for n, heads in _axis_ranges(k, 3).items()}
+
+
+def load_pages_resharded(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, page_ids: Sequence[int],
+                         src_shards: int) -> tuple[jax.Array, jax.Array, int]:
+    """Loads blocks that an engine with this cache's layers and pages stored split in
+    `src_shards` equal parts along kv heads (`save_pages` of a cache sharded there) into this
+    cache however it is split along them (tensor parallelism of another degree): each shard
+    here reads only the stored parts it overlaps, no host gathers a whole block. Returns the
+    updated (k, v) and the number of leading pages loaded: a page loads only when every part
+    this host needs of its block is stored, with a part's length."""
+    plans = head_sources(k, src_shards)
+    layers, _, page_tokens, heads, head_dim = k.shape
+    part = (2, layers, page_tokens, heads // src_shards, head_dim)
+    count = int(np.prod(part))
+    _check_fits(store, count * k.dtype.itemsize)
+
+    def parts(plan: list[tuple[int, int, int, int]], blocks: Sequence[int]) -> list[int]:
+        return [shard_key(key, m, src_shards) for key in blocks for m, *_ in plan]
+
+    loaded = min(store.lookup(parts(plan, keys)).prefix_len // len(plan) for plan in plans.values())
+    _, shards = _layer_shards([k, v])
+    host: dict[int, list[np.ndarray]] = {}
+    copied: dict[int, int] = {}
+    for n, (ks, vs) in shards.items():
+        if loaded == 0:
+            return k, v, 0
+        plan, kh, vh = plans[n], np.array(ks), np.array(vs)
+        with store.acquire_many(parts(plan, keys[:loaded])) as views:
+            for b, pid in enumerate(page_ids[:loaded]):
+                mine = views[b * len(plan):(b + 1) * len(plan)]
+                if any(view is None or len(view) != count * k.dtype.itemsize for view in mine):
+                    loaded = b  # evicted since the lookup, or not a part of this model's pages
+                    break
+                for view, (_, h_src, h_dst, width) in zip(mine, plan):
+                    block = np.frombuffer(cast(memoryview, view), dtype=kh.dtype, count=count).reshape(part)
+                    kh[:, pid, :, h_dst:h_dst + width] = block[0, :, :, h_src:h_src + width]
+                    vh[:, pid, :, h_dst:h_dst + width] = block[1, :, :, h_src:h_src + width]
+                    del block
+        host[n], copied[n] = [kh, vh], loaded
+    for n, (kh, vh) in host.items():  # a later shard ended the prefix sooner: put back the pages past it
+        for pid in page_ids[loaded:copied[n]]:
+            kh[:, pid], vh[:, pid] = np.asarray(shards[n][0][:, pid]), np.asarray(shards[n][1][:, pid])
+    if loaded == 0:
+        return k, v, 0
+    k, v = _assemble([k, v], host)
+    return k, v, loaded
 
 
 def _axis_ranges(layer: jax.Array, axis: int) -> dict[int, tuple[int, int]]:

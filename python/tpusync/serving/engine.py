@@ -33,7 +33,15 @@ import numpy as np
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
 from tpusync.kv_events import BlockAnnouncer, EventSink, follow, tiers_of
-from tpusync.pages import compile_loads, host_shard_keys, load_pages, save_pages
+from tpusync.pages import (
+    compile_loads,
+    head_sources,
+    host_shards,
+    load_pages,
+    load_pages_resharded,
+    save_pages,
+    shard_key,
+)
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.serving.slice import Slice
 from tpusync.store import KVStore
@@ -116,8 +124,12 @@ class Engine:
         self.slice = slice
         self.params = init_params(cfg) if slice is None else jax.tree.map(self._replicated, init_params(cfg))
         self.k, self.v = self._empty_cache()
-        # The data ports of every host of the slice, for kv_transfer_params (process order).
+        # The data ports of every host of the slice, for kv_transfer_params (process order), and the
+        # shards of the cache each holds.
         self.slice_addresses = slice.gather_text(data_address or "") if slice is not None else []
+        self.shards, mine = host_shards(self.k)
+        self.host_shards = ([[int(n) for n in t.split(",")] for t in slice.gather_text(",".join(map(str, mine)))]
+                            if slice is not None else [mine])
         self.lock = threading.Lock()
         self.running = 0
         self.waiting = 0
@@ -208,7 +220,7 @@ class Engine:
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
-        cached_pages = self._bring_prefix(keys, kv_params, st)
+        cached_pages, own_pages = self._bring_prefix(keys, kv_params, st)
         # Resume at a chunk boundary, and always compute the chunk holding the last prompt token:
         # its logits give the first token.
         start = min(cached_pages * cfg.page_size, len(prompt) - 1) // cfg.chunk * cfg.chunk
@@ -229,7 +241,9 @@ class Engine:
         if on_token:
             on_token(token)
 
-        self._save_prompt(keys, cached_pages, st)
+        self._save_prompt(keys, own_pages, st)
+        if self.slice is not None:  # every host saved its shards before the response names them
+            self.slice.agree([0])
         self._announce(prompt, digests, keys, st)
         out = [token]
         if self.role == "prefill":
@@ -245,59 +259,73 @@ class Engine:
                 on_token(token)
         return Result(out, None, st)
 
-    def _bring_prefix(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> int:
-        """Makes the longest available prefix of `keys` local and loads it; returns its pages
-        (on a slice, the pages every host loaded its shards of)."""
+    def _bring_prefix(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> tuple[int, int]:
+        """Makes the longest available prefix of `keys` local and loads it (on a slice, the pages
+        every host loaded its shards of). Returns its pages, and how many of them the store holds
+        under this engine's own keys (fewer when they came split otherwise: saved again)."""
         if self.store is None or not keys or not (self.prefix_cache or kv_params):
-            return 0
-        loaded = self._bring_shards(keys, kv_params, st)
+            return 0, 0
+        loaded, own = self._bring_shards(keys, kv_params, st)
         if self.slice is not None:  # a collective: every process reaches it
-            loaded, ok = self.slice.agree([loaded, 0 if st.store_error else 1])
+            loaded, own, ok = self.slice.agree([loaded, own, 0 if st.store_error else 1])
             if not ok and not st.store_error:
                 st.store_error = "the store or a peer of another host of the slice failed"
-        return loaded
+        return loaded, own
 
-    def _bring_shards(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> int:
-        """This host's part of _bring_prefix: its shards of each block (the blocks themselves
-        when the cache is not sharded), from its store, the prefill host and peers."""
+    def _bring_shards(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> tuple[int, int]:
+        """This host's part of _bring_prefix: the parts of each block its shards need (its own
+        shards' blocks, or the prefill's parts they overlap when the prefill split its heads
+        otherwise), from its store, the prefill's hosts and peers."""
         assert self.store is not None
         try:
-            sources = remote_addresses(kv_params, self.slice.cfg.process_id if self.slice is not None else 0)
-            if self.prefix_cache:
-                sources += [p for p in self.peers if p not in sources]
-            host_keys, per = host_shard_keys(keys, self.k)
+            layout = prefill_layout(kv_params, self.cfg)
+        except errors.InvalidArgumentError as e:  # never loaded: only this host's own cache and peers
+            log.warning("not pulling the prefill's KV: %s", e)
+            layout, kv_params = None, None
+        try:
+            src_shards = layout[0] if layout is not None else self.shards
+            resharded = src_shards != self.shards
+            if resharded:
+                needed = sorted({m for plan in head_sources(self.k, src_shards).values() for m, *_ in plan})
+            else:
+                needed = self.host_shards[self.slice.cfg.process_id if self.slice is not None else 0]
+            host_keys = [shard_key(k, m, src_shards) for k in keys for m in needed]
+            per = len(needed)
+            pulls = pull_plan(kv_params, layout, needed, self.slice.cfg.process_id if self.slice is not None else 0)
+            if self.prefix_cache and not resharded:
+                pulls += [(p, needed) for p in self.peers if p not in [a for a, _ in pulls]]
             local = self.store.lookup(host_keys).prefix_len // per
-            for peer in sources:
+            for peer, shards in pulls:
                 if local == len(keys):
                     break
                 t0 = time.perf_counter()
                 try:
-                    held = self.store.read_remote(peer, host_keys)
+                    self.store.read_remote(peer, [shard_key(k, m, src_shards) for k in keys[local:] for m in shards])
                 except errors.TpuSyncError as e:  # a dead peer: try the next, keep what is local
                     st.store_error = str(e)
                     log.warning("peer %s unavailable: %s", peer, e)
                     continue
                 finally:
                     st.transfer_seconds += time.perf_counter() - t0
-                now = next((i for i, h in enumerate(held) if not h), len(held)) // per
+                now = self.store.lookup(host_keys).prefix_len // per
                 st.pulled_blocks += max(0, now - local)
+                st.pulled_bytes += max(0, now - local) * self.cfg.page_bytes * len(shards) // src_shards
                 local = max(local, now)
-            st.pulled_bytes = st.pulled_blocks * self.cfg.page_bytes * per // max(1, self._shards())
             t0 = time.perf_counter()
-            self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
+            if resharded:
+                self.k, self.v, loaded = load_pages_resharded(self.store, keys[:local], self.k, self.v,
+                                                              list(range(local)), src_shards)
+            else:
+                self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
             st.load_seconds = time.perf_counter() - t0
             if loaded < local:  # a block the store holds, but not as a page of this model (or gone since)
                 self._evict_unloadable(host_keys[loaded * per:(loaded + 1) * per], st)
-            return loaded
+            return loaded, 0 if resharded else loaded
         except errors.TpuSyncError as e:  # a dead sidecar or peer: recompute, never fail or guess
             st.store_error = str(e)
             log.warning("prefix cache unavailable, recomputing: %s", e)
             self.k, self.v = self._empty_cache() if self.k.is_deleted() else (self.k, self.v)
-            return 0
-
-    def _shards(self) -> int:
-        """Shards of the cache over the whole slice (1 when not sharded)."""
-        return self.slice.devices if self.slice is not None else 1
+            return 0, 0
 
     def _evict_unloadable(self, keys: list[int], st: RequestStats) -> None:
         """Evicts a block (its shards held here) that could not be loaded (the wrong length), from
@@ -362,10 +390,14 @@ class Engine:
                 never.wait(1.0)  # a back-off before the next long poll, not a synchronisation
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
-        params = {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
+        params: dict[str, Any] = {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
                   "num_tokens": num_tokens, "block_size": self.cfg.page_size}
         if self.slice is not None:  # each decode host pulls its shards from the host that holds them
             params["remote_addresses"] = self.slice_addresses
+        cfg = self.cfg
+        params["layout"] = {"shards": self.shards, "hosts": self.host_shards, "layers": cfg.layers,
+                            "page_size": cfg.page_size, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+                            "dtype": cfg.dtype}
         return params
 
     # -- gauges for /metrics ----------------------------------------------------------------
@@ -407,6 +439,50 @@ def remote_addresses(kv_params: dict[str, Any] | None, host: int) -> list[str]:
         return valid[first:] + valid[:first]
     one = remote_address(kv_params)
     return [one] if one is not None else []
+
+
+_LAYOUT_FIXED = ("layers", "page_size", "kv_heads", "head_dim", "dtype")
+
+
+def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> tuple[int, list[list[int]] | None] | None:
+    """The split of the prefill's pages (kv_transfer_params' `layout`): (shards, each host's shard
+    numbers or None). None without one (the prefill's pages are split as here). Refused
+    (InvalidArgumentError, so nothing is pulled) when its pages are not this model's: other
+    layers, page size, heads, head size or dtype, or a split that does not divide the heads."""
+    layout = (kv_params or {}).get("layout")
+    if layout is None:
+        return None
+    if not isinstance(layout, dict):
+        raise errors.InvalidArgumentError("kv_transfer_params layout is not an object")
+    theirs = {f: layout.get(f) for f in _LAYOUT_FIXED}
+    ours = {f: getattr(cfg, f) for f in _LAYOUT_FIXED}
+    if theirs != ours:
+        raise errors.InvalidArgumentError(f"the prefill's pages are not this model's: {theirs} here {ours}")
+    shards, hosts = layout.get("shards"), layout.get("hosts")
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 0 < shards <= cfg.kv_heads \
+            or cfg.kv_heads % shards:
+        raise errors.InvalidArgumentError(f"kv_transfer_params layout shards {shards!r} does not split "
+                                          f"{cfg.kv_heads} kv heads")
+    valid_hosts = isinstance(hosts, list) and len(hosts) <= 1024 and all(
+        isinstance(h, list) and all(isinstance(n, int) and 0 <= n < shards for n in h) for h in hosts)
+    return shards, hosts if valid_hosts else None
+
+
+def pull_plan(kv_params: dict[str, Any] | None, layout: tuple[int, list[list[int]] | None] | None,
+              needed: list[int], host: int) -> list[tuple[str, list[int]]]:
+    """Where to pull which of the prefill's shards: from each prefill host the needed shards it
+    holds, when the layout names them; else every needed shard from each prefill host in turn
+    (this host's counterpart first)."""
+    listed = (kv_params or {}).get("remote_addresses")
+    hosts = layout[1] if layout is not None else None
+    if hosts is not None and isinstance(listed, list) and len(listed) == len(hosts):
+        plan = []
+        for address, held in zip(listed, hosts):
+            peer, mine = _peer_address(address, "remote_addresses"), [m for m in needed if m in held]
+            if peer is not None and mine:
+                plan.append((peer, mine))
+        return plan
+    return [(peer, needed) for peer in remote_addresses(kv_params, host)]
 
 
 def _peer_address(address: object, field: str) -> str | None:

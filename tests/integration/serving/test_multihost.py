@@ -1,11 +1,14 @@
 """Multi-host slices of the reference engine, on real processes: each slice is one JAX program of
-two processes (jax.distributed on the CPU, gloo collectives, 2 devices each: 2 hosts x 2
-devices), each process with its own sidecar. The KV cache is sharded over the slice's 4 devices
-by kv heads, so each host holds half the heads of every page.
+two processes (jax.distributed on the CPU, gloo collectives), each process with its own sidecar.
+The KV cache is sharded over the slice's devices by kv heads: with 2 devices a host (tensor
+parallelism 4) each host holds half the heads of every page; with 1 (tensor parallelism 2) too,
+in one shard.
 
 Tokens must equal the monolithic single-process engine's, every time: prefix-cached on a slice,
-P/D from a prefill slice to a decode slice (host to host, each host pulling its own shards), and
-with one decode host's sidecar gone (the slice recomputes; nothing is loaded in part).
+P/D from a prefill slice to a decode slice (host to host, each host pulling its own shards),
+between slices of tensor parallelism 2 and 4 both ways (each decode shard reads only the parts
+of the prefill's shards it overlaps), and with one decode host's sidecar gone (the slice
+recomputes; nothing is loaded in part).
 """
 
 from __future__ import annotations
@@ -48,29 +51,40 @@ def tokens(resp: dict) -> list[int]:
     return resp["choices"][0]["token_ids"]
 
 
+# (role, hosts' names, devices per host): tensor parallelism 4 and 2, prefill and decode.
+SLICES = {"prefill": ("prefill", ("p0", "p1"), 2), "decode": ("decode", ("d0", "d1"), 2),
+          "prefill2": ("prefill", ("q0", "q1"), 1), "decode2": ("decode", ("e0", "e1"), 1)}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Four sidecars (hosts p0, p1 of the prefill slice, d0, d1 of the decode slice), the slices,
-    and a monolithic engine on one device as the reference."""
+    """A sidecar per host of each slice (p0, p1 of the prefill slice, d0, d1 of the decode slice,
+    q0, q1 and e0, e1 of the tensor-parallel-2 ones), the slices, and a monolithic engine on one
+    device as the reference."""
     work = tmp_path_factory.mktemp("mh")
     secret = work / "secret"
     write_secret(secret, uuid.uuid4().hex * 2)
-    pools = [f"/dev/shm/tpusync-mh-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    names = [h for _, hosts, _ in SLICES.values() for h in hosts]
+    pools = [f"/dev/shm/tpusync-mh-{uuid.uuid4().hex[:8]}" for _ in names]
     started: list = []
     env = {"JAX_PLATFORMS": "cpu"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        sides = [sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK,
-                                control_socket=str(work / f"{i}.sock"), stderr=subprocess.DEVNULL)
-                 for i, pool in enumerate(pools)]
-        started += sides
-        started.append(start_server("both", model_config=MODEL, prefix_cache=False))
-        for role, hosts in (("prefill", sides[:2]), ("decode", sides[2:])):
-            started.append(start_slice(role, [(h.control_socket, h.address) for h in hosts], model_config=MODEL,
-                                       coordinator=f"127.0.0.1:{free_port()}", cpu_devices=2,
-                                       stderr=subprocess.DEVNULL))
-        yield dict(zip(("p0", "p1", "d0", "d1", "mono", "prefill", "decode"), started))
+        running: dict = {}
+        for name, pool in zip(names, pools):
+            running[name] = sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
+                                           block_bytes=BLOCK, control_socket=str(work / f"{name}.sock"),
+                                           stderr=subprocess.DEVNULL)
+            started.append(running[name])
+        running["mono"] = start_server("both", model_config=MODEL, prefix_cache=False)
+        started.append(running["mono"])
+        for name, (role, hosts, devices) in SLICES.items():
+            running[name] = start_slice(role, [(running[h].control_socket, running[h].address) for h in hosts],
+                                        model_config=MODEL, coordinator=f"127.0.0.1:{free_port()}",
+                                        cpu_devices=devices, stderr=subprocess.DEVNULL)
+            started.append(running[name])
+        yield running
     finally:
         for s in reversed(started):
             s.stop()
@@ -127,6 +141,44 @@ def test_pd_between_two_slices_pulls_host_to_host(cluster):
         assert held_shards(cluster["d0"], keys) == {0, 1} and held_shards(cluster["d1"], keys) == {2, 3}
         # Each host pulled only its half of each block: the blocks the first request lacked.
         assert st["pulled_bytes"] == st["pulled_blocks"] * CFG.page_bytes // 2
+
+
+@pytest.mark.parametrize(("prefill", "decode"), [("prefill2", "decode"), ("prefill", "decode2")],
+                         ids=["tp2-to-tp4", "tp4-to-tp2"])
+def test_pd_between_slices_of_another_tensor_parallelism_reshards_on_load(cluster, prefill, decode):
+    p = prompt(4 if decode == "decode" else 5, 420)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 10}))
+    first = post(cluster[prefill].url, {"prompt": p, "max_tokens": 1})
+    params = first["kv_transfer_params"]
+    src = params["layout"]["shards"]
+    assert src == (2 if prefill == "prefill2" else 4)
+    decoded = post(cluster[decode].url, {"prompt": p, "max_tokens": 10, "kv_transfer_params": params})
+    assert tokens(decoded) == want
+    st = decoded["tpusync"]
+    assert st["cached_tokens"] == 384 and st["prefix_cache"] == "ok"
+    keys = [int(k, 16) for k in params["block_keys"]]
+    # Each decode host pulled only the prefill's parts its heads overlap: half of every block.
+    assert st["pulled_blocks"] == len(keys) and st["pulled_bytes"] == len(keys) * CFG.page_bytes // 2
+    # ... and keeps the pages under its own split's keys, for its own prefix cache.
+    hosts = SLICES[decode][1]
+    mine = {"decode": ({0, 1}, {2, 3}), "decode2": ({0}, {1})}[decode]
+    dst = 4 if decode == "decode" else 2
+    for host, shards in zip(hosts, mine):
+        with KVStore.connect(f"unix://{cluster[host].control_socket}") as store:
+            assert {n for n in range(dst) if store.lookup([shard_key(k, n, dst) for k in keys]).prefix_len
+                    == len(keys)} == shards
+    again = post(cluster[decode].url, {"prompt": p, "max_tokens": 10})
+    assert tokens(again) == want and again["tpusync"]["cached_tokens"] == 384
+
+
+def test_a_prefill_whose_pages_are_not_this_models_is_refused(cluster):
+    p = prompt(6, 300)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 6}))
+    params = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
+    params["layout"]["head_dim"] = 64  # another model's pages under the same block keys
+    decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 6, "kv_transfer_params": params})
+    assert tokens(decoded) == want
+    assert decoded["tpusync"]["pulled_blocks"] == 0 and decoded["tpusync"]["cached_tokens"] == 0
 
 
 def test_a_decode_host_without_its_sidecar_makes_the_slice_recompute(cluster):
