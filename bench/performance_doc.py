@@ -61,11 +61,15 @@ SECTIONS = [
      "fabric-*: a pull between two simulated hosts over one shaped "
      "link (tests/support/fabric.py) against raw TCP over the same link; dc is 1 Gbit/s with a 100 us RTT, "
      "cross-zone a 2 ms RTT with scaled-down socket buffers, where one stream is window-limited."),
-    ("serving", "Serving", "bench/serving_bench.py",
+    ("serving", "Serving", "bench/serving_bench.py, bench/multihost_bench.py",
      "Time to first token with a prefix hit from DRAM, from disk and from a peer, against recomputing the "
      "whole prompt; pd-transfer: the P/D KV transfer against the prefill compute. The reference model is small, "
      "so its KV per token is small next to its compute: the ratios say how little of TTFT tpusync adds, not "
-     "what a 235B model would see."),
+     "what a 235B model would see. pd-singlehost, pd-multihost, pd-hetero-tp2-tp4: reference engines on "
+     "simulated hosts (the dc fabric, 1 Gbit/s per host), the same prompt bytes each time, between one-host "
+     "engines, between slices of two hosts (each decode host pulling its half of every page from its "
+     "counterpart), and from a slice of tensor parallelism 2 to one of 4 (each decode host pulling the parts its "
+     "heads overlap): ratio = the slowest decode host's transfer / one host's share of the bytes at line rate."),
     ("shared", "Shared tier", "bench/shared_bench.py",
      "put: blocks stored through a store with a write-through shared tier (DRAM copy, checksum, O_DIRECT write "
      "to a temporary name, rename) until flushed; get: the same blocks read by a fresh store on the directory "
@@ -180,6 +184,8 @@ def targets(res: dict) -> list[Target]:
     check("full-prefix DRAM hit at 8K tokens <= 0.15 x recompute", cases(res, "serving", r"prefix-hit-dram-8k"),
           lambda r: r["ratio"] <= 0.15, ratio)
     check("P/D transfer <= 0.1 x prefill", cases(res, "serving", r"pd-transfer-.*"), lambda r: r["ratio"] <= 0.1, ratio)
+    check("multi-host and heterogeneous P/D: the hosts' pulls in parallel, <= 1.2 x one host's share at line rate",
+          cases(res, "serving", r"pd-(multihost|hetero-.*)-\d+k"), lambda r: r["ratio"] <= 1.2, ratio)
     check("shared tier put and get >= 0.8 x the raw filesystem", cases(res, "shared", r"shared-(put|get)-.*"),
           lambda r: r["ratio"] >= 0.8, ratio)
     check("a 64K-token prefix from the shared tier on a fresh host <= 0.15 x recompute",

@@ -52,7 +52,7 @@ def start_server(role: str, *, model_config: dict[str, Any], control_socket: str
         args.append("--no-prefix-cache")
     args += extra_args
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    return ServerProcess(proc, _ready(proc, role)["port"], role)
+    return ServerProcess(proc, read_ready(proc, role)["port"], role)
 
 
 @dataclass
@@ -89,7 +89,7 @@ def start_slice(role: str, hosts: Sequence[tuple[str, str]], *, model_config: di
                     "--data-address", data_address, "--num-processes", str(len(hosts)), "--process-id", str(i),
                     "--coordinator", coordinator, "--cpu-devices", str(cpu_devices), *extra_args]
             procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True))
-        ready = [_ready(p, f"{role} process {i}") for i, p in enumerate(procs)]
+        ready = [read_ready(p, f"{role} process {i}") for i, p in enumerate(procs)]
     except BaseException:
         for p in procs:
             terminate(p, 5, signal.SIGKILL)
@@ -97,7 +97,7 @@ def start_slice(role: str, hosts: Sequence[tuple[str, str]], *, model_config: di
     return SliceProcesses(ServerProcess(procs[0], ready[0]["port"], role), procs[1:])
 
 
-def _ready(proc: subprocess.Popen[str], what: str) -> dict[str, Any]:
+def read_ready(proc: subprocess.Popen[str], what: str) -> dict[str, Any]:
     """The server's ready line: the first JSON object it prints (collective libraries such as
     gloo print their own lines to stdout first)."""
     assert proc.stdout is not None  # stdout=PIPE

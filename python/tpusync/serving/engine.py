@@ -267,9 +267,11 @@ class Engine:
             return 0, 0
         loaded, own = self._bring_shards(keys, kv_params, st)
         if self.slice is not None:  # a collective: every process reaches it
-            loaded, own, ok = self.slice.agree([loaded, own, 0 if st.store_error else 1])
+            loaded, own, ok, slowest = self.slice.agree([loaded, own, 0 if st.store_error else 1,
+                                                         -round(st.transfer_seconds * 1e6)])
             if not ok and not st.store_error:
                 st.store_error = "the store or a peer of another host of the slice failed"
+            st.transfer_seconds = -slowest / 1e6  # the hosts pull in parallel: the slice waits for the last
         return loaded, own
 
     def _bring_shards(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> tuple[int, int]:
