@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import merged, report
+from report import report_merged
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -166,12 +166,8 @@ def main() -> int:
         with console.status("pd-hetero-tp2-tp4"):
             results.append(run_case("pd-hetero-tp2-tp4", fabric, sidecars, ([h0, h1], 1), ([h2, h3], 2),
                                     args.reps, 3))
-    out = Path(args.out)
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
-        report(console, "Multi-host P/D on the fabric: KV transfer vs one host's share at line rate", results,
-               COLUMNS, tmp.name, NOTE)
-    out.write_text(json.dumps(merged(str(out), results), indent=2) + "\n")
-    console.print(f"merged into {out}")
+    report_merged(console, "Multi-host P/D on the fabric: KV transfer vs one host's share at line rate", results,
+                  COLUMNS, args.out, NOTE)
     return 0
 
 

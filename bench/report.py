@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -34,3 +35,12 @@ def merged(path: str, fresh: list[dict]) -> list[dict]:
 
 RATE_COLUMNS = [("case", "case", ""), ("seconds", "seconds", ".4f"), ("GB/s", "gbps", ".2f"),
                 ("baseline GB/s", "baseline_gbps", ".2f"), ("ratio", "ratio", ".2f")]
+
+
+def report_merged(console: Console, title: str, results: list[dict], columns: list[tuple[str, str, str]],
+                  out: str, note: str) -> None:
+    """The table of a partial run, its cases merged into the results file `out` (the others stay)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
+        report(console, title, results, columns, tmp.name, note)
+    Path(out).write_text(json.dumps(merged(out, results), indent=2) + "\n")
+    console.print(f"merged into {out}")

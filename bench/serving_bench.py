@@ -25,7 +25,6 @@ page size (pd-decode-hetero: two XLA host devices, 16-token pages, loading the p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import merged, report
+from report import report, report_merged
 from rich.console import Console
 
 from tpusync import KVStore, Tier
@@ -184,12 +183,8 @@ def run_tpu_inference(args: argparse.Namespace, console: Console) -> int:
     """The tpu-inference case alone: its entries replace their namesakes in the JSON, the
     other cases' entries stay."""
     results = tpu_inference_cases(args.reps, console)
-    out = Path(args.out)
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as tmp:
-        report(console, "tpusync serving on tpu-inference (CPU): TTFT vs recompute", results,
-               TPU_INFERENCE_COLUMNS, tmp.name, TPU_INFERENCE_NOTE)
-    out.write_text(json.dumps(merged(str(out), results), indent=2) + "\n")
-    console.print(f"merged into {out}")
+    report_merged(console, "tpusync serving on tpu-inference (CPU): TTFT vs recompute", results,
+                  TPU_INFERENCE_COLUMNS, args.out, TPU_INFERENCE_NOTE)
     return 0
 
 

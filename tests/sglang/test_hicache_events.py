@@ -99,6 +99,18 @@ def backend(pod):
         storage.close()
 
 
+def backed_up(pod, backend, pages: int, seed: int) -> tuple[list[int], list[str]]:
+    """A prompt SGLang's device cache took and the backend backed up: in the index on both tiers.
+    Returns the prompt and its pages' storage keys."""
+    _, engine, ix, _ = pod
+    pool, storage = backend
+    prompt = tokens(pages * PAGE, seed=seed)
+    keys = engine.stored(engine.node(prompt))
+    assert storage.batch_set_v1(keys, fill(pool, pages)) == [True] * pages
+    until(ix, prompt, {"gpu": pages, "cpu": pages})
+    return prompt, keys
+
+
 def tiers(ix: Indexer, prompt: list[int]) -> dict[str, int]:
     return ix.tiers(prompt, POD)
 
@@ -193,11 +205,7 @@ def test_after_sglang_clears_its_cache_the_stored_pages_are_announced_again(pod,
     """SGLang's /flush_cache publishes AllBlocksCleared, which makes llm-d forget every tier of the
     pod; what the sidecar still holds is announced again, so the router keeps the L3 prefix."""
     _, engine, ix, _ = pod
-    pool, storage = backend
-    prompt = tokens(5 * PAGE, seed=6)
-    keys = engine.stored(engine.node(prompt))
-    assert storage.batch_set_v1(keys, fill(pool, 5)) == [True] * 5
-    until(ix, prompt, {"gpu": 5, "cpu": 5})
+    prompt, _ = backed_up(pod, backend, 5, seed=6)
     engine.publish(AllBlocksCleared())
     until(ix, prompt, {"cpu": 5})
 
@@ -271,12 +279,9 @@ def test_kv_events_need_the_sidecar_and_one_pipeline_stage(launch, sockets):
 def test_the_feed_follows_a_restarted_sidecar(pod, backend, launch):
     """The sidecar restarts (its shared-memory pool and the pages in it survive): the backend's feed
     dials it again, and what the new sidecar evicts still reaches the router."""
-    host, engine, ix, _ = pod
-    pool, storage = backend
-    prompt = tokens(4 * PAGE, seed=10)
-    keys = engine.stored(engine.node(prompt))
-    assert storage.batch_set_v1(keys, fill(pool, 4)) == [True] * 4
-    until(ix, prompt, {"gpu": 4, "cpu": 4})
+    host, _, ix, _ = pod
+    _, storage = backend
+    prompt, keys = backed_up(pod, backend, 4, seed=10)
     assert host.sidecar.stop() == 0
     again = launch("events")
     parts = [k for page in part_keys(storage._scope, keys, storage._plan.slots) for k in page]  # page-major

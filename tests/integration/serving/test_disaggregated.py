@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 import uuid
 
-import numpy as np
 import pytest
 
+from tests.integration.serving.requests import pd, post, prompt, tokens
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
 from tpusync.local.sidecars import write_secret
@@ -25,13 +25,6 @@ from tpusync.serving.model import ModelConfig
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
 BLOCK = -(-CFG.page_bytes // 4096) * 4096
-
-
-def post(url: str, body: dict, path: str = "/v1/completions") -> dict:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
 
 
 @pytest.fixture(scope="module")
@@ -60,24 +53,13 @@ def cluster(tmp_path_factory):
                 os.unlink(pool)
 
 
-def prompt(seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 256, n).tolist()
-
-
-def tokens(resp: dict) -> list[int]:
-    return resp["choices"][0]["token_ids"]
-
-
 def test_disaggregated_and_cached_runs_match_the_monolithic_run(cluster):
     shared = prompt(0, 400)
     for i in range(3):
         p = shared + prompt(100 + i, 150)
-        want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 12}))
-        first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+        want, first, decoded = pd(cluster["mono"].url, cluster["prefill"].url, cluster["decode"].url, p, 12)
         assert tokens(first) == want[:1]
-        params = first["kv_transfer_params"]
-        assert params["remote_address"] == cluster["p_side"].address
-        decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 12, "kv_transfer_params": params})
+        assert first["kv_transfer_params"]["remote_address"] == cluster["p_side"].address
         assert tokens(decoded) == want
         stats = decoded["tpusync"]
         full_pages = len(p) // CFG.page_size

@@ -13,15 +13,13 @@ recomputes; nothing is loaded in part).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import urllib.request
 import uuid
 
-import numpy as np
 import pytest
 
+from tests.integration.serving.requests import pd, post, prompt, tokens
 from tests.support.processes import free_port
 from tpusync import KVStore
 from tpusync.local import sidecars as sidecar
@@ -34,21 +32,6 @@ MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "heads": 4, "
 CFG = ModelConfig(**MODEL)
 BLOCK = -(-CFG.page_bytes // 4096) * 4096
 SHARDS = 4  # 2 hosts x 2 devices, one kv head each
-
-
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        return json.load(resp)
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 256, n).tolist()
-
-
-def tokens(resp: dict) -> list[int]:
-    return resp["choices"][0]["token_ids"]
 
 
 # (role, hosts' names, devices per host): tensor parallelism 4 and 2, prefill and decode.
@@ -130,10 +113,7 @@ def test_pd_between_two_slices_pulls_host_to_host(cluster):
     shared = prompt(2, 400)
     for i in range(2):
         p = shared + prompt(20 + i, 150)
-        want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 12}))
-        first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
-        decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 12,
-                                               "kv_transfer_params": first["kv_transfer_params"]})
+        want, first, decoded = pd(cluster["mono"].url, cluster["prefill"].url, cluster["decode"].url, p, 12)
         assert tokens(decoded) == want
         st = decoded["tpusync"]
         assert st["cached_tokens"] == len(p) // CFG.chunk * CFG.chunk and st["prefix_cache"] == "ok"

@@ -172,3 +172,45 @@ def test_a_well_formed_remote_address_is_asked(address):
         e = Engine(CFG, role="both", store=store)
         e.generate(prompt(15, 100), 1, kv_transfer_params={"remote_address": address})
     assert asked == [address]
+
+
+LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_heads": 2, "head_dim": 64,
+          "dtype": "float32"}  # ModelConfig()'s pages split in two
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"head_dim": 128}, "not this model's"),
+    ({"dtype": "bfloat16"}, "not this model's"),
+    ({"page_size": 16}, "not this model's"),
+    ({"layers": None}, "not this model's"),
+    ({"shards": 3}, "does not split"),
+    ({"shards": 0}, "does not split"),
+    ({"shards": True}, "does not split"),
+    ({"shards": "2"}, "does not split"),
+    ({"shards": 4}, "does not split"),  # more shards than kv heads
+])
+def test_a_prefill_layout_that_is_not_this_models_pages_is_refused(change, message):
+    from tpusync.serving.engine import prefill_layout
+
+    with pytest.raises(tpusync.InvalidArgumentError, match=message):
+        prefill_layout({"layout": {**LAYOUT, **change}}, ModelConfig())
+    with pytest.raises(tpusync.InvalidArgumentError, match="not an object"):
+        prefill_layout({"layout": [1, 2]}, ModelConfig())
+    assert prefill_layout({}, ModelConfig()) is None
+
+
+def test_pulls_go_to_the_prefill_hosts_that_hold_the_needed_shards():
+    from tpusync.serving.engine import prefill_layout, pull_plan
+
+    params = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]}
+    layout = prefill_layout(params, ModelConfig())
+    assert layout == (2, [[0], [1]])
+    assert pull_plan(params, layout, [0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
+    assert pull_plan(params, layout, [1], 0) == [("10.0.0.2:7600", [1])]
+    # Hosts that do not say what they hold (or a malformed map): every needed shard from each,
+    # this host's counterpart first; malformed addresses never reach the store.
+    bad_map = {**params, "layout": {**LAYOUT, "hosts": [[0], [7]]}}
+    assert pull_plan(bad_map, prefill_layout(bad_map, ModelConfig()), [0, 1], 1) == [
+        ("10.0.0.2:7600", [0, 1]), ("10.0.0.1:7600", [0, 1])]
+    hostile = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "-oProxyCommand=x"]}
+    assert pull_plan(hostile, prefill_layout(hostile, ModelConfig()), [0, 1], 0) == [("10.0.0.1:7600", [0])]
