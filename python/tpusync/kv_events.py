@@ -121,7 +121,7 @@ def _media(tier: int) -> frozenset[str]:
     return frozenset(m for m, bit in _MEDIA_BITS if int(tier) & bit)
 
 
-def _block_tier(parts: Sequence[int]) -> int:
+def block_tier(parts: Sequence[int]) -> int:
     """The tier of a block stored in parts (each a Tier code): the tiers that hold every part;
     when every part is held but on different tiers, the slowest tier a part is on (a load waits
     for it). 0 when a part is missing."""
@@ -319,7 +319,7 @@ class BlockAnnouncer:
         flat = lookup([k for _, b in items for k in b.keys])
         tiers, at = [], 0
         for _, b in items:
-            tiers.append(_block_tier(flat[at:at + len(b.keys)]))
+            tiers.append(block_tier(flat[at:at + len(b.keys)]))
             at += len(b.keys)
         with self._lock:
             now = [(h, b, _media(t)) for (h, b), t in zip(items, tiers) if self._blocks.get(h) is b]

@@ -76,12 +76,14 @@ def _main(argv: list[str]) -> int:
     elif args.embedded_store_bytes:
         store = KVStore.local(dram_bytes=args.embedded_store_bytes, block_bytes=-(-cfg.page_bytes // 4096) * 4096)
     events = feed = None
-    if args.kv_events_endpoint:
+    if args.kv_events_endpoint and (group is None or group.leader):  # a slice's leader announces for it
         from tpusync.kv_events import KVEventPublisher
 
         events = KVEventPublisher(args.kv_events_endpoint, args.kv_events_topic or "kv@")
-        # The store's change feed, on a connection of its own (its long poll holds it).
-        feed = KVStore.connect(f"unix://{args.control_socket}") if args.control_socket else store
+        # The store's change feed, on a connection of its own (its long poll holds it); a slice's
+        # leader audits every host's sidecar in lockstep instead.
+        if group is None:
+            feed = KVStore.connect(f"unix://{args.control_socket}") if args.control_socket else store
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
                     prefix_cache=not args.no_prefix_cache, kv_events=events,

@@ -32,7 +32,7 @@ import numpy as np
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
-from tpusync.kv_events import BlockAnnouncer, EventSink, follow, tiers_of
+from tpusync.kv_events import BlockAnnouncer, EventSink, block_tier, follow, tiers_of
 from tpusync.pages import (
     compile_loads,
     head_sources,
@@ -99,9 +99,9 @@ class Engine:
             if cfg.kv_heads % slice.devices:
                 raise errors.InvalidArgumentError(f"kv_heads ({cfg.kv_heads}) must be a multiple of the slice's "
                                                   f"{slice.devices} devices: each holds whole heads")
-            if kv_events is not None:
-                raise errors.InvalidArgumentError("KV events from a multi-host slice are not built yet: a block is "
-                                                  "the slice's only when every host holds its part")
+            if kv_events_feed is not None:
+                raise errors.InvalidArgumentError("a slice follows no one sidecar's change feed: its leader audits "
+                                                  "every host's sidecar in lockstep (kv_events_audit_s)")
         if store is not None and store.block_bytes < cfg.page_bytes:
             raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
         self.cfg, self.role, self.store = cfg, role, store
@@ -110,7 +110,9 @@ class Engine:
         # KV events (a tpusync.kv_events.KVEventPublisher, or None): what this engine can load
         # from its store instead of computing, for llm-d's precise prefix-cache routing.
         self.announcer = BlockAnnouncer(kv_events, cfg.page_size) if kv_events is not None else None
-        if self.announcer is not None and store is not None and prefix_cache and kv_events_audit_s > 0:
+        self.kv_events_audit_s = kv_events_audit_s
+        if self.announcer is not None and store is not None and prefix_cache and kv_events_audit_s > 0 \
+                and slice is None:  # a slice's leader audits in lockstep (keep_slice_alive)
             # The sidecar demotes and evicts on its own: every few seconds, ask where the blocks
             # this engine announced are now, so the router stops sending their prefixes here.
             threading.Thread(target=self._audit_loop, args=(self.announcer, store, kv_events_audit_s), daemon=True,
@@ -194,16 +196,35 @@ class Engine:
             if message.get("op") == "generate":
                 self._generate(message["prompt"], message["max_tokens"], message.get("kv_transfer_params"), None,
                                time.perf_counter())
+            elif message.get("op") == "where":
+                self._slice_where([int(k, 16) for k in message["keys"]])
 
     def keep_slice_alive(self, every_s: float = 30.0) -> None:
         """The leader, on a thread of its own: an empty broadcast when idle, so that followers
-        waiting in the collective never reach its timeout."""
+        waiting in the collective never reach its timeout; with KV events, an audit of every
+        announced block on every host's sidecar each `kv_events_audit_s` instead."""
         assert self.slice is not None and self.slice.leader
+        auditing = self.announcer is not None and self.store is not None and self.prefix_cache \
+            and self.kv_events_audit_s > 0
+        period = min(every_s, self.kv_events_audit_s) if auditing else every_s
         while True:
-            time.sleep(every_s)  # a period, not a synchronisation
+            time.sleep(period)  # a period, not a synchronisation
             if self.lock.acquire(blocking=False):  # busy: a request is a broadcast too
                 try:
-                    self.slice.broadcast(None)
+                    asked = False
+
+                    def where(keys: list[int]) -> list[int]:
+                        nonlocal asked
+                        asked = True
+                        assert self.slice is not None
+                        self.slice.broadcast({"op": "where", "keys": [f"{k:032x}" for k in keys]})
+                        return self._slice_where(keys)
+
+                    if auditing:
+                        assert self.announcer is not None
+                        self.announcer.audit(where)
+                    if not asked:
+                        self.slice.broadcast(None)
                 finally:
                     self.lock.release()
 
@@ -363,16 +384,36 @@ class Engine:
     def _announce(self, prompt: list[int], digests: list[bytes], keys: list[int], st: RequestStats) -> None:
         """Tells the router which of the prompt's blocks this engine can now load, and from which
         tier: the ones it computed, pulled from a peer or the prefill server, or found stored."""
-        if self.announcer is None or self.store is None or not self.prefix_cache or not keys:
+        if self.store is None or not self.prefix_cache or not keys:
             return
-        try:
-            found = self.store.lookup(keys)
-        except errors.TpuSyncError as e:  # no store, no claim: the router's index is left as it was
-            log.warning("could not look up the prompt's blocks for KV events: %s", e)
+        if self.slice is not None:  # a collective: every process reaches it, the leader announces
+            tiers = self._slice_where(keys)
+            held = next((i for i, t in enumerate(tiers) if not t), len(tiers))
+        elif self.announcer is not None:
+            try:
+                found = self.store.lookup(keys)
+            except errors.TpuSyncError as e:  # no store, no claim: the router's index is left as it was
+                log.warning("could not look up the prompt's blocks for KV events: %s", e)
+                return
+            tiers, held = found.tiers.tolist(), found.prefix_len
+        if self.announcer is None:
             return
-        seq = self.announcer.announce([event_hash_of(d) for d in digests], keys, prompt, found.tiers.tolist(),
-                                      found.prefix_len)
+        seq = self.announcer.announce([event_hash_of(d) for d in digests], keys, prompt, tiers, held)
         st.kv_events_seq = -1 if seq is None else seq
+
+    def _slice_where(self, keys: list[int]) -> list[int]:
+        """Where the slice holds each block (a collective): the tiers that hold every host's shards
+        of it (tpusync.kv_events.block_tier), 0 where a host lacks a part or its store failed."""
+        assert self.slice is not None and self.store is not None
+        per_host = self.host_shards[self.slice.cfg.process_id]
+        try:
+            found = self.store.where([shard_key(k, n, self.shards) for k in keys for n in per_host]).tolist()
+            mine = [block_tier(found[i * len(per_host):(i + 1) * len(per_host)]) for i in range(len(keys))]
+        except errors.TpuSyncError as e:  # this host claims nothing; the collective goes on
+            log.warning("could not look up this host's shards for KV events: %s", e)
+            mine = [0] * len(keys)
+        rows = self.slice.gather(np.array(mine, np.uint8))
+        return [block_tier(rows[:, i].tolist()) for i in range(len(keys))]
 
     def _audit_loop(self, announcer: BlockAnnouncer, store: KVStore, every_s: float) -> None:
         while True:

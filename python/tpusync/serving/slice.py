@@ -89,6 +89,10 @@ class Slice:
         rows = np.asarray(multihost_utils.process_allgather(np.array(counts, np.int64))).reshape(-1, len(counts))
         return [int(x) for x in rows.min(axis=0)]
 
+    def gather(self, row: np.ndarray) -> np.ndarray:
+        """Every process's `row` (one shape on all), stacked in process order."""
+        return np.asarray(multihost_utils.process_allgather(row)).reshape(self.cfg.processes, *row.shape)
+
     def gather_text(self, text: str) -> list[str]:
         """Every process's `text`, in process order (short strings: addresses)."""
         raw = text.encode()
@@ -97,7 +101,7 @@ class Slice:
         buf = np.zeros(256, np.uint8)
         buf[0] = len(raw)
         buf[1:1 + len(raw)] = np.frombuffer(raw, np.uint8)
-        rows = np.asarray(multihost_utils.process_allgather(buf)).reshape(-1, 256)
+        rows = self.gather(buf)
         return [bytes(r[1:1 + int(r[0])]).decode() for r in rows]
 
     @staticmethod
