@@ -78,6 +78,11 @@ RAY_WORKER_SCRIPT = "\n".join([
     "exec ray start " + " ".join(RAY_WORKER_ARGS),
 ])
 MultiHost = Literal["leader", "worker"] | None
+# A multi-host replica of the reference engine is one JAX program, a process per host
+# (tpusync.serving.slice); process 0, on the LWS leader, runs jax.distributed's coordinator here.
+# LWS v0.9.0 injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX into every container of the group
+# (api/leaderworkerset/v1/leaderworkerset_types.go, pkg/utils/pod/pod_utils.go line 165).
+SLICE_COORDINATOR_PORT = 7620
 
 
 @dataclass(frozen=True)
@@ -111,13 +116,14 @@ def kv_events_topic(spec: DisaggregatedServingSpec) -> str:
 
 
 def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, port: int, tensor_parallel: int,
-                   data_port: int, kv_events_port: int, multi_host: MultiHost = None) -> tuple[list[str], list[str]]:
+                   data_port: int, kv_events_port: int, multi_host: MultiHost = None,
+                   hosts: int = 1) -> tuple[list[str], list[str]]:
     """(command, args) for one engine process serving `role` ("prefill" or "decode") on `port`.
 
     `tensor_parallel` counts TensorCores (JAX devices), not chips: Slice.tensor_parallel. The
     engine publishes the KV events (it knows the tokens of each block); `data_port` is the
     pod's sidecar data port, advertised to decode pods in kv_transfer_params. `multi_host`
-    names the pod's part in a multi-host vLLM replica (a LeaderWorkerSet group). Every string
+    names the pod's part in a multi-host replica of `hosts` (a LeaderWorkerSet group). Every string
     from the spec goes through `verbatim`: the kubelet expands no variable in it.
     """
     m = spec.model
@@ -128,6 +134,9 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
                 "--served-model-name", verbatim(m.name), "--control-socket", CONTROL_SOCKET,
                 "--data-address", f"$(POD_IP):{data_port}", "--kv-events-endpoint", f"tcp://*:{kv_events_port}",
                 "--kv-events-topic", kv_events_topic(spec)]
+        if multi_host:  # each host's process moves its shards through its own pod's sidecar
+            args += ["--num-processes", str(hosts), "--process-id", "$(LWS_WORKER_INDEX)",
+                     "--coordinator", f"$(LWS_LEADER_ADDRESS):{SLICE_COORDINATOR_PORT}"]
         return ["python", "-m", "tpusync.serving"], args + extra
     if spec.engine.type == "vllm-tpu":
         if multi_host == "worker":

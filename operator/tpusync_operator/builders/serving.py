@@ -161,9 +161,11 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     multi_host: MultiHost = None if plan.hosts_per_replica == 1 else ("leader" if serving else "worker")
     command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
                                    data_port=pool.spec.sidecar.data_port,
-                                   kv_events_port=pool.spec.sidecar.kv_events_port, multi_host=multi_host)
-    # A Ray worker of a multi-host vLLM replica serves no HTTP: the leader's probes speak for the group.
-    ray_worker = spec.engine.type == "vllm-tpu" and multi_host == "worker"
+                                   kv_events_port=pool.spec.sidecar.kv_events_port, multi_host=multi_host,
+                                   hosts=plan.hosts_per_replica)
+    # A worker of a multi-host replica (vLLM's Ray worker, a reference engine's follower) serves no
+    # HTTP: the leader's probes speak for the group.
+    follower = spec.engine.type in ("vllm-tpu", "reference") and multi_host == "worker"
     labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
     if serving:
         labels[LLMD_ROLE_LABEL] = role
@@ -181,7 +183,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},
                   *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in engine_ports(spec).items())],
-        **({} if ray_worker else {
+        **({} if follower else {
             "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                              "periodSeconds": 10, "failureThreshold": 360},
             "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},

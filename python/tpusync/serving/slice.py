@@ -15,6 +15,7 @@ never load a page in part.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,9 +55,9 @@ class Slice:
         if cfg.cpu_devices:
             jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        # Bound where it is reached: JAX's default binds every address.
         jax.distributed.initialize(cfg.coordinator, num_processes=cfg.processes, process_id=cfg.process_id,
-                                   coordinator_bind_address=cfg.coordinator if cfg.process_id == 0 else None)
+                                   coordinator_bind_address=_bind_address(cfg.coordinator) if cfg.process_id == 0
+                                   else None)
         self.cfg = cfg
         self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
         self.leader = cfg.process_id == 0
@@ -107,3 +108,15 @@ class Slice:
     @staticmethod
     def is_noop(message: dict[str, Any]) -> bool:
         return message.get("op") == "noop"
+
+
+def _bind_address(coordinator: str) -> str:
+    """Where process 0 binds the coordinator: the address it is reached at when that is an IP
+    (JAX's default binds every address), every address when it is a name (a pod's DNS name, as
+    LWS_LEADER_ADDRESS is: the pod's NetworkPolicy admits only its group)."""
+    host, _, port = coordinator.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return f"[::]:{port}"
+    return coordinator

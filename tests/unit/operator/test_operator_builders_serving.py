@@ -525,6 +525,29 @@ def test_multi_host_vllm_is_one_ray_cluster_per_replica():
     assert "TPU_MULTIHOST_BACKEND" not in {e["name"] for e in single["env"]}
 
 
+def test_a_multi_host_reference_replica_is_one_slice_with_a_sidecar_per_host():
+    """The reference engine on a multi-host slice (2x2x2 v7x: two hosts): one process per LWS pod,
+    each with its own sidecar, joined as one JAX program whose coordinator is the leader; only
+    the leader serves HTTP. The rendered args read by the engine's own parser."""
+    from tests.support.kube_expansion import command_line
+    from tpusync.serving.__main__ import parse_args
+
+    serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
+    serving = copy.deepcopy(serving).spec(engine={"type": "reference"})
+    pods = dict(_pods(plan(serving, pool).apply))
+    for name, index in (("llm-decode-leader", "0"), ("llm-decode-worker", "1")):
+        spec = pods[name]["spec"]
+        c = spec["containers"][0]
+        assert spec["initContainers"][0]["name"] == "tpusync-sidecar"  # this host's own
+        env = {"LWS_WORKER_INDEX": index, "LWS_LEADER_ADDRESS": "llm-decode-0.llm-decode",
+               "POD_IP": f"10.0.0.{index}"}
+        args = parse_args(command_line(c, env)[3:])  # as the kubelet expands them
+        assert (args.num_processes, args.process_id) == (2, int(index))
+        assert args.coordinator == "llm-decode-0.llm-decode:7620"
+        assert args.data_address == f"10.0.0.{index}:7600" and args.control_socket
+        assert ("readinessProbe" in c) == (index == "0")
+
+
 def _stub(bin_dir, name, body):
     """A stand-in for a program of the engine image, so that the real shell runs our script."""
     path = bin_dir / name

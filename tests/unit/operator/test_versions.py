@@ -188,12 +188,16 @@ def test_vllm_decode_serves_render_only_when_the_token_producer_asks():
 
 
 def test_reference_engine_args_parse_with_its_own_parser():
+    """As the kubelet starts them: $(VAR) expanded over what the pod has (LWS injects its
+    variables into multi-host groups)."""
+    from tests.support.kube_expansion import command_line
     from tpusync.serving.__main__ import parse_args
+    env = {"POD_IP": "10.0.0.2", "LWS_LEADER_ADDRESS": "llm-decode-0.llm-decode", "LWS_WORKER_INDEX": "1"}
     parsed = 0
     for _, objs in CASES:
         for c in containers(objs):
             if c.get("command") == ["python", "-m", "tpusync.serving"]:
-                ns = parse_args(c["args"])
+                ns = parse_args(command_line(c, env)[3:])
                 assert ns.role in ("prefill", "decode") and ns.port > 0
                 parsed += 1
     assert parsed
