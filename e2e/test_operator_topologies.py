@@ -100,6 +100,41 @@ def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_nam
     assert len(hostnames.split(",")) == 4
 
 
+REFERENCE_POOL = "e2e-v6e-4x4-ref"   # another 4x4 slice, for the reference engine
+
+
+def test_a_multi_host_reference_replica_is_one_slice(cluster, operator, lws, module_namespace):
+    """The reference engine on a 4-host slice: one process per LWS pod, each beside its own
+    sidecar, joined as one JAX program (tpusync.serving.slice). What each pod's engine would be
+    started with, from the stored pod as the real LWS webhook left it and expanded as the kubelet
+    expands it, read by the engine's own parser."""
+    from tests.support.kube_expansion import command_line
+    from tpusync.serving.__main__ import parse_args
+
+    ns = module_namespace
+    cluster.add_tpu_nodes(REFERENCE_POOL, 4, topology="4x4", chips_per_node=4)
+    apply(cluster, pool_obj(ns, "rs", tpu={"type": "v6e", "topology": "4x4"}, node_pool=REFERENCE_POOL, hosts=4))
+    wait_condition(cluster, "tpusyncpool", ns, "rs")
+    apply(cluster, serving_obj(ns, "rs", engine={"type": "reference"}, pool="rs", prefill=1, decode=0,
+                               routing={"enabled": False}))
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "rs")
+    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    pods = items(cluster, "pods", ns, "leaderworkerset.sigs.k8s.io/name=rs-prefill")
+    assert len(pods) == 4
+    for pod in pods:
+        index = int(pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"])
+        engine = container(pod["spec"], "engine")
+        env = {e["name"]: e["value"] for e in engine["env"] if "value" in e}
+        env["POD_IP"] = pod["status"]["podIP"]
+        args = parse_args(command_line(engine, env)[3:])
+        assert (args.num_processes, args.process_id) == (4, index)
+        assert env["LWS_LEADER_ADDRESS"].startswith("rs-prefill-0.")
+        assert args.coordinator == f"{env['LWS_LEADER_ADDRESS']}:7620"
+        assert args.data_address == f"{pod['status']['podIP']}:7600"
+        assert container(pod["spec"], "tpusync-sidecar", init=True)["restartPolicy"] == "Always"
+        assert ("readinessProbe" in engine) == (index == 0)
+
+
 LOCKSTEP_POOL = "e2e-lockstep"   # six v6e 2x2 hosts: two units of one prefill and one decode, plus a surge of each
 DS_REVISION = "disaggregatedset.x-k8s.io/revision"
 
