@@ -50,18 +50,25 @@ def test_store_nodes_as_a_daemonset_then_a_statefulset(cluster, operator, module
     wait_for("the DaemonSet pruned", lambda: get(cluster, "daemonset", ns, "ds-store") is None, CONVERGE)
 
 
+def multi_host_prefill(cluster, ns: str, name: str, node_pool: str, engine: str) -> dict:
+    """A pool of one v6e 4x4 slice (4 hosts, on nodes of its own) and a serving of one prefill
+    replica of `engine` on it, Ready with its LWS group: the serving."""
+    cluster.add_tpu_nodes(node_pool, 4, topology="4x4", chips_per_node=4)
+    apply(cluster, pool_obj(ns, name, tpu={"type": "v6e", "topology": "4x4"}, node_pool=node_pool, hosts=4))
+    wait_condition(cluster, "tpusyncpool", ns, name)
+    apply(cluster, serving_obj(ns, name, engine={"type": engine}, pool=name, prefill=1, decode=0,
+                               routing={"enabled": False}))
+    ds = wait_condition(cluster, "disaggregatedservings", ns, name)
+    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    return ds
+
+
 def test_multi_host_role_is_a_leaderworkerset(cluster, operator, lws, module_namespace):
     """A v6e 4x4 slice is 4 hosts: the prefill replica is one LWS group of a leader and three
     workers, one per host of the slice, each with the TPU environment LWS injects; the
     serving is Ready once the group is."""
     ns = module_namespace
-    cluster.add_tpu_nodes(MULTI_POOL, 4, topology="4x4", chips_per_node=4)
-    apply(cluster, pool_obj(ns, "mh", tpu={"type": "v6e", "topology": "4x4"}, node_pool=MULTI_POOL, hosts=4))
-    wait_condition(cluster, "tpusyncpool", ns, "mh")
-    apply(cluster, serving_obj(ns, "mh", engine={"type": "vllm-tpu"}, pool="mh", prefill=1, decode=0,
-                               routing={"enabled": False}))
-    ds = wait_condition(cluster, "disaggregatedservings", ns, "mh")
-    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    ds = multi_host_prefill(cluster, ns, "mh", MULTI_POOL, "vllm-tpu")
     lws_obj = get(cluster, "leaderworkersets.leaderworkerset.x-k8s.io", ns, "mh-prefill")
     assert owned_by(lws_obj, ds)
     tpl = lws_obj["spec"]["leaderWorkerTemplate"]
@@ -112,13 +119,7 @@ def test_a_multi_host_reference_replica_is_one_slice(cluster, operator, lws, mod
     from tpusync.serving.__main__ import parse_args
 
     ns = module_namespace
-    cluster.add_tpu_nodes(REFERENCE_POOL, 4, topology="4x4", chips_per_node=4)
-    apply(cluster, pool_obj(ns, "rs", tpu={"type": "v6e", "topology": "4x4"}, node_pool=REFERENCE_POOL, hosts=4))
-    wait_condition(cluster, "tpusyncpool", ns, "rs")
-    apply(cluster, serving_obj(ns, "rs", engine={"type": "reference"}, pool="rs", prefill=1, decode=0,
-                               routing={"enabled": False}))
-    ds = wait_condition(cluster, "disaggregatedservings", ns, "rs")
-    assert ds["status"]["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
+    multi_host_prefill(cluster, ns, "rs", REFERENCE_POOL, "reference")
     pods = items(cluster, "pods", ns, "leaderworkerset.sigs.k8s.io/name=rs-prefill")
     assert len(pods) == 4
     for pod in pods:
