@@ -51,6 +51,19 @@ def block_removed(block_hashes: Sequence[int], *, medium: str = "CPU") -> Event:
     return ["BlockRemoved", list(block_hashes), medium]
 
 
+def as_structs(event: Event, stored: Callable[..., Any], removed: Callable[..., Any]) -> Any:
+    """One positional event as an engine's event struct (vLLM's or SGLang's `BlockStored` and
+    `BlockRemoved`, which take the same field names)."""
+    if event[0] == "BlockStored":
+        _, hashes, parent, tokens, block_size, lora_id, medium = event
+        return stored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size,
+                      lora_id=lora_id, medium=medium)
+    if event[0] == "BlockRemoved":
+        _, hashes, medium = event
+        return removed(block_hashes=hashes, medium=medium)
+    raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")
+
+
 class EventSink(Protocol):
     """Where a BlockAnnouncer sends its batches: a KVEventPublisher, or an engine's own publisher
     through an adapter (tpusync.connector.events). `send` returns the batch's sequence number if known."""

@@ -24,6 +24,7 @@ prefix cache, it announces again what the store holds.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from tpusync import errors
 from tpusync.connector.common import StoreLink, log
 from tpusync.connector.relay import relay_for
-from tpusync.kv_events import BlockAnnouncer, Event, event_hash, follow, tiers_of
+from tpusync.kv_events import BlockAnnouncer, Event, as_structs, event_hash, follow, tiers_of
 
 if TYPE_CHECKING:
     from vllm.config import KVEventsConfig
@@ -41,14 +42,8 @@ if TYPE_CHECKING:
 
 def to_vllm(event: Event) -> KVCacheEvent:
     """One of BlockAnnouncer's positional events as vLLM's event struct."""
-    if event[0] == "BlockStored":
-        _, hashes, parent, tokens, block_size, lora_id, medium = event
-        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size,
-                           lora_id=lora_id, medium=medium, lora_name=None)
-    if event[0] == "BlockRemoved":
-        _, hashes, medium = event
-        return BlockRemoved(block_hashes=hashes, medium=medium)
-    raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")
+    converted: KVCacheEvent = as_structs(event, functools.partial(BlockStored, lora_name=None), BlockRemoved)
+    return converted
 
 
 class ConnectorEvents:

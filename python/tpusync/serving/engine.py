@@ -124,6 +124,10 @@ class Engine:
             threading.Thread(target=self._follow_loop, args=(self.announcer, kv_events_feed), daemon=True,
                              name="kv-events-feed").start()
         self.slice = slice
+        # On a slice, whether requests end in the KV-event collective: the leader's announcer says,
+        # and tells the followers with each request (they publish nothing themselves).
+        self.slice_announces = self.announcer is not None
+        self.host_index = slice.cfg.process_id if slice is not None else 0
         self.params = init_params(cfg) if slice is None else jax.tree.map(self._replicated, init_params(cfg))
         self.k, self.v = self._empty_cache()
         # The data ports of every host of the slice, for kv_transfer_params (process order), and the
@@ -149,8 +153,8 @@ class Engine:
         cfg = self.cfg
         shape = (cfg.layers, cfg.pages, cfg.page_size, cfg.kv_heads, cfg.head_dim)
         sharding = self.slice.sharding(3, len(shape))
-        k, v = (jax.make_array_from_callback(shape, sharding, lambda i: np.zeros(shape, cfg.dtype)[i])
-                for _ in range(2))
+        shard = sharding.shard_shape(shape)
+        k, v = (jax.make_array_from_callback(shape, sharding, lambda _: np.zeros(shard, cfg.dtype)) for _ in range(2))
         return k, v
 
     def _token(self, logits: jax.Array, row: int) -> int:
@@ -180,13 +184,14 @@ class Engine:
             try:
                 if self.slice is not None:  # every process of the slice runs it, in this order
                     self.slice.broadcast({"op": "generate", "prompt": prompt, "max_tokens": max_tokens,
-                                          "kv_transfer_params": kv_transfer_params})
+                                          "kv_transfer_params": kv_transfer_params,
+                                          "announce": self.slice_announces})
                 return self._generate(prompt, max_tokens, kv_transfer_params, on_token, arrived)
             finally:
                 self.running -= 1
                 self.pages_in_use = 0
 
-    def follow_leader(self, idle_s: float = 30.0) -> None:
+    def follow_leader(self) -> None:
         """A follower of a slice: runs what the leader broadcasts until it says stop."""
         assert self.slice is not None and not self.slice.leader
         while True:
@@ -194,6 +199,7 @@ class Engine:
             if message.get("op") == "stop":
                 return
             if message.get("op") == "generate":
+                self.slice_announces = bool(message.get("announce"))
                 self._generate(message["prompt"], message["max_tokens"], message.get("kv_transfer_params"), None,
                                time.perf_counter())
             elif message.get("op") == "where":
@@ -207,26 +213,28 @@ class Engine:
         auditing = self.announcer is not None and self.store is not None and self.prefix_cache \
             and self.kv_events_audit_s > 0
         period = min(every_s, self.kv_events_audit_s) if auditing else every_s
+        asked = False
+
+        def where(keys: list[int]) -> list[int]:  # the announcer's lookup: every host, in lockstep
+            nonlocal asked
+            asked = True
+            assert self.slice is not None
+            self.slice.broadcast({"op": "where", "keys": [f"{k:032x}" for k in keys]})
+            return self._slice_where(keys)
+
         while True:
             time.sleep(period)  # a period, not a synchronisation
-            if self.lock.acquire(blocking=False):  # busy: a request is a broadcast too
-                try:
-                    asked = False
-
-                    def where(keys: list[int]) -> list[int]:
-                        nonlocal asked
-                        asked = True
-                        assert self.slice is not None
-                        self.slice.broadcast({"op": "where", "keys": [f"{k:032x}" for k in keys]})
-                        return self._slice_where(keys)
-
-                    if auditing:
-                        assert self.announcer is not None
-                        self.announcer.audit(where)
-                    if not asked:
-                        self.slice.broadcast(None)
-                finally:
-                    self.lock.release()
+            if not self.lock.acquire(blocking=False):  # busy: a request is a broadcast too
+                continue
+            try:
+                asked = False
+                if auditing:
+                    assert self.announcer is not None
+                    self.announcer.audit(where)
+                if not asked:  # nothing remembered to audit: a broadcast all the same
+                    self.slice.broadcast(None)
+            finally:
+                self.lock.release()
 
     def stop_slice(self) -> None:
         """The leader: tells the followers to exit."""
@@ -263,7 +271,7 @@ class Engine:
             on_token(token)
 
         self._save_prompt(keys, own_pages, st)
-        if self.slice is not None:  # every host saved its shards before the response names them
+        if self.slice is not None and self.store is not None:  # every host saved before the response names them
             self.slice.agree([0])
         self._announce(prompt, digests, keys, st)
         out = [token]
@@ -311,10 +319,10 @@ class Engine:
             if resharded:
                 needed = sorted({m for plan in head_sources(self.k, src_shards).values() for m, *_ in plan})
             else:
-                needed = self.host_shards[self.slice.cfg.process_id if self.slice is not None else 0]
+                needed = self.host_shards[self.host_index]
             host_keys = [shard_key(k, m, src_shards) for k in keys for m in needed]
             per = len(needed)
-            pulls = pull_plan(kv_params, layout, needed, self.slice.cfg.process_id if self.slice is not None else 0)
+            pulls = pull_plan(kv_params, layout, needed, self.host_index)
             if self.prefix_cache and not resharded:
                 pulls += [(p, needed) for p in self.peers if p not in [a for a, _ in pulls]]
             local = self.store.lookup(host_keys).prefix_len // per
@@ -387,6 +395,8 @@ class Engine:
         if self.store is None or not self.prefix_cache or not keys:
             return
         if self.slice is not None:  # a collective: every process reaches it, the leader announces
+            if not self.slice_announces:
+                return
             tiers = self._slice_where(keys)
             held = next((i for i, t in enumerate(tiers) if not t), len(tiers))
         elif self.announcer is not None:
@@ -405,7 +415,7 @@ class Engine:
         """Where the slice holds each block (a collective): the tiers that hold every host's shards
         of it (tpusync.kv_events.block_tier), 0 where a host lacks a part or its store failed."""
         assert self.slice is not None and self.store is not None
-        per_host = self.host_shards[self.slice.cfg.process_id]
+        per_host = self.host_shards[self.host_index]
         try:
             found = self.store.where([shard_key(k, n, self.shards) for k in keys for n in per_host]).tolist()
             mine = [block_tier(found[i * len(per_host):(i + 1) * len(per_host)]) for i in range(len(keys))]
@@ -434,7 +444,7 @@ class Engine:
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
         params: dict[str, Any] = {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],
-                  "num_tokens": num_tokens, "block_size": self.cfg.page_size}
+                                  "num_tokens": num_tokens, "block_size": self.cfg.page_size}
         if self.slice is not None:  # each decode host pulls its shards from the host that holds them
             params["remote_addresses"] = self.slice_addresses
         cfg = self.cfg

@@ -87,8 +87,7 @@ class Slice:
 
     def agree(self, counts: Sequence[int]) -> list[int]:
         """Each of `counts`, the smallest any process has: what the whole slice has."""
-        rows = np.asarray(multihost_utils.process_allgather(np.array(counts, np.int64))).reshape(-1, len(counts))
-        return [int(x) for x in rows.min(axis=0)]
+        return [int(x) for x in self.gather(np.array(counts, np.int64)).min(axis=0)]
 
     def gather(self, row: np.ndarray) -> np.ndarray:
         """Every process's `row` (one shape on all), stacked in process order."""
@@ -104,10 +103,6 @@ class Slice:
         buf[1:1 + len(raw)] = np.frombuffer(raw, np.uint8)
         rows = self.gather(buf)
         return [bytes(r[1:1 + int(r[0])]).decode() for r in rows]
-
-    @staticmethod
-    def is_noop(message: dict[str, Any]) -> bool:
-        return message.get("op") == "noop"
 
 
 def _bind_address(coordinator: str) -> str:

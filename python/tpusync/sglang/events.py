@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.utils import hash_str_to_int64
 
 from tpusync import errors
 from tpusync.event_relay import EventRelay, reachable
-from tpusync.kv_events import BlockAnnouncer, Event, follow, tiers_of
+from tpusync.kv_events import BlockAnnouncer, Event, as_structs, follow, tiers_of
 from tpusync.sglang.keys import KeyScope, block_keys
 from tpusync.store import KVStore
 
@@ -125,8 +125,9 @@ class StorageEvents:
 
     def send(self, events: list[Event]) -> None:
         """BlockAnnouncer's sink: the events in SGLang's structs, published now."""
-        self._relay.publish(self._encoder.encode(KVEventBatch(ts=time.time(), events=[_to_sglang(e) for e in events],
-                                                              attn_dp_rank=self._dp_rank)))
+        batch = KVEventBatch(ts=time.time(), events=[as_structs(e, BlockStored, BlockRemoved) for e in events],
+                             attn_dp_rank=self._dp_rank)
+        self._relay.publish(self._encoder.encode(batch))
 
     def _forwarded(self, payload: bytes) -> None:
         """A batch of SGLang's went out (the relay's thread): after an AllBlocksCleared, announce again."""
@@ -165,15 +166,3 @@ class StorageEvents:
         self._wake.set()
         self._thread.join(timeout=5)
         self._relay.stop()
-
-
-def _to_sglang(event: Event) -> Any:
-    """One of BlockAnnouncer's positional events as SGLang's event struct."""
-    if event[0] == "BlockStored":
-        _, hashes, parent, tokens, block_size, lora_id, medium = event
-        return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=block_size,
-                           lora_id=lora_id, medium=medium)
-    if event[0] == "BlockRemoved":
-        _, hashes, medium = event
-        return BlockRemoved(block_hashes=hashes, medium=medium)
-    raise errors.InvalidArgumentError(f"unknown KV event {event[0]!r}")

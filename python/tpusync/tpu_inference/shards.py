@@ -19,8 +19,9 @@ import numpy as np
 from tpusync import errors
 from tpusync.connector.common import StoreLink
 from tpusync.connector.config import ConnectorConfig
+from tpusync.kv_events import block_tier
 from tpusync.pages import shard_key
-from tpusync.store import Changes, KVStore, LookupResult, Tier
+from tpusync.store import Changes, KVStore, LookupResult
 
 
 class ShardedStore:
@@ -45,11 +46,8 @@ class ShardedStore:
         return LookupResult(blocks, self._by_block(found.tiers, len(keys)))
 
     def _by_block(self, shard_tiers: np.ndarray, n: int) -> np.ndarray:
-        tiers = np.asarray(shard_tiers, np.uint8).reshape(n, self.shards)
-        common = np.bitwise_and.reduce(tiers, axis=1)  # the tier every shard is in
-        # Every shard present, but not in one common tier (some in DRAM only, some on disk only).
-        common[(common == Tier.NONE) & (tiers != Tier.NONE).all(axis=1)] = Tier.DISK
-        return np.asarray(common, np.uint8)
+        tiers = np.asarray(shard_tiers, np.uint8).reshape(n, self.shards).tolist()
+        return np.array([block_tier(shards) for shards in tiers], np.uint8)
 
     def where(self, keys: Sequence[int]) -> np.ndarray:
         """KVStore.where by block, as lookup combines its shards' tiers."""
