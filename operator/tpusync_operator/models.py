@@ -515,7 +515,7 @@ class KVTransfer(Model):
         "tpusync", description="tpusync: tpusync's data path (the reference engine's; for vllm-tpu, tpusync's "
                                "connector for tpu-inference: P/D and the DRAM/disk prefix tiers through the "
                                "pool's sidecars; each tensor-parallel shard of a block stored and pulled as a part "
-                               "of its own, on single-host slices). "
+                               "of its own, on each host's sidecar of a multi-host slice). "
                                "tpu-inference: tpu_inference's own TPUConnector (vllm-tpu only; "
                                "P/D only, with the fix vLLM 0.32 needs for correct decode tokens). "
                                "tpu-sync-compatible: tpu_inference's own connector for upstream TPU Sync "

@@ -243,6 +243,18 @@ def layer_shard_count(layers: Sequence[jax.Array]) -> int:
     return _layer_shards(layers)[0]
 
 
+def layer_host_shards(layers: Sequence[jax.Array]) -> list[int]:
+    """The global numbers of the shards of a list-of-layers cache that this host holds."""
+    return list(_layer_shards(layers)[1])
+
+
+def source_parts(layers: Sequence[jax.Array], src_shards: int, axis: int) -> list[int]:
+    """The parts of a block stored split in `src_shards` along `axis` that this host's shards
+    overlap (what load_layer_pages_resharded reads here)."""
+    ranges = _axis_ranges(layers[0], axis)
+    return sorted({m for r in ranges.values() for m, *_ in reshard_ranges(layers[0].shape[axis], src_shards, r)})
+
+
 def _gather_pages(data: jax.Array, page_ids: Sequence[int]) -> tuple[np.ndarray, list[int]]:
     """A host view holding the wanted pages of one layer (axis 0), and their index in it."""
     if next(iter(data.devices())).platform == "cpu":  # never pop: jax may hand out its own set

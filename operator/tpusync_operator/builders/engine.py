@@ -269,6 +269,10 @@ def engine_env(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, data_
     if multi_host and spec.engine.type == "vllm-tpu":
         # tpu-inference's multi-host backend; JAX_PLATFORMS empty as in its run_cluster.sh.
         env += [{"name": "TPU_MULTIHOST_BACKEND", "value": "ray"}, {"name": "JAX_PLATFORMS", "value": ""}]
+        if spec.kv_transfer.connector == "tpusync":
+            # Each host's worker names its own sidecar to decode engines (its kv_connector_extra_config,
+            # the leader's, is handed to every worker alike; vLLM's Ray executor copies no TPUSYNC_ variable).
+            env.append({"name": "TPUSYNC_DATA_ADDRESS", "value": f"$(POD_IP):{data_port}"})
     token = spec.model.token_secret_ref
     if token is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})

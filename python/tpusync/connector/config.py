@@ -35,6 +35,10 @@ prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finis
     remote_num_tokens          prompt tokens whose KV is in the prefill pod's sidecar
     tpusync_block_size, tpusync_last_key   the block size and the hex key of the last block, so
                                the decode engine can tell a hash-seed or block-size mismatch
+    tpusync_kv_layout          what the blocks' bytes depend on (`kv_layout`); on a multi-host
+                               slice also `hosts`: the shard numbers each host holds
+    remote_addresses           a multi-host slice's hosts' sidecar data ports, in process order:
+                               each decode host pulls the parts it needs from the hosts holding them
 
 and the decode engine, given those params with the same prompt, pulls the blocks it lacks from
 `remote_host:remote_port` into its own sidecar and loads them (see `remote_peer`).
@@ -49,6 +53,7 @@ from typing import Any
 
 from tpusync import errors
 from tpusync.hashing import DEFAULT_SEED
+from tpusync.slice_pulls import host_shards_of, pull_plan, slice_hosts
 
 STORES = ("sidecar", "local")
 
@@ -143,8 +148,11 @@ def kv_layout(*, model: str, layers: int, kv_heads: int, head_size: int, dtype: 
 
 
 def producer_params(*, data_address: str | None, engine_id: str, request_id: str, num_tokens: int,
-                    block_size: int, last_key: int | None, layout: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The kv_transfer_params a prefill engine returns for a request it computed for a decode engine."""
+                    block_size: int, last_key: int | None, layout: dict[str, Any] | None = None,
+                    hosts: list[tuple[str | None, list[int]]] | None = None) -> dict[str, Any]:
+    """The kv_transfer_params a prefill engine returns for a request it computed for a decode
+    engine. `hosts`: a multi-host slice's hosts in process order (data port, shard numbers
+    held there), as `remote_addresses` and the layout's `hosts`."""
     params: dict[str, Any] = {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -157,7 +165,9 @@ def producer_params(*, data_address: str | None, engine_id: str, request_id: str
     if last_key is not None:
         params["tpusync_last_key"] = f"{last_key:032x}"
     if layout is not None:
-        params["tpusync_kv_layout"] = layout
+        params["tpusync_kv_layout"] = layout if not hosts else {**layout, "hosts": [h for _, h in hosts]}
+    if hosts:
+        params["remote_addresses"] = [a for a, _ in hosts]
     if data_address:
         params["remote_host"], params["remote_port"] = split_address(data_address)
     return params
@@ -172,6 +182,14 @@ class RemotePrefill:
     block_size: int | None
     last_key: int | None
     layout: dict[str, Any] | None = None  # kv_layout() of the prefill engine, if it said
+    addresses: list[str | None] | None = None  # a multi-host prefill's hosts' data ports (None where malformed)
+    hosts: list[list[int]] | None = None       # the shard numbers each of those hosts holds
+
+    def pulls(self, needed: list[int], host: int) -> list[tuple[str, list[int]]]:
+        """Where host `host` of this engine pulls the prefill's shards `needed` from
+        (tpusync.slice_pulls.pull_plan): a multi-host prefill's hosts, else its one peer."""
+        addresses = self.addresses if self.addresses is not None else [self.peer]
+        return pull_plan(addresses, self.hosts, needed, host)
 
 
 def remote_peer(params: Mapping[str, Any] | None) -> RemotePrefill | None:
@@ -181,12 +199,17 @@ def remote_peer(params: Mapping[str, Any] | None) -> RemotePrefill | None:
     host, port = params.get("remote_host"), params.get("remote_port")
     peer = join_address(str(host), int(port)) if host and port else None
     last = params.get("tpusync_last_key")
+    layout = params.get("tpusync_kv_layout")
+    layout = layout if isinstance(layout, dict) else None
+    shards = layout.get("shards") if layout is not None else None
     return RemotePrefill(
         peer=peer,
         num_tokens=_opt_int(params.get("remote_num_tokens")),
         block_size=_opt_int(params.get("tpusync_block_size")),
         last_key=int(last, 16) if isinstance(last, str) and last else None,
-        layout=layout if isinstance(layout := params.get("tpusync_kv_layout"), dict) else None,
+        layout=layout,
+        addresses=slice_hosts(params.get("remote_addresses")),
+        hosts=host_shards_of(layout.get("hosts"), shards) if layout is not None and isinstance(shards, int) else None,
     )
 
 

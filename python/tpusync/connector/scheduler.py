@@ -14,6 +14,8 @@ from tpusync import errors
 from tpusync.connector.common import (
     COUNTERS,
     Pins,
+    Probe,
+    SliceAnswer,
     StoreLink,
     TPUSyncConnectorMetadata,
     TPUSyncWorkerMetadata,
@@ -56,6 +58,7 @@ class _Source:
 
 @dataclass
 class _Request:
+    req_id: str
     tokens: list[int]               # the prompt (the request's own list)
     extra: list[str] | None         # what keys the blocks besides the tokens (LoRA, salt, weights)
     keys: list[int]                 # the prompt's full blocks
@@ -69,6 +72,11 @@ class _Request:
     plain: bool = True              # keyed by the tokens alone (no LoRA, no cache salt): llm-d keys them alike
     shards: int = 0                 # the parts the prefill engine split its blocks in, where not as here
     src: _Source | None = None      # the prefill engine's blocks, where its page size is not ours
+    # A multi-host slice: the request's outstanding Probe (the block it started at, its number)
+    # and the hosts' answer so far.
+    probed_at: int | None = None
+    probe_seq: int = 0
+    answer: SliceAnswer | None = None
 
 
 class SchedulerSide:
@@ -76,8 +84,15 @@ class SchedulerSide:
 
     def __init__(self, cfg: ConnectorConfig, *, block_size: int, block_bytes: int, engine_id: str,
                  save: bool, pull: bool, kv_events: KVEventsConfig | None = None, dp_rank: int = 0,
-                 layout: dict[str, Any] | None = None) -> None:
+                 layout: dict[str, Any] | None = None, hosts: int = 1) -> None:
         self.cfg, self.block_size, self.engine_id, self.layout = cfg, block_size, engine_id, layout
+        # A multi-host slice: each host's worker holds its shards in its own pod's sidecar, so the
+        # hosts look up, pin and pull (Probe), and say what they hold (SliceAnswer).
+        self.hosts = hosts
+        self.probes: list[Probe] = []
+        self.releases: list[str] = []
+        self.slice: dict[int, tuple[str | None, list[int]]] = {}  # process index: data port, shards
+        self._probe_seq = 0
         self.save, self.pull = save, pull
         self.hasher = BlockHasher(block_size, cfg.hash_seed)
         self.link = StoreLink(cfg, block_bytes, "lookups")
@@ -113,8 +128,8 @@ class SchedulerSide:
         weights = self.served.tag()
         if weights is not None:
             extra.append(f"weights:{weights}")
-        st = _Request(tokens=tokens, extra=extra or None, keys=self.hasher.keys(tokens, extra or None),
-                      usable=(len(tokens) - 1) // self.block_size,
+        st = _Request(req_id=request.request_id, tokens=tokens, extra=extra or None,
+                      keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
                       remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=plain)
         self.reqs[request.request_id] = st
         return st
@@ -127,11 +142,13 @@ class SchedulerSide:
         if start >= st.usable:
             self._unpin(st)
             return 0, False
+        if self.hosts > 1:
+            return self._matched_on_slice(st, start)
         if st.pull is None:
             sources, limit = self._sources(st)
             if sources and limit > start:
                 keys = st.keys[start:limit] if st.src is None else st.src.span(self.block_size, start, limit)[1]
-                st.pull = self.pool.submit(self._pull, keys, sources, st.shards)
+                st.pull = self.pool.submit(self._pull, keys, sources, st.shards, st.remote)
             else:
                 st.pull = _done(0)
         if not st.pull.done():
@@ -156,6 +173,38 @@ class SchedulerSide:
         COUNTERS.add(lookups=1)
         old, st.pins = st.pins, Pins(store, keys[:held], st.shards)
         release_pins(self.link, old)
+        st.load = (start, found) if found else None
+        return found * self.block_size, False
+
+    def _matched_on_slice(self, st: _Request, start: int) -> tuple[int | None, bool]:
+        """matched() on a multi-host slice: the hosts probe (pull, look up and pin their parts);
+        the scheduler asks again until every host answered, then offers the blocks all hold."""
+        if st.probed_at is not None and start < st.probed_at:  # vLLM's own prefix shrank: ask afresh
+            self._unpin(st)
+        if st.probed_at is None:
+            sources, limit = self._sources(st)
+            keys = st.keys[start:st.usable] if st.src is None else st.src.span(self.block_size, start, st.usable)[1]
+            remote = st.remote
+            from_prefill = remote is not None and remote.peer is not None and remote.peer in sources
+            pull = 0 if not sources or limit <= start else \
+                limit - start if st.src is None else len(st.src.span(self.block_size, start, limit)[1])
+            self._probe_seq += 1
+            self.probes.append(Probe(
+                st.req_id, keys, st.shards, seq=self._probe_seq, pull=pull,
+                remote=(remote.addresses or [remote.peer]) if from_prefill and remote is not None else [],
+                remote_hosts=remote.hosts if from_prefill and remote is not None else None,
+                peers=[p for p in sources if not (from_prefill and remote is not None and p == remote.peer)]))
+            st.probed_at, st.probe_seq, st.answer = start, self._probe_seq, None
+            return None, False
+        if st.answer is None or not st.answer.complete:
+            return None, False  # the scheduler asks again next step
+        at, held = st.probed_at, st.answer.blocks
+        if st.src is not None:  # our blocks that its blocks hold whole
+            held = min(st.usable - at, st.src.whole(self.block_size, at, at * self.block_size // st.src.block_size,
+                                                    held))
+        found = max(0, at + held - start)
+        st.pulled = st.answer.pulled
+        COUNTERS.add(lookups=1)
         st.load = (start, found) if found else None
         return found * self.block_size, False
 
@@ -217,9 +266,10 @@ class SchedulerSide:
             return f"blocks in {shards} parts, this connector loads only its own {self.layout['shards']}"
         return None
 
-    def _pull(self, keys: list[int], sources: list[str], shards: int = 0) -> int:
+    def _pull(self, keys: list[int], sources: list[str], shards: int = 0, remote: RemotePrefill | None = None) -> int:
         """Has the sidecar fetch the blocks of `keys` it lacks from the first peers that have
-        them (stored in `shards` parts, 0: as here). Returns how many arrived; never raises."""
+        them (stored in `shards` parts, 0: as here); from a multi-host prefill, each part from
+        the host that holds it. Returns how many arrived; never raises."""
         try:
             store = self.pull_link.get()
             if store is None:
@@ -235,7 +285,14 @@ class SchedulerSide:
                 if local == len(keys):
                     break
                 try:
-                    held = store.read_remote(peer, keys)
+                    if remote is not None and peer == remote.peer and remote.addresses is not None \
+                            and hasattr(store, "read_parts"):  # blocks stored in parts (tpu-inference)
+                        for host, parts in remote.pulls(list(range(store.shards)), 0):
+                            store.read_parts(host, keys[local:], parts)
+                        found = store.lookup(keys).prefix_len
+                        held = [i < found for i in range(len(keys))]
+                    else:
+                        held = store.read_remote(peer, keys)
                 except errors.TpuSyncError as e:  # a dead or unreachable peer: try the next, keep what came
                     COUNTERS.add(peer_errors=1)
                     log.warning("pulling %d blocks from %s failed (%s); recomputing what is missing",
@@ -258,24 +315,41 @@ class SchedulerSide:
         if not n or st.load is None:
             self._unpin(st)
             return
+        if self.hosts > 1:
+            self._after_alloc_on_slice(request, st, blocks, n)
+            return
         start, found = st.load
         n = min(n, found)
         block_ids = blocks.get_block_ids()[0]
-        if st.src is None:
-            transfer = Transfer(request.request_id, st.keys[start:start + n], block_ids[start:start + n], st.shards)
-        else:
-            first, keys = st.src.span(self.block_size, start, start + n)
-            transfer = Transfer(request.request_id, keys, block_ids[start:start + n], st.shards,
-                                src_tokens=st.src.block_size, first_token=start * self.block_size - first *
-                                st.src.block_size)
+        transfer = self._transfer(st, request.request_id, block_ids, start, n)
         self.loads.append(transfer)
         m = len(transfer.keys)  # the pins this load holds
         pins, st.pins, st.load = st.pins, Pins(), None
         release_pins(self.link, replace(pins, keys=pins.keys[m:]))
         release_pins(self.link, self.awaiting_load.pop(request.request_id, Pins()))  # a load before a preemption
         self.awaiting_load[request.request_id] = replace(pins, keys=pins.keys[:m])
+        self._saved_after_load(st, request.request_id, block_ids, start, n)
+
+    def _after_alloc_on_slice(self, request: Request, st: _Request, blocks: KVCacheBlocks, n: int) -> None:
+        """after_alloc on a multi-host slice: each host loads its parts and then drops its pins."""
+        assert st.load is not None
+        start, found = st.load
+        n = min(n, found)
+        self.loads.append(self._transfer(st, request.request_id, blocks.get_block_ids()[0], start, n))
+        st.load, st.probed_at, st.answer = None, None, None
+        self._saved_after_load(st, request.request_id, blocks.get_block_ids()[0], start, n)
+
+    def _transfer(self, st: _Request, req_id: str, block_ids: list[int], start: int, n: int) -> Transfer:
+        """The load of our blocks [start, start + n) into `block_ids`."""
+        if st.src is None:
+            return Transfer(req_id, st.keys[start:start + n], block_ids[start:start + n], st.shards)
+        first, keys = st.src.span(self.block_size, start, start + n)
+        return Transfer(req_id, keys, block_ids[start:start + n], st.shards, src_tokens=st.src.block_size,
+                        first_token=start * self.block_size - first * st.src.block_size)
+
+    def _saved_after_load(self, st: _Request, req_id: str, block_ids: list[int], start: int, n: int) -> None:
         if self.save and start > st.saved:  # vLLM's own prefix hit: make sure the store has it too
-            self.saves.append(Transfer(request.request_id, st.keys[st.saved:start], block_ids[st.saved:start]))
+            self.saves.append(Transfer(req_id, st.keys[st.saved:start], block_ids[st.saved:start]))
         if st.src is None:  # else the store holds them under the prefill's keys: saved under ours after the step
             st.saved = max(st.saved, start + n)
         COUNTERS.add(matched_requests=1, matched_tokens=n * self.block_size)
@@ -290,8 +364,9 @@ class SchedulerSide:
         return {k: v for k, v in out.items() if v}
 
     def build_meta(self, so: SchedulerOutput) -> TPUSyncConnectorMetadata:
-        meta = TPUSyncConnectorMetadata(loads=self.loads, saves=self.saves)
-        self.loads, self.saves = [], []
+        meta = TPUSyncConnectorMetadata(loads=self.loads, saves=self.saves, probes=self.probes,
+                                        releases=self.releases)
+        self.loads, self.saves, self.probes, self.releases = [], [], [], []
         if self.save:
             for new in so.scheduled_new_reqs:
                 self._plan_save(meta, new.req_id, new.num_computed_tokens, so.num_scheduled_tokens.get(new.req_id, 0))
@@ -318,6 +393,15 @@ class SchedulerSide:
         meta = output.kv_connector_worker_meta
         if not isinstance(meta, TPUSyncWorkerMetadata):
             return
+        self.slice.update(meta.hosts)
+        for req_id, answer in meta.probed.items():
+            st = self.reqs.get(req_id)
+            if st is None or st.probed_at is None or answer.seq != st.probe_seq:
+                continue  # an answer to a probe since released: the hosts dropped its pins
+            if st.answer is None:
+                st.answer = answer
+            else:
+                st.answer.merge(answer)
         for req_id in meta.loaded:
             release_pins(self.link, self.awaiting_load.pop(req_id, Pins()))
         for req_id, keys in meta.failed.items():
@@ -361,10 +445,12 @@ class SchedulerSide:
                         "engines find this engine's blocks only in a store they share")
             self._warned_no_address = True
         n = st.saved
+        hosts = [self.slice[i] for i in range(self.hosts)] if self.hosts > 1 and len(self.slice) == self.hosts \
+            else None
         return producer_params(data_address=self.cfg.data_address, engine_id=self.engine_id,
                                request_id=request.request_id, num_tokens=n * self.block_size,
                                block_size=self.block_size, last_key=st.keys[n - 1] if n else None,
-                               layout=self.layout)
+                               layout=self.layout, hosts=hosts)
 
     def _announce(self, request: Request, st: _Request) -> None:
         """Tells the router which of the prompt's blocks this engine can load from the store, and
@@ -396,6 +482,9 @@ class SchedulerSide:
     def _unpin(self, st: _Request) -> None:
         pins, st.pins, st.load = st.pins, Pins(), None
         release_pins(self.link, pins)
+        if st.probed_at is not None:  # the hosts hold pins for it (or will, when their probe ends)
+            self.releases.append(st.req_id)
+            st.probed_at, st.answer = None, None
 
     def shutdown(self) -> None:
         if self.events is not None:

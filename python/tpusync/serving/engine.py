@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -44,16 +43,11 @@ from tpusync.pages import (
 )
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.serving.slice import Slice
+from tpusync.slice_pulls import host_shards_of, peer_address, pull_plan, slice_hosts
 from tpusync.store import KVStore
 
 log = logging.getLogger("tpusync.serving")
 ROLES = ("prefill", "decode", "both")
-
-# A sidecar's data port, as kv_transfer_params name it: host:port (tpusync:// optional), the host
-# a DNS name or an IPv4 address, or an IPv6 one in brackets or bare ($(POD_IP):port on IPv6 pods).
-_PEER_ADDRESS = re.compile(r"(?:tpusync://)?(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]"
-                           r"|[0-9A-Fa-f.]{0,45}:[0-9A-Fa-f:.]{0,45}):([0-9]{1,5})")
-
 
 @dataclass
 class RequestStats:
@@ -322,7 +316,7 @@ class Engine:
                 needed = self.host_shards[self.host_index]
             host_keys = [shard_key(k, m, src_shards) for k in keys for m in needed]
             per = len(needed)
-            pulls = pull_plan(kv_params, layout, needed, self.host_index)
+            pulls = pulls_for(kv_params, layout, needed, self.host_index)
             if self.prefix_cache and not resharded:
                 pulls += [(p, needed) for p in self.peers if p not in [a for a, _ in pulls]]
             local = self.store.lookup(host_keys).prefix_len // per
@@ -478,20 +472,7 @@ def remote_address(kv_params: dict[str, Any] | None) -> str | None:
     """kv_transfer_params' remote_address (the prefill server's sidecar), if there is one. The
     client sends it, and the sidecar is asked to pull from it: anything but a host:port is
     logged and ignored, never passed on."""
-    return _peer_address((kv_params or {}).get("remote_address"), "remote_address")
-
-
-def remote_addresses(kv_params: dict[str, Any] | None, host: int) -> list[str]:
-    """The prefill hosts to pull from: a slice's `remote_addresses` (every host's sidecar, in
-    process order) starting with the one of this host's index, whose shards a decode slice of the
-    same layout needs; else `remote_address`. Malformed entries are logged and dropped."""
-    listed = (kv_params or {}).get("remote_addresses")
-    if isinstance(listed, list) and 0 < len(listed) <= 1024:
-        valid = [a for a in (_peer_address(x, "remote_addresses") for x in listed) if a is not None]
-        first = host % len(valid) if valid else 0
-        return valid[first:] + valid[:first]
-    one = remote_address(kv_params)
-    return [one] if one is not None else []
+    return peer_address((kv_params or {}).get("remote_address"), "remote_address")
 
 
 _LAYOUT_FIXED = ("layers", "page_size", "kv_heads", "head_dim", "dtype")
@@ -511,41 +492,23 @@ def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> tuple[
     ours = {f: getattr(cfg, f) for f in _LAYOUT_FIXED}
     if theirs != ours:
         raise errors.InvalidArgumentError(f"the prefill's pages are not this model's: {theirs} here {ours}")
-    shards, hosts = layout.get("shards"), layout.get("hosts")
+    shards = layout.get("shards")
     if not isinstance(shards, int) or isinstance(shards, bool) or not 0 < shards <= cfg.kv_heads \
             or cfg.kv_heads % shards:
         raise errors.InvalidArgumentError(f"kv_transfer_params layout shards {shards!r} does not split "
                                           f"{cfg.kv_heads} kv heads")
-    valid_hosts = isinstance(hosts, list) and len(hosts) <= 1024 and all(
-        isinstance(h, list) and all(isinstance(n, int) and 0 <= n < shards for n in h) for h in hosts)
-    return shards, hosts if valid_hosts else None
+    return shards, host_shards_of(layout.get("hosts"), shards)
 
 
-def pull_plan(kv_params: dict[str, Any] | None, layout: tuple[int, list[list[int]] | None] | None,
+def pulls_for(kv_params: dict[str, Any] | None, layout: tuple[int, list[list[int]] | None] | None,
               needed: list[int], host: int) -> list[tuple[str, list[int]]]:
-    """Where to pull which of the prefill's shards: from each prefill host the needed shards it
-    holds, when the layout names them; else every needed shard from each prefill host in turn
-    (this host's counterpart first)."""
-    listed = (kv_params or {}).get("remote_addresses")
-    hosts = layout[1] if layout is not None else None
-    if hosts is not None and isinstance(listed, list) and len(listed) == len(hosts):
-        plan = []
-        for address, held in zip(listed, hosts):
-            peer, mine = _peer_address(address, "remote_addresses"), [m for m in needed if m in held]
-            if peer is not None and mine:
-                plan.append((peer, mine))
-        return plan
-    return [(peer, needed) for peer in remote_addresses(kv_params, host)]
-
-
-def _peer_address(address: object, field: str) -> str | None:
-    if address is None or address == "":
-        return None
-    match = _PEER_ADDRESS.fullmatch(address) if isinstance(address, str) and len(address) <= 300 else None
-    if match is None or not 0 < int(match.group(1)) < 65536:
-        log.warning("ignoring a malformed kv_transfer_params %s: %.80r", field, address)
-        return None
-    return match.string
+    """This host's pulls of the prefill's shards (tpusync.slice_pulls.pull_plan): from a slice's
+    `remote_addresses`, else from its one `remote_address`."""
+    addresses = slice_hosts((kv_params or {}).get("remote_addresses"))
+    if addresses is None:
+        one = remote_address(kv_params)
+        addresses = [one] if one is not None else []
+    return pull_plan(addresses, layout[1] if layout is not None else None, needed, host)
 
 
 @functools.cache

@@ -22,9 +22,18 @@ the worker half stores each shard's part of a block under its own key (`tpusync.
 scheduler half looks up, pins and pulls every shard's key (`tpusync.tpu_inference.shards`), so
 a block is a hit only when all its shards are there.
 
-Limits: one KV cache group; one host (a multi-host slice would put each host's shards in its
-own pod's sidecar, which the scheduler half does not see): the connector stays off there, and
-under pipeline or data parallelism; token-id prompts.
+Multi-host slices (tpu-inference over Ray, one worker per host, TPU_WORKER_HOSTNAMES naming the
+hosts): each host's worker saves and loads the shards its devices hold through its own pod's
+sidecar. The scheduler half sees none of those sidecars; it asks every host instead
+(`tpusync.connector.common.Probe`): each host pulls the parts its shards need from the prefill's
+hosts that hold them (`tpusync.slice_pulls`), looks them up and pins them, and answers in its
+step's worker metadata, which vLLM merges across workers (`SliceAnswer`): a block is offered only
+when every host holds its parts. A decode of another split or page size reshards on each host as
+on one. The prefill names every host's data port and shards in kv_transfer_params
+(`remote_addresses`, the layout's `hosts`). No KV events of tpusync's tiers there yet.
+
+Limits: one KV cache group; pipeline or data parallelism (the connector stays off); token-id
+prompts.
 """
 
 from __future__ import annotations
@@ -70,9 +79,6 @@ class TPUSyncConnector(ConnectorBase):
         par = vllm_config.parallel_config
         if par.pipeline_parallel_size > 1 or par.data_parallel_size > 1:
             return "pipeline or data parallelism"
-        hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
-        if len(hosts) > 1:  # each host's shards would be in its own pod's sidecar
-            return f"a multi-host slice ({len(hosts)} hosts in TPU_WORKER_HOSTNAMES)"
         if kv_cache_config is None:
             return None if role != KVConnectorRole.SCHEDULER else "a scheduler without a KV cache configuration"
         if len(kv_cache_config.kv_cache_groups) != 1:
@@ -80,7 +86,12 @@ class TPUSyncConnector(ConnectorBase):
         return None
 
     def _make_worker(self, cfg: ConnectorConfig) -> WorkerHalf:
-        return JaxWorkerSide(cfg, self._shards)
+        return JaxWorkerSide(cfg, self._shards, self._hosts())
+
+    def _hosts(self) -> int:
+        """The hosts of the TPU slice (TPU_WORKER_HOSTNAMES, which GKE and the LWS webhook set on
+        every pod of a multi-host slice); each host's worker keeps its shards in its own sidecar."""
+        return max(1, len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]))
 
     def register_runner(self, runner: Any) -> None:
         """tpu-inference hands the model runner over (its kv_caches change every step)."""

@@ -70,6 +70,10 @@ class ShardedStore:
         if present:
             self.store.evict(present)
 
+    def read_parts(self, peer: str, keys: Sequence[int], parts: Sequence[int]) -> None:
+        """Pulls only shards `parts` of each block (a multi-host prefill's host holds only those)."""
+        self.store.read_remote(peer, [shard_key(k, n, self.shards) for k in keys for n in parts])
+
     def read_remote(self, peer: str, keys: Sequence[int]) -> list[bool]:
         held = self.store.read_remote(peer, self._keys(keys))
         return [all(held[i * self.shards:(i + 1) * self.shards]) for i in range(len(keys))]

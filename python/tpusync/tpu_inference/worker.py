@@ -7,17 +7,37 @@ the connector keeps the runner, not the arrays. Loads run in `start_load_kv`, wh
 before the forward because the scheduler half marks steps with loads synchronous; one jitted,
 donated update puts the pages of every layer in place. Saves run in `wait_for_save`, after the
 forward that computed the blocks.
+
+On a multi-host slice every host's worker runs this on its own shards, through its own pod's
+sidecar, and answers the scheduler's probes (`SliceHost`) from a thread of its own.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
 
 from tpusync import errors, pages
-from tpusync.connector.common import StoreLink, TPUSyncConnectorMetadata, WorkerResults, log
+from tpusync.connector.common import (
+    COUNTERS,
+    Pins,
+    Probe,
+    SliceAnswer,
+    StoreLink,
+    TPUSyncConnectorMetadata,
+    TPUSyncWorkerMetadata,
+    WorkerResults,
+    log,
+    release_pins,
+)
 from tpusync.connector.config import ConnectorConfig
+from tpusync.pages import shard_key
+from tpusync.slice_pulls import pull_plan
 
 # The axis tpu-inference splits a layer's cache on over tensor-parallel devices:
 # [pages, page_size, kv heads x2 / packing, packing, head_dim] under PartitionSpec(BATCH,
@@ -29,25 +49,32 @@ class JaxWorkerSide(WorkerResults):
     """Called by the connector's worker-side methods on the model runner's thread. tpu-inference
     has no per-layer hooks: loads are whole before the forward, saves after it."""
 
-    def __init__(self, cfg: ConnectorConfig, shards: int = 1) -> None:
+    def __init__(self, cfg: ConnectorConfig, shards: int = 1, hosts: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
         self.shards = shards  # the scheduler half keys blocks in this many shards
+        self.hosts = hosts    # the slice's hosts (processes), each with its own sidecar
         self.runner: Any = None
         self.block_bytes = 0
+        self.local_shards = 1  # the shards of each block this host holds
         self.link: StoreLink | None = None
+        self.slice: SliceHost | None = None
 
     def register_runner(self, runner: Any) -> None:
         self.runner = runner
         self.block_bytes = pages.layer_block_bytes(runner.kv_caches)  # one shard's part of a block
         shards = pages.layer_shard_count(runner.kv_caches)
-        if shards != self.shards or jax.process_count() > 1:
+        if shards != self.shards or jax.process_count() != self.hosts:
             # Loads then fail (vLLM recomputes) and nothing is saved: wrong keys would serve wrong KV.
             log.error("tpusync connector (tpu-inference) stays off: the KV cache is split in %d shards over %d "
-                      "hosts, the scheduler half keys blocks in %d shards on one host (tensor_parallel_size)",
-                      shards, jax.process_count(), self.shards)
+                      "hosts, the scheduler half keys blocks in %d shards (tensor_parallel_size) over %d hosts "
+                      "(TPU_WORKER_HOSTNAMES)", shards, jax.process_count(), self.shards, self.hosts)
             return
+        own = pages.layer_host_shards(runner.kv_caches)
+        self.local_shards = len(own)
         self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
+        if self.hosts > 1:
+            self.slice = SliceHost(self.cfg, self.block_bytes, runner, own)
         log.info("tpusync connector (tpu-inference): %d layers of %s %s in %d shards (%s), %d bytes per shard "
                  "of a block", len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, shards,
                  getattr(runner.kv_caches[0].sharding, "spec", "") if shards > 1 else "unsharded", self.block_bytes)
@@ -61,6 +88,9 @@ class JaxWorkerSide(WorkerResults):
         self._count(load_error_blocks=len(block_ids))
 
     def start_load(self, meta: TPUSyncConnectorMetadata) -> None:
+        if self.slice is not None:
+            self.slice.release(meta.releases)
+            self.slice.probe(meta.probes)
         if not meta.loads:
             return
         store = self.link.get() if self.link is not None else None
@@ -70,6 +100,8 @@ class JaxWorkerSide(WorkerResults):
                 self._fail(t.req_id, t.keys, t.block_ids)
                 continue
             n, store = self._load(store, t)
+            if self.slice is not None:  # loaded (or not): this host's pins for it go
+                self.slice.release([t.req_id])
             self._count(loaded_blocks=n)
             if n < len(t.block_ids):  # pages: with blocks of another page size, not as many as keys
                 log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
@@ -123,8 +155,130 @@ class JaxWorkerSide(WorkerResults):
                 self._count(save_errors=1)
                 self.link.failed(e)
                 return
-            self._count(saved_blocks=written // (self.block_bytes * self.shards))  # every shard of a block
+            self._count(saved_blocks=written // (self.block_bytes * self.local_shards))  # this host's shards
+
+    def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
+        if self.slice is not None:
+            self.probed, self.host_info = self.slice.take_answers(), self.slice.info
+        return super().take_worker_meta()
 
     def shutdown(self) -> None:
+        if self.slice is not None:
+            self.slice.shutdown()
         if self.link is not None:
             self.link.close()
+
+
+def host_data_address(env: Mapping[str, str] | None = None) -> str | None:
+    """This host's sidecar data port, from its own pod's environment: on a multi-host slice the
+    connector's configuration (data_address) is the leader's, handed to every worker alike."""
+    env = os.environ if env is None else env
+    if env.get("TPUSYNC_DATA_ADDRESS"):
+        return env["TPUSYNC_DATA_ADDRESS"]
+    if env.get("POD_IP") and env.get("TPUSYNC_DATA_PORT"):
+        return f"{env['POD_IP']}:{env['TPUSYNC_DATA_PORT']}"
+    return None
+
+
+class SliceHost:
+    """One host's part in the scheduler's probes on a multi-host slice: on a thread of its own,
+    pull the parts of the probed blocks this host's shards need from the prefill's hosts that
+    hold them (or from peers), look them up and pin them in this host's sidecar, and answer with
+    the leading blocks it holds every needed part of. Pins are held until the scheduler releases
+    the request or its load ran here. Every probe still wanted is answered, 0 on any failure, so
+    the scheduler never waits for a host that cannot answer better."""
+
+    def __init__(self, cfg: ConnectorConfig, block_bytes: int, runner: Any, own: list[int]) -> None:
+        self.runner, self.own = runner, own
+        self.index, self.count = jax.process_index(), jax.process_count()
+        self.shards = pages.layer_shard_count(runner.kv_caches)
+        self.info = {self.index: (host_data_address(), own)}
+        self.link = StoreLink(cfg, block_bytes, "slice probes")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tpusync-probe")
+        self.lock = threading.Lock()
+        self.wanted: dict[str, int] = {}                     # request: the probe it waits on
+        self.pins: dict[str, Pins] = {}                      # request: the parts pinned for it
+        self.answers: dict[str, SliceAnswer] = {}
+
+    def probe(self, probes: list[Probe]) -> None:
+        for p in probes:
+            with self.lock:
+                self.wanted[p.req_id] = p.seq
+            self.pool.submit(self._run, p)
+
+    def release(self, req_ids: list[str]) -> None:
+        for req_id in req_ids:
+            with self.lock:
+                self.wanted.pop(req_id, None)
+                pins = self.pins.pop(req_id, Pins())
+            release_pins(self.link, pins)
+
+    def take_answers(self) -> dict[str, SliceAnswer]:
+        with self.lock:
+            out, self.answers = self.answers, {}
+        return out
+
+    def _needed(self, src: int) -> list[int]:
+        """The parts of a block stored split in `src` that this host's shards need."""
+        if src == self.shards:
+            return self.own
+        return pages.source_parts(self.runner.kv_caches, src, KV_HEAD_AXIS)
+
+    def _run(self, p: Probe) -> None:
+        blocks = pulled = 0
+        pinned = Pins()
+        try:
+            blocks, pulled, pinned = self._look(p)
+        except Exception:  # noqa: BLE001 - a probe answers whatever happens
+            log.exception("tpusync slice probe failed")
+        with self.lock:
+            if self.wanted.get(p.req_id) == p.seq:  # else released meanwhile: its pins go at once
+                pinned, self.pins[p.req_id] = self.pins.get(p.req_id, Pins()), pinned
+                self.answers[p.req_id] = SliceAnswer(p.seq, blocks, pulled, {self.index}, self.count)
+        release_pins(self.link, pinned)
+
+    def _look(self, p: Probe) -> tuple[int, int, Pins]:
+        """(blocks held, blocks pulled, the pins taken) for one probe."""
+        store = self.link.get()
+        if store is None:
+            return 0, 0, Pins()
+        src = p.shards or self.shards
+        needed = self._needed(src)
+        per = len(needed)
+
+        def parts(keys: list[int], shards: list[int]) -> list[int]:
+            return [shard_key(k, m, src) for k in keys for m in shards]
+
+        try:
+            pulled = 0
+            if p.pull:
+                local = store.lookup(parts(p.keys[:p.pull], needed)).prefix_len // per
+                plan = pull_plan(p.remote, p.remote_hosts, needed, self.index) if p.remote else []
+                plan += [(peer, needed) for peer in p.peers if peer not in {a for a, _ in plan}]
+                for peer, shards in plan:
+                    if local >= p.pull:
+                        break
+                    try:
+                        store.read_remote(peer, parts(p.keys[local:p.pull], shards))
+                    except errors.TpuSyncError as e:  # a dead peer: the next one, or what is here
+                        COUNTERS.add(peer_errors=1)
+                        log.warning("pulling parts %s of %d blocks from %s failed (%s)", shards, p.pull - local,
+                                    peer, e)
+                        continue
+                    now = store.lookup(parts(p.keys[:p.pull], needed)).prefix_len // per
+                    pulled, local = pulled + max(0, now - local), max(local, now)
+                COUNTERS.add(pulled_blocks=pulled)
+            keys = parts(p.keys, needed)
+            found = store.lookup(keys, pin=True).prefix_len
+            blocks = found // per
+            if found > blocks * per:  # parts of a block past the whole ones
+                store.release(keys[blocks * per:found])
+            return blocks, pulled, Pins(store, keys[:blocks * per])
+        except errors.TpuSyncError as e:
+            self.link.failed(e)
+            return 0, 0, Pins()
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.link.close()
+

@@ -59,6 +59,29 @@ def test_producer_params_are_what_the_consumer_reads():
     assert remote_peer({**with_layout, "tpusync_kv_layout": "2 shards"}).layout is None  # not a layout
 
 
+def test_a_multi_host_prefill_names_each_host_and_its_shards():
+    layout = kv_layout(model="m", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=4)
+    params = producer_params(data_address="10.0.0.1:7600", engine_id="e", request_id="r", num_tokens=64,
+                             block_size=16, last_key=None, layout=layout,
+                             hosts=[("10.0.0.1:7600", [0, 1]), ("10.0.0.2:7600", [2, 3])])
+    assert params["remote_addresses"] == ["10.0.0.1:7600", "10.0.0.2:7600"]
+    assert params["tpusync_kv_layout"] == {**layout, "hosts": [[0, 1], [2, 3]]}
+    remote = remote_peer(params)
+    assert remote.addresses == ["10.0.0.1:7600", "10.0.0.2:7600"] and remote.hosts == [[0, 1], [2, 3]]
+    # Each decode host pulls what its shards need from the hosts holding it.
+    assert remote.pulls([0, 1], 0) == [("10.0.0.1:7600", [0, 1])]
+    assert remote.pulls([1, 2], 1) == [("10.0.0.1:7600", [1]), ("10.0.0.2:7600", [2])]
+    # A malformed address is never dialled; a shard map that is not one (a shard past the split)
+    # is dropped: every needed shard is then asked of each valid host, this host's counterpart first.
+    hostile = remote_peer({**params, "remote_addresses": ["10.0.0.1:7600", "-oProxyCommand=x"],
+                           "tpusync_kv_layout": {**layout, "hosts": [[0, 1], [2, 9]]}})
+    assert hostile.addresses == ["10.0.0.1:7600", None] and hostile.hosts is None
+    assert hostile.pulls([2, 3], 1) == [("10.0.0.1:7600", [2, 3])]
+    single = remote_peer(producer_params(data_address="10.0.0.1:7600", engine_id="e", request_id="r",
+                                         num_tokens=64, block_size=16, last_key=None, layout=layout))
+    assert single.addresses is None and single.pulls([0, 1], 1) == [("10.0.0.1:7600", [0, 1])]
+
+
 @pytest.mark.parametrize("params", [None, {}, {"do_remote_decode": True}, {"do_remote_prefill": False}])
 def test_requests_without_a_remote_prefill(params):
     assert remote_peer(params) is None

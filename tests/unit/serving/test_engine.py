@@ -200,17 +200,17 @@ def test_a_prefill_layout_that_is_not_this_models_pages_is_refused(change, messa
 
 
 def test_pulls_go_to_the_prefill_hosts_that_hold_the_needed_shards():
-    from tpusync.serving.engine import prefill_layout, pull_plan
+    from tpusync.serving.engine import prefill_layout, pulls_for
 
     params = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]}
     layout = prefill_layout(params, ModelConfig())
     assert layout == (2, [[0], [1]])
-    assert pull_plan(params, layout, [0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
-    assert pull_plan(params, layout, [1], 0) == [("10.0.0.2:7600", [1])]
+    assert pulls_for(params, layout, [0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
+    assert pulls_for(params, layout, [1], 0) == [("10.0.0.2:7600", [1])]
     # Hosts that do not say what they hold (or a malformed map): every needed shard from each,
     # this host's counterpart first; malformed addresses never reach the store.
     bad_map = {**params, "layout": {**LAYOUT, "hosts": [[0], [7]]}}
-    assert pull_plan(bad_map, prefill_layout(bad_map, ModelConfig()), [0, 1], 1) == [
+    assert pulls_for(bad_map, prefill_layout(bad_map, ModelConfig()), [0, 1], 1) == [
         ("10.0.0.2:7600", [0, 1]), ("10.0.0.1:7600", [0, 1])]
     hostile = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "-oProxyCommand=x"]}
-    assert pull_plan(hostile, prefill_layout(hostile, ModelConfig()), [0, 1], 0) == [("10.0.0.1:7600", [0])]
+    assert pulls_for(hostile, prefill_layout(hostile, ModelConfig()), [0, 1], 0) == [("10.0.0.1:7600", [0])]
