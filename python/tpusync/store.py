@@ -267,7 +267,11 @@ class KVStore:
 
     def exists_remote(self, peer: str, keys: Keys) -> list[bool]:
         """Whether a peer sidecar holds each block (any tier); nothing moves."""
-        return [bool(t) for t in self._backend.exists_at(_address(peer), keys)]
+        return [bool(t) for t in self.where_remote(peer, keys)]
+
+    def where_remote(self, peer: str, keys: Keys) -> np.ndarray:
+        """A peer sidecar's Tier code of every key (uint8), as `where` answers there; nothing moves."""
+        return np.asarray(self._backend.exists_at(_address(peer), keys), np.uint8)
 
     # -- zero-copy ------------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ class SliceEngine:
 
     def __init__(self, role: str, hosts: list[tuple[str, str]], *, devices: int, page_tokens: int = 16,
                  layers: int = 2, kv_heads: int = 4, head_dim: int = 128, pages: int = 64,
-                 engine_id: str = "engine") -> None:
+                 engine_id: str = "engine", kv_events: bool = False) -> None:
+        from vllm.config import KVEventsConfig
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
         from tpusync.connector.config import ConnectorConfig, kv_layout
@@ -56,8 +57,6 @@ class SliceEngine:
                  "--pages", str(pages), "--page-tokens", str(page_tokens), "--layers", str(layers),
                  "--kv-heads", str(kv_heads), "--head-dim", str(head_dim)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
-        ready = [self._read(p) for p in self.procs]
-        assert sorted(r["ready"] for r in ready) == list(range(len(hosts)))
         shards = devices * len(hosts)
         block_bytes = layers * page_tokens * 2 * kv_heads * head_dim * 2  # K and V, bfloat16
         cfg = ConnectorConfig(control_socket=hosts[0][0], store="sidecar", data_address=hosts[0][1], retry_s=0.0,
@@ -65,6 +64,7 @@ class SliceEngine:
         self.sched = SchedulerSide(
             cfg, block_size=page_tokens, block_bytes=block_bytes, engine_id=engine_id, save=role != "decode",
             pull=role != "prefill", hosts=len(hosts),
+            kv_events=KVEventsConfig(enable_kv_cache_events=True) if kv_events else None,
             layout=kv_layout(model="tiny", layers=layers, kv_heads=kv_heads, head_size=head_dim, dtype="bfloat16",
                              shards=shards))
         shard_links(self.sched, cfg, block_bytes // shards, shards)
@@ -74,6 +74,12 @@ class SliceEngine:
         self.next_page = 0
         self.pages = pages
         self.empty_steps = 0
+
+    def ready(self) -> SliceEngine:
+        """Waits until every host has its cache and worker (engines start side by side)."""
+        ready = [self._read(p) for p in self.procs]
+        assert sorted(r["ready"] for r in ready) == list(range(len(self.procs)))
+        return self
 
     # -- the workers ------------------------------------------------------------------------
 
@@ -161,6 +167,7 @@ class SliceEngine:
         return kv.reshape((self.layers, pages, self.page_tokens) + width)
 
     def stop(self) -> None:
+        self.sched.shutdown()
         try:
             self._all({"op": "stop"})
         finally:

@@ -1,7 +1,8 @@
 """One host of a simulated multi-host tpu-inference slice: a JAX process of a multi-process
 program on the CPU (jax.distributed, gloo), whose KV cache is made by tpu-inference's own code
-(its 2D mesh, with the CPU shim's device order, and `create_kv_caches`: one global array per layer sharded over the kv heads of every
-device of every host), running the worker half of tpusync's connector against its own sidecar.
+(its 2D mesh, with the CPU shim's device order, and `create_kv_caches`: one global array per
+layer sharded over the kv heads of every device of every host), running the worker half of
+tpusync's connector against its own sidecar.
 
 The test (`test_multihost_connector.py`) is the engine core: it sends every host the same step,
 as tpu-inference's Ray executor does, and merges their outputs with vLLM's KVOutputAggregator.
@@ -57,6 +58,7 @@ def main() -> None:
     if args.num_processes > 1:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     import jax.numpy as jnp
+
     import tpusync_cpu_shim  # vLLM loads it as a plugin in an engine's processes; nothing here does
 
     tpusync_cpu_shim.register()

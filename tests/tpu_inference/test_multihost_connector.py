@@ -25,15 +25,17 @@ import uuid
 import numpy as np
 import pytest
 
+from tests.support.polling import wait_for
 from tests.tpu_inference.slice_engine import SliceEngine
 from tpusync import KVStore
+from tpusync.kv_events import event_hash
 from tpusync.local import sidecars as sidecar
 from tpusync.local.sidecars import write_secret
 from tpusync.pages import shard_key
 
 PAGE = 16
 BLOCK = 2 * 2 * PAGE * 2 * 4 * 128 * 2  # layers x tokens (of 32-token pages) x K/V x kv heads x head dim x bf16
-HOSTS = ("p0", "p1", "d0", "d1", "s0", "e0", "e1", "g0", "g1")
+HOSTS = ("p0", "p1", "d0", "d1", "s0", "e0", "e1", "g0", "g1", "k0", "k1")
 
 
 class Sidecars(dict):
@@ -72,17 +74,22 @@ def hosts(sidecars, *names):
 
 @pytest.fixture(scope="module")
 def engines(sidecars):
-    """Prefill and decode slices of 2 hosts x 2 devices (tensor parallelism 4), a decode engine on
+    """Prefill and decode slices of 2 hosts x 2 devices (tensor parallelism 4; a prefill slice with
+    KV events on too), a decode engine on
     one host of 2 devices (tensor parallelism 2), and decode slices of 2 hosts x 1 device with pages
     of 16 and of 32 tokens."""
     made = {}
     try:
         made["prefill"] = SliceEngine("prefill", hosts(sidecars, "p0", "p1"), devices=2, engine_id="prefill")
         made["decode"] = SliceEngine("decode", hosts(sidecars, "d0", "d1"), devices=2, engine_id="decode")
+        made["events"] = SliceEngine("prefill", hosts(sidecars, "k0", "k1"), devices=2, engine_id="events",
+                                     kv_events=True)
         made["single"] = SliceEngine("decode", hosts(sidecars, "s0"), devices=2, engine_id="single")
         made["decode2"] = SliceEngine("decode", hosts(sidecars, "e0", "e1"), devices=1, engine_id="decode2")
         made["decode32"] = SliceEngine("decode", hosts(sidecars, "g0", "g1"), devices=1, page_tokens=2 * PAGE,
                                        engine_id="decode32")
+        for e in made.values():
+            e.ready()
         yield made
     finally:
         for e in made.values():
@@ -210,7 +217,31 @@ def test_a_decode_host_whose_sidecar_is_down_makes_the_slice_recompute(engines, 
     assert_kv(engines["decode2"], p2 + prompt(15, 1), decoded.pages)
 
 
+def test_kv_events_announce_a_block_once_every_host_holds_its_parts(engines, sidecars):
+    engine = engines["events"]
+    p = prompt(17, 5)
+    engine.serve("k", p)
+    keys = block_keys(engine, p)
+    stored = [e for e in engine.sched.take_events() if type(e).__name__ == "BlockStored"]
+    assert [h for e in stored for h in e.block_hashes] == [event_hash(k) for k in keys]
+    assert {e.medium for e in stored} == {"CPU"}
+    # Host 1's sidecar drops its parts of block 2: the slice no longer holds blocks 2 on (a
+    # prefix), and the audit (woken now, not at its period) withdraws them.
+    with KVStore.connect(f"unix://{sidecars['k1'].control_socket}") as store:
+        store.evict([shard_key(keys[2], n, 4) for n in (2, 3)])
+    removed: list[int] = []
+
+    def withdrawn() -> bool:
+        engine.sched.events._wake.set()
+        removed.extend(h for e in engine.sched.take_events() if type(e).__name__ == "BlockRemoved"
+                       for h in e.block_hashes)
+        return event_hash(keys[2]) in removed
+
+    wait_for("block 2 withdrawn", withdrawn, 30)
+    assert event_hash(keys[0]) not in removed and event_hash(keys[1]) not in removed
+
+
 def test_the_hosts_hold_no_pins_once_requests_end(engines, sidecars):
-    for name in ("p0", "p1", "d0", "d1"):
+    for name in ("p0", "p1", "d0", "d1", "k0", "k1"):
         with KVStore.connect(f"unix://{sidecars[name].control_socket}") as store:
             assert store.stats()["pinned"] == 0, name

@@ -78,18 +78,12 @@ class ConnectorBase(KVConnectorBase_V1):
                                kv_heads=model.get_total_num_kv_heads(), head_size=model.get_head_size(),
                                dtype=str(group.kv_cache_spec.dtype),
                                shards=vllm_config.parallel_config.tensor_parallel_size)
-            hosts = self._hosts()
-            events = kv_events(vllm_config)
-            if hosts > 1 and events is not None:
-                log.warning("%s announces no KV events of the tiers tpusync holds on a multi-host slice (vLLM's "
-                            "own are published as before)", type(self).__name__)
-                events = None
             self._sched = SchedulerSide(
                 self._cfg, block_size=vllm_config.cache_config.block_size,
                 block_bytes=group.kv_cache_spec.page_size_bytes * len(group.layer_names),
                 engine_id=str(kvt.engine_id), save=kvt.is_kv_producer, pull=kvt.is_kv_consumer,
-                kv_events=events, dp_rank=vllm_config.parallel_config.data_parallel_index,
-                layout=layout, hosts=hosts)
+                kv_events=kv_events(vllm_config), dp_rank=vllm_config.parallel_config.data_parallel_index,
+                layout=layout, hosts=self._hosts())
         else:
             self._worker = self._make_worker(self._cfg)
 

@@ -184,16 +184,15 @@ class SchedulerSide:
         if st.probed_at is None:
             sources, limit = self._sources(st)
             keys = st.keys[start:st.usable] if st.src is None else st.src.span(self.block_size, start, st.usable)[1]
-            remote = st.remote
-            from_prefill = remote is not None and remote.peer is not None and remote.peer in sources
+            remote = st.remote if st.remote is not None and st.remote.peer in sources else None  # not refused
             pull = 0 if not sources or limit <= start else \
                 limit - start if st.src is None else len(st.src.span(self.block_size, start, limit)[1])
             self._probe_seq += 1
             self.probes.append(Probe(
                 st.req_id, keys, st.shards, seq=self._probe_seq, pull=pull,
-                remote=(remote.addresses or [remote.peer]) if from_prefill and remote is not None else [],
-                remote_hosts=remote.hosts if from_prefill and remote is not None else None,
-                peers=[p for p in sources if not (from_prefill and remote is not None and p == remote.peer)]))
+                remote=(remote.addresses or [remote.peer]) if remote is not None else [],
+                remote_hosts=remote.hosts if remote is not None else None,
+                peers=[p for p in sources if remote is None or p != remote.peer]))
             st.probed_at, st.probe_seq, st.answer = start, self._probe_seq, None
             return None, False
         if st.answer is None or not st.answer.complete:

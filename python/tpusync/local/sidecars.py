@@ -114,6 +114,19 @@ def launch(*, pool_path: str, secret_file: str, dram_bytes: int, block_bytes: in
     if shared_dir:
         args += [f"--shared-dir={shared_dir}", f"--shared-layout={shared_layout}"]
     args += extra or []
+    return _start(args, control_socket, pool_path, stderr)
+
+
+def relaunch(stopped: Sidecar, stderr: int | IO[str] | None = subprocess.DEVNULL) -> Sidecar:
+    """Starts a stopped sidecar again as it was: its pool file (what it held survives), its
+    control socket and its ports (its address is unchanged), as a restarted container is."""
+    ports = {"--data-port": stopped.data_port, "--http-port": stopped.http_port}
+    args = [f"{a.split('=', 1)[0]}={ports[a.split('=', 1)[0]]}" if a.split("=", 1)[0] in ports else a
+            for a in stopped.args]
+    return _start(args, stopped.control_socket, stopped.pool_path, stderr)
+
+
+def _start(args: list[str], control_socket: str | None, pool_path: str, stderr: int | IO[str] | None) -> Sidecar:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUSYNC_")}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     assert proc.stdout is not None  # stdout=PIPE

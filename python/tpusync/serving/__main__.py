@@ -87,7 +87,9 @@ def _main(argv: list[str]) -> int:
     engine = Engine(cfg, role=args.role, store=store, data_address=args.data_address,
                     peers=[p for p in args.peers.split(",") if p], hash_seed=args.hash_seed,
                     prefix_cache=not args.no_prefix_cache, kv_events=events,
-                    kv_events_audit_s=args.kv_events_audit_s, kv_events_feed=feed, slice=group)
+                    kv_events_audit_s=args.kv_events_audit_s, kv_events_feed=feed, slice=group,
+                    reconnect=(lambda: KVStore.connect(f"unix://{args.control_socket}")) if args.control_socket
+                    else None)
     if not args.no_warm_up:
         engine.warm_up()  # on a slice, every process compiles the same computations in lockstep
     if group is not None and not group.leader:

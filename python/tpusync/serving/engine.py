@@ -17,6 +17,7 @@ from the shortest prefix its hosts hold.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -85,7 +86,8 @@ class Engine:
     def __init__(self, cfg: ModelConfig, *, role: str = "both", store: KVStore | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, hash_seed: str = "tpusync",
                  prefix_cache: bool = True, kv_events: EventSink | None = None, kv_events_audit_s: float = 2.0,
-                 kv_events_feed: KVStore | None = None, slice: Slice | None = None) -> None:
+                 kv_events_feed: KVStore | None = None, slice: Slice | None = None,
+                 reconnect: Callable[[], KVStore] | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}")
         cfg.validate()
@@ -99,6 +101,8 @@ class Engine:
         if store is not None and store.block_bytes < cfg.page_bytes:
             raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
         self.cfg, self.role, self.store = cfg, role, store
+        # Opens the sidecar connection again: a restarted sidecar (its pool survived) is used at once.
+        self._reconnect = reconnect
         self.data_address, self.peers, self.prefix_cache = data_address, peers or [], prefix_cache
         self.hasher = BlockHasher(cfg.page_size, hash_seed)
         # KV events (a tpusync.kv_events.KVEventPublisher, or None): what this engine can load
@@ -109,7 +113,7 @@ class Engine:
                 and slice is None:  # a slice's leader audits in lockstep (keep_slice_alive)
             # The sidecar demotes and evicts on its own: every few seconds, ask where the blocks
             # this engine announced are now, so the router stops sending their prefixes here.
-            threading.Thread(target=self._audit_loop, args=(self.announcer, store, kv_events_audit_s), daemon=True,
+            threading.Thread(target=self._audit_loop, args=(self.announcer, kv_events_audit_s), daemon=True,
                              name="kv-events-audit").start()
         if self.announcer is not None and kv_events_feed is not None and prefix_cache:
             # `kv_events_feed` (a connection of its own to the same store) reports each block the
@@ -289,6 +293,9 @@ class Engine:
         if self.store is None or not keys or not (self.prefix_cache or kv_params):
             return 0, 0
         loaded, own = self._bring_shards(keys, kv_params, st)
+        if st.store_error and self._reconnected():  # once more, on the restarted sidecar
+            st.store_error = ""
+            loaded, own = self._bring_shards(keys, kv_params, st)
         if self.slice is not None:  # a collective: every process reaches it
             loaded, own, ok, slowest = self.slice.agree([loaded, own, 0 if st.store_error else 1,
                                                          -round(st.transfer_seconds * 1e6)])
@@ -375,13 +382,39 @@ class Engine:
         if self.store is None or not (self.prefix_cache or self.role == "prefill"):
             return
         t0 = time.perf_counter()
-        try:
-            save_pages(self.store, keys[cached_pages:], self.k, self.v, list(range(cached_pages, len(keys))))
-        except errors.TpuSyncError as e:
-            st.store_error = str(e)
-            log.warning("could not save the prompt's KV: %s", e)
-            return
+        for attempt in range(2):
+            try:
+                save_pages(self.store, keys[cached_pages:], self.k, self.v, list(range(cached_pages, len(keys))))
+                break
+            except errors.TpuSyncError as e:
+                if attempt == 0 and self._reconnected():  # once more, on the restarted sidecar
+                    continue
+                st.store_error = str(e)
+                log.warning("could not save the prompt's KV: %s", e)
+                return
         st.save_seconds = time.perf_counter() - t0
+
+    def _reconnected(self) -> bool:
+        """After a store error: whether the sidecar connection was dead (the sidecar restarted or
+        went away) and a new one is open. False when it is alive (the error was a peer's or a
+        block's) or the sidecar is still away (the next error tries again)."""
+        if self._reconnect is None or self.store is None:
+            return False
+        try:
+            self.store.stats()
+            return False
+        except errors.TpuSyncError:
+            pass
+        try:
+            store = self._reconnect()
+        except errors.TpuSyncError as e:
+            log.warning("the sidecar is still away: %s", e)
+            return False
+        old, self.store = self.store, store
+        with contextlib.suppress(errors.TpuSyncError):  # a dead connection: nothing held on it survives
+            old.close()
+        log.info("reconnected to the restarted sidecar")
+        return True
 
     def _announce(self, prompt: list[int], digests: list[bytes], keys: list[int], st: RequestStats) -> None:
         """Tells the router which of the prompt's blocks this engine can now load, and from which
@@ -419,9 +452,11 @@ class Engine:
         rows = self.slice.gather(np.array(mine, np.uint8))
         return [block_tier(rows[:, i].tolist()) for i in range(len(keys))]
 
-    def _audit_loop(self, announcer: BlockAnnouncer, store: KVStore, every_s: float) -> None:
+    def _audit_loop(self, announcer: BlockAnnouncer, every_s: float) -> None:
         while True:
             time.sleep(every_s)  # a period, not a synchronisation: nothing waits on it
+            store = self.store  # the current connection (a request may have opened a new one)
+            assert store is not None
             try:
                 announcer.audit(tiers_of(store))
             except errors.TpuSyncError as e:  # the sidecar is away: try again next period
@@ -435,6 +470,15 @@ class Engine:
             except errors.TpuSyncError as e:  # the sidecar is away: the audit covers meanwhile
                 log.warning("KV events feed: %s", e)
                 never.wait(1.0)  # a back-off before the next long poll, not a synchronisation
+                if self._reconnect is not None:  # a restarted sidecar: its feed on a new connection
+                    try:
+                        fresh = self._reconnect()
+                    except errors.TpuSyncError as again:
+                        log.warning("KV events feed: the sidecar is still away: %s", again)
+                        continue
+                    with contextlib.suppress(errors.TpuSyncError):
+                        feed.close()
+                    feed = fresh
 
     def _transfer_params(self, keys: list[int], num_tokens: int) -> dict[str, Any]:
         params: dict[str, Any] = {"remote_address": self.data_address, "block_keys": [f"{k:032x}" for k in keys],

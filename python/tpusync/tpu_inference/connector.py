@@ -30,7 +30,8 @@ hosts that hold them (`tpusync.slice_pulls`), looks them up and pins them, and a
 step's worker metadata, which vLLM merges across workers (`SliceAnswer`): a block is offered only
 when every host holds its parts. A decode of another split or page size reshards on each host as
 on one. The prefill names every host's data port and shards in kv_transfer_params
-(`remote_addresses`, the layout's `hosts`). No KV events of tpusync's tiers there yet.
+(`remote_addresses`, the layout's `hosts`). KV events announce a block once every host's sidecar
+holds its parts, at the tier all of them are in (`tpusync.tpu_inference.shards.SliceView`).
 
 Limits: one KV cache group; pipeline or data parallelism (the connector stays off); token-id
 prompts.

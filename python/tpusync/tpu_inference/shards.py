@@ -11,7 +11,7 @@ the store's prefix semantics (lookups, prefix-aware pulls) hold block by block.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,15 +101,73 @@ class ShardedStoreLink(StoreLink):
         super()._close(store.store if isinstance(store, ShardedStore) else store)
 
 
+class SliceView(ShardedStore):
+    """The blocks of a multi-host slice, seen from one host's sidecar (the scheduler's, on the
+    leader's pod): each host holds its own shards of every block in its own sidecar, so where a
+    block is takes this sidecar's answer for its own shards and each other host's sidecar's for
+    theirs (asked through this one, `where_remote`); a block is where all its parts are
+    (`block_tier`), and nowhere until every host has said which shards it holds. No pins: the
+    hosts take those themselves (tpusync.tpu_inference.worker.SliceHost). Its change feed is this
+    sidecar's: what another host's sidecar drops is found by the next audit. Evictions are of
+    this sidecar's parts (another host's are that host's to drop)."""
+
+    def __init__(self, store: KVStore, shards: int, slice_hosts: Callable[[], dict[int, tuple[str | None, list[int]]]],
+                 hosts: int, own_address: str | None) -> None:
+        super().__init__(store, shards)
+        self._slice_hosts, self._hosts, self._own = slice_hosts, hosts, own_address
+
+    def where(self, keys: Sequence[int]) -> np.ndarray:
+        known = dict(self._slice_hosts())
+        if len(known) < self._hosts or not keys:
+            return np.zeros(len(keys), np.uint8)
+        local = self._own if any(a == self._own for a, _ in known.values()) else known[min(known)][0]
+        parts: list[list[int]] = [[] for _ in keys]
+        for address, numbers in known.values():
+            wanted = [shard_key(k, n, self.shards) for k in keys for n in numbers]
+            if address == local:
+                found = self.store.where(wanted)
+            elif address is None:  # a host that cannot be asked holds nothing anyone can load
+                found = np.zeros(len(wanted), np.uint8)
+            else:
+                found = self.store.where_remote(address, wanted)
+            tiers = np.asarray(found, np.uint8).reshape(len(keys), len(numbers)).tolist()
+            for i, t in enumerate(tiers):
+                parts[i] += t
+        return np.array([block_tier(p) for p in parts], np.uint8)
+
+    def lookup(self, keys: Sequence[int], *, pin: bool = False) -> LookupResult:
+        if pin:
+            raise errors.InvalidArgumentError("a slice's hosts pin their own parts")
+        tiers = self.where(keys)
+        return LookupResult(next((i for i, t in enumerate(tiers) if not t), len(tiers)), tiers)
+
+
+class SliceStoreLink(ShardedStoreLink):
+    """A StoreLink whose store is seen as the slice's blocks (`SliceView`)."""
+
+    def __init__(self, cfg: ConnectorConfig, shard_bytes: int, purpose: str, shards: int,
+                 slice_hosts: Callable[[], dict[int, tuple[str | None, list[int]]]], hosts: int) -> None:
+        super().__init__(cfg, shard_bytes, purpose, shards)
+        self._slice_hosts, self._hosts, self._own = slice_hosts, hosts, cfg.data_address
+
+    def _open(self) -> Any:
+        return SliceView(super()._open().store, self._shards, self._slice_hosts, self._hosts, self._own)
+
+
 def shard_links(sched: Any, cfg: ConnectorConfig, shard_bytes: int, shards: int) -> None:
     """Points a SchedulerSide's store links (lookups, pulls, KV-event audits and feed) at the shards
     the workers store, and lets its lookups and pulls see blocks another engine split otherwise.
-    Nothing is opened yet when this runs: the links open on first use."""
-    sched.link = ShardedStoreLink(cfg, shard_bytes, "lookups", shards)
+    On a multi-host slice, the links of its KV events and announcements see the slice's blocks
+    (`SliceView`). Nothing is opened yet when this runs: the links open on first use."""
+    def link(purpose: str) -> ShardedStoreLink:
+        if sched.hosts > 1:
+            return SliceStoreLink(cfg, shard_bytes, purpose, shards, lambda: sched.slice, sched.hosts)
+        return ShardedStoreLink(cfg, shard_bytes, purpose, shards)
+
+    sched.link = link("lookups")
     sched.pull_link = ShardedStoreLink(cfg, shard_bytes, "peer pulls", shards)
     if sched.events is not None and shards > 1:  # unsplit blocks are announced as they are
-        sched.events.sharded(ShardedStoreLink(cfg, shard_bytes, "KV event audits", shards),
-                             ShardedStoreLink(cfg, shard_bytes, "the KV events feed", shards))
+        sched.events.sharded(link("KV event audits"), link("the KV events feed"))
 
 
 def check_shards(total: int, expected: int) -> None:

@@ -34,6 +34,7 @@ def cluster(tmp_path_factory):
     write_secret(secret, uuid.uuid4().hex * 2)
     pools = [f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     started = []
+    running: dict = {}
     try:
         p_side, d_side = (sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
                                          block_bytes=BLOCK, control_socket=str(work / f"{i}.sock"),
@@ -44,10 +45,12 @@ def cluster(tmp_path_factory):
                                     data_address=p_side.address))
         started.append(start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
                                     data_address=d_side.address, peers=[p_side.address]))
-        yield dict(zip(("p_side", "d_side", "mono", "prefill", "decode"), started))
+        running.update(zip(("p_side", "d_side", "mono", "prefill", "decode"), started))
+        yield running
     finally:
-        for s in reversed(started):
-            s.stop()
+        for s in reversed(started + [running.get("p_side")]):  # a sidecar a test restarted, too
+            if s is not None:
+                s.stop()
         for pool in pools:
             if os.path.exists(pool):
                 os.unlink(pool)
@@ -120,3 +123,17 @@ def test_dead_prefill_sidecar_means_recompute_not_wrong_tokens(cluster):
     assert tokens(r) == want
     assert r["tpusync"]["prefix_cache"] == "unavailable"  # and why stays in the server's log
     assert "127.0.0.1:1" not in json.dumps(r)
+
+
+def test_a_restarted_sidecar_is_used_again_with_what_its_pool_kept(cluster):
+    """The prefill pod's sidecar restarts (its shared-memory pool survives): the server's next
+    request reconnects and loads the prefix it had saved, no request lost to the restart."""
+    p = prompt(12, 300)
+    want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 1}))
+    post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    old = cluster["p_side"]
+    old.stop()
+    cluster["p_side"] = sidecar.relaunch(old)
+    r = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    assert tokens(r) == want
+    assert r["tpusync"]["prefix_cache"] == "ok" and r["tpusync"]["cached_tokens"] == 256

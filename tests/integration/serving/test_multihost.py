@@ -53,8 +53,8 @@ def cluster(tmp_path_factory):
     env = {"JAX_PLATFORMS": "cpu"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    running: dict = {}
     try:
-        running: dict = {}
         for name, pool in zip(names, pools):
             running[name] = sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
                                            block_bytes=BLOCK, control_socket=str(work / f"{name}.sock"),
@@ -69,8 +69,9 @@ def cluster(tmp_path_factory):
             started.append(running[name])
         yield running
     finally:
-        for s in reversed(started):
-            s.stop()
+        for s in reversed(started + [running.get(h) for h in names]):  # and sidecars a test restarted
+            if s is not None:
+                s.stop()
         for pool in pools:
             for path in (pool, pool + ".lock"):
                 if os.path.exists(path):
@@ -176,3 +177,16 @@ def test_a_decode_host_without_its_sidecar_makes_the_slice_recompute(cluster):
     # Host d0 pulled its shards (its sidecar is up); the slice did not load them without d1's.
     keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
     assert held_shards(cluster["d0"], keys) == {0, 1}
+
+
+def test_a_host_whose_sidecar_restarted_serves_the_slice_again(cluster):
+    """Host d1's sidecar comes back (after the test above stopped it) on its pool: the host's
+    process reconnects at its first store call and the slice loads P/D blocks again, host to host."""
+    cluster["d1"] = sidecar.relaunch(cluster["d1"])
+    p = prompt(4, 350)
+    want, first, decoded = pd(cluster["mono"].url, cluster["prefill"].url, cluster["decode"].url, p, 8)
+    assert tokens(decoded) == want
+    st = decoded["tpusync"]
+    assert st["prefix_cache"] == "ok" and st["cached_tokens"] == len(p) // CFG.chunk * CFG.chunk
+    keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+    assert held_shards(cluster["d1"], keys) == {2, 3}

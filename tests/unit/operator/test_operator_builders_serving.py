@@ -518,6 +518,14 @@ def test_multi_host_vllm_is_one_ray_cluster_per_replica():
     for c in (leader, worker):
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["TPU_MULTIHOST_BACKEND"] == "ray" and env["JAX_PLATFORMS"] == ""
+        # tpusync's connector: each host's Ray worker names its own pod's sidecar to decode
+        # engines ($(POD_IP) defined before it, so the kubelet expands it), and finds it by socket.
+        names = [e["name"] for e in c["env"]]
+        assert env["TPUSYNC_DATA_ADDRESS"] == "$(POD_IP):7600" and names.index("POD_IP") < names.index(
+            "TPUSYNC_DATA_ADDRESS")
+        assert env["TPUSYNC_CONTROL_SOCKET"]
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_module_path"] == "tpusync.tpu_inference.connector"
     assert "readinessProbe" in leader and "readinessProbe" not in worker and "startupProbe" not in worker
     # single-host vLLM is unchanged: vllm serve directly, no Ray
     single = _engine(ServingBody().spec(engine={"type": "vllm-tpu"}))["containers"][0]
