@@ -441,23 +441,34 @@ def head_sources(k: jax.Array, src_shards: int) -> dict[int, list[tuple[int, int
 
 
 def load_pages_resharded(store: KVStore, keys: Sequence[int], k: jax.Array, v: jax.Array, page_ids: Sequence[int],
-                         src_shards: int) -> tuple[jax.Array, jax.Array, int]:
-    """Loads blocks that an engine with this cache's layers and pages stored split in
-    `src_shards` equal parts along kv heads (`save_pages` of a cache sharded there) into this
-    cache however it is split along them (tensor parallelism of another degree): each shard
-    here reads only the stored parts it overlaps, no host gathers a whole block. Returns the
-    updated (k, v) and the number of leading pages loaded: a page loads only when every part
-    this host needs of its block is stored, with a part's length."""
+                         src_shards: int, *, src_page_tokens: int = 0,
+                         first_token: int = 0) -> tuple[jax.Array, jax.Array, int]:
+    """Loads blocks that an engine with this cache's layers stored split in `src_shards` equal
+    parts along kv heads (`save_pages` of a cache sharded there) into this cache however it is
+    split along them (tensor parallelism of another degree): each shard here reads only the
+    stored parts it overlaps, no host gathers a whole block.
+
+    `src_page_tokens`: the tokens of a stored block where that engine's pages held another number
+    than this cache's (0: as here); the blocks of `keys` then hold consecutive tokens from token
+    `first_token` of keys[0], and each page here takes the token ranges of the blocks it overlaps
+    (`page_ranges`). Returns the updated (k, v) and the number of leading pages loaded: a page
+    loads only when every part this host needs of every block it overlaps is stored, with a
+    part's length."""
     plans = head_sources(k, src_shards)
     layers, _, page_tokens, heads, head_dim = k.shape
-    part = (2, layers, page_tokens, heads // src_shards, head_dim)
+    src_page = src_page_tokens or page_tokens
+    part = (2, layers, src_page, heads // src_shards, head_dim)
     count = int(np.prod(part))
     _check_fits(store, count * k.dtype.itemsize)
+    tokens = [page_ranges(page_tokens, src_page, first_token, j) for j in range(len(page_ids))]
+
+    def pages_within(blocks: int) -> int:  # leading pages whose blocks are all among the first `blocks`
+        return next((j for j, t in enumerate(tokens) if t[-1][0] >= blocks), len(tokens))
 
     def parts(plan: list[tuple[int, int, int, int]], blocks: Sequence[int]) -> list[int]:
         return [shard_key(key, m, src_shards) for key in blocks for m, *_ in plan]
 
-    loaded = min(store.lookup(parts(plan, keys)).prefix_len // len(plan) for plan in plans.values())
+    loaded = min(pages_within(store.lookup(parts(plan, keys)).prefix_len // len(plan)) for plan in plans.values())
     _, shards = _layer_shards([k, v])
     host: dict[int, list[np.ndarray]] = {}
     copied: dict[int, int] = {}
@@ -465,17 +476,21 @@ def load_pages_resharded(store: KVStore, keys: Sequence[int], k: jax.Array, v: j
         if loaded == 0:
             return k, v, 0
         plan, kh, vh = plans[n], np.array(ks), np.array(vs)
-        with store.acquire_many(parts(plan, keys[:loaded])) as views:
-            for b, pid in enumerate(page_ids[:loaded]):
-                mine = views[b * len(plan):(b + 1) * len(plan)]
-                if any(view is None or len(view) != count * k.dtype.itemsize for view in mine):
-                    loaded = b  # evicted since the lookup, or not a part of this model's pages
-                    break
-                for view, (_, h_src, h_dst, width) in zip(mine, plan):
-                    block = np.frombuffer(cast(memoryview, view), dtype=kh.dtype, count=count).reshape(part)
-                    kh[:, pid, :, h_dst:h_dst + width] = block[0, :, :, h_src:h_src + width]
-                    vh[:, pid, :, h_dst:h_dst + width] = block[1, :, :, h_src:h_src + width]
-                    del block
+        blocks = tokens[loaded - 1][-1][0] + 1
+        with store.acquire_many(parts(plan, keys[:blocks])) as views:
+            whole = next((b for b in range(blocks) if any(
+                view is None or len(view) != count * k.dtype.itemsize
+                for view in views[b * len(plan):(b + 1) * len(plan)])), blocks)
+            loaded = min(loaded, pages_within(whole))  # evicted since the lookup, or not this model's pages
+            for j, pid in enumerate(page_ids[:loaded]):
+                for b, t_src, t_dst, t_count in tokens[j]:
+                    for p, (_, h_src, h_dst, width) in enumerate(plan):
+                        block = np.frombuffer(cast(memoryview, views[b * len(plan) + p]), dtype=kh.dtype,
+                                              count=count).reshape(part)
+                        src = (slice(None), slice(t_src, t_src + t_count), slice(h_src, h_src + width))
+                        kh[:, pid, t_dst:t_dst + t_count, h_dst:h_dst + width] = block[0][src]
+                        vh[:, pid, t_dst:t_dst + t_count, h_dst:h_dst + width] = block[1][src]
+                        del block
         host[n], copied[n] = [kh, vh], loaded
     for n, (kh, vh) in host.items():  # a later shard ended the prefix sooner: put back the pages past it
         for pid in page_ids[loaded:copied[n]]:

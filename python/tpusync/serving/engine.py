@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -104,7 +104,7 @@ class Engine:
         # Opens the sidecar connection again: a restarted sidecar (its pool survived) is used at once.
         self._reconnect = reconnect
         self.data_address, self.peers, self.prefix_cache = data_address, peers or [], prefix_cache
-        self.hasher = BlockHasher(cfg.page_size, hash_seed)
+        self.hasher, self.hash_seed = BlockHasher(cfg.page_size, hash_seed), hash_seed
         # KV events (a tpusync.kv_events.KVEventPublisher, or None): what this engine can load
         # from its store instead of computing, for llm-d's precise prefix-cache routing.
         self.announcer = BlockAnnouncer(kv_events, cfg.page_size) if kv_events is not None else None
@@ -247,7 +247,7 @@ class Engine:
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
-        cached_pages, own_pages = self._bring_prefix(keys, kv_params, st)
+        cached_pages, own_pages = self._bring_prefix(prompt, keys, kv_params, st)
         # Resume at a chunk boundary, and always compute the chunk holding the last prompt token:
         # its logits give the first token.
         start = min(cached_pages * cfg.page_size, len(prompt) - 1) // cfg.chunk * cfg.chunk
@@ -286,16 +286,17 @@ class Engine:
                 on_token(token)
         return Result(out, None, st)
 
-    def _bring_prefix(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> tuple[int, int]:
+    def _bring_prefix(self, prompt: list[int], keys: list[int], kv_params: dict[str, Any] | None,
+                      st: RequestStats) -> tuple[int, int]:
         """Makes the longest available prefix of `keys` local and loads it (on a slice, the pages
         every host loaded its shards of). Returns its pages, and how many of them the store holds
         under this engine's own keys (fewer when they came split otherwise: saved again)."""
         if self.store is None or not keys or not (self.prefix_cache or kv_params):
             return 0, 0
-        loaded, own = self._bring_shards(keys, kv_params, st)
+        loaded, own = self._bring_shards(prompt, keys, kv_params, st)
         if st.store_error and self._reconnected():  # once more, on the restarted sidecar
             st.store_error = ""
-            loaded, own = self._bring_shards(keys, kv_params, st)
+            loaded, own = self._bring_shards(prompt, keys, kv_params, st)
         if self.slice is not None:  # a collective: every process reaches it
             loaded, own, ok, slowest = self.slice.agree([loaded, own, 0 if st.store_error else 1,
                                                          -round(st.transfer_seconds * 1e6)])
@@ -304,10 +305,12 @@ class Engine:
             st.transfer_seconds = -slowest / 1e6  # the hosts pull in parallel: the slice waits for the last
         return loaded, own
 
-    def _bring_shards(self, keys: list[int], kv_params: dict[str, Any] | None, st: RequestStats) -> tuple[int, int]:
+    def _bring_shards(self, prompt: list[int], keys: list[int], kv_params: dict[str, Any] | None,
+                      st: RequestStats) -> tuple[int, int]:
         """This host's part of _bring_prefix: the parts of each block its shards need (its own
         shards' blocks, or the prefill's parts they overlap when the prefill split its heads
-        otherwise), from its store, the prefill's hosts and peers."""
+        otherwise, or the prefill's blocks of another page size, keyed here at that size), from
+        its store, the prefill's hosts and peers."""
         assert self.store is not None
         try:
             layout = prefill_layout(kv_params, self.cfg)
@@ -315,24 +318,30 @@ class Engine:
             log.warning("not pulling the prefill's KV: %s", e)
             layout, kv_params = None, None
         try:
-            src_shards = layout[0] if layout is not None else self.shards
-            resharded = src_shards != self.shards
-            if resharded:
+            src_shards = layout.shards if layout is not None else self.shards
+            src_page = layout.page_size if layout is not None else self.cfg.page_size
+            if src_page != self.cfg.page_size:  # the prompt keyed as the prefill keyed it
+                src_keys = [key_of(d) for d in BlockHasher(src_page, self.hash_seed).digests(prompt)]
+            else:
+                src_keys = keys
+            resharded = src_shards != self.shards or src_page != self.cfg.page_size
+            if src_shards != self.shards:
                 needed = sorted({m for plan in head_sources(self.k, src_shards).values() for m, *_ in plan})
             else:
                 needed = self.host_shards[self.host_index]
-            host_keys = [shard_key(k, m, src_shards) for k in keys for m in needed]
+            host_keys = [shard_key(k, m, src_shards) for k in src_keys for m in needed]
             per = len(needed)
             pulls = pulls_for(kv_params, layout, needed, self.host_index)
             if self.prefix_cache and not resharded:
                 pulls += [(p, needed) for p in self.peers if p not in [a for a, _ in pulls]]
             local = self.store.lookup(host_keys).prefix_len // per
             for peer, shards in pulls:
-                if local == len(keys):
+                if local == len(src_keys):
                     break
                 t0 = time.perf_counter()
                 try:
-                    self.store.read_remote(peer, [shard_key(k, m, src_shards) for k in keys[local:] for m in shards])
+                    self.store.read_remote(peer, [shard_key(k, m, src_shards) for k in src_keys[local:]
+                                                  for m in shards])
                 except errors.TpuSyncError as e:  # a dead peer: try the next, keep what is local
                     st.store_error = str(e)
                     log.warning("peer %s unavailable: %s", peer, e)
@@ -341,16 +350,18 @@ class Engine:
                     st.transfer_seconds += time.perf_counter() - t0
                 now = self.store.lookup(host_keys).prefix_len // per
                 st.pulled_blocks += max(0, now - local)
-                st.pulled_bytes += max(0, now - local) * self.cfg.page_bytes * len(shards) // src_shards
+                st.pulled_bytes += max(0, now - local) * self.cfg.page_bytes * src_page // self.cfg.page_size * \
+                    len(shards) // src_shards
                 local = max(local, now)
             t0 = time.perf_counter()
             if resharded:
-                self.k, self.v, loaded = load_pages_resharded(self.store, keys[:local], self.k, self.v,
-                                                              list(range(local)), src_shards)
+                self.k, self.v, loaded = load_pages_resharded(
+                    self.store, src_keys[:local], self.k, self.v, list(range(len(keys))), src_shards,
+                    src_page_tokens=0 if src_page == self.cfg.page_size else src_page)
             else:
                 self.k, self.v, loaded = load_pages(self.store, keys[:local], self.k, self.v, list(range(local)))
             st.load_seconds = time.perf_counter() - t0
-            if loaded < local:  # a block the store holds, but not as a page of this model (or gone since)
+            if loaded < local and not resharded:  # a block held, but not as a page of this model (or gone since)
                 self._evict_unloadable(host_keys[loaded * per:(loaded + 1) * per], st)
             return loaded, 0 if resharded else loaded
         except errors.TpuSyncError as e:  # a dead sidecar or peer: recompute, never fail or guess
@@ -519,14 +530,20 @@ def remote_address(kv_params: dict[str, Any] | None) -> str | None:
     return peer_address((kv_params or {}).get("remote_address"), "remote_address")
 
 
-_LAYOUT_FIXED = ("layers", "page_size", "kv_heads", "head_dim", "dtype")
+_LAYOUT_FIXED = ("layers", "kv_heads", "head_dim", "dtype")
 
 
-def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> tuple[int, list[list[int]] | None] | None:
-    """The split of the prefill's pages (kv_transfer_params' `layout`): (shards, each host's shard
-    numbers or None). None without one (the prefill's pages are split as here). Refused
-    (InvalidArgumentError, so nothing is pulled) when its pages are not this model's: other
-    layers, page size, heads, head size or dtype, or a split that does not divide the heads."""
+class PrefillLayout(NamedTuple):
+    shards: int                      # the parts each page is stored in, split along kv heads
+    hosts: list[list[int]] | None    # each prefill host's shard numbers, where it said
+    page_size: int                   # the tokens of each of its pages
+
+
+def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> PrefillLayout | None:
+    """How the prefill stored its pages (kv_transfer_params' `layout`), or None without one (as
+    here). Refused (InvalidArgumentError, so nothing is pulled) when its pages are not this
+    model's: other layers, heads, head size or dtype, a split that does not divide the heads, or
+    a page size that is not a number of tokens; another split or page size is loaded regrouped."""
     layout = (kv_params or {}).get("layout")
     if layout is None:
         return None
@@ -541,10 +558,14 @@ def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> tuple[
             or cfg.kv_heads % shards:
         raise errors.InvalidArgumentError(f"kv_transfer_params layout shards {shards!r} does not split "
                                           f"{cfg.kv_heads} kv heads")
-    return shards, host_shards_of(layout.get("hosts"), shards)
+    page_size = layout.get("page_size")
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or not 0 < page_size <= cfg.max_seq:
+        raise errors.InvalidArgumentError(f"kv_transfer_params layout page_size {page_size!r} is not a number of "
+                                          f"tokens up to {cfg.max_seq}")
+    return PrefillLayout(shards, host_shards_of(layout.get("hosts"), shards), page_size)
 
 
-def pulls_for(kv_params: dict[str, Any] | None, layout: tuple[int, list[list[int]] | None] | None,
+def pulls_for(kv_params: dict[str, Any] | None, layout: PrefillLayout | None,
               needed: list[int], host: int) -> list[tuple[str, list[int]]]:
     """This host's pulls of the prefill's shards (tpusync.slice_pulls.pull_plan): from a slice's
     `remote_addresses`, else from its one `remote_address`."""
@@ -552,7 +573,7 @@ def pulls_for(kv_params: dict[str, Any] | None, layout: tuple[int, list[list[int
     if addresses is None:
         one = remote_address(kv_params)
         addresses = [one] if one is not None else []
-    return pull_plan(addresses, layout[1] if layout is not None else None, needed, host)
+    return pull_plan(addresses, layout.hosts if layout is not None else None, needed, host)
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from tpusync.serving.model import ModelConfig
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
+MODEL16 = {**MODEL, "page_size": 16}
 BLOCK = -(-CFG.page_bytes // 4096) * 4096
 
 
@@ -45,7 +46,20 @@ def cluster(tmp_path_factory):
                                     data_address=p_side.address))
         started.append(start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
                                     data_address=d_side.address, peers=[p_side.address]))
-        running.update(zip(("p_side", "d_side", "mono", "prefill", "decode"), started))
+        # Engines of 16-token pages, each on a sidecar of its own: the prefill of the 32-token
+        # decode engine above, and a decode engine of the 32-token prefill.
+        for name in ("p16_side", "d16_side"):
+            pools.append(f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}")
+            started.append(sidecar.launch(pool_path=pools[-1], secret_file=str(secret), dram_bytes=64 << 20,
+                                          block_bytes=BLOCK, control_socket=str(work / f"{name}.sock"),
+                                          stderr=subprocess.DEVNULL))
+        p16, d16 = started[-2:]
+        started.append(start_server("prefill", model_config=MODEL16, control_socket=p16.control_socket,
+                                    data_address=p16.address))
+        started.append(start_server("decode", model_config=MODEL16, control_socket=d16.control_socket,
+                                    data_address=d16.address))
+        running.update(zip(("p_side", "d_side", "mono", "prefill", "decode", "p16_side", "d16_side", "prefill16",
+                            "decode16"), started))
         yield running
     finally:
         for s in reversed(started + [running.get("p_side")]):  # a sidecar a test restarted, too
@@ -137,3 +151,15 @@ def test_a_restarted_sidecar_is_used_again_with_what_its_pool_kept(cluster):
     r = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
     assert tokens(r) == want
     assert r["tpusync"]["prefix_cache"] == "ok" and r["tpusync"]["cached_tokens"] == 256
+
+
+@pytest.mark.parametrize(("prefill", "decode", "pulled"), [("prefill16", "decode", 21), ("prefill", "decode16", 10)])
+def test_pd_between_engines_of_another_page_size_regroups_on_load(cluster, prefill, decode, pulled):
+    """Pages of 16 tokens to pages of 32 (each page from two of the prefill's blocks) and back
+    (each page from half a block): the decode engine keys the prompt at the prefill's page size,
+    pulls those blocks and fills its pages with their token ranges; the monolithic tokens."""
+    p = prompt(13 if prefill == "prefill16" else 14, 350)
+    want, _, decoded = pd(cluster["mono"].url, cluster[prefill].url, cluster[decode].url, p, 8)
+    assert tokens(decoded) == want
+    st = decoded["tpusync"]
+    assert st["prefix_cache"] == "ok" and st["pulled_blocks"] == pulled and st["cached_tokens"] == 256

@@ -181,7 +181,9 @@ LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_he
 @pytest.mark.parametrize(("change", "message"), [
     ({"head_dim": 128}, "not this model's"),
     ({"dtype": "bfloat16"}, "not this model's"),
-    ({"page_size": 16}, "not this model's"),
+    ({"page_size": 0}, "not a number of tokens"),
+    ({"page_size": "16"}, "not a number of tokens"),
+    ({"page_size": 1 << 20}, "not a number of tokens"),
     ({"layers": None}, "not this model's"),
     ({"shards": 3}, "does not split"),
     ({"shards": 0}, "does not split"),
@@ -204,7 +206,7 @@ def test_pulls_go_to_the_prefill_hosts_that_hold_the_needed_shards():
 
     params = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]}
     layout = prefill_layout(params, ModelConfig())
-    assert layout == (2, [[0], [1]])
+    assert layout == (2, [[0], [1]], LAYOUT["page_size"])
     assert pulls_for(params, layout, [0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
     assert pulls_for(params, layout, [1], 0) == [("10.0.0.2:7600", [1])]
     # Hosts that do not say what they hold (or a malformed map): every needed shard from each,
