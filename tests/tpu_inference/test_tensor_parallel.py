@@ -127,8 +127,9 @@ def test_sharded_store_view(tmp_path):
     store.close()
 
 
-def test_multi_host_slices_and_other_parallelism_stay_off(monkeypatch):
-    """What the connector refuses (it then passes requests through untouched, saying why)."""
+def test_pipeline_and_data_parallelism_stay_off_and_multi_host_slices_do_not(monkeypatch):
+    """What the connector refuses (it then passes requests through untouched, saying why), and the
+    hosts of a slice it counts (test_multihost_connector.py runs it on them)."""
     from types import SimpleNamespace
 
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -143,7 +144,9 @@ def test_multi_host_slices_and_other_parallelism_stay_off(monkeypatch):
     assert reason() is None  # one host: tensor parallelism is fine
     assert reason(pp=2) == reason(dp=2) == "pipeline or data parallelism"
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0,host-1")
-    assert reason() == "a multi-host slice (2 hosts in TPU_WORKER_HOSTNAMES)"
+    assert reason() is None and TPUSyncConnector._hosts(None) == 2  # type: ignore[arg-type]
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "")
+    assert TPUSyncConnector._hosts(None) == 1  # type: ignore[arg-type]
 
 
 def test_an_eviction_of_a_sharded_block_is_announced_from_the_change_feed(tmp_path):
