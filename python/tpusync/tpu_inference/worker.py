@@ -101,7 +101,7 @@ class JaxWorkerSide(WorkerResults):
                 continue
             n, store = self._load(store, t)
             if self.slice is not None:  # loaded (or not): this host's pins for it go
-                self.slice.release([t.req_id])
+                self.slice.unpin(t.req_id)
             self._count(loaded_blocks=n)
             if n < len(t.block_ids):  # pages: with blocks of another page size, not as many as keys
                 log.warning("request %s: %d of %d blocks could not be loaded; vLLM recomputes them", t.req_id,
@@ -207,11 +207,17 @@ class SliceHost:
             self.pool.submit(self._run, p)
 
     def release(self, req_ids: list[str]) -> None:
+        """The scheduler is done with these requests' probes: their pins go, and so do the answers
+        of probes still running."""
         for req_id in req_ids:
             with self.lock:
                 self.wanted.pop(req_id, None)
-                pins = self.pins.pop(req_id, Pins())
-            release_pins(self.link, pins)
+            self.unpin(req_id)
+
+    def unpin(self, req_id: str) -> None:
+        with self.lock:
+            pins = self.pins.pop(req_id, Pins())
+        release_pins(self.link, pins)
 
     def take_answers(self) -> dict[str, SliceAnswer]:
         with self.lock:
