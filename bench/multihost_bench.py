@@ -43,7 +43,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.fabric import DC, Fabric, Host, in_namespace
 from tpusync.local.servers import read_ready
-from tpusync.local.sidecars import write_secret
+from tpusync.local.sidecars import terminate, write_secret
 from tpusync.serving.model import ModelConfig
 
 MODEL = {"layers": 4, "heads": 4, "kv_heads": 4, "head_dim": 64, "d_model": 256, "mlp": 512, "max_seq": 4096}
@@ -68,10 +68,12 @@ def post(host: Host, url: str, body: dict[str, Any]) -> dict[str, Any]:
     return in_namespace(host.ns, send)
 
 
-def start(role: str, hosts: list[Host], sidecars: dict[str, Any], devices: int) -> str:
-    """Engines of one side on `hosts` (a slice when more than one); returns the leader's URL."""
+def start(role: str, hosts: list[Host], sidecars: dict[str, Any], devices: int,
+          procs: list[subprocess.Popen[str]]) -> str:
+    """Engines of one side on `hosts` (a slice when more than one), added to `procs`; returns the
+    leader's URL."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    procs = []
+    mine = []
     for i, h in enumerate(hosts):
         sc = sidecars[h.name]
         argv = [sys.executable, "-m", "tpusync.serving", "--role", role, "--host", h.ip, "--port", str(HTTP_PORT),
@@ -82,8 +84,9 @@ def start(role: str, hosts: list[Host], sidecars: dict[str, Any], devices: int) 
                      "--coordinator", f"{hosts[0].ip}:{COORDINATOR_PORT}", "--cpu-devices", str(devices)]
         elif devices > 1:
             raise ValueError("a one-host engine has one device here")
-        procs.append(h.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
-    for i, p in enumerate(procs):
+        mine.append(h.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
+    procs += mine
+    for i, p in enumerate(mine):
         read_ready(p, f"{role} process {i}")
     return f"http://{hosts[0].ip}:{HTTP_PORT}"
 
@@ -105,20 +108,15 @@ def hostnames(hosts: list[Host]) -> Iterator[None]:
             shutil.rmtree(Path("/etc/netns") / h.ns, ignore_errors=True)
 
 
-def stop(hosts: list[Host]) -> None:
-    """Kills the engines of these hosts (the sidecars stay)."""
-    for h in hosts:
-        h.run(["pkill", "-f", "tpusync.serving"], check=False)
-
-
 def run_case(name: str, fabric: Fabric, sidecars: dict[str, Any], prefill: tuple[list[Host], int],
              decode: tuple[list[Host], int], reps: int, seed: int) -> dict[str, Any]:
-    p_url = start("prefill", prefill[0], sidecars, prefill[1])
-    d_url = start("decode", decode[0], sidecars, decode[1])
-    client = prefill[0][0]
-    rng = np.random.default_rng(seed)
+    procs: list[subprocess.Popen[str]] = []
     runs = []
     try:
+        p_url = start("prefill", prefill[0], sidecars, prefill[1], procs)
+        d_url = start("decode", decode[0], sidecars, decode[1], procs)
+        client = prefill[0][0]
+        rng = np.random.default_rng(seed)
         for _ in range(reps + 1):  # the first: compiles the loads
             prompt = rng.integers(0, CFG.vocab, TOKENS).tolist()
             first = post(client, p_url, {"prompt": prompt, "max_tokens": 1})
@@ -130,7 +128,10 @@ def run_case(name: str, fabric: Fabric, sidecars: dict[str, Any], prefill: tuple
             runs.append({"transfer": st["transfer_seconds"], "load": st["load_seconds"],
                          "save": first["tpusync"]["save_seconds"]})
     finally:
-        stop(prefill[0] + decode[0])
+        # Gone before the next case starts: a slice still shutting down keeps its coordinator's port,
+        # and the next slice's followers would join it.
+        for p in procs:
+            terminate(p)
     runs = runs[1:]
     hosts = len(decode[0])
     per_host = TOKENS // CFG.page_size * CFG.page_bytes // hosts

@@ -199,8 +199,8 @@ class SchedulerSide:
             return None, False  # the scheduler asks again next step
         at, held = st.probed_at, st.answer.blocks
         if st.src is not None:  # our blocks that its blocks hold whole
-            held = min(st.usable - at, st.src.whole(self.block_size, at, at * self.block_size // st.src.block_size,
-                                                    held))
+            first, _ = st.src.span(self.block_size, at, at)
+            held = min(st.usable - at, st.src.whole(self.block_size, at, first, held))
         found = max(0, at + held - start)
         st.pulled = st.answer.pulled
         COUNTERS.add(lookups=1)

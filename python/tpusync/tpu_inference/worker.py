@@ -75,6 +75,7 @@ class JaxWorkerSide(WorkerResults):
         self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
         if self.hosts > 1:
             self.slice = SliceHost(self.cfg, self.block_bytes, runner, own)
+            self.host_info = self.slice.info  # sent with every answer
         log.info("tpusync connector (tpu-inference): %d layers of %s %s in %d shards (%s), %d bytes per shard "
                  "of a block", len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, shards,
                  getattr(runner.kv_caches[0].sharding, "spec", "") if shards > 1 else "unsharded", self.block_bytes)
@@ -159,7 +160,7 @@ class JaxWorkerSide(WorkerResults):
 
     def take_worker_meta(self) -> TPUSyncWorkerMetadata | None:
         if self.slice is not None:
-            self.probed, self.host_info = self.slice.take_answers(), self.slice.info
+            self.probed = self.slice.take_answers()
         return super().take_worker_meta()
 
     def shutdown(self) -> None:
