@@ -7,6 +7,8 @@ peering, of which only one acts.
 
 from __future__ import annotations
 
+import json
+
 import yaml
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 from test_operator import (
@@ -134,6 +136,60 @@ def test_a_multi_host_reference_replica_is_one_slice(cluster, operator, lws, mod
         assert args.data_address == f"{pod['status']['podIP']}:7600"
         assert container(pod["spec"], "tpusync-sidecar", init=True)["restartPolicy"] == "Always"
         assert ("readinessProbe" in engine) == (index == 0)
+
+
+V7X_PREFILL_POOL, V6E_DECODE_POOL = "e2e-v7x-2x2x1", "e2e-v6e-2x2-decode"
+
+
+def test_prefill_and_decode_on_pools_of_their_own(cluster, operator, module_namespace):
+    """Prefill on a v7x pool, decode on a v6e pool of its own (spec.decode.poolRef), on the real
+    API server: each role's pod is scheduled onto its pool's nodes with its slice's chips and
+    parallelism, its sidecar may dial the other pool's members, both authenticate with the one
+    Secret the pools name; the schema refuses a poolRef on both roles, and the operator a decode
+    pool that authenticates with another Secret."""
+    ns = module_namespace
+    cluster.add_tpu_nodes(V7X_PREFILL_POOL, 1, accelerator="tpu7x", topology="2x2x1", chips_per_node=4,
+                          machine_type="tpu7x-standard-4t", memory="960Gi")
+    cluster.add_tpu_nodes(V6E_DECODE_POOL, 1, topology="2x2", chips_per_node=4)
+    cluster.kubectl("create", "secret", "generic", "mixed-kv-auth", "-n", ns, "--from-literal=token=e2e-shared-token")
+    for name, tpu, node_pool in (("mxp", {"type": "v7x", "topology": "2x2x1"}, V7X_PREFILL_POOL),
+                                 ("mxd", {"type": "v6e", "topology": "2x2"}, V6E_DECODE_POOL)):
+        pool = pool_obj(ns, name, tpu=tpu, node_pool=node_pool, hosts=1)
+        pool["spec"]["auth"] = {"secretName": "mixed-kv-auth"}
+        apply(cluster, pool)
+        wait_condition(cluster, "tpusyncpool", ns, name)
+    serving = serving_obj(ns, "mx", engine={"type": "vllm-tpu"}, pool="mxp", routing={"enabled": False})
+    both = {**serving, "spec": {**serving["spec"], "prefill": {"replicas": 1, "poolRef": {"name": "mxd"}},
+                                "decode": {"replicas": 1, "poolRef": {"name": "mxd"}}}}
+    refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(both), check=False)
+    assert refused.returncode != 0 and "spec.prefill.poolRef and spec.decode.poolRef" in refused.stderr, \
+        refused.stderr
+    serving["spec"]["decode"]["poolRef"] = {"name": "mxd"}
+    apply(cluster, serving)
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "mx")
+    assert ds["status"]["prefill"]["readyReplicas"] == ds["status"]["decode"]["readyReplicas"] == 1
+
+    for role, pool, other, node_pool, tp in (("prefill", "mxp", "mxd", V7X_PREFILL_POOL, "8"),
+                                             ("decode", "mxd", "mxp", V6E_DECODE_POOL, "4")):
+        (pod,) = items(cluster, "pods", ns, f"tpusync.dev/serving=mx,tpusync.dev/role={role}")
+        assert pod["metadata"]["labels"]["tpusync.dev/pool"] == pool
+        assert pod["spec"]["nodeName"].startswith(f"gke-{node_pool}-")
+        engine = container(pod["spec"], "engine")
+        assert engine["resources"]["limits"]["google.com/tpu"] == "4"
+        assert engine["args"][engine["args"].index("--tensor-parallel-size") + 1] == tp
+        sidecar = container(pod["spec"], "tpusync-sidecar", init=True)
+        assert f"--peers-dns={pool}-peers.{ns}.svc" in sidecar["args"]
+        assert f"--peers={other}-peers.{ns}.svc:7600" in sidecar["args"]
+        auth = next(v for v in pod["spec"]["volumes"] if v["name"] == "tpusync-auth")
+        assert auth["secret"]["secretName"] == "mixed-kv-auth"
+
+    # A decode pool with a Secret of its own: its sidecars could not authenticate the prefill's.
+    apply(cluster, pool_obj(ns, "mxo", tpu={"type": "v6e", "topology": "2x2"}, node_pool=V6E_DECODE_POOL, hosts=1))
+    serving["spec"]["decode"]["poolRef"] = {"name": "mxo"}
+    apply(cluster, serving)
+    ds = wait_condition(cluster, "disaggregatedservings", ns, "mx", type_="Degraded", reason="InvalidSpec")
+    assert "spec.decode.poolRef.name: TPUSyncPool mxo authenticates its data port with Secret mxo-auth" in \
+        conditions(ds)["Degraded"]["message"]
 
 
 LOCKSTEP_POOL = "e2e-lockstep"   # six v6e 2x2 hosts: two units of one prefill and one decode, plus a surge of each

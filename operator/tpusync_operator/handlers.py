@@ -216,9 +216,15 @@ async def pool_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
         except ValueError:      # an invalid spec (ValidationError, PlanError): its own pass reports it
             pass
     for kind, ns, name in list(memo.objects):
-        if kind == "DisaggregatedServing" and ns == key[1] and \
-                (memo.objects[(kind, ns, name)].get("spec") or {}).get("poolRef", {}).get("name") == key[2]:
+        if kind == "DisaggregatedServing" and ns == key[1] and key[2] in _pools_named(memo.objects[(kind, ns, name)]):
             memo.passes.request((kind, ns, name))
+
+
+def _pools_named(serving: dict[str, Any]) -> set[str]:
+    """The pools a serving's spec names: spec.poolRef and each role's own."""
+    spec = serving.get("spec") or {}
+    refs = (spec.get("poolRef"), (spec.get("prefill") or {}).get("poolRef"), (spec.get("decode") or {}).get("poolRef"))
+    return {str(ref["name"]) for ref in refs if ref and ref.get("name")}
 
 
 @kopf.on.event("", "v1", "pods", labels={POOL_LABEL: kopf.PRESENT})

@@ -501,7 +501,13 @@ class RoleSpec(Model):
         None, description="Fewest replicas of this role, whatever spec.replicas is.")
     max_replicas: Annotated[int, Field(ge=0)] | None = Field(
         None, description="Most replicas of this role, whatever spec.replicas is.")
-    topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the pool's.")
+    pool_ref: PoolRef | None = Field(
+        None, description="The TPUSyncPool this role runs on, when it is not spec.poolRef: another TPU type or "
+                          "slice shape than the other role's (e.g. prefill on v7x, decode on v6e). KV moves "
+                          "between the two pools' sidecars, so both must authenticate with one Secret "
+                          "(spec.auth.secretName) and agree on spec.tiers.blockBytes and spec.sidecar.kvEventsPort; "
+                          "connectors other than tpusync need the same slice shape on both roles.")
+    topology: Topology | None = Field(None, description="TPU topology per replica; defaults to the role's pool's.")
     hosts_per_replica: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Hosts per replica; derived from the topology when empty. >1 uses a LeaderWorkerSet.")
     args: Annotated[list[EngineArg], Field(max_length=64)] | None = Field(
@@ -634,6 +640,8 @@ def _owned_flag_rule(role: str) -> tuple[str, str, str]:
 
 REVISION_NEEDS_WEIGHTS = ("spec.model.revision does not apply to spec.engine.type reference: its model is built in "
                           "(it loads no weights from spec.model.uri)")
+ROLE_POOLS_BOTH = ("spec.prefill.poolRef and spec.decode.poolRef: set at most one; the other role runs on "
+                   "spec.poolRef")
 SGLANG_SINGLE_HOST = ("spec.prefill/decode.hostsPerReplica must be 1 with spec.engine.type sglang-jax: the operator "
                       "runs sglang-jax on single-host slices only")
 
@@ -671,11 +679,13 @@ class DisaggregatedServingSpec(Model):
         ("self.engine.type != 'sglang-jax' || ((!has(self.prefill.hostsPerReplica) || "
          "self.prefill.hostsPerReplica == 1) && (!has(self.decode.hostsPerReplica) || "
          "self.decode.hostsPerReplica == 1))", SGLANG_SINGLE_HOST),
+        ("!has(self.prefill.poolRef) || !has(self.decode.poolRef)", ROLE_POOLS_BOTH),
         _owned_flag_rule("prefill"), _owned_flag_rule("decode"),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")
-    pool_ref: PoolRef
+    pool_ref: PoolRef = Field(description="The TPUSyncPool the serving runs on; a role with a poolRef of its own "
+                                          "runs on that one.")
     replicas: Annotated[int, Field(ge=0)] = Field(
         1, description="Units of the serving, each spec.prefill.replicas prefill and spec.decode.replicas decode "
                        "replicas, so scaling keeps their ratio (within each role's bounds). The /scale "

@@ -10,6 +10,7 @@ per node pool per pass (none while an operation runs)."""
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +29,14 @@ from .models import (
     MAX_MODEL_LEN_TOO_LONG,
     MAX_MODEL_LEN_UNDECLARED,
     REVISION_NEEDS_WEIGHTS,
+    ROLE_POOLS_BOTH,
     SGLANG_IMAGE_REQUIRED,
     SGLANG_SINGLE_HOST,
     DisaggregatedServingSpec,
+    RoleSpec,
     TPUSyncPoolSpec,
 )
+from .quantity import to_bytes
 from .status import NODE_POOL_NOT_OWNED
 from .tpu import Slice, TopologyError, slice_for
 
@@ -359,7 +363,7 @@ class ServingPlan:
 
 def role_replicas(spec: DisaggregatedServingSpec, role: str) -> int:
     """A role's replicas: its replicas per unit times the serving's units, within its bounds."""
-    r = spec.prefill if role == "prefill" else spec.decode
+    r = role_spec(spec, role)
     n = spec.replicas * r.replicas
     if r.max_replicas is not None:
         n = min(n, r.max_replicas)
@@ -368,42 +372,166 @@ def role_replicas(spec: DisaggregatedServingSpec, role: str) -> int:
     return n
 
 
-def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo) -> list[RolePlan]:
+ROLES = ("prefill", "decode")
+
+
+def pool_refs(spec: DisaggregatedServingSpec) -> dict[str, str]:
+    """The TPUSyncPools a serving runs on, each with the field that names it: spec.poolRef's, and
+    a role's own (spec.<role>.poolRef)."""
+    refs = {spec.pool_ref.name: "spec.poolRef.name"}
+    for role in ROLES:
+        ref = role_spec(spec, role).pool_ref
+        if ref is not None:
+            refs.setdefault(ref.name, f"spec.{role}.poolRef.name")
+    return refs
+
+
+def role_pools(spec: DisaggregatedServingSpec, by_name: dict[str, PoolInfo]) -> dict[str, PoolInfo]:
+    """The pool of each role with a spec.<role>.poolRef of its own, from the pools `pool_refs` names."""
+    return {role: by_name[ref.name] for role in ROLES if (ref := role_spec(spec, role).pool_ref) is not None}
+
+
+def role_spec(spec: DisaggregatedServingSpec, role: str) -> RoleSpec:
+    return spec.prefill if role == "prefill" else spec.decode
+
+
+def check_role_pools(spec: DisaggregatedServingSpec, pools: dict[str, PoolInfo]) -> None:
+    """Prefill and decode on two pools: the decode sidecars pull from the prefill sidecars of the
+    other pool, so the pools must authenticate alike and store blocks alike, and the endpoint
+    picker reads KV events on one port of every pod. Connectors other than tpusync pair prefill
+    and decode hosts by rank and need one slice shape (tpusync's reshards on load)."""
+    if pools["prefill"].name == pools["decode"].name:
+        return
+    own = "prefill" if spec.prefill.pool_ref is not None else "decode"
+    mine, theirs = pools[own], pools["decode" if own == "prefill" else "prefill"]
+    where = f"spec.{own}.poolRef.name: TPUSyncPool {mine.name}"
+    if names.pool_auth(mine.name, mine.spec) != names.pool_auth(theirs.name, theirs.spec):
+        raise PlanError(f"{where} authenticates its data port with Secret {names.pool_auth(mine.name, mine.spec)} "
+                        f"and TPUSyncPool {theirs.name} with {names.pool_auth(theirs.name, theirs.spec)}: KV moves "
+                        f"between the two pools' sidecars, so set spec.auth.secretName of both pools to one Secret")
+    if to_bytes(mine.spec.tiers.block_bytes) != to_bytes(theirs.spec.tiers.block_bytes):
+        raise PlanError(f"{where} has spec.tiers.blockBytes {mine.spec.tiers.block_bytes} and TPUSyncPool "
+                        f"{theirs.name} {theirs.spec.tiers.block_bytes}: a block one pool's sidecar stores is "
+                        f"pulled whole into the other's, so both pools need one block size")
+    if mine.spec.sidecar.kv_events_port != theirs.spec.sidecar.kv_events_port:
+        raise PlanError(f"{where} has spec.sidecar.kvEventsPort {mine.spec.sidecar.kv_events_port} and TPUSyncPool "
+                        f"{theirs.name} {theirs.spec.sidecar.kv_events_port}: the endpoint picker subscribes to one "
+                        f"KV-events port on every engine pod of the serving")
+    shape = (mine.tpu.tpu_type, mine.tpu.topology)
+    if spec.kv_transfer.connector != "tpusync" and not spec.engine.cpu_only and \
+            shape != (theirs.tpu.tpu_type, theirs.tpu.topology):
+        raise PlanError(f"{where} is a {' '.join(shape)} slice and TPUSyncPool {theirs.name} a {theirs.tpu.tpu_type} "
+                        f"{theirs.tpu.topology} slice: spec.kvTransfer.connector {spec.kv_transfer.connector} pairs "
+                        f"prefill and decode hosts by rank and needs one slice shape on both roles; connector "
+                        f"tpusync reshards on load")
+
+
+# Role args that change the bytes or the meaning of the KV blocks a role stores: prefill and decode
+# must agree on them, or decode would load KV it cannot read. (Page size and parallelism may differ:
+# the tpusync connectors regroup and reshard on load.)
+_KV_LAYOUT_OPTIONS = {
+    "vllm-tpu": {"--dtype", "--kv-cache-dtype", "--quantization", "--hf-overrides"},
+    "sglang-jax": {"--dtype", "--kv-cache-dtype", "--quantization"},
+    "reference": {"--model-config", "--hash-seed"},
+}
+_SHORT_OPTIONS = {"-q": "--quantization"}
+# Reference engine ModelConfig fields that only size or schedule the cache.
+_REFERENCE_LAYOUT_FREE = {"page_size", "chunk", "max_seq"}
+
+
+def option_values(args: list[str]) -> dict[str, str]:
+    """Each option's last value in `args`, read as the engines' parsers read them (--a_b=v and
+    --a-b v alike; a flag without a value is "true")."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name = _SHORT_OPTIONS.get(arg.split("=", 1)[0]) or _long_option(arg)
+        if not name:
+            continue
+        if "=" in arg:
+            out[name] = arg.split("=", 1)[1]
+        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out[name] = args[i + 1]
+        else:
+            out[name] = "true"
+    return out
+
+
+def _layout_value(engine: str, option: str, value: str | None) -> Any:
+    if engine == "reference" and option == "--model-config" and value is not None:
+        try:
+            fields = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(fields, dict):
+            return {k: v for k, v in fields.items() if k not in _REFERENCE_LAYOUT_FREE}
+    return value
+
+
+def check_kv_layout_args(spec: DisaggregatedServingSpec) -> None:
+    """An incompatible pair is refused before it runs: role args that make prefill and decode store
+    KV of another dtype, quantization or model shape."""
+    engine = spec.engine.type
+    prefill, decode = option_values(spec.prefill.args or []), option_values(spec.decode.args or [])
+    for option in sorted(_KV_LAYOUT_OPTIONS[engine]):
+        p, d = prefill.get(option), decode.get(option)
+        if _layout_value(engine, option, p) != _layout_value(engine, option, d):
+            raise PlanError(f"spec.decode.args: {option} {_shown(d)} differs from spec.prefill.args' {_shown(p)}: "
+                            f"decode loads the KV blocks prefill stores, so both roles must set it alike")
+
+
+def _shown(value: str | None) -> str:
+    return "(unset)" if value is None else value
+
+
+def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo,
+               role_pools: dict[str, PoolInfo] | None = None) -> list[RolePlan]:
+    """`role_pools`: the pool of each role with a spec.<role>.poolRef of its own; the others run on `pool`."""
+    pools = {role: (role_pools or {}).get(role, pool) for role in ROLES}
+    check_role_pools(spec, pools)
     plans = []
-    for role in ("prefill", "decode"):
-        r = spec.prefill if role == "prefill" else spec.decode
+    for role in ROLES:
+        r, rp = role_spec(spec, role), pools[role]
         if spec.engine.cpu_only:
             hosts, chips = r.hosts_per_replica or 1, 0
         else:
-            topology = r.topology or pool.tpu.topology
-            if topology != pool.tpu.topology:
-                raise PlanError(f"spec.{role}.topology {topology} does not match TPUSyncPool {pool.name} "
-                                f"topology {pool.tpu.topology} (one node pool has one slice shape)")
-            hosts, chips = pool.tpu.hosts, pool.tpu.chips_per_host
+            topology = r.topology or rp.tpu.topology
+            if topology != rp.tpu.topology:
+                ref = f"spec.{role}.poolRef" if r.pool_ref is not None else "spec.poolRef"
+                raise PlanError(f"spec.{role}.topology {topology} does not match the topology {rp.tpu.topology} of "
+                                f"{ref} (TPUSyncPool {rp.name}): one node pool has one slice shape")
+            hosts, chips = rp.tpu.hosts, rp.tpu.chips_per_host
             if r.hosts_per_replica is not None and r.hosts_per_replica != hosts:
                 raise PlanError(f"spec.{role}.hostsPerReplica must be {hosts} for topology {topology}")
             if hosts > 1 and spec.engine.type == "sglang-jax":
-                raise PlanError(f"{SGLANG_SINGLE_HOST}; TPUSyncPool {pool.name}'s topology {topology} has {hosts} "
+                raise PlanError(f"{SGLANG_SINGLE_HOST}; TPUSyncPool {rp.name}'s topology {topology} has {hosts} "
                                 f"hosts per slice")
         # Lockstep: every role is a LeaderWorkerSet of the serving's DisaggregatedSet.
         kind = "LeaderWorkerSet" if hosts > 1 or spec.rollout.strategy == "Lockstep" else "Deployment"
+        peers = tuple(p for other, p in pools.items() if other != role and p.name != rp.name)
         plans.append(RolePlan(role=role, replicas=role_replicas(spec, role), hosts_per_replica=hosts,
-                              chips_per_host=chips, kind=kind))
+                              chips_per_host=chips, kind=kind, pool=rp, peer_pools=peers))
     return plans
 
 
-def capacity_shortfall(roles: list[RolePlan], pool: PoolInfo) -> str | None:
-    """Why the pool cannot hold every TPU replica of the serving at once, or None. Each
-    replica takes whole hosts (a multi-host replica a whole slice)."""
-    need = {r.role: r.replicas * r.hosts_per_replica for r in roles if r.chips_per_host}
-    have, _ = pool_hosts(pool.spec, pool.tpu)
-    if sum(need.values()) <= have:
-        return None
-    parts = " + ".join(f"{r.role} {r.replicas} x {r.hosts_per_replica}" for r in roles if r.chips_per_host)
-    hint = (f" (each multi-host replica takes a whole slice of {pool.tpu.hosts} hosts: raise the pool's "
-            f"spec.capacity.hosts by {pool.tpu.hosts} per slice)" if pool.tpu.multi_host else "")
-    return (f"spec.prefill/spec.decode need {sum(need.values())} TPU hosts ({parts}) but TPUSyncPool "
-            f"{pool.name} has {have}{hint}; the replicas that do not fit stay Pending")
+def capacity_shortfall(roles: list[RolePlan]) -> str | None:
+    """Why a role's pool cannot hold every TPU replica of the serving on it at once, or None.
+    Each replica takes whole hosts (a multi-host replica a whole slice)."""
+    for name in dict.fromkeys(r.pool.name for r in roles):
+        on = [r for r in roles if r.pool.name == name and r.chips_per_host]
+        if not on:
+            continue
+        pool = on[0].pool
+        need = sum(r.replicas * r.hosts_per_replica for r in on)
+        have, _ = pool_hosts(pool.spec, pool.tpu)
+        if need <= have:
+            continue
+        parts = " + ".join(f"{r.role} {r.replicas} x {r.hosts_per_replica}" for r in on)
+        fields = "/".join(f"spec.{r.role}" for r in on)
+        hint = (f" (each multi-host replica takes a whole slice of {pool.tpu.hosts} hosts: raise the pool's "
+                f"spec.capacity.hosts by {pool.tpu.hosts} per slice)" if pool.tpu.multi_host else "")
+        return (f"{fields} need {need} TPU hosts ({parts}) but TPUSyncPool {pool.name} has {have}{hint}; the "
+                f"replicas that do not fit stay Pending")
+    return None
 
 
 def _long_option(arg: str) -> str:
@@ -474,9 +602,10 @@ def check_lockstep(owner: Owner, spec: DisaggregatedServingSpec) -> None:
                         f"from them must stay within 63), not {len(owner.name)}")
 
 
-def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
-                 available_kinds: set[str]) -> ServingPlan:
-    """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster."""
+def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, available_kinds: set[str],
+                 role_pools: dict[str, PoolInfo] | None = None) -> ServingPlan:
+    """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster; role_pools: the
+    pool of each role with a spec.<role>.poolRef of its own (spec.poolRef's `pool` runs the others)."""
     if spec.engine.type == "sglang-jax" and not spec.engine.image:     # the schema rejects it too
         raise PlanError(SGLANG_IMAGE_REQUIRED)
     if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
@@ -485,10 +614,13 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
         raise PlanError(REVISION_NEEDS_WEIGHTS)
     check_model_length(spec)
     check_engine_security(spec)
+    if spec.prefill.pool_ref is not None and spec.decode.pool_ref is not None:       # the schema refuses it too
+        raise PlanError(ROLE_POOLS_BOTH)
+    check_kv_layout_args(spec)
     lockstep = spec.rollout.strategy == "Lockstep"
     if lockstep:
         check_lockstep(owner, spec)
-    roles = plan_roles(spec, pool)
+    roles = plan_roles(spec, pool, role_pools)
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
     if lockstep:
         required.add("DisaggregatedSet")
@@ -502,7 +634,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     apply: list[Child] = []
     delete: list[Ref] = []
     if lockstep and not {"DisaggregatedSet", "LeaderWorkerSet"} & set(missing):
-        apply.append(serving_builders.build_disaggregated_set(owner, spec, pool, roles))
+        apply.append(serving_builders.build_disaggregated_set(owner, spec, roles))
     elif not lockstep and "DisaggregatedSet" in available_kinds:
         delete.append(Ref(OPTIONAL_KINDS["DisaggregatedSet"][0], "DisaggregatedSet",
                           names.disaggregated_set(owner.name)))
@@ -516,7 +648,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
             continue
         if p.kind in missing:
             continue
-        apply.append(serving_builders.build_role_workload(owner, spec, pool, p))
+        apply.append(serving_builders.build_role_workload(owner, spec, p))
         apply.append(serving_builders.build_role_service(owner, spec, p.role))
         if p.kind == "Deployment" and "LeaderWorkerSet" in available_kinds:
             delete.append(Ref(OPTIONAL_KINDS["LeaderWorkerSet"][0], "LeaderWorkerSet", name))
@@ -536,7 +668,7 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
     else:
         delete.append(Ref("policy/v1", "PodDisruptionBudget", epp))
     if spec.routing.enabled:
-        events_port = pool.spec.sidecar.kv_events_port
+        events_port = roles[0].pool.spec.sidecar.kv_events_port    # one port: check_role_pools
         apply += [llmd.build_epp_service_account(owner), llmd.build_epp_role(owner, spec),
                   llmd.build_epp_role_binding(owner), llmd.build_epp_config_map(owner, spec, events_port),
                   llmd.build_epp_deployment(owner, spec, events_port), llmd.build_epp_service(owner),

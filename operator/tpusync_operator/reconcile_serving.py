@@ -1,4 +1,4 @@
-"""The DisaggregatedServing pass: its pool, the optional CRDs served, children, and status."""
+"""The DisaggregatedServing pass: its pools, the optional CRDs served, children, and status."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from .builders.llmd import lockstep, serving_pod_labels
 from .builders.serving import PoolInfo
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
-from .planner import OPTIONAL_KINDS, PlanError, capacity_shortfall, check_pool, missing_crd_message, plan_serving
+from .planner import (
+    OPTIONAL_KINDS,
+    PlanError,
+    capacity_shortfall,
+    check_pool,
+    missing_crd_message,
+    plan_serving,
+    pool_refs,
+    role_pools,
+)
 from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
 from .status import (
     RevisionObservation,
@@ -56,31 +65,33 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                    "rollout"),
             "conditions": conds})
 
-    try:
-        pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, spec.pool_ref.name)
-    except KubeError as e:
-        return await finish_held(e)
-    if pool_body is None:
-        return await finish_blocked("PoolNotFound", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
-                                    f"not found in namespace {owner.namespace}", 30)
-    try:
-        pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
-        pool = PoolInfo(spec.pool_ref.name, pool_spec, check_pool(pool_spec))
-    except (ValidationError, PlanError) as e:
-        return await finish_blocked("PoolInvalid", f"spec.poolRef.name: TPUSyncPool {spec.pool_ref.name} "
-                                    f"is invalid: {e}", 60)
-    pool_ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                     for c in (pool_body.get("status") or {}).get("conditions", []))
+    pools: dict[str, PoolInfo] = {}
+    pool_ready = True
+    for name, field in pool_refs(spec).items():
+        try:
+            pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, name)
+        except KubeError as e:
+            return await finish_held(e)
+        if pool_body is None:
+            return await finish_blocked("PoolNotFound", f"{field}: TPUSyncPool {name} not found in namespace "
+                                        f"{owner.namespace}", 30)
+        try:
+            pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
+            pools[name] = PoolInfo(name, pool_spec, check_pool(pool_spec))
+        except (ValidationError, PlanError) as e:
+            return await finish_blocked("PoolInvalid", f"{field}: TPUSyncPool {name} is invalid: {e}", 60)
+        pool_ready = pool_ready and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                        for c in (pool_body.get("status") or {}).get("conditions", []))
 
     try:
         available = await kube.served_kinds(OPTIONAL_KINDS)
     except KubeError as e:
         return await finish_held(e)
     try:
-        plan = plan_serving(owner, spec, pool, available)
+        plan = plan_serving(owner, spec, pools[spec.pool_ref.name], available, role_pools(spec, pools))
     except PlanError as e:
         await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, str(e))
-    shortfall = capacity_shortfall(plan.roles, pool)
+    shortfall = capacity_shortfall(plan.roles)
     if shortfall:
         p.issue("InsufficientCapacity", shortfall)
     roles: list[RoleObservation] = []

@@ -30,7 +30,7 @@ from .builders.pool import build_auth_secret
 from .builders.serving import PoolInfo
 from .gke import ClusterRef, configured_endpoint
 from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from .planner import OPTIONAL_KINDS, PlanError, plan_pool, plan_serving
+from .planner import OPTIONAL_KINDS, PlanError, plan_pool, plan_serving, pool_refs, role_pools
 
 GROUP_VERSION = "tpusync.dev/v1alpha1"
 UID = "<uid>"   # assigned by the API server
@@ -128,12 +128,14 @@ def render_pool(doc: dict[str, Any]) -> tuple[PoolInfo, list[Rendered]]:
 def render_serving(doc: dict[str, Any], pools: dict[tuple[str, str], PoolInfo]) -> list[Rendered]:
     owner, spec = _owner(doc), _spec(DisaggregatedServingSpec, doc)
     where = f"DisaggregatedServing {owner.namespace}/{owner.name}"
-    pool = pools.get((owner.namespace, spec.pool_ref.name))
-    if pool is None:
-        raise RenderError(f"{where}: spec.poolRef.name {spec.pool_ref.name!r}: no TPUSyncPool of that name in "
-                          f"namespace {owner.namespace} in the files given")
+    by_name: dict[str, PoolInfo] = {}
+    for name, field in pool_refs(spec).items():
+        if (owner.namespace, name) not in pools:
+            raise RenderError(f"{where}: {field} {name!r}: no TPUSyncPool of that name in namespace "
+                              f"{owner.namespace} in the files given")
+        by_name[name] = pools[(owner.namespace, name)]
     try:
-        plan = plan_serving(owner, spec, pool, set(OPTIONAL_KINDS))
+        plan = plan_serving(owner, spec, by_name[spec.pool_ref.name], set(OPTIONAL_KINDS), role_pools(spec, by_name))
     except PlanError as e:
         raise RenderError(f"{where}: {e}") from None
     out: list[Rendered] = []

@@ -220,3 +220,20 @@ def test_the_check_fails_on_what_vllm_refuses(bad):
     """The parser these tests rely on refuses a misspelled flag and invalid configs."""
     with pytest.raises(SystemExit):
         vllm_parser().parse_args(["serve", "org/m", *bad])
+
+
+def test_each_role_of_the_mixed_sample_gets_the_parallelism_of_its_own_pools_slice():
+    """Prefill on a v7x 2x2x1 pool (4 chips of 2 TensorCores), decode on a v6e 2x2 pool of its own
+    (spec.decode.poolRef): vLLM reads tensor parallelism 8 and 4, and its own check of the model
+    against the parallelism (attention heads divisible by it) passes for both."""
+    from vllm.config import ParallelConfig
+    mixed = {ident.split("/", 1)[1]: args for ident, args in CASES if ident.startswith("samples/qwen3-8b-mixed")}
+    assert set(mixed) == {"qwen3-8b-mixed-prefill", "qwen3-8b-mixed-decode"}
+    for name, want in (("qwen3-8b-mixed-prefill", 8), ("qwen3-8b-mixed-decode", 4)):
+        args = mixed[name]
+        engine_args = AsyncEngineArgs.from_cli_args(vllm_parser().parse_args(
+            ["serve", *(a.replace("$(POD_IP)", POD_IP) for a in args)]))
+        assert engine_args.tensor_parallel_size == want, name
+        model_config(args).verify_with_parallel_config(ParallelConfig(tensor_parallel_size=want))
+    with pytest.raises(ValueError, match="divisible by tensor parallel size"):     # the check can fail
+        model_config(mixed["qwen3-8b-mixed-decode"]).verify_with_parallel_config(ParallelConfig(tensor_parallel_size=3))

@@ -59,12 +59,15 @@ class PoolInfo:
 
 @dataclass(frozen=True)
 class RolePlan:
-    """One role after planning: the workload kind and its shape."""
+    """One role after planning: the workload kind, its shape and its pool."""
     role: str                # "prefill" | "decode"
     replicas: int
     hosts_per_replica: int
     chips_per_host: int      # 0 when the engine runs without TPUs (reference, cpuOnly)
     kind: str                # "Deployment" | "LeaderWorkerSet"
+    pool: PoolInfo
+    # The other role's pool when it is another one: its sidecars are this role's peers too.
+    peer_pools: tuple[PoolInfo, ...] = ()
 
     @property
     def chips(self) -> int:
@@ -151,11 +154,12 @@ def shared_layout(spec: DisaggregatedServingSpec, tensor_parallel: int) -> str:
         ("image", engine_image(spec)), ("tp", tensor_parallel)))
 
 
-def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan,
-                       *, serving: bool) -> dict[str, Any]:
-    """Pod template of one role. `serving` marks pods that take requests (a Deployment pod or
-    an LWS leader): only those carry the llm-d labels the InferencePool and EPP select."""
-    role = plan.role
+def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RolePlan, *,
+                       serving: bool) -> dict[str, Any]:
+    """Pod template of one role, on its pool. `serving` marks pods that take requests (a
+    Deployment pod or an LWS leader): only those carry the llm-d labels the InferencePool and
+    EPP select."""
+    role, pool = plan.role, plan.pool
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
     multi_host: MultiHost = None if plan.hosts_per_replica == 1 else ("leader" if serving else "worker")
@@ -203,7 +207,9 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     if res:
         engine["resources"] = res
     sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True,
-                                      shared_layout=shared_layout(spec, pool.tpu.tensor_parallel(plan.chips)))
+                                      shared_layout=shared_layout(spec, pool.tpu.tensor_parallel(plan.chips)),
+                                      peers=[f"{names.peers_dns(p.name, owner.namespace)}:{p.spec.sidecar.data_port}"
+                                             for p in plan.peer_pools])
     init = [sidecar]
     if uses_proxy(spec, role) and serving:
         init.append({
@@ -236,8 +242,9 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolI
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
-def _workload_labels(owner: Owner, pool: PoolInfo, role: str) -> dict[str, str]:
-    return {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
+def _workload_labels(owner: Owner, plan: RolePlan) -> dict[str, str]:
+    return {**base_labels(owner, plan.role), POOL_LABEL: plan.pool.name, SERVING_LABEL: owner.name,
+            ROLE_LABEL: plan.role}
 
 
 def _lws_annotations(plan: RolePlan) -> dict[str, str] | None:
@@ -246,14 +253,14 @@ def _lws_annotations(plan: RolePlan) -> dict[str, str] | None:
         else None
 
 
-def _lws_spec(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan) -> dict[str, Any]:
+def _lws_spec(owner: Owner, spec: DisaggregatedServingSpec, plan: RolePlan) -> dict[str, Any]:
     """A LeaderWorkerSet's spec: groups of hosts_per_replica pods. A group of one is its leader
     alone, made from the worker template (LWS uses it when there is no leader template)."""
     r = spec.rollout
     group: dict[str, Any] = {"size": plan.hosts_per_replica, "restartPolicy": "RecreateGroupOnPodRestart"}
     if plan.hosts_per_replica > 1:
-        group["leaderTemplate"] = build_pod_template(owner, spec, pool, plan, serving=True)
-    group["workerTemplate"] = build_pod_template(owner, spec, pool, plan, serving=plan.hosts_per_replica == 1)
+        group["leaderTemplate"] = build_pod_template(owner, spec, plan, serving=True)
+    group["workerTemplate"] = build_pod_template(owner, spec, plan, serving=plan.hosts_per_replica == 1)
     return {"replicas": plan.replicas,
             "startupPolicy": "LeaderCreated",
             # A headless Service per group, named after its leader pod: with the default (Shared)
@@ -266,10 +273,10 @@ def _lws_spec(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan
             "leaderWorkerTemplate": group}
 
 
-def build_role_workload(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, plan: RolePlan) -> dict[str, Any]:
+def build_role_workload(owner: Owner, spec: DisaggregatedServingSpec, plan: RolePlan) -> dict[str, Any]:
     """A Deployment (one host per replica) or a LeaderWorkerSet (multi-host replicas)."""
     name = names.role(owner.name, plan.role)
-    labels = _workload_labels(owner, pool, plan.role)
+    labels = _workload_labels(owner, plan)
     if plan.kind == "Deployment":
         r = spec.rollout
         return {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -278,20 +285,19 @@ def build_role_workload(owner: Owner, spec: DisaggregatedServingSpec, pool: Pool
                          "selector": {"matchLabels": role_selector(owner, plan.role)},
                          "strategy": {"type": "RollingUpdate",
                                       "rollingUpdate": {"maxSurge": r.max_surge, "maxUnavailable": r.max_unavailable}},
-                         "template": build_pod_template(owner, spec, pool, plan, serving=True)}}
+                         "template": build_pod_template(owner, spec, plan, serving=True)}}
     return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
             "metadata": metadata(owner, name, labels, _lws_annotations(plan)),
-            "spec": _lws_spec(owner, spec, pool, plan)}
+            "spec": _lws_spec(owner, spec, plan)}
 
 
-def build_disaggregated_set(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo,
-                            plans: list[RolePlan]) -> dict[str, Any]:
+def build_disaggregated_set(owner: Owner, spec: DisaggregatedServingSpec, plans: list[RolePlan]) -> dict[str, Any]:
     """spec.rollout.strategy Lockstep: both roles in one DisaggregatedSet (versions.DISAGGREGATEDSET_SOURCES),
     each a LeaderWorkerSet per revision (single-host replicas are groups of one), rolled as a pair."""
     roles = [{"name": p.role,
-              "metadata": {"labels": _workload_labels(owner, pool, p.role),
+              "metadata": {"labels": _workload_labels(owner, p),
                            **({"annotations": a} if (a := _lws_annotations(p)) else {})},
-              "spec": _lws_spec(owner, spec, pool, p)} for p in plans]
+              "spec": _lws_spec(owner, spec, p)} for p in plans]
     return {"apiVersion": versions.DISAGGREGATEDSET_API, "kind": "DisaggregatedSet",
             "metadata": metadata(owner, names.disaggregated_set(owner.name), base_labels(owner, "engine")),
             "spec": {"roles": roles}}

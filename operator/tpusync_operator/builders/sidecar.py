@@ -21,10 +21,12 @@ CONTAINER_NAME = "tpusync-sidecar"
 
 
 def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *, dram_bytes: int,
-                            disk: DiskTier | None, native: bool, shared_layout: str | None = None) -> dict[str, Any]:
+                            disk: DiskTier | None, native: bool, shared_layout: str | None = None,
+                            peers: list[str] | None = None) -> dict[str, Any]:
     """The sidecar container; `native` makes it a native sidecar (init container, restartPolicy Always).
     With `shared_layout` (what changes the bytes of its engines' blocks) it mounts the pool's
-    shared tier, when the pool has one."""
+    shared tier, when the pool has one. `peers` (host:port) are members of other pools it may
+    dial besides its own pool's: those of a serving's other role on a pool of its own."""
     sc = spec.sidecar
     args = [
         "--bind=0.0.0.0",  # the pod's interfaces; the NetworkPolicy admits only pool members
@@ -36,6 +38,7 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         f"--block-bytes={to_bytes(spec.tiers.block_bytes)}",
         f"--auth-secret-file={AUTH_DIR}/token",
         f"--peers-dns={names.peers_dns(pool, namespace)}",
+        *([f"--peers={','.join(peers)}"] if peers else []),
     ]
     mounts = [
         {"name": "tpusync-shm", "mountPath": SHM_DIR},

@@ -335,6 +335,27 @@ def test_a_push_that_stalls_after_a_block_header_holds_no_slot(launch):
 
 # -- e. block sizes ----------------------------------------------------------------------------
 
+def test_a_sidecar_of_a_role_on_its_own_pool_pulls_from_the_other_pools_members_only(launch):
+    """The flags the operator renders for a serving whose roles run on two pools: the decode
+    sidecar's own pool by --peers-dns (members at its own data port) and the prefill pool by
+    --peers=<its headless Service>:<its data port>, both DNS names. It pulls from the prefill
+    pool's member and still refuses a sidecar of neither pool."""
+    prefill = launch("prefill", peers=["localhost"])
+    data = blocks(0, 4)
+    engine(prefill).put(list(data), list(data.values()))
+    with socket.create_server(("127.0.0.1", 0)) as probe:        # a fixed port: --peers-dns names members at it
+        own_port = probe.getsockname()[1]
+    decode = launch("decode", data_port=own_port, peers=[f"localhost:{prefill.data_port}"],
+                    extra=["--peers-dns=localhost"])
+    other = launch("other")
+    ed = engine(decode)
+    with pytest.raises(PreconditionError, match=f"peer {re.escape(other.address)} is not a member of this pool"):
+        ed.read_remote(other.address, list(data))
+    assert ed.read_remote(prefill.address, list(data)) == [True] * 4
+    assert_holds(ed, data)
+    assert metric(other, "tpusync_connections_total") == 0
+
+
 def test_members_with_different_block_sizes_refuse_each_other(launch):
     """v1 never compared block sizes: a pull between differently configured members stored
     what fit, and refused the rest block by block with an error naming neither size."""

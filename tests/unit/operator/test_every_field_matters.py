@@ -31,6 +31,7 @@ SHARED = {"tiers": {"shared": {"claimName": "kv"}}}
 GATEWAY = {"routing": {"gatewayRef": {"name": "gw"}}}
 ROPE = {"model": {"ropeScaling": {"factor": 2.0, "originalMaxPositionEmbeddings": 32768, "ropeTheta": 1000000.0}}}
 REFERENCE = {"engine": {"type": "reference"}}
+OTHER_POOL = "pool-b"     # rendered beside the serving's pool, with its spec
 
 # path: (another valid value, context of the pool spec, context of the serving spec)
 FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
@@ -118,6 +119,8 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.prefill.replicas": (2, {"capacity": {"hosts": 4}}, {}),
     "spec.prefill.minReplicas": (2, {"capacity": {"hosts": 4}}, {}),
     "spec.prefill.maxReplicas": (0, {}, {}),
+    # Another pool of the same spec for one role (the pools then need one auth Secret).
+    "spec.prefill.poolRef.name": (OTHER_POOL, {"auth": {"secretName": "kv-auth"}}, {}),
     "spec.prefill.topology": ("2x4", {}, {}),    # the pool's: any other is refused (one slice shape)
     "spec.prefill.hostsPerReplica": (1, {}, {}),  # the slice's: any other is refused
     "spec.prefill.args": (["--max-num-seqs=8"], {}, {}),
@@ -126,6 +129,7 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.decode.replicas": (2, {"capacity": {"hosts": 4}}, {}),
     "spec.decode.minReplicas": (2, {"capacity": {"hosts": 4}}, {}),
     "spec.decode.maxReplicas": (0, {}, {}),
+    "spec.decode.poolRef.name": (OTHER_POOL, {"auth": {"secretName": "kv-auth"}}, {}),
     "spec.decode.topology": ("2x4", {}, {}),
     "spec.decode.hostsPerReplica": (1, {}, {}),
     "spec.decode.args": (["--max-num-seqs=8"], {}, {}),
@@ -216,11 +220,13 @@ def rendered(pool_spec: dict[str, Any], serving_spec: dict[str, Any]) -> str | l
     pool = {**copy.deepcopy(POOL), "spec": pool_spec}
     serving = {**copy.deepcopy(SERVING), "spec": serving_spec}
     pool["metadata"]["name"] = serving_spec["poolRef"]["name"]
-    errors = check([pool, serving])
+    other = copy.deepcopy(pool)
+    other["metadata"]["name"] = OTHER_POOL
+    errors = check([pool, other, serving])
     if errors:
         return errors
     out = io.StringIO()
-    dump(render([pool, serving]), out)
+    dump(render([pool, other, serving]), out)
     return out.getvalue()
 
 

@@ -25,10 +25,11 @@ def pool_info(body):
     return PoolInfo(body["metadata"]["name"], spec, slice_for(spec.tpu.type, spec.tpu.topology))
 
 
-def plan(serving, pool, available=ALL):
+def plan(serving, pool, available=ALL, role_pools=None):
     body = serving.build()
     return plan_serving(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]),
-                        pool_info(pool.build()), set(available))
+                        pool_info(pool.build()), set(available),
+                        {role: pool_info(p.build()) for role, p in (role_pools or {}).items()})
 
 
 CASES = {
@@ -50,13 +51,22 @@ CASES = {
         ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=2, decode={"replicas": 2},
                            rollout={"strategy": "Lockstep", "maxSurge": 1, "maxUnavailable": 0}),
         PoolBody().spec(capacity={"hosts": 8})),
+    "serving-vllm-v7x-prefill-v6e-decode": (
+        ServingBody().spec(engine={"type": "vllm-tpu"}, decode={"poolRef": {"name": "v6e"}}),
+        PoolBody().v7x().spec(auth={"secretName": "kv-auth"})),
+}
+# The pools of roles that name their own (spec.<role>.poolRef).
+ROLE_POOLS = {
+    "serving-vllm-v7x-prefill-v6e-decode": {
+        "decode": PoolBody("v6e").spec(tpu={"topology": "2x2"}, auth={"secretName": "kv-auth"},
+                                       provisioning={"existing": {"nodePoolName": "v6e-np"}})},
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_serving_children_golden(case):
     serving, pool = CASES[case]
-    p = plan(serving, pool)
+    p = plan(serving, pool, role_pools=ROLE_POOLS.get(case))
     assert_golden(case, p.apply)
 
 
@@ -72,7 +82,7 @@ def test_pods_run_restricted_with_native_sidecar(case):
     """Every container but a TPU engine fits the restricted Pod Security Standard; a TPU engine
     runs as root, not privileged (test_tpu_engines_run_as_gke_documents), so its pod fits baseline."""
     serving, pool = CASES[case]
-    pods = list(_pods(plan(serving, pool).apply))
+    pods = list(_pods(plan(serving, pool, role_pools=ROLE_POOLS.get(case)).apply))
     assert pods
     for name, tpl in pods:
         spec = tpl["spec"]

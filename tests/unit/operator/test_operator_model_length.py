@@ -95,7 +95,8 @@ def test_the_length_is_not_taken_from_the_args(arg):
 def test_rope_scaling_owns_the_hf_overrides():
     with pytest.raises(PlanError, match=r"spec\.prefill\.args.*--hf-overrides.*spec\.model\.ropeScaling"):
         plan({"ropeScaling": YARN_2}, prefill={"args": ["--hf-overrides", "{}"]})
-    plan({}, prefill={"args": ["--hf-overrides", '{"architectures": ["X"]}']})   # fine without it
+    overrides = ["--hf-overrides", '{"architectures": ["X"]}']
+    plan({}, prefill={"args": overrides}, decode={"args": overrides})   # fine without it
 
 
 @pytest.mark.parametrize("model", [{"maxModelLen": 1024, "maxPositionEmbeddings": 2048},

@@ -328,7 +328,7 @@ def pool_info(pool: PoolBody) -> PoolInfo:
 def test_capacity_shortfall(pool, serving, want):
     info = pool_info(pool)
     roles = plan_roles(DisaggregatedServingSpec.model_validate(serving.build()["spec"]), info)
-    got = capacity_shortfall(roles, info)
+    got = capacity_shortfall(roles)
     if want is None:
         assert got is None
     else:
@@ -389,10 +389,10 @@ def test_multi_host_roles_scale_by_whole_slices():
     roles = {r.role: r for r in plan_roles(spec, info)}
     assert roles["decode"].kind == "LeaderWorkerSet" and roles["decode"].replicas == 2
     assert roles["decode"].hosts_per_replica == 2          # each replica one whole 2x2x2 slice
-    assert capacity_shortfall(list(roles.values()), info) is None
+    assert capacity_shortfall(list(roles.values())) is None
     three = DisaggregatedServingSpec.model_validate(
         ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=5, decode={"replicas": 1}).build()["spec"])
-    assert "raise the pool's spec.capacity.hosts by 2 per slice" in capacity_shortfall(plan_roles(three, info), info)
+    assert "raise the pool's spec.capacity.hosts by 2 per slice" in capacity_shortfall(plan_roles(three, info))
 
 
 LOCKSTEP_KINDS = frozenset({"LeaderWorkerSet", "DisaggregatedSet", "InferencePool", "InferenceObjective"})
@@ -483,7 +483,7 @@ def test_an_autoscaled_multi_host_pool_is_a_node_pool_per_slice_that_gke_grows_w
     info = PoolInfo("pool", pool_spec(body), plan.tpu)
     spec = DisaggregatedServingSpec.model_validate(
         ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=3, prefill={"replicas": 0}).build()["spec"])
-    assert capacity_shortfall(plan_roles(spec, info), info) is None              # three decode slices
+    assert capacity_shortfall(plan_roles(spec, info)) is None              # three decode slices
     spec = DisaggregatedServingSpec.model_validate(
         ServingBody().spec(engine={"type": "vllm-tpu"}, replicas=4, prefill={"replicas": 0}).build()["spec"])
-    assert "need 8 TPU hosts" in capacity_shortfall(plan_roles(spec, info), info)
+    assert "need 8 TPU hosts" in capacity_shortfall(plan_roles(spec, info))

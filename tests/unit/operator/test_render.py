@@ -45,8 +45,11 @@ def test_render_every_sample(sample):
         assert "POST https://container.googleapis.com/v1/projects/" in res.stdout
     else:
         assert not requests
-    # The pool's children, the generated Secret, the serving's workloads and llm-d objects.
-    assert {"Service", "NetworkPolicy", "Secret"} <= set(by_kind)
+    # The pool's children, the generated Secret (of a pool that names none), the serving's
+    # workloads and llm-d objects.
+    assert {"Service", "NetworkPolicy"} <= set(by_kind)
+    assert ("Secret" in by_kind) == any("secretName" not in d["spec"].get("auth", {})
+                                        for d in source if d["kind"] == "TPUSyncPool")
     # Engines spanning several hosts run as LeaderWorkerSets, one-host engines as Deployments.
     multi_host = slice_for(pool["spec"]["tpu"]["type"], pool["spec"]["tpu"]["topology"]).multi_host
     workload = "LeaderWorkerSet" if multi_host else "Deployment"
@@ -63,7 +66,7 @@ def test_render_every_sample(sample):
 def test_render_reads_several_files_and_stdin(capsys, monkeypatch):
     import io
     monkeypatch.setattr(sys, "stdin", io.StringIO(SAMPLES[0].read_text()))
-    assert main([str(SAMPLES[-1]), "-"]) == 0
+    assert main([str(REPO / "samples" / "v7x-multi-host-vllm.yaml"), "-"]) == 0
     out = capsys.readouterr().out
     names = {d["metadata"]["name"] for d in yaml.safe_load_all(out) if d and "kind" in d}
     assert {"qwen3-8b-decode", "qwen3-235b-decode"} <= names
