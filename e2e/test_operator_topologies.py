@@ -190,6 +190,8 @@ def test_prefill_and_decode_on_pools_of_their_own(cluster, operator, module_name
     ds = wait_condition(cluster, "disaggregatedservings", ns, "mx", type_="Degraded", reason="InvalidSpec")
     assert "spec.decode.poolRef.name: TPUSyncPool mxo authenticates its data port with Secret mxo-auth" in \
         conditions(ds)["Degraded"]["message"]
+    # The namespace is the module's: an operator resuming later must not meet the refused serving.
+    cluster.kubectl("delete", "disaggregatedservings", "mx", "-n", ns, "--wait=true")
 
 
 LOCKSTEP_POOL = "e2e-lockstep"   # six v6e 2x2 hosts: two units of one prefill and one decode, plus a surge of each
