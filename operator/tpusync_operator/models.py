@@ -699,6 +699,10 @@ class DisaggregatedServingSpec(Model):
     rollout: Rollout = sub(Rollout, "How prefill and decode roll forward when the engine pods change.")
     port: Port = 8000
 
+    def role(self, role: str) -> RoleSpec:
+        """spec.prefill or spec.decode."""
+        return self.prefill if role == "prefill" else self.decode
+
 
 class RoleStatus(Model):
     kind: str | None = None

@@ -33,7 +33,6 @@ from .models import (
     SGLANG_IMAGE_REQUIRED,
     SGLANG_SINGLE_HOST,
     DisaggregatedServingSpec,
-    RoleSpec,
     TPUSyncPoolSpec,
 )
 from .quantity import to_bytes
@@ -363,7 +362,7 @@ class ServingPlan:
 
 def role_replicas(spec: DisaggregatedServingSpec, role: str) -> int:
     """A role's replicas: its replicas per unit times the serving's units, within its bounds."""
-    r = role_spec(spec, role)
+    r = spec.role(role)
     n = spec.replicas * r.replicas
     if r.max_replicas is not None:
         n = min(n, r.max_replicas)
@@ -380,7 +379,7 @@ def pool_refs(spec: DisaggregatedServingSpec) -> dict[str, str]:
     a role's own (spec.<role>.poolRef)."""
     refs = {spec.pool_ref.name: "spec.poolRef.name"}
     for role in ROLES:
-        ref = role_spec(spec, role).pool_ref
+        ref = spec.role(role).pool_ref
         if ref is not None:
             refs.setdefault(ref.name, f"spec.{role}.poolRef.name")
     return refs
@@ -388,11 +387,7 @@ def pool_refs(spec: DisaggregatedServingSpec) -> dict[str, str]:
 
 def role_pools(spec: DisaggregatedServingSpec, by_name: dict[str, PoolInfo]) -> dict[str, PoolInfo]:
     """The pool of each role with a spec.<role>.poolRef of its own, from the pools `pool_refs` names."""
-    return {role: by_name[ref.name] for role in ROLES if (ref := role_spec(spec, role).pool_ref) is not None}
-
-
-def role_spec(spec: DisaggregatedServingSpec, role: str) -> RoleSpec:
-    return spec.prefill if role == "prefill" else spec.decode
+    return {role: by_name[ref.name] for role in ROLES if (ref := spec.role(role).pool_ref) is not None}
 
 
 def check_role_pools(spec: DisaggregatedServingSpec, pools: dict[str, PoolInfo]) -> None:
@@ -405,10 +400,11 @@ def check_role_pools(spec: DisaggregatedServingSpec, pools: dict[str, PoolInfo])
     own = "prefill" if spec.prefill.pool_ref is not None else "decode"
     mine, theirs = pools[own], pools["decode" if own == "prefill" else "prefill"]
     where = f"spec.{own}.poolRef.name: TPUSyncPool {mine.name}"
-    if names.pool_auth(mine.name, mine.spec) != names.pool_auth(theirs.name, theirs.spec):
-        raise PlanError(f"{where} authenticates its data port with Secret {names.pool_auth(mine.name, mine.spec)} "
-                        f"and TPUSyncPool {theirs.name} with {names.pool_auth(theirs.name, theirs.spec)}: KV moves "
-                        f"between the two pools' sidecars, so set spec.auth.secretName of both pools to one Secret")
+    my_secret, their_secret = names.pool_auth(mine.name, mine.spec), names.pool_auth(theirs.name, theirs.spec)
+    if my_secret != their_secret:
+        raise PlanError(f"{where} authenticates its data port with Secret {my_secret} and TPUSyncPool {theirs.name} "
+                        f"with {their_secret}: KV moves between the two pools' sidecars, so set "
+                        f"spec.auth.secretName of both pools to one Secret")
     if to_bytes(mine.spec.tiers.block_bytes) != to_bytes(theirs.spec.tiers.block_bytes):
         raise PlanError(f"{where} has spec.tiers.blockBytes {mine.spec.tiers.block_bytes} and TPUSyncPool "
                         f"{theirs.name} {theirs.spec.tiers.block_bytes}: a block one pool's sidecar stores is "
@@ -490,7 +486,7 @@ def plan_roles(spec: DisaggregatedServingSpec, pool: PoolInfo,
     check_role_pools(spec, pools)
     plans = []
     for role in ROLES:
-        r, rp = role_spec(spec, role), pools[role]
+        r, rp = spec.role(role), pools[role]
         if spec.engine.cpu_only:
             hosts, chips = r.hosts_per_replica or 1, 0
         else:
@@ -556,8 +552,8 @@ def check_model_length(spec: DisaggregatedServingSpec) -> None:
         owned = dict(_LENGTH_OPTIONS)
         if m.rope_scaling is not None:
             owned["--hf-overrides"] = "spec.model.ropeScaling (rendered as vLLM's --hf-overrides)"
-        for role in ("prefill", "decode"):
-            for arg in (spec.prefill if role == "prefill" else spec.decode).args or []:
+        for role in ROLES:
+            for arg in spec.role(role).args or []:
                 if _long_option(arg) in owned:
                     raise PlanError(f"spec.{role}.args: {_long_option(arg)} is set by {owned[_long_option(arg)]}: "
                                     f"give it there, not in the args")

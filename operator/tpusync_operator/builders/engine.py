@@ -128,7 +128,7 @@ def engine_command(owner: Owner, spec: DisaggregatedServingSpec, role: str, *, p
     """
     m = spec.model
     src = ModelSource.of(m)
-    extra = [verbatim(a) for a in (spec.prefill if role == "prefill" else spec.decode).args or []]
+    extra = [verbatim(a) for a in spec.role(role).args or []]
     if spec.engine.type == "reference":
         args = ["--role", role, "--host", "0.0.0.0", "--port", str(port), "--model", verbatim(src.ref),
                 "--served-model-name", verbatim(m.name), "--control-socket", CONTROL_SOCKET,

@@ -202,8 +202,7 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RoleP
             {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR},
         ],
     }
-    role_spec = spec.prefill if role == "prefill" else spec.decode
-    res = resources(role_spec.resources, tpu_request)
+    res = resources(spec.role(role).resources, tpu_request)
     if res:
         engine["resources"] = res
     sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True,
