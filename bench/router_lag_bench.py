@@ -70,6 +70,7 @@ def measure(reps: int, console: Console) -> list[dict]:
         cluster = Cluster(Path(tmp))
         try:
             shared = Path(tmp) / "shared"
+            shared.mkdir()
             a_host = cluster.host(PAGE, disk=True, shared_dir=shared, shared_scan_ms=SCAN_MS)
             b_host = cluster.host(PAGE, shared_dir=shared, shared_scan_ms=SCAN_MS)
             a, b = cluster.engine(a_host, PAGE, extra=NO_AUDIT), cluster.engine(b_host, PAGE, extra=NO_AUDIT)
@@ -95,7 +96,7 @@ def measure(reps: int, console: Console) -> list[dict]:
                     got["lag-demote"] = lag(lambda: tiers(prompt, a.pod).get("disk") == n)
                     store.evict(keys)  # disk -> gone from a's own tiers
                     got["lag-evict"] = lag(lambda: "disk" not in tiers(prompt, a.pod))
-                for f in shared.glob("tpusync-shared-v1/*/??/*"):
+                for f in shared.glob("tpusync-shared-v2/*/*/??/*"):
                     f.unlink()
                 got["lag-shared-evict"] = lag(lambda: b.pod not in ix.score(prompt)["pods"])
                 return got

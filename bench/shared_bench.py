@@ -41,6 +41,7 @@ from tpusync.serving.engine import Engine
 from tpusync.serving.model import ModelConfig
 
 KIB, MIB = 1 << 10, 1 << 20
+SECRET = b"shared-bench pool secret, 16+ bytes"  # the tier's files are tagged under keys derived from it
 
 
 def aligned(n: int) -> mmap.mmap:
@@ -83,14 +84,14 @@ def one_rep(size: int, keys: np.ndarray, data: list[np.ndarray], bufs: list[mmap
     pool_bytes = (n + 8) * size
 
     def tier_put() -> float:
-        with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared, mlock=True) as w:
+        with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared, secret=SECRET, mlock=True) as w:
             t = time.perf_counter()
             w.put(keys, data)
             w.flush()
             return time.perf_counter() - t
 
     def tier_get() -> float:
-        with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared, mlock=True) as r:
+        with KVStore.local(dram_bytes=pool_bytes, block_bytes=size, shared_dir=shared, secret=SECRET, mlock=True) as r:
             t = time.perf_counter()
             found = r.get(keys, out)
             seconds = time.perf_counter() - t
@@ -118,6 +119,7 @@ def throughput_cases(root: str, sizes: list[int], total: int, reps: int, console
             console.print(f"  {label} x {n}: rep {rep + 1}/{reps}")
             shared, raw = os.path.join(root, f"shared-{uuid.uuid4().hex[:6]}"), os.path.join(root, "raw")
             os.makedirs(raw, exist_ok=True)
+            os.makedirs(shared)
             keys[:, 0], keys[:, 1] = rep + 1, np.arange(n, dtype=np.uint64)
             out = [np.ones(size, np.uint8) for _ in range(n)]
             for name, seconds in one_rep(size, keys, data, bufs, out, shared, raw, raw_first=rep % 2 == 0).items():
@@ -139,6 +141,7 @@ def hit_cases(root: str, lengths: list[int], reps: int, console: Console) -> lis
     block = -(-cfg.page_bytes // 4096) * 4096
     dram = (max(lengths) // cfg.page_size + 64) * block
     shared = os.path.join(root, "shared-hit")
+    os.makedirs(shared)
     Engine(cfg, role="both").warm_up()
     rng = np.random.default_rng(0)
     results = []
@@ -148,13 +151,13 @@ def hit_cases(root: str, lengths: list[int], reps: int, console: Console) -> lis
         for rep in range(reps):
             console.print(f"  {label} tokens: rep {rep + 1}/{reps}")
             prompt = rng.integers(0, 256, n).tolist()
-            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared) as store_a:
+            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared, secret=SECRET) as store_a:
                 # Host a recomputes the prompt (the baseline: nothing is stored anywhere yet) and
                 # stores its blocks, written through to the shared tier.
                 base.append(Engine(cfg, role="both", store=store_a).generate(prompt, 1).stats.ttft_seconds)
                 assert store_a.stats()["hits_shared"] == 0
                 store_a.flush()
-            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared) as store_b:
+            with KVStore.local(dram_bytes=dram, block_bytes=block, shared_dir=shared, secret=SECRET) as store_b:
                 fresh = Engine(cfg, role="both", store=store_b)  # host b: nothing in DRAM, no disk, no peer
                 hit.append(fresh.generate(prompt, 1).stats.ttft_seconds)
                 assert store_b.stats()["hits_shared"] >= n // cfg.page_size - 1, "the prefix did not come from the tier"

@@ -169,6 +169,7 @@ std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t b
       throw pb::value_error("shared_policy must be 'write-through' or 'demote', not '" + shared_policy + "'");
     }
     o.shared = {.dir = *shared_dir,
+                .secret = secret ? std::string(*secret) : std::string(),
                 .layout = std::move(shared_layout),
                 .capacity_bytes = shared_bytes,
                 .evict_interval = std::chrono::milliseconds(shared_evict_interval_ms)};

@@ -37,6 +37,7 @@ Result<std::unique_ptr<Sidecar>> Sidecar::Start(const SidecarFlags& f) {
   o.disk = {.dir = f.disk_dir, .capacity_bytes = f.disk_bytes};
   o.shared_enabled = !f.shared_dir.empty();
   o.shared = {.dir = f.shared_dir,
+              .secret = secret->bytes(),
               .layout = f.shared_layout,
               .capacity_bytes = f.shared_bytes,
               .high_watermark = f.shared_high_percent / 100.0,

@@ -14,56 +14,14 @@
 #include <unordered_set>
 
 #include "base/posix_io.h"
+#include "shared_tier_testing.h"
 #include "test_util.h"
 #include "tpusync/store.h"
 
 namespace tpusync {
 namespace {
 
-using testing::Key;
-using testing::Pattern;
-using testing::ShmPath;
-using testing::TempDir;
-
-constexpr uint64_t kBlock = 8192;
-constexpr uint64_t kFileBytes = 4096 + kBlock;  // header + payload
-
-// Two SharedTier objects on one directory are two hosts of a pool.
-std::unique_ptr<SharedTier> Open(const TempDir& d, const std::string& layout = "model=m;tp=1;rank=0",
-                                 uint64_t capacity = 0) {
-  auto t = SharedTier::Open({.dir = d.path(), .layout = layout, .block_bytes = kBlock, .capacity_bytes = capacity,
-                             .run_evictor = false});
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(*t);
-}
-
-Status WriteBlock(SharedTier& t, uint64_t i, uint64_t length = kBlock) {
-  AlignedBuffer buf(kBlock);
-  auto data = Pattern(Key(i), length);
-  std::memcpy(buf.data(), data.data(), length);
-  return t.Write(Key(i), buf.data(), length);
-}
-
-// Reads block i and checks its bytes; returns the read's status.
-Status ReadBlock(SharedTier& t, uint64_t i, uint64_t length = kBlock) {
-  AlignedBuffer buf(kBlock);
-  Result<uint64_t> n = t.Read(Key(i), buf.data(), kBlock);
-  if (!n.ok()) return n.status();
-  EXPECT_EQ(*n, length);
-  auto want = Pattern(Key(i), length);
-  EXPECT_EQ(std::memcmp(buf.data(), want.data(), length), 0);
-  return Status::Ok();
-}
-
-std::string FileOf(const SharedTier& t, uint64_t i) {
-  const std::string hex = Key(i).ToHex();
-  return t.root() + "/" + hex.substr(0, 2) + "/" + hex;
-}
-
-void SetAtime(const std::string& path, time_t seconds) {
-  const timespec times[2] = {{seconds, 0}, {0, UTIME_OMIT}};
-  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
-}
+using namespace testing;  // NOLINT(google-build-using-namespace): the tests' own helpers
 
 TEST(SharedTier, ABlockOneHostWroteIsReadByAnother) {
   TempDir d;
@@ -88,7 +46,7 @@ TEST(SharedTier, EnginesOfAnotherLayoutNeverSeeTheBlocks) {
   EXPECT_FALSE(rank1->Exists(Key(1)));
   EXPECT_EQ(ReadBlock(*rank1, 1).code(), StatusCode::kNotFound);
   // The block size is part of the fingerprint too.
-  auto other = SharedTier::Open({.dir = d.path(), .layout = "model=m;tp=2;rank=0", .block_bytes = 2 * kBlock,
+  auto other = SharedTier::Open({.dir = d.path(), .secret = kSecret, .layout = "model=m;tp=2;rank=0", .block_bytes = 2 * kBlock,
                                  .run_evictor = false});
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE((*other)->Exists(Key(1)));
@@ -215,7 +173,7 @@ TEST(SharedTier, RemovesWhatADeadWriterLeft) {
 TEST(SharedTier, BufferedIoWhenDirectIoIsOff) {
   // Filesystems that refuse O_DIRECT (FUSE) are probed at open: tests/integration/shared.
   TempDir d;
-  auto t = SharedTier::Open({.dir = d.path(), .layout = "l", .block_bytes = kBlock, .direct_io = false,
+  auto t = SharedTier::Open({.dir = d.path(), .secret = kSecret, .layout = "l", .block_bytes = kBlock, .direct_io = false,
                              .run_evictor = false});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_FALSE((*t)->direct_io());
@@ -271,7 +229,7 @@ TEST(SharedTier, EachScanReportsWhatOtherHostsPublishedAndRemoved) {
   TempDir d;
   std::mutex m;
   std::vector<BlockKey> seen;
-  auto b = SharedTier::Open({.dir = d.path(), .layout = "l", .block_bytes = kBlock, .run_evictor = false,
+  auto b = SharedTier::Open({.dir = d.path(), .secret = kSecret, .layout = "l", .block_bytes = kBlock, .run_evictor = false,
                              .on_changed = [&](const BlockKey& k) {
                                std::lock_guard lock(m);
                                seen.push_back(k);
@@ -302,7 +260,7 @@ TEST(SharedTier, EachScanReportsWhatOtherHostsPublishedAndRemoved) {
 
 TEST(SharedTier, ARecordWhoseBlockNeverCameIsRemovedAfterThePinTtl) {
   TempDir d;
-  auto t = SharedTier::Open({.dir = d.path(), .layout = "l", .block_bytes = kBlock,
+  auto t = SharedTier::Open({.dir = d.path(), .secret = kSecret, .layout = "l", .block_bytes = kBlock,
                              .pin_ttl = std::chrono::milliseconds(1000), .run_evictor = false});
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE((*t)->Describe(Key(7), Bytes("never stored")).ok());
@@ -329,7 +287,7 @@ StoreOptions StoreOpts(const ShmPath& pool, const TempDir& shared, SharedPolicy 
   StoreOptions o;
   o.pool = {.path = pool.path(), .block_bytes = kBlock, .num_slots = slots};
   o.shared_enabled = true;
-  o.shared = {.dir = shared.path(), .layout = "l", .run_evictor = false};
+  o.shared = {.dir = shared.path(), .secret = kSecret, .layout = "l", .run_evictor = false};
   o.shared_policy = policy;
   return o;
 }
@@ -470,10 +428,12 @@ TEST(SharedTierStore, APinnedSharedBlockIsPinnedOnTheTier) {
   EXPECT_EQ(r.prefix_len, 1u);
   EXPECT_EQ(r.tiers[0], Tier::kShared);
   EXPECT_EQ(b->Stats().pinned, 1u);
-  std::string pins = h.shared.path() + "/tpusync-shared-v1";
+  std::string pins = h.shared.path() + "/tpusync-shared-v2";
   size_t markers = 0;
-  for (auto& layout : std::filesystem::directory_iterator(pins)) {
-    for (auto& m : std::filesystem::directory_iterator(layout.path() / "pins")) markers += m.is_regular_file();
+  for (auto& pool : std::filesystem::directory_iterator(pins)) {
+    for (auto& layout : std::filesystem::directory_iterator(pool.path())) {
+      for (auto& m : std::filesystem::directory_iterator(layout.path() / "pins")) markers += m.is_regular_file();
+    }
   }
   EXPECT_EQ(markers, 1u);
   ASSERT_TRUE(b->Release(std::span(keys, 1)).ok());

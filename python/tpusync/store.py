@@ -102,8 +102,10 @@ class KVStore:
         tier of ``disk_bytes`` that evicted blocks are written behind to. ``secret`` is the
         pool's shared secret, needed by read_remote() to authenticate to peers; sessions with
         peers are authenticated frame by frame, and encrypted too with ``encrypt``.
-        ``shared_dir`` adds the shared tier: a directory every host of the pool mounts, where
-        blocks any host wrote are found (``shared_layout`` names what changes a block's bytes,
+        ``shared_dir`` adds the shared tier: a directory every host of the pool mounts (it must
+        exist), where blocks any host wrote are found. Its files are bound to the pool's
+        ``secret``, which it needs: nothing written without the secret is ever read, and pools
+        with other secrets never see each other's blocks (``shared_layout`` names what changes a block's bytes,
         so engines of another layout never read them; ``shared_bytes`` caps it, 0 = the
         filesystem; ``shared_policy`` "write-through" writes every block, "demote" those leaving
         DRAM; every ``shared_scan_interval_s`` the tier is scanned: its evictor runs, and the
@@ -115,6 +117,9 @@ class KVStore:
         if disk_dir is not None and disk_bytes < block_bytes:
             raise errors.InvalidArgumentError(
                 f"disk_bytes ({disk_bytes}) must hold at least one block of block_bytes ({block_bytes})")
+        if shared_dir is not None and not secret:
+            raise errors.InvalidArgumentError(
+                "shared_dir needs the pool's secret (secret=...): the shared tier's files are bound to it")
         private = pool_path is None
         path = os.fspath(pool_path) if pool_path else f"/dev/shm/tpusync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         backend = _native.BlockStore.open_local(

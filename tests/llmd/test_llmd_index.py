@@ -210,6 +210,7 @@ def test_blocks_left_on_the_shared_tier_are_scored_at_its_weight(cluster):
     page = 32
     audit = ["--kv-events-audit-s", "0.2"]
     shared = cluster.work / "shared"
+    shared.mkdir()
     a_host, b_host = cluster.host(page, shared_dir=shared), cluster.host(page)
     a = cluster.engine(a_host, page, extra=audit)
     b = cluster.engine(b_host, page, extra=audit)
@@ -249,6 +250,7 @@ def test_every_pod_that_mounts_the_shared_tier_is_scored_for_its_blocks(cluster)
     page = 32
     no_audit = ["--kv-events-audit-s", "0"]
     shared = cluster.work / "shared-every-pod"
+    shared.mkdir()
     hosts = [cluster.host(page, shared_dir=shared, shared_scan_ms=100) for _ in range(3)] + [cluster.host(page)]
     a, b, c, d = (cluster.engine(h, page, extra=no_audit) for h in hosts)
     ix = cluster.indexer(parameters(32, kvCacheBackendConfigs=[{"name": n, "weight": w} for n, w in TIER_WEIGHTS]))
@@ -271,7 +273,7 @@ def test_every_pod_that_mounts_the_shared_tier_is_scored_for_its_blocks(cluster)
     assert got["order"][0] == a.pod and set(got["order"][1:]) == {b.pod, c.pod}
     assert d.pod not in got["pods"]
 
-    for f in shared.glob("tpusync-shared-v1/*/??/*"):
+    for f in shared.glob("tpusync-shared-v2/*/*/??/*"):
         f.unlink()
 
     def left():

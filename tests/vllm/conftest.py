@@ -100,6 +100,7 @@ def cluster(tmp_path_factory):
     try:
         for name in ("s", "p", "d", "f", "q", "empty", "w", "t"):
             c.launch(name)
+        (work / "shared").mkdir()  # the mount every host of a pool shares
         for name in ("sh1", "sh2"):  # two hosts on one shared tier, dialing no peer
             c.launch(name, shared_dir=work / "shared")
         base = EngineSpec(str(build(work / "model")), work)

@@ -234,6 +234,7 @@ def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_bloc
     secret = work / "secret"
     write_secret(secret, uuid.uuid4().hex.encode() * 2 + b"\n")
     shared = work / "shared"
+    shared.mkdir()
     cars, pools, pods = [], [], []
     ix = None
     try:
@@ -258,7 +259,7 @@ def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_bloc
         sa.generate(tokens)
         assert eventually(lambda: ix.tiers(tokens, su.pod) == {"shared_storage": want}), ix.score(tokens)
         assert ix.tiers(tokens, sa.pod).get("cpu") == want
-        for f in shared.glob("tpusync-shared-v1/*/??/*"):
+        for f in shared.glob("tpusync-shared-v2/*/*/??/*"):
             f.unlink()
         assert eventually(lambda: su.pod not in ix.score(tokens)["pods"]), ix.score(tokens)
         assert ix.tiers(tokens, sa.pod).get("cpu") == want

@@ -3,22 +3,30 @@
 //
 // No lock is ever taken across hosts. Each block is one immutable file, written to a temporary
 // name and published by rename, so readers see a whole file or none; two hosts writing the same
-// key publish the same bytes (keys are content addresses) and the last rename wins. Files live
-// under a directory named by a fingerprint of everything that changes a block's bytes (the
-// block size and the layout string the engine supplies: model, dtype, parallel sizes, rank), so
-// engines that disagree on any of it never read each other's blocks:
+// key publish the same bytes (keys are content addresses) and the last rename wins.
 //
-//   <dir>/tpusync-shared-v1/<fingerprint>/layout        the fingerprint's inputs, as text
-//   <dir>/tpusync-shared-v1/<fingerprint>/<kk>/<key>    one block: a 4 KiB checksummed header,
-//                                                      the payload padded to 4 KiB
-//   <dir>/tpusync-shared-v1/<fingerprint>/records/<kk>/<key>   a block's record (below)
-//   <dir>/tpusync-shared-v1/<fingerprint>/pins/<key>.<instance>   a host's pin of a block
-//   <dir>/tpusync-shared-v1/<fingerprint>/tmp/          files being written or evicted
+// Trust: the directory is writable by more than the pool (other pods on the filesystem, other
+// pools), so nothing in it is believed without the pool's secret. Every block and record
+// carries AES-256-GMAC tags under keys derived from the secret; a file whose tags fail is a
+// miss, never a block (not read, not counted by a lookup, not announced). The pool's directory
+// and each layout's are named by keyed digests, so two pools on one filesystem never meet, and
+// engines that disagree on anything that changes a block's bytes (the block size and the layout
+// string the engine supplies: model, dtype, parallel sizes, rank) never read each other's
+// blocks. Below the configured directory no link is ever followed: every name is resolved
+// beneath a directory fd opened once, and an entry of the wrong type is skipped, logged once,
+// never deleted through, never announced.
 //
-// The directory is the index: a lookup is a stat, so a block any host published is found by
-// all. Every read verifies the header and an XXH3 of the payload; a torn, truncated or
-// corrupted file is a miss, removed and counted. Capacity is the tier's own: an evictor on every
-// host deletes the least recently read files (by access time, which a hit sets explicitly, so
+//   <dir>/tpusync-shared-v2/<pool>/<fingerprint>/layout          the layout's inputs, as text (for people)
+//   <dir>/tpusync-shared-v2/<pool>/<fingerprint>/<kk>/<key>      one block: a 4 KiB tagged header,
+//                                                                the payload padded to 4 KiB
+//   <dir>/tpusync-shared-v2/<pool>/<fingerprint>/records/<kk>/<key>   a block's record (below)
+//   <dir>/tpusync-shared-v2/<pool>/<fingerprint>/pins/<key>.<instance>   a host's pin of a block
+//   <dir>/tpusync-shared-v2/<pool>/<fingerprint>/tmp/            files being written or evicted
+//
+// The directory is the index: a lookup is an open and, for a file not seen before, a read of
+// its header page. Every read verifies both tags; a torn, truncated, corrupted or forged file
+// is a miss, removed and counted. Capacity is the tier's own: an evictor on every host deletes
+// the least recently read files of the pool (by access time, which a hit sets explicitly, so
 // the order is the pool's, not one host's) from the high watermark down to the low one. An
 // evictor skips the blocks pinned when its pass starts, renames its victims aside, then reads
 // the pin markers again and puts back any victim pinned meanwhile; a pinning host creates its
@@ -26,11 +34,11 @@
 // evictor sees the pin. A read of a block this host pinned that finds it aside waits for the
 // evictor to put it back (kPinnedReadWait at most), so a pinned block is always readable.
 //
-// A block may have a record: a small, opaque, checksummed description that its engine
-// supplies (for KV events: the block's tokens and parent), so that every host can announce
-// blocks that any host wrote. Records are immutable like blocks and leave with them. Each
-// scan (the evictor's pass) also diffs the layout's blocks against the previous scan, so a
-// host learns within a pass which blocks other hosts published or removed (`on_changed`).
+// A block may have a record: a small, opaque, tagged description that its engine supplies (for
+// KV events: the block's tokens and parent), so that every host can announce blocks that any
+// host wrote. Records are immutable like blocks and leave with them. Each scan (the evictor's
+// pass) also diffs the layout's verified blocks against the previous scan, so a host learns
+// within a pass which blocks other hosts published or removed (`on_changed`).
 #pragma once
 
 #include <atomic>
@@ -43,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -52,7 +61,8 @@
 namespace tpusync {
 
 struct SharedTierOptions {
-  std::string dir;               // the mount (or a directory on it); created if absent
+  std::string dir;               // the mount (or a directory on it); must exist: a missing mount is an error
+  std::string secret;            // the pool's secret (16+ bytes): every file is bound to it
   std::string layout;            // what, besides the block size, changes a block's bytes
   uint64_t block_bytes = 0;      // multiple of 4096, same as the DRAM pool's
   uint64_t capacity_bytes = 0;   // the tier's share of the filesystem; 0: the whole filesystem
@@ -74,7 +84,9 @@ inline constexpr uint64_t kMaxRecordBytes = 16 << 10;  // a block's record, at m
 struct SharedTierStats {
   uint64_t capacity_bytes = 0, used_bytes = 0;  // used: as of the evictor's last scan, plus writes since
   uint64_t writes = 0, write_dedup = 0, bytes_written = 0, write_errors = 0, refused_full = 0;
-  uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0, corruptions = 0;
+  uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0;
+  uint64_t corruptions = 0;  // files removed whose size, header or tags failed (damaged, or forged)
+  uint64_t skipped = 0;      // entries a scan passed over: links, wrong types, sizes or tags
   uint64_t evictions = 0, evicted_bytes = 0, stale_files_removed = 0;
   uint64_t pins_spared = 0;    // victims passed over: pinned when the evictor's pass began
   uint64_t pins_restored = 0;  // victims put back: pinned while the pass had them aside
@@ -95,7 +107,7 @@ inline constexpr std::pair<const char*, uint64_t SharedTierStats::*> kSharedTier
     {"pins_restored", &SharedTierStats::pins_restored},   {"stale_files_removed", &SharedTierStats::stale_files_removed},
     {"pins_spared", &SharedTierStats::pins_spared},
     {"write_ns", &SharedTierStats::write_ns},             {"read_ns", &SharedTierStats::read_ns},
-    {"blocks", &SharedTierStats::blocks},
+    {"blocks", &SharedTierStats::blocks},                 {"skipped", &SharedTierStats::skipped},
 };
 
 class SharedTier {
@@ -103,42 +115,44 @@ class SharedTier {
   // How long a read waits for a block this host pinned to come back from an evictor's aside.
   static constexpr std::chrono::milliseconds kPinnedReadWait{2000};
 
+  // kInvalidArgument without the secret or with bad sizes; kFailedPrecondition when an entry of
+  // the tier's own tree is a link or a file where a directory belongs.
   static Result<std::unique_ptr<SharedTier>> Open(const SharedTierOptions& options);
   ~SharedTier();  // stops the evictor; removes this instance's pin markers
   SharedTier(const SharedTier&) = delete;
   SharedTier& operator=(const SharedTier&) = delete;
 
   // Publishes a block. `src` is page-aligned and readable for AlignUp(length, 4096) bytes.
-  // OK when the block is on the tier (written here, or found there already).
-  // kResourceExhausted when the filesystem (or the tier's capacity) cannot hold it: nothing is
-  // left behind. Thread-safe.
+  // OK when the block is on the tier (written here, or a file whose header verifies found
+  // there already; a file that does not verify is replaced). kResourceExhausted when the
+  // filesystem (or the tier's capacity) cannot hold it: nothing is left behind. Thread-safe.
   Status Write(const BlockKey& key, const std::byte* src, uint64_t length);
   // Reads and verifies a block into `dst` (page-aligned, `capacity` bytes, at least the
   // block's length rounded up to 4096); returns its length. kNotFound if absent, kDataLoss if
-  // the file is damaged (then removed), kInvalidArgument if the block is larger than capacity.
-  // A block pinned here and absent is waited for: an evictor has it aside and puts it back.
+  // the file is damaged or forged (then removed), kInvalidArgument if the block is larger than
+  // capacity. A block pinned here and absent is waited for: an evictor has it aside.
   Result<uint64_t> Read(const BlockKey& key, std::byte* dst, uint64_t capacity);
+  // Whether the tier holds the block: a regular file whose header verifies (its payload is
+  // verified at the read). Asked of the file server by an open, which NFS and FUSE revalidate
+  // (a stat may answer from an attribute cache for seconds after another host removed it).
   bool Exists(const BlockKey& key);
-  // Exists, asked of the file server: an open, which NFS and FUSE filesystems revalidate (a
-  // stat may answer from an attribute cache for seconds after another host removed the file).
-  bool Holds(const BlockKey& key);
   // Keeps a block from every host's evictor until Release. kNotFound if it is not on the tier.
   // Pins are counted per key in this process; one marker file per key and instance.
   Status Pin(const BlockKey& key);
   void Release(const BlockKey& key);
 
-  // A block's record: written once (a record already there is kept; records, like blocks,
-  // are content-addressed), before or after the block itself; one whose block never appears
-  // is removed after pin_ttl, by a pass over its directory (one of 256 a pass).
+  // A block's record: written once (a record already there and verifying is kept; records,
+  // like blocks, are content-addressed), before or after the block itself; one whose block
+  // never appears is removed after pin_ttl, by a pass over its directory (one of 256 a pass).
   // kInvalidArgument if empty or over kMaxRecordBytes.
   Status Describe(const BlockKey& key, std::span<const std::byte> record);
-  // The record of a block, verified; empty if there is none (or it was damaged: then removed).
+  // The record of a block, verified; empty if there is none (or it failed: then removed).
   std::string Record(const BlockKey& key);
-  // This layout's blocks as of the last scan, most recently read first, at most `max`.
+  // This layout's verified blocks as of the last scan, most recently read first, at most `max`.
   std::vector<BlockKey> Catalog(size_t max) const;
 
-  // One pass now (eviction over every layout on the filesystem, and this layout's catalog);
-  // returns the files evicted. The evictor thread runs the same pass every evict_interval.
+  // One pass now (eviction over every layout of the pool, and this layout's catalog); returns
+  // the files evicted. The evictor thread runs the same pass every evict_interval.
   Result<uint64_t> EvictOnce();
 
   SharedTierStats Stats() const;
@@ -147,19 +161,32 @@ class SharedTier {
   uint64_t block_bytes() const { return block_bytes_; }
 
  private:
-  SharedTier() = default;
-  std::string BlockPath(const BlockKey& key) const;
-  std::string PinPath(const BlockKey& key) const;
-  std::string RecordPath(const BlockKey& key) const;
+  struct Files;  // the keys and the directories opened once (store/shared_files.h)
+  struct Scan;   // what one pass found (shared_evict.cc)
+  struct FileId {  // a file as a header check saw it; any change means check again
+    uint64_t ino, size;
+    int64_t mtime_ns, ctime_ns;
+    bool operator==(const FileId&) const = default;
+  };
+  SharedTier();
   Status Refuse(uint64_t file_bytes);
-  void Remove(const BlockKey& key, const std::string& path, uint64_t ino, const std::string& why);
+  void Remove(const BlockKey& key, uint64_t ino, const std::string& why);
   void Damaged(const std::string& why);  // counted, logged at the 1st, 2nd, 4th, ...
+  void Skipped(const std::string& path, const std::string& why);  // counted; logged once a path
+  // Whether the open regular file `fd` (seen as `id`) holds `key`'s block: its header verifies.
+  // Cached by FileId, so a scan or lookup reads a header page once per file.
+  bool HeaderVerifies(const BlockKey& key, int fd, const FileId& id);
+  bool Verified(const BlockKey& key, const FileId& id) const;
   void Changed(const BlockKey& key) const {
     if (options_.on_changed) options_.on_changed(key);
   }
   void EvictLoop(const std::stop_token& stop);
   void RefreshPins();
   bool PinnedHere(const BlockKey& key) const;
+  std::string PinName(const BlockKey& key) const;
+  // The pass, in three steps: what is there, what to take, and taking it.
+  Scan ScanPool(int64_t now_s, int64_t ttl_s);
+  uint64_t Excess(uint64_t used) const;
   template <typename T>
   void Count(T SharedTierStats::* field, T by = 1) {
     std::lock_guard lock(mu_);
@@ -167,18 +194,19 @@ class SharedTier {
   }
 
   SharedTierOptions options_;
-  std::string top_;   // <dir>/tpusync-shared-v1: every layout's directory, for the evictor
-  std::string root_;  // top_/<fingerprint>
+  std::unique_ptr<Files> files_;
+  std::string root_;      // this layout's directory, for messages and tests
   std::string instance_;  // names this process's temporary files and pin markers
-  uint64_t fingerprint_ = 0;
   uint64_t block_bytes_ = 0;
   uint64_t capacity_ = 0;
   bool direct_io_ = false;
   std::atomic<uint64_t> temp_seq_{0};
 
+  std::mutex pin_mu_;  // one Pin at a time: creating a marker and finding the block are one step
   mutable std::mutex mu_;
   SharedTierStats stats_;                                              // guarded by mu_
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> pins_;          // guarded by mu_
+  std::unordered_set<std::string> skipped_;                            // guarded by mu_: logged once each
   std::vector<BlockKey> catalog_;  // guarded by mu_: the last scan's blocks, most recently read first
   std::mutex scan_mu_;             // one pass at a time: each diffs against the one before
   bool scanned_ = false;           // guarded by scan_mu_

@@ -2,10 +2,6 @@
 
 #include <sys/stat.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +9,7 @@
 #include <sstream>
 
 #include "base/checksum.h"
+#include "base/mac.h"
 
 namespace tpusync::net {
 namespace {
@@ -21,26 +18,14 @@ constexpr uint64_t kChunk = 256 << 10;  // checksum and send/receive in cache-si
 
 // HMAC-SHA256(secret, label || transcript): the proofs and the session keys.
 Result<std::vector<std::byte>> Mac(const Secret& secret, std::string_view label, std::span<const std::byte> transcript) {
-  std::vector<std::byte> msg;
-  msg.insert(msg.end(), reinterpret_cast<const std::byte*>(label.data()),
-             reinterpret_cast<const std::byte*>(label.data()) + label.size());
-  msg.insert(msg.end(), transcript.begin(), transcript.end());
-  std::vector<std::byte> out(kMacBytes);
-  size_t out_len = 0;
-  if (EVP_Q_mac(nullptr, "HMAC", nullptr, "SHA256", nullptr, secret.bytes().data(), secret.bytes().size(),
-                reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
-                reinterpret_cast<unsigned char*>(out.data()), out.size(), &out_len) == nullptr ||
-      out_len != kMacBytes) {
-    return Internal("HMAC-SHA256 failed");
-  }
-  return out;
+  TPUSYNC_ASSIGN_OR_RETURN(MacKey mac, HmacSha256(std::as_bytes(std::span(secret.bytes())), label, transcript));
+  static_assert(kMacBytes == kMacKeyBytes);
+  return std::vector<std::byte>(mac.begin(), mac.end());
 }
 
 Result<std::vector<std::byte>> Nonce() {
   std::vector<std::byte> n(kNonceBytes);
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
-    return Internal("RAND_bytes failed: no nonce for the handshake");
-  }
+  TPUSYNC_RETURN_IF_ERROR(RandomBytes(n));
   return n;
 }
 
@@ -94,10 +79,6 @@ std::vector<std::byte> Transcript(std::span<const std::byte> hello, std::span<co
   std::vector<std::byte> t(hello.begin(), hello.end());
   t.insert(t.end(), challenge.begin(), challenge.end());
   return t;
-}
-
-bool SameMac(std::span<const std::byte> a, std::span<const std::byte> b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace
@@ -325,7 +306,7 @@ Status ServerHandshake(FramedConn& c, const Secret& secret, const HandshakeOptio
   const std::vector<std::byte> transcript = Transcript(hello.body, challenge);
   TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d, kMacBytes));
   TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 client proof", transcript));
-  if (!SameMac(auth.body, want)) {
+  if (!ConstantTimeEqual(auth.body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
   }
   if (admit) TPUSYNC_RETURN_IF_ERROR(admit());
@@ -357,7 +338,7 @@ Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, const Hand
     return ok.status();
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 server proof", transcript));
-  if (!SameMac(ok->body, want)) {
+  if (!ConstantTimeEqual(ok->body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the server does not hold this pool's secret");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto session, SessionFor(secret, transcript, true, encrypt));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "net/socket.h"
 
@@ -30,6 +31,22 @@ Result<std::vector<std::string>> Resolve(const std::string& host) {
     }
   }
   return out;
+}
+
+// `host` in its canonical numeric form when it is an IPv4 or IPv6 literal; nullopt for a name
+// (AI_NUMERICHOST: no lookup is made).
+std::optional<std::string> NumericAddress(const std::string& host) {
+  struct addrinfo hints {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_flags = AI_NUMERICHOST;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return std::nullopt;
+  std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> owned(res, &::freeaddrinfo);
+  char buf[NI_MAXHOST] = {};
+  if (::getnameinfo(res->ai_addr, res->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0) {
+    return std::nullopt;
+  }
+  return std::string(buf);
 }
 
 std::string Join(const std::string& ip, uint16_t port) {
@@ -64,17 +81,37 @@ Result<PoolMembers> PoolMembers::Configured(const std::vector<std::string>& peer
 
 Result<std::string> PoolMembers::Admit(const std::string& peer) const {
   TPUSYNC_ASSIGN_OR_RETURN(auto hp, SplitHostPort(peer));
-  TPUSYNC_ASSIGN_OR_RETURN(std::vector<std::string> ips, Resolve(hp.first));
-  if (ips.empty()) return Status(StatusCode::kUnavailable, "resolve " + hp.first + ": no address");
-  const std::string& ip = ips.front();  // the one address dialled
-  if (anyone_) return Join(ip, hp.second);
-  for (const Entry& e : entries_) {
-    if (e.port != 0 && e.port != hp.second) continue;
-    Result<std::vector<std::string>> member = Resolve(e.host);
-    if (member.ok() && std::find(member->begin(), member->end(), ip) != member->end()) return Join(ip, hp.second);
+  const auto& [host, port] = hp;
+  if (anyone_) {  // the caller chose the peer itself: any name resolves
+    TPUSYNC_ASSIGN_OR_RETURN(std::vector<std::string> ips, Resolve(host));
+    if (ips.empty()) return Status(StatusCode::kUnavailable, "resolve " + host + ": no address");
+    return Join(ips.front(), port);
   }
-  return FailedPrecondition("peer " + peer + " is not a member of this pool (" + described_ +
-                            "); a sidecar dials only its pool's members");
+  auto refuse = [&](const std::string& why) {
+    return FailedPrecondition("peer " + peer + " is not a member of this pool (" + described_ + ")" + why +
+                              "; a sidecar dials only its pool's members");
+  };
+  // A peer a request names is checked as written, before anything is resolved: a numeric
+  // address, or a name configured here. A name the request chose is never looked up (no DNS
+  // query per request, no resolver a client can steer).
+  const std::optional<std::string> literal = NumericAddress(host);
+  if (!literal) {
+    for (const Entry& e : entries_) {
+      if (e.host != host || (e.port != 0 && e.port != port)) continue;
+      TPUSYNC_ASSIGN_OR_RETURN(std::vector<std::string> ips, Resolve(host));
+      if (ips.empty()) return Status(StatusCode::kUnavailable, "resolve " + host + ": no address");
+      return Join(ips.front(), port);
+    }
+    return refuse(": a name is admitted only as configured, anything else as a numeric address");
+  }
+  for (const Entry& e : entries_) {
+    if (e.port != 0 && e.port != port) continue;
+    Result<std::vector<std::string>> member = Resolve(e.host);  // configured names only
+    if (member.ok() && std::find(member->begin(), member->end(), *literal) != member->end()) {
+      return Join(*literal, port);
+    }
+  }
+  return refuse("");
 }
 
 }  // namespace tpusync::net

@@ -23,7 +23,9 @@ class PoolMembers {
 
   // The numeric "address:port" to dial for `peer` when it is a member, resolved once and
   // checked, so the address checked is the address dialled (a name that resolves elsewhere
-  // later changes nothing). kFailedPrecondition otherwise, naming the peer.
+  // later changes nothing). `peer` must be a numeric address of a member, or a name exactly as
+  // configured: a name it brings is never resolved (requests choose peers, so a lookup per
+  // request would be theirs to steer). kFailedPrecondition otherwise, naming the peer.
   Result<std::string> Admit(const std::string& peer) const;
 
  private:

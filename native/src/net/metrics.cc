@@ -125,8 +125,13 @@ std::string Metrics::Render(const StoreStats& s) const {
     counter("tpusync_shared_read_bytes_total", "Bytes read from the shared tier.", static_cast<double>(sh.bytes_read));
     counter("tpusync_shared_written_bytes_total", "Bytes written to the shared tier.", static_cast<double>(sh.bytes_written));
     counter("tpusync_shared_evictions_total", "Shared-tier files this host's evictor deleted.", static_cast<double>(sh.evictions));
-    counter("tpusync_shared_corrupt_files_total", "Shared-tier files that failed verification (removed).",
+    counter("tpusync_shared_corrupt_files_total",
+            "Shared-tier files that failed verification (removed): damaged, or written without the pool's secret.",
             static_cast<double>(sh.corruptions));
+    counter("tpusync_shared_skipped_total",
+            "Entries of the shared directory that scans and reads passed over: links (never followed), other "
+            "types, sizes or headers that do not verify.",
+            static_cast<double>(sh.skipped));
     counter("tpusync_shared_refused_total", "Shared-tier writes refused: the tier or its filesystem was full.",
             static_cast<double>(sh.refused_full));
     counter("tpusync_shared_errors_total", "Shared-tier reads and writes that failed.",

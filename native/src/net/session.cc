@@ -1,29 +1,11 @@
 #include "net/session.h"
 
 #include <intel-ipsec-mb.h>
-#include <openssl/crypto.h>
 
+#include "base/mac.h"
 #include "tpusync/net/frame.h"
 
 namespace tpusync::net {
-namespace {
-
-// One manager for the process: it only dispatches to the AES-GCM code this CPU runs best (VAES
-// and VPCLMULQDQ on AVX-512 where present), and the direct GCM calls keep all their state in
-// the key and context they are given, so every thread may use it.
-const IMB_MGR* Mgr() {
-  static IMB_MGR* const mgr = [] {
-    IMB_MGR* m = alloc_mb_mgr(0);
-    if (m != nullptr) {
-      IMB_ARCH arch;
-      init_mb_mgr_auto(m, &arch);
-    }
-    return m;
-  }();
-  return mgr;
-}
-
-}  // namespace
 
 struct SessionCipher::Direction {
   alignas(64) gcm_key_data key;
@@ -34,16 +16,16 @@ struct SessionCipher::Direction {
 
 SessionCipher::SessionCipher(const SessionKey& send_key, const SessionKey& recv_key, bool encrypt)
     : send_(std::make_unique<Direction>()), recv_(std::make_unique<Direction>()), encrypt_(encrypt) {
-  if (const IMB_MGR* m = Mgr(); m != nullptr) {
-    IMB_AES256_GCM_PRE(const_cast<IMB_MGR*>(m), send_key.data(), &send_->key);
-    IMB_AES256_GCM_PRE(const_cast<IMB_MGR*>(m), recv_key.data(), &recv_->key);
+  if (IMB_MGR* m = IpsecManager(); m != nullptr) {
+    IMB_AES256_GCM_PRE(m, send_key.data(), &send_->key);
+    IMB_AES256_GCM_PRE(m, recv_key.data(), &recv_->key);
   }
 }
 
 SessionCipher::~SessionCipher() = default;
 
 Status SessionCipher::Begin(Direction& dir, std::span<const std::byte> header) {
-  IMB_MGR* m = const_cast<IMB_MGR*>(Mgr());
+  IMB_MGR* m = IpsecManager();
   if (m == nullptr) return Internal("intel-ipsec-mb: no multi-buffer manager");
   if (dir.seq == UINT64_MAX) return FailedPrecondition("session exhausted its frame counter; reconnect");
   // 96-bit nonce: four zero bytes, then the frame's sequence number, little-endian.
@@ -66,7 +48,7 @@ Status SessionCipher::BeginOpen(std::span<const std::byte> header) { return Begi
 
 Status SessionCipher::SealPart(const std::byte* in, std::byte* out, size_t n) {
   if (!send_->open) return FailedPrecondition("SealPart outside a frame");
-  IMB_MGR* m = const_cast<IMB_MGR*>(Mgr());
+  IMB_MGR* m = IpsecManager();
   const auto* src = reinterpret_cast<const uint8_t*>(in);
   if (encrypt_) {
     IMB_AES256_GCM_ENC_UPDATE(m, &send_->key, &send_->ctx, reinterpret_cast<uint8_t*>(out), src, n);
@@ -78,7 +60,7 @@ Status SessionCipher::SealPart(const std::byte* in, std::byte* out, size_t n) {
 
 Status SessionCipher::OpenPart(std::byte* data, size_t n) {
   if (!recv_->open) return FailedPrecondition("OpenPart outside a frame");
-  IMB_MGR* m = const_cast<IMB_MGR*>(Mgr());
+  IMB_MGR* m = IpsecManager();
   auto* p = reinterpret_cast<uint8_t*>(data);
   if (encrypt_) {
     IMB_AES256_GCM_DEC_UPDATE(m, &recv_->key, &recv_->ctx, p, p, n);  // in place
@@ -91,7 +73,7 @@ Status SessionCipher::OpenPart(std::byte* data, size_t n) {
 Status SessionCipher::EndSeal(std::byte tag[kTagBytes]) {
   if (!send_->open) return FailedPrecondition("EndSeal outside a frame");
   send_->open = false;
-  IMB_MGR* m = const_cast<IMB_MGR*>(Mgr());
+  IMB_MGR* m = IpsecManager();
   auto* t = reinterpret_cast<uint8_t*>(tag);
   if (encrypt_) {
     IMB_AES256_GCM_ENC_FINALIZE(m, &send_->key, &send_->ctx, t, kTagBytes);
@@ -104,14 +86,14 @@ Status SessionCipher::EndSeal(std::byte tag[kTagBytes]) {
 Status SessionCipher::EndOpen(const std::byte tag[kTagBytes]) {
   if (!recv_->open) return FailedPrecondition("EndOpen outside a frame");
   recv_->open = false;
-  IMB_MGR* m = const_cast<IMB_MGR*>(Mgr());
+  IMB_MGR* m = IpsecManager();
   uint8_t want[kTagBytes];
   if (encrypt_) {
     IMB_AES256_GCM_DEC_FINALIZE(m, &recv_->key, &recv_->ctx, want, kTagBytes);
   } else {
     IMB_AES256_GMAC_FINALIZE(m, &recv_->key, &recv_->ctx, want, kTagBytes);
   }
-  if (CRYPTO_memcmp(want, tag, kTagBytes) != 0) {
+  if (!ConstantTimeEqual(std::as_bytes(std::span(want)), {tag, kTagBytes})) {
     return BadFrame(
         "authentication tag mismatch (the frame was altered, replayed or injected into this session)");
   }

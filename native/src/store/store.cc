@@ -697,7 +697,7 @@ std::vector<Tier> StoreImpl::Where(std::span<const BlockKey> keys) {
     }
   }
   for (size_t i = 0; shared_ && i < keys.size(); ++i) {  // file system round trips: without the lock
-    if (tiers[i] == Tier::kNone && shared_->Holds(keys[i])) tiers[i] = Tier::kShared;
+    if (tiers[i] == Tier::kNone && shared_->Exists(keys[i])) tiers[i] = Tier::kShared;
   }
   return tiers;
 }

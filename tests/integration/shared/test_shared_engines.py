@@ -23,6 +23,7 @@ def test_a_prefix_from_the_shared_tier_on_a_fresh_host_decodes_as_recompute(tmp_
     secret = tmp_path / "secret"
     write_secret(secret, uuid.uuid4().hex * 2)
     shared = str(tmp_path / "shared")
+    os.makedirs(shared)
 
     pools: list[str] = []
 

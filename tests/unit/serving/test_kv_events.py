@@ -190,7 +190,7 @@ def test_every_engine_on_a_shared_tier_announces_what_another_host_stored(tmp_pa
     evictor), they are withdrawn."""
     block = 4096
     shared = {"block_bytes": block, "dram_bytes": 8 * block, "shared_dir": tmp_path, "shared_layout": "l",
-              "shared_scan_interval_s": 0.05}
+              "shared_scan_interval_s": 0.05, "secret": b"the pool's secret, 16+ bytes"}
     keys, tokens = [2001, 2002, 2003], list(range(6))
     want = {2001: (None, [0, 1]), 2002: (2001, [2, 3]), 2003: (2002, [4, 5])}
     stop = threading.Event()
@@ -214,7 +214,7 @@ def test_every_engine_on_a_shared_tier_announces_what_another_host_stored(tmp_pa
             with tpusync.KVStore.local(**shared) as c:
                 pub_c, _ = engine(c)
                 wait_for("c announces the catalog", lambda: _shared_stored(pub_c) == want, 30)
-                for f in tmp_path.glob("tpusync-shared-v1/*/??/*"):
+                for f in tmp_path.glob("tpusync-shared-v2/*/*/??/*"):
                     f.unlink()
                 wait_for("b withdraws them", lambda: _shared_stored(pub_b) == {}, 30)
                 wait_for("c withdraws them", lambda: _shared_stored(pub_c) == {}, 30)
