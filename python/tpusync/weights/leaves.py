@@ -39,12 +39,9 @@ def leaf_in_place(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
 
 def leaf_bytes(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
     """The whole leaf's bytes in a buffer of its own (C order, 64-byte aligned, so a CPU device
-    can alias it), its shards put in place. Raises VersionGoneError when a block is missing."""
-    covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in entry.shards)
-    total = int(np.prod(entry.shape, dtype=np.int64))
-    if covered != total:
-        raise errors.PreconditionError(f"leaf {entry.name!r}: the published shards cover {covered} of "
-                                       f"{total} elements (every trainer host must publish)")
+    can alias it), its shards put in place: the buffer starts uninitialised, so the entry must
+    come from a checked manifest (storage.read_manifest: shards that tile the leaf). Raises
+    VersionGoneError when a block is missing."""
     size = itemsize(entry.dtype)
     out = aligned_empty(entry.nbytes)
     if len(entry.shards) == 1:

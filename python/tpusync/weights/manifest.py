@@ -16,6 +16,12 @@ shards, with a part manifest and a part commit record keyed by (index, count). A
 that has landed every part merges the part manifests (`merge_parts`, which checks that the
 shards cover every leaf) into the version's manifest, and only then writes the commit
 record: samplers see whole versions only.
+
+Every manifest is checked before it is used (`check_manifest`, where one is read or written,
+and after a merge): each leaf's shards must tile it exactly (inside the leaf, no two
+overlapping, covering it; a part only the first two), and each shard's blocks must hold
+exactly its bytes. A sampler fills a leaf shard by shard into an uninitialised buffer, so a
+manifest that is not a tiling would leave part of a leaf as whatever memory held before.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpusync import errors
-from tpusync.weights.tensors import itemsize
+from tpusync.weights.tensors import DTYPES, itemsize
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ def merge_parts(parts: Sequence[Manifest]) -> Manifest:
     """The manifest of a whole version from its trainer parts (one per process, any order).
 
     Shards are united by their index (a shard two parts both hold must be the same blocks);
-    every leaf must then be covered exactly, or the version is incomplete and refused."""
+    the shards must then tile every leaf: overlapping parts are refused as corrupt, a leaf
+    not covered as incomplete (a part is missing)."""
     first = parts[0]
     for m in parts[1:]:
         if (m.model, m.version, m.block_bytes, m.checksum, m.treedef) != \
@@ -122,14 +129,79 @@ def merge_parts(parts: Sequence[Manifest]) -> Manifest:
                 if shards.setdefault(shard.index, shard).blocks != shard.blocks:
                     raise errors.CorruptionError(f"two parts hold different data for shard {shard.index} "
                                                  f"of leaf {leaf.name!r}")
+        problem = tiling_problem(leaf.shape, list(shards), whole=False)
+        if problem is not None:
+            raise errors.CorruptionError(f"the parts of {first.model!r} version {first.version} do not tile leaf "
+                                         f"{leaf.name!r}: {problem}")
         covered = sum(int(np.prod(s.shape, dtype=np.int64)) for s in shards.values())
         if covered != int(np.prod(leaf.shape, dtype=np.int64)):
             raise errors.PreconditionError(f"the parts cover {covered} of {int(np.prod(leaf.shape))} elements of "
                                            f"leaf {leaf.name!r}: a trainer process's part is missing")
         leaves.append(LeafEntry(leaf.name, leaf.shape, leaf.dtype, leaf.sharding,
                                 tuple(shards[i] for i in sorted(shards))))
-    return Manifest(first.model, first.version, first.block_bytes, first.blocks_per_chunk, first.checksum,
-                    tuple(leaves), first.treedef)
+    whole = Manifest(first.model, first.version, first.block_bytes, first.blocks_per_chunk, first.checksum,
+                     tuple(leaves), first.treedef)
+    check_manifest(whole)
+    return whole
+
+
+Index = tuple[tuple[int, int], ...]
+
+
+def tiling_problem(shape: tuple[int, ...], indexes: Sequence[Index], *, whole: bool = True) -> str | None:
+    """What keeps the shards at `indexes` ([start, stop) per dimension) from tiling a leaf of
+    `shape` exactly: a shard outside the leaf or empty, two shards overlapping, or (`whole`)
+    elements no shard covers. None when they tile it (a part's shards: lie in it, disjoint)."""
+    for index in indexes:
+        if len(index) != len(shape) or any(not 0 <= a < b <= n for (a, b), n in zip(index, shape)):
+            return f"shard {_show(index)} is empty or outside the leaf's shape {shape}"
+    if len(indexes) > 1:
+        lo = np.array([[a for a, _ in i] for i in indexes], np.int64)
+        hi = np.array([[b for _, b in i] for i in indexes], np.int64)
+        for start in range(0, len(indexes), _ROWS):  # rows at a time: memory bounded by _ROWS * shards
+            rows = slice(start, start + _ROWS)
+            meet: np.ndarray = np.all((lo[rows, None] < hi[None]) & (lo[None] < hi[rows, None]), axis=2)
+            np.fill_diagonal(meet[:, start:], False)
+            if meet.any():
+                i, j = np.argwhere(meet)[0]
+                return f"shards {_show(indexes[start + i])} and {_show(indexes[j])} overlap"
+    covered = sum(int(np.prod([b - a for a, b in i], dtype=np.int64)) for i in indexes)
+    total = int(np.prod(shape, dtype=np.int64))
+    if whole and covered != total:  # disjoint shards inside the leaf: equal counts mean covering
+        return f"the shards cover {covered} of its {total} elements"
+    return None
+
+
+def check_manifest(manifest: Manifest, *, whole: bool = True) -> None:
+    """Raises CorruptionError, naming the leaf and the shards, unless every leaf's shards tile
+    it (`tiling_problem`; a part's need not cover it) and every shard's blocks hold exactly its
+    bytes, each block 1 to block_bytes long. Nothing of such a version may reach a sampler."""
+    where = f"version {manifest.version} of {manifest.model!r}" + ("" if whole else " (a part)")
+    seen: set[str] = set()
+    for leaf in manifest.leaves:
+        if leaf.name in seen:
+            raise errors.CorruptionError(f"leaf {leaf.name!r} appears twice in {where}")
+        seen.add(leaf.name)
+        if leaf.dtype not in DTYPES or any(n < 0 for n in leaf.shape):
+            raise errors.CorruptionError(f"leaf {leaf.name!r} of {where}: shape {leaf.shape} of {leaf.dtype!r} "
+                                         "is no array tpusync publishes")
+        problem = tiling_problem(leaf.shape, [s.index for s in leaf.shards], whole=whole)
+        if problem is not None:
+            raise errors.CorruptionError(f"leaf {leaf.name!r} of {where}: {problem}")
+        for shard in leaf.shards:
+            need = int(np.prod(shard.shape, dtype=np.int64)) * itemsize(leaf.dtype)
+            held = sum(b.length for b in shard.blocks)
+            if held != need or any(not 0 < b.length <= manifest.block_bytes for b in shard.blocks):
+                raise errors.CorruptionError(
+                    f"leaf {leaf.name!r} of {where}: the blocks of shard {_show(shard.index)} hold {held} bytes "
+                    f"in {len(shard.blocks)} blocks of at most {manifest.block_bytes}; it needs {need}")
+
+
+_ROWS = 256
+
+
+def _show(index: Index) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in index) + "]"
 
 
 def source_chunks(held: dict[str, Manifest], per: int) -> dict[str, list[list[BlockRef]]]:

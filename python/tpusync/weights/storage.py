@@ -15,11 +15,13 @@ from tpusync.weights.checksums import checksum_with
 from tpusync.weights.codec import decode_commit, decode_manifest, encode_commit, manifest_blocks
 from tpusync.weights.head import advance_head, read_part_head
 from tpusync.weights.keys import Part, commit_key, ref_key
-from tpusync.weights.manifest import BlockRef, CommitRecord, Manifest
+from tpusync.weights.manifest import BlockRef, CommitRecord, Manifest, check_manifest
 
 
 def write_manifest(store: Any, manifest: Manifest, part: Part | None = None) -> CommitRecord:
-    """Stores the manifest parts, then the commit record (the version's or the part's commit point)."""
+    """Stores the manifest parts, then the commit record (the version's or the part's commit point).
+    A manifest whose shards do not tile its leaves is refused (CorruptionError) before anything is stored."""
+    check_manifest(manifest, whole=part is None)
     record, parts = manifest_blocks(manifest)
     empty = [k for k, p in parts if not p]
     if empty:
@@ -48,7 +50,10 @@ def read_commit(store: Any, model: str, version: int, part: Part | None = None, 
 def read_manifest(store: Any, model: str, version: int, part: Part | None = None, *,
                   record: CommitRecord | None = None) -> Manifest | None:
     """The committed manifest of a version (or of one part) in this store, or None if it is
-    not committed here; with `record`, the manifest that record names."""
+    not committed here; with `record`, the manifest that record names. Every manifest a host
+    uses comes through here: one whose shards do not tile its leaves (or a part's, that lie
+    outside them or overlap) raises CorruptionError naming the leaf and the shards, so the
+    version is refused and a sampler stays on the version it has."""
     record = record or read_commit(store, model, version, part)
     if record is None:
         return None
@@ -64,6 +69,7 @@ def read_manifest(store: Any, model: str, version: int, part: Part | None = None
     manifest = decode_manifest(data)
     if manifest.model != model or manifest.version != version:
         raise errors.CorruptionError(f"manifest names {manifest.model!r} v{manifest.version}, not {model!r} v{version}")
+    check_manifest(manifest, whole=part is None)
     return manifest
 
 

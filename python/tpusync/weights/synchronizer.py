@@ -31,7 +31,7 @@ from tpusync.weights.head import read_head
 from tpusync.weights.inplace import await_version
 from tpusync.weights.keys import commit_key, weight_key
 from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
-from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry
+from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry, tiling_problem
 from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
 from tpusync.weights.tensors import HostLeaf, as_torch, dtype_name, host_leaf, is_state_dict, iter_leaves, numpy_dtype
 
@@ -98,8 +98,7 @@ class VersionedWeights:
             raise errors.PreconditionError(f"version {version} of {self.model!r} is already committed")
         start = time.perf_counter()
         leaves = self.d2h(params)
-        if part is None:
-            _check_whole(leaves)
+        _check_tiling(leaves, whole=part is None)
         treedef = "" if state_dict else _treedef(params)
         bb = self.store.block_bytes
         total = sum(-(-s.data.nbytes // bb) or 1 for leaf in leaves for s in leaf.shards)
@@ -371,14 +370,14 @@ class VersionedWeights:
         self.close()
 
 
-def _check_whole(leaves: list[HostLeaf]) -> None:
-    """A whole version (not a trainer's part) must hold every element of every leaf."""
+def _check_tiling(leaves: list[HostLeaf], *, whole: bool) -> None:
+    """The shards given must tile every leaf (`manifest.tiling_problem`): inside it, disjoint,
+    and for a whole version (not a trainer's part) covering it."""
     for leaf in leaves:
-        covered = sum(int(np.prod([b - a for a, b in s.index], dtype=np.int64)) for s in leaf.shards)
-        total = int(np.prod(leaf.shape, dtype=np.int64))
-        if covered != total:
-            raise errors.InvalidArgumentError(f"leaf {leaf.name!r}: the shards given cover {covered} of its {total} "
-                                              "elements (a trainer's part is published with part=(index, count))")
+        problem = tiling_problem(leaf.shape, [s.index for s in leaf.shards], whole=whole)
+        if problem is not None:
+            hint = " (a trainer's part is published with part=(index, count))" if whole else ""
+            raise errors.InvalidArgumentError(f"leaf {leaf.name!r}: {problem}{hint}")
 
 
 def _tree_structure(tree: Any) -> Any:
