@@ -58,7 +58,8 @@ class Kube(Protocol):
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None: ...
     async def list(self, api_version: str, kind: str, namespace: str | None,
                    selector: dict[str, str]) -> list[dict[str, Any]]: ...
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str,
+                     uid: str | None = None) -> bool: ...
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                            status: dict[str, Any]) -> None: ...
     async def served_kinds(self, kinds: dict[str, tuple[str, str]]) -> set[str]: ...
@@ -112,6 +113,8 @@ class ApiKube:
         return json.loads(data) if data else None
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply, forced. A metadata.uid in obj is a precondition: the API server
+        refuses the patch when the object is absent (409) or another (422: uid is immutable)."""
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         applied: dict[str, Any] = await self._call("PATCH", url, body=obj, content_type="application/apply-patch+yaml",
@@ -144,10 +147,14 @@ class ApiKube:
         result = await self._call("GET", path(api_version, kind, namespace), query=query)
         return list(result.get("items", []))
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str,
+                     uid: str | None = None) -> bool:
+        """False when absent. `uid`: delete only that object (a precondition; 409 if replaced)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            await self._call("DELETE", path(api_version, kind, namespace, name),
-                             body={"propagationPolicy": "Background"})
+            await self._call("DELETE", path(api_version, kind, namespace, name), body=body)
         except KubeError as e:
             if e.status == 404:
                 return False

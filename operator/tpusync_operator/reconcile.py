@@ -3,11 +3,11 @@ its record (`Pass`: events, issues, failed requests, when to come back) and its 
 status write (`finish`).
 
 Every pass (create, update, resume, timer) does: parse -> plan -> act on the cloud (GKE) ->
-server-side apply children, delete stale ones -> observe -> write status once -> emit events
--> raise TemporaryError if it should come back sooner than the timer. It is idempotent:
-running it twice changes nothing the second time. The passes: reconcile_pool.py
-(TPUSyncPool; its GKE node pools in nodepools.py) and reconcile_serving.py
-(DisaggregatedServing).
+server-side apply children, delete stale ones (touching only what it owns: apply_all) ->
+observe -> write status once -> emit events -> raise TemporaryError if it should come back
+sooner than the timer. It is idempotent: running it twice changes nothing the second time.
+The passes: reconcile_pool.py (TPUSyncPool; its GKE node pools in nodepools.py) and
+reconcile_serving.py (DisaggregatedServing).
 
 A request to the Kubernetes API that fails (a 5xx, a timeout, a refusal) stops the pass where
 it is: what it did not observe is not "nothing there". Its status then keeps every value
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from .builders.common import Owner
 from .gke import GKEClient
 from .kube import Kube, KubeError
+from .ownership import Conflict, conflict, owned
 from .planner import Child, Ref
 from .status import API_ERROR, REJECTED, Clock, Cond, merge_conditions, transitions, utc_now
 
@@ -65,8 +66,9 @@ class Pass:
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
 
-    def issue(self, reason: str, message: str, retry: float | None = None) -> None:
-        self.issues.append(Cond("Degraded", True, reason, message))
+    def issue(self, reason: str, message: str, retry: float | None = None, *, first: bool = False) -> None:
+        """A cause of Degraded; the first one names its reason (`first`: this one)."""
+        self.issues.insert(0 if first else len(self.issues), Cond("Degraded", True, reason, message))
         if retry is not None:
             self.again(retry, message)
 
@@ -136,12 +138,50 @@ def validation_message(e: ValidationError, root: str = "spec") -> str:
     return f"{root}.{loc}: {first['msg']}"
 
 
-async def apply_all(kube: Kube, namespace: str, apply: Sequence[Child], delete: Sequence[Ref]) -> None:
-    """Server-side applies the plan's children, then deletes the stale ones."""
-    for obj in apply:
-        await kube.apply(obj)
+@dataclass(frozen=True)
+class Written:
+    """What apply_all did: nothing, for the conflicts; or everything, creating `created`."""
+    conflicts: list[Conflict]
+    created: list[str]      # names of the `once` children created by this pass
+
+
+async def apply_all(kube: Kube, owner: Owner, apply: Sequence[Child], delete: Sequence[Ref],
+                    once: Sequence[Child] = ()) -> Written:
+    """Writes the plan's children, touching only what the owner owns (ownership.py). Each
+    wanted child is read first; if any of their names is held by an object the owner does not
+    own, nothing at all is written and the conflicts are returned. Otherwise the `once` children
+    (generated Secrets: re-applying would rotate a token under running pods) are created where
+    absent, the `apply` children server-side applied, and the stale ones (`delete`) deleted
+    where they exist and are the owner's; another's object at a stale name is left alone.
+
+    Each write of an object read carries the uid it had (a patch's metadata.uid, a delete's
+    preconditions): the API server refuses it (422 for a patch: metadata.uid is immutable; 409
+    for a delete) if the object was replaced in between; the pass is retried, and the next one
+    names the conflict. One window remains: a name free when read and taken by another's
+    object before the apply creates it is applied over (server-side apply has no create-only
+    mode; a POST would leave the fields to an Update manager the applies never prune)."""
+    wanted = [*once, *apply]
+    live = [await kube.get(o["apiVersion"], o["kind"], owner.namespace, o["metadata"]["name"]) for o in wanted]
+    conflicts = [c for obj in live if obj is not None and (c := conflict(owner, obj)) is not None]
+    if conflicts:
+        return Written(conflicts, [])
+    created = []
+    for obj, found in zip(once, live, strict=False):
+        if found is None and await kube.create(obj):
+            created.append(obj["metadata"]["name"])
+    for obj, found in zip(apply, live[len(once):], strict=True):
+        await kube.apply(_with_uid(obj, found))
     for ref in delete:
-        await kube.delete(ref.api_version, ref.kind, namespace, ref.name)
+        found = await kube.get(ref.api_version, ref.kind, owner.namespace, ref.name)
+        if found is not None and owned(owner, found):
+            await kube.delete(ref.api_version, ref.kind, owner.namespace, ref.name, uid=found["metadata"].get("uid"))
+    return Written([], created)
+
+
+def _with_uid(obj: Child, found: dict[str, Any] | None) -> Child:
+    """obj as a patch of exactly the object read (its uid: a precondition of the patch)."""
+    uid = (found or {}).get("metadata", {}).get("uid")
+    return {**obj, "metadata": {**obj["metadata"], "uid": uid}} if uid else obj
 
 
 def kept(old: dict[str, Any], *names: str) -> dict[str, Any]:

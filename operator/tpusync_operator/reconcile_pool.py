@@ -12,9 +12,11 @@ from .builders.pool import build_auth_secret
 from .kube import Kube, KubeError
 from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
 from .nodepools import reconcile_node_pools
+from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .planner import PlanError, plan_pool
 from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
 from .status import (
+    NAME_CONFLICT,
     Capacity,
     PoolObservation,
     held_conditions,
@@ -54,17 +56,26 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
 
     try:
         secret_name = names.pool_auth(owner.name, spec)
-        if spec.auth.secret_name:
+        once = []
+        if spec.auth.secret_name:    # the user's Secret: only read, never written
             if await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
                 p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
-        elif await kube.get("v1", "Secret", owner.namespace, secret_name) is None and \
-                await kube.create(build_auth_secret(owner, spec, deps.token())):
-            # Created once, never re-applied: re-applying would rotate the token under running pods.
+        else:   # generated: created once, never re-applied (that would rotate the token under running pods)
+            once = [build_auth_secret(owner, spec, deps.token())]
+        written = await apply_all(kube, owner, plan.apply, plan.delete, once)
+        if secret_name in written.created:
             p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
-        await apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        if written.conflicts:
+            message = conflict_message(owner, written.conflicts)
+            if any(c.kind == "Secret" and c.name == secret_name for c in written.conflicts):
+                message += f"; if Secret {secret_name} is meant as this pool's auth Secret, set spec.auth.secretName"
+            p.issue(NAME_CONFLICT, message, retry=CONFLICT_RETRY_SECONDS, first=True)
         nodes = await kube.list("v1", "Node", None, plan.node_selector) if plan.node_selector else []
         pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})
-        store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
+        if written.conflicts:     # the store's workload may be another's: not observed
+            store_ready, store_desired = 0, -1 if plan.store_replicas is None else plan.store_replicas
+        else:
+            store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
     except KubeError as e:
         p.request_failed(e)
         old = await stored_status(kube, p, owner)

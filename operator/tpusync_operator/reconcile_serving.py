@@ -13,6 +13,7 @@ from .builders.llmd import lockstep, serving_pod_labels
 from .builders.serving import PoolInfo
 from .kube import Kube, KubeError
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
+from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .planner import (
     OPTIONAL_KINDS,
     PlanError,
@@ -25,6 +26,7 @@ from .planner import (
 )
 from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
 from .status import (
+    NAME_CONFLICT,
     RevisionObservation,
     RoleObservation,
     ServingObservation,
@@ -48,10 +50,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     except ValidationError as e:
         await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, validation_message(e))
 
-    async def finish_blocked(reason: str, message: str, delay: float) -> dict[str, Any]:
-        p.issue(reason, message, retry=delay)
+    async def finish_blocked(reason: str, message: str, delay: float, pool_ready: bool = False) -> dict[str, Any]:
+        p.issue(reason, message, retry=delay, first=True)
         obs = ServingObservation(roles=[], routing_enabled=spec.routing.enabled, routing_ready=False,
-                                 pool_ready=False, issues=p.issues)
+                                 pool_ready=pool_ready, issues=p.issues)
         conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
         return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus,
                             {"observedGeneration": gen, "conditions": conds, "routingReady": False})
@@ -99,9 +101,17 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     epp_ready = False
     bootstrap_ready = spec.engine.type != "sglang-jax"
     try:
-        if spec.engine.type == "sglang-jax":
-            await _pd_secret(kube, p, owner, deps)
-        await apply_all(kube, owner.namespace, plan.apply, plan.delete)
+        # sglang-jax's P/D shared secret is created once, like a pool's auth Secret.
+        once = [sglang_pd.build_secret(owner, deps.token().hex())] if spec.engine.type == "sglang-jax" else []
+        written = await apply_all(kube, owner, plan.apply, plan.delete, once)
+    except KubeError as e:
+        return await finish_held(e)
+    if names.pd_secret(owner.name) in written.created:
+        p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {names.pd_secret(owner.name)}")
+    if written.conflicts:       # its workloads may be another's: nothing of them is observed
+        return await finish_blocked(NAME_CONFLICT, conflict_message(owner, written.conflicts), CONFLICT_RETRY_SECONDS,
+                                    pool_ready)
+    try:
         if lockstep(spec):
             if "DisaggregatedSet" not in plan.missing_kinds:
                 revisions = revisions_of(
@@ -146,14 +156,6 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
 async def _available(kube: Kube, namespace: str, deployment: str) -> bool:
     obj = await kube.get("apps/v1", "Deployment", namespace, deployment)
     return int(((obj or {}).get("status") or {}).get("availableReplicas", 0) or 0) > 0
-
-
-async def _pd_secret(kube: Kube, p: Pass, owner: Owner, deps: Deps) -> None:
-    """sglang-jax's P/D shared secret, created once (like a pool's auth Secret)."""
-    name = names.pd_secret(owner.name)
-    if await kube.get("v1", "Secret", owner.namespace, name) is None and \
-            await kube.create(sglang_pd.build_secret(owner, deps.token().hex())):
-        p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {name}")
 
 
 def _rollout(spec: DisaggregatedServingSpec, revisions: list[RevisionObservation]) -> dict[str, Any]:

@@ -67,6 +67,9 @@ GKE_API_ERROR = "GKEAPIError"   # GKE API: 5xx, 429, a timeout; retried soon
 # A GKE node pool of a wanted name exists without the operator's mark: never adopted, resized
 # or deleted (planner.node_pool_step).
 NODE_POOL_NOT_OWNED = "NodePoolNotOwned"
+# A child's name is held by an object the operator does not own (ownership.py): the pass
+# writes nothing until it is free.
+NAME_CONFLICT = "NameConflict"
 
 
 def held_conditions(old: list[dict[str, Any]] | None, causes: list[Cond], generation: int | None,
@@ -140,10 +143,13 @@ class PoolObservation:
 
 def pool_conditions(o: PoolObservation) -> list[Cond]:
     blocking = [i for i in o.issues if i.status]
-    # A node pool the operator will not touch makes no progress: Ready says why, first.
+    # What the operator will not touch (a node pool, an object at a child's name) makes no
+    # progress: Ready says why, first. A node pool not its own is not provisioning either.
     stalled = next((i for i in blocking if i.reason in _STALLS), None)
+    provisioning = o.mode == "gke" and not o.node_pool_ready and \
+        not any(i.reason == NODE_POOL_NOT_OWNED for i in blocking)
     progressing: list[str] = []
-    if o.mode == "gke" and not o.node_pool_ready and stalled is None:
+    if provisioning:
         progressing.append(o.node_pool_message or f"node pool is {o.node_pool_state}")
     if o.ready_hosts < o.min_ready_hosts:
         progressing.append(f"{o.ready_hosts}/{o.min_ready_hosts} hosts ready")
@@ -156,7 +162,7 @@ def pool_conditions(o: PoolObservation) -> list[Cond]:
     updating = [o.node_pool_updating] if o.node_pool_updating else []
     stable = f"{o.ready_hosts} hosts, {o.capacity.ready_sidecars} sidecars ready"
     if progressing:
-        reason = "NodePoolProvisioning" if o.mode == "gke" and not o.node_pool_ready and stalled is None \
+        reason = "NodePoolProvisioning" if provisioning \
             else "HostsNotReady" if o.ready_hosts < o.min_ready_hosts else "StoreNodesNotReady"
         prog = Cond("Progressing", True, reason, "; ".join(updating + progressing))
     elif updating:
@@ -175,7 +181,7 @@ def pool_conditions(o: PoolObservation) -> list[Cond]:
     return three(ready, prog, degraded)
 
 
-_STALLS = {NODE_POOL_NOT_OWNED}
+_STALLS = {NODE_POOL_NOT_OWNED, NAME_CONFLICT}
 _BLOCKS_READY = {"AuthSecretMissing", "NodePoolError", "NodePoolOperationFailed", "InvalidSpec", "GKEAuthFailed",
                  *_STALLS}
 

@@ -1,7 +1,8 @@
 {{/*
 RBAC rules: exactly what the operator's code and kopf use (docs/operator.md, "RBAC the
 operator needs"; tests/unit/chart/test_chart_rbac.py holds the same list). Server-side apply
-needs create (when it creates) and patch; prune needs delete.
+needs create (when it creates) and patch; prune needs delete; get: each child is read before it
+is written, which is only done where the object is the operator's own.
 */}}
 
 {{/* Cluster-scoped reads: kopf's CRD observation and API discovery, the pool's ready nodes
@@ -46,7 +47,7 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [create, patch]
 - apiGroups: [""]
   resources: [configmaps, services, serviceaccounts, persistentvolumeclaims]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
@@ -58,19 +59,19 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [disaggregatedset.x-k8s.io]
   resources: [disaggregatedsets]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, list, watch, create, patch, delete]
@@ -86,9 +87,9 @@ needs create (when it creates) and patch; prune needs delete.
   verbs: [get, create, update]
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- /* GKE Gateway's policies for an InferencePool (spec.routing.gkeGatewayPolicies). */}}
 - apiGroups: [networking.gke.io]
   resources: [healthcheckpolicies, gcpbackendpolicies]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end }}

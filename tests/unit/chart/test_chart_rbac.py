@@ -33,24 +33,25 @@ NAMESPACED = [
     rule(["tpusync.dev"], ["tpusyncpools/status", "disaggregatedservings/status"], ["patch"]),
     rule([""], ["events"], ["create", "patch"]),
     rule([""], ["configmaps", "services", "serviceaccounts", "persistentvolumeclaims"],
-         ["list", "watch", "create", "patch", "delete"]),
+         ["get", "list", "watch", "create", "patch", "delete"]),
     rule([""], ["secrets"], ["get", "create"]),
     rule([""], ["pods"], ["get", "list", "watch"]),
     rule(["apps"], ["deployments", "statefulsets", "daemonsets"],
          ["get", "list", "watch", "create", "patch", "delete"]),
-    rule(["networking.k8s.io"], ["networkpolicies"], ["list", "watch", "create", "patch", "delete"]),
-    rule(["policy"], ["poddisruptionbudgets"], ["list", "watch", "create", "patch", "delete"]),
-    rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["networking.k8s.io"], ["networkpolicies"], ["get", "list", "watch", "create", "patch", "delete"]),
+    rule(["policy"], ["poddisruptionbudgets"], ["get", "list", "watch", "create", "patch", "delete"]),
+    rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"],
+         ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["leaderworkerset.x-k8s.io"], ["leaderworkersets"], ["get", "list", "watch", "create", "patch", "delete"]),
-    rule(["disaggregatedset.x-k8s.io"], ["disaggregatedsets"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["disaggregatedset.x-k8s.io"], ["disaggregatedsets"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["inference.networking.k8s.io"], ["inferencepools"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai"], ["inferenceobjectives"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["llm-d.ai", "inference.networking.x-k8s.io"], ["inferenceobjectives", "inferencemodelrewrites"],
          ["get", "list", "watch"]),
     rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
-    rule(["gateway.networking.k8s.io"], ["httproutes"], ["list", "watch", "create", "patch", "delete"]),
+    rule(["gateway.networking.k8s.io"], ["httproutes"], ["get", "list", "watch", "create", "patch", "delete"]),
     rule(["networking.gke.io"], ["healthcheckpolicies", "gcpbackendpolicies"],
-         ["list", "watch", "create", "patch", "delete"]),
+         ["get", "list", "watch", "create", "patch", "delete"]),
 ]
 
 
@@ -115,11 +116,19 @@ def test_every_kind_the_operator_touches_is_granted():
         assert any(allows(rules, group, plural, v) for v in ("get", "list", "create", "patch")), plural
 
 
+def test_every_namespaced_kind_can_be_read_by_name():
+    """Each child is read before it is written, to write only the operator's own (ownership.py):
+    every namespaced kind ApiKube addresses is granted get."""
+    for (api_version, _kind), (plural, namespaced) in RESOURCES.items():
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        assert not namespaced or allows(NAMESPACED, group, plural, "get"), plural
+
+
 def test_every_optional_kind_the_planner_applies_is_granted():
     """Each optional kind (planner.OPTIONAL_KINDS: LWS, llm-d, Gateway and GKE Gateway kinds) is
-    watched, applied and pruned by the operator."""
+    watched, read before it is written (ownership), applied and pruned by the operator."""
     for api_version, plural in OPTIONAL_KINDS.values():
-        for verb in ("list", "watch", "create", "patch", "delete"):
+        for verb in ("get", "list", "watch", "create", "patch", "delete"):
             assert allows(NAMESPACED, api_version.split("/")[0], plural, verb), (plural, verb)
 
 

@@ -149,7 +149,8 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeKube:
     """In-memory API server for the reconcilers. `log` records every write and event in order.
     `faults[(operation, kind)]` is raised by every such call until removed (kind None for
-    served_kinds); `fail_next` by the next apply.
+    served_kinds); `fail_next` by the next apply. A uid in an applied object or in a delete's
+    preconditions must be the stored object's, as on the API server (409 or 422 otherwise).
 
     Writes merge as the API server merges them. `apply` is server-side apply by one field
     manager with force: the applied fields are set, fields this manager applied before and
@@ -189,9 +190,10 @@ class FakeKube:
         self._fault("apply", obj["kind"])
         if self.fail_next:
             raise self.fail_next.pop(0)
-        self.log.append(("apply", obj["kind"], obj["metadata"]["name"]))
         key = self.key(obj)
         prior = self.objects.get(key, {})
+        self._precondition(obj["metadata"].get("uid"), self.objects.get(key), "PATCH", key)
+        self.log.append(("apply", obj["kind"], obj["metadata"]["name"]))
         spec_fields = {k: v for k, v in obj.items() if k != "status"}
         applied = field_paths(spec_fields)
         stale = self.applied.get(key, set()) - applied
@@ -202,6 +204,18 @@ class FakeKube:
         self.objects[key] = stored
         self.applied[key] = applied
         return copy.deepcopy(stored)
+
+    @staticmethod
+    def _precondition(uid: str | None, stored: dict[str, Any] | None, method: str, key: tuple[Any, ...]) -> None:
+        """A uid in a patch or in a delete's preconditions must be the stored object's. The API
+        server answers 409 Conflict when no object exists or a delete's uid differs, and 422
+        ("metadata.uid: field is immutable") when a patch's uid differs."""
+        from tpusync_operator.kube import KubeError
+        if uid is None or (stored or {}).get("metadata", {}).get("uid") == uid:
+            return
+        if method == "PATCH" and stored is not None:
+            raise KubeError(422, f"metadata.uid: Invalid value: {uid!r}: field is immutable", f"{method} {key}")
+        raise KubeError(409, f"Precondition failed: UID in precondition: {uid}", f"{method} {key}")
 
     async def create(self, obj: dict[str, Any]) -> bool:
         self._fault("create", obj["kind"])
@@ -222,8 +236,10 @@ class FakeKube:
         return [copy.deepcopy(o) for (a, k, n, _), o in self.objects.items()
                 if a == api_version and k == kind and (namespace is None or n == namespace) and _matches(o, selector)]
 
-    async def delete(self, api_version, kind, namespace, name):
+    async def delete(self, api_version, kind, namespace, name, uid=None):
         self._fault("delete", kind)
+        self._precondition(uid, self.objects.get((api_version, kind, namespace, name)), "DELETE",
+                           (api_version, kind, namespace, name))
         self.applied.pop((api_version, kind, namespace, name), None)
         if self.objects.pop((api_version, kind, namespace, name), None) is None:
             return False

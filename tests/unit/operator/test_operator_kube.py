@@ -112,6 +112,22 @@ def test_server_side_apply_wire_format(api_server):
     assert json.loads(body) == obj
 
 
+def test_delete_names_the_uid_it_checked(api_server):
+    """A delete with a uid carries it as a precondition (the API server then deletes only that
+    object); without one, only the propagation policy."""
+    state, url = api_server
+    route = ("DELETE", "/apis/apps/v1/namespaces/ns/statefulsets/s")
+    state.routes[route] = (200, {"kind": "Status"})
+    assert with_kube(url, lambda k: k.delete("apps/v1", "StatefulSet", "ns", "s", uid="u-1")) is True
+    assert with_kube(url, lambda k: k.delete("apps/v1", "StatefulSet", "ns", "s")) is True
+    assert [json.loads(r[3]) for r in state.requests] == [
+        {"propagationPolicy": "Background", "preconditions": {"uid": "u-1"}}, {"propagationPolicy": "Background"}]
+    state.routes[route] = (409, {"message": "Precondition failed: UID in precondition: u-1, UID in object meta: u-2"})
+    with pytest.raises(KubeError) as e:
+        with_kube(url, lambda k: k.delete("apps/v1", "StatefulSet", "ns", "s", uid="u-1"))
+    assert e.value.status == 409
+
+
 def test_get_404_is_none_and_errors_carry_status(api_server):
     state, url = api_server
     assert with_kube(url, lambda k: k.get("v1", "Secret", "ns", "x")) is None
