@@ -3,6 +3,7 @@ fault injector, over real tpusync sidecars (tests/sglang/conftest.py)."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -10,9 +11,19 @@ import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageFailureInjector
 
-from tests.sglang.conftest import MHA_LAYOUTS, MLA_LAYOUTS, PAGE, fill, hashes, make_backend, make_pool, pages_of
+from tests.sglang.conftest import (
+    BLOCK,
+    MHA_LAYOUTS,
+    MLA_LAYOUTS,
+    PAGE,
+    fill,
+    hashes,
+    make_backend,
+    make_pool,
+    pages_of,
+)
 from tests.support.polling import wait_for
-from tpusync import KVStore
+from tpusync import KVStore, errors
 from tpusync.sglang.storage import TPUSyncHiCacheStorage
 
 LAYOUTS = [("mha", layout) for layout in MHA_LAYOUTS] + [("mla", layout) for layout in MLA_LAYOUTS]
@@ -155,6 +166,32 @@ def test_an_unreachable_store_is_a_miss_never_an_exception(tmp_path):
     assert backend.batch_set(keys, [pool.get_data_page(int(idx[0]))] * 2) is False
     assert backend.clear() is False
     assert sum(v for k, v in backend.counters().items() if k.startswith("errors.")) >= 5
+
+
+BAD_EXTRA = [("peers", "10.0.0.2:7600"), ("peers", ["10.0.0.2"]), ("peers", [7600]), ("reconnect_interval_s", "x"),
+             ("reconnect_interval_s", -1), ("model", 5), ("local", {"dram_bytes": "1G", "block_bytes": BLOCK}),
+             ("local", {"dram_bytes": 1 << 20}), ("timeout_s", "x")]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_EXTRA, ids=[f"{n}={v!r:.30}" for n, v in BAD_EXTRA])
+def test_sglangs_factory_refuses_a_malformed_extra_config_naming_the_field(launch, name, value):
+    """The extra config is the operator's (SGLang's command line, or an admin's attach): a
+    malformed option fails the build, naming it, instead of a backend that misses on every call
+    (`"peers": "10.0.0.2:7600"` was read as the peers "1", "0", ".", ...)."""
+    host = launch("cfg")
+    extra = {"control_socket": host.socket, name: value}
+    if name == "timeout_s":
+        extra = {"store_url": f"tpusync://{host.sidecar.address}", name: value}
+    with pytest.raises(errors.InvalidArgumentError, match=rf"extra config {name}\b"):
+        make_backend(make_pool("page_first"), extra)
+
+
+def test_an_extra_config_key_no_one_reads_is_logged(launch, caplog):
+    host = launch("cfg")
+    with caplog.at_level(logging.WARNING, "tpusync.sglang.storage"):
+        backend = make_backend(make_pool("page_first"), {"control_socket": host.socket, "peer": ["10.0.0.2:7600"]})
+    assert any("peer" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    backend.close()
 
 
 def test_wrong_host_indices_are_a_failure_not_an_exception(launch):

@@ -42,8 +42,9 @@ class SliceEngine:
         from vllm.config import KVEventsConfig
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
-        from tpusync.connector.config import ConnectorConfig, kv_layout
+        from tpusync.connector.config import ConnectorConfig
         from tpusync.connector.scheduler import SchedulerSide
+        from tpusync.kv.handoff import kv_layout
         from tpusync.tpu_inference.shards import shard_links
 
         self.page_tokens, self.layers, self.kv_heads, self.head_dim = page_tokens, layers, kv_heads, head_dim

@@ -217,6 +217,52 @@ def test_params_from_an_engine_that_keyed_differently_mean_recompute(cluster, re
     assert got["token_ids"] == reference(p)
 
 
+# kv_transfer_params any client may send, on top of the prefill's well-formed ones, and the field
+# the refusal names. (Not an object at all never reaches the connector: vLLM's HTTP layer answers
+# 400, and its own output processor reads the object first.)
+MALFORMED = [
+    ({"remote_port": "x"}, "remote_port"),
+    ({"remote_port": [7600]}, "remote_port"),
+    ({"tpusync_last_key": "zz"}, "tpusync_last_key"),
+    ({"tpusync_kv_layout": {"shards": "1"}}, "tpusync_kv_layout.shards"),
+    ({"remote_addresses": ["127.0.0.1:1", "prefill-1.pool.svc:7600"]}, "remote_addresses[1]"),
+    ({"remote_host": "localhost"}, "remote_host"),  # a name: the sidecar would resolve it for the client
+]
+
+
+@pytest.mark.parametrize(("change", "field"), MALFORMED, ids=[f for _, f in MALFORMED])
+def test_malformed_params_are_refused_and_the_prompt_computed(cluster, reference, change, field):
+    """Refused (one warning naming the field, counted), never raised into vLLM's scheduler: the
+    engine computes the prompt and keeps serving."""
+    engines = cluster.engines
+    p = prompt(60 + MALFORMED.index((change, field)), 150)
+    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    sent = {**params, **change}
+    if "tpusync_kv_layout" in change:
+        sent["tpusync_kv_layout"] = {**params["tpusync_kv_layout"], **change["tpusync_kv_layout"]}
+    line = f"kv_transfer_params.{field} is "
+    logged = engines["decode"].log_path.read_text(errors="replace").count(line)
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=sent)
+    d = delta(engines["decode"].stats(), before)
+    assert d["refused_prefills"] == 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0, d
+    assert got["token_ids"] == reference(p)
+    assert engines["decode"].log_path.read_text(errors="replace").count(line) == logged + 1
+
+
+def test_after_malformed_params_the_next_well_formed_request_pulls(cluster, reference):
+    engines = cluster.engines
+    p = prompt(69, 150)
+    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
+        "kv_transfer_params"]
+    before = engines["decode"].stats()
+    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
+    d = delta(engines["decode"].stats(), before)
+    assert d["pulled_blocks"] == 150 // BLOCK_SIZE and d["loaded_blocks"] == 150 // BLOCK_SIZE, d
+    assert got["token_ids"] == reference(p)
+
+
 def test_a_block_that_cannot_be_loaded_is_recomputed_and_stored_again(cluster, reference):
     """Block 3 is replaced, after the save, by a block of another size under its key: the lookup
     offers all 9 (it cannot tell), the load stops at block 3, vLLM recomputes blocks 3-8

@@ -21,8 +21,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from tpusync.connector.common import TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
-from tpusync.connector.config import ConnectorConfig, kv_layout
+from tpusync.connector.config import ConnectorConfig
 from tpusync.connector.scheduler import SchedulerSide
+from tpusync.kv.handoff import kv_layout
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -1,4 +1,4 @@
-"""The connector's configuration and its `kv_transfer_params` contract (pure: no vLLM, no torch).
+"""The connector's configuration, `kv_connector_extra_config` (pure: no vLLM, no torch).
 
 `kv_connector_extra_config` keys (all optional):
 
@@ -11,8 +11,9 @@
     layerwise        load layer by layer, overlapping the model's forward (default true)
     hash_seed        the block-key seed (docs/block-keys.md; default "tpusync"); engines that
                      share a store must agree on it, and engines of different models must not
-    data_address     host:port of this pod's sidecar data port, advertised to decode engines
-                     (default: $TPUSYNC_DATA_ADDRESS, else $POD_IP:$TPUSYNC_DATA_PORT)
+    data_address     ip:port of this pod's sidecar data port, advertised to decode engines: a
+                     literal IP address, as decode engines accept no other (default:
+                     $TPUSYNC_DATA_ADDRESS, else $POD_IP:$TPUSYNC_DATA_PORT)
     peers            sidecar data addresses to look for prefixes in (list or comma-separated)
     timeout_s        control-socket and peer call timeout (default 30)
     retry_s          after a store failure, how long to run without it before reconnecting (default 5)
@@ -24,24 +25,8 @@
                      "tcp://*:5557"; vLLM's --kv-events-config endpoint then binds where the
                      connector relays it from, e.g. "inproc://vllm-kv-events"; tpusync.connector.relay)
 
-`kv_transfer_params` follow vLLM's NixlConnector conventions. The router (or a proxy) sends the
-prefill engine `{"do_remote_decode": true}`; the prefill engine's `request_finished` answers
-(see `producer_params`):
-
-    do_remote_prefill: true, do_remote_decode: false
-    remote_host, remote_port   the prefill pod's sidecar data port (omitted if unknown)
-    remote_engine_id, remote_request_id
-    remote_block_ids: []       tpusync blocks are content-addressed: vLLM's block ids never travel
-    remote_num_tokens          prompt tokens whose KV is in the prefill pod's sidecar
-    tpusync_block_size, tpusync_last_key   the block size and the hex key of the last block, so
-                               the decode engine can tell a hash-seed or block-size mismatch
-    tpusync_kv_layout          what the blocks' bytes depend on (`kv_layout`); on a multi-host
-                               slice also `hosts`: the shard numbers each host holds
-    remote_addresses           a multi-host slice's hosts' sidecar data ports, in process order:
-                               each decode host pulls the parts it needs from the hosts holding them
-
-and the decode engine, given those params with the same prompt, pulls the blocks it lacks from
-`remote_host:remote_port` into its own sidecar and loads them (see `remote_peer`).
+The `kv_transfer_params` a prefill engine answers with and the one parser of what a decode engine
+is sent are the prefill-to-decode contract, `tpusync.kv.handoff`.
 """
 
 from __future__ import annotations
@@ -53,7 +38,7 @@ from typing import Any
 
 from tpusync import errors
 from tpusync.hashing import DEFAULT_SEED
-from tpusync.slice_pulls import host_shards_of, pull_plan, slice_hosts
+from tpusync.kv.handoff import split_literal
 
 STORES = ("sidecar", "local")
 
@@ -117,6 +102,10 @@ class ConnectorConfig:
         if endpoint is not None and not (isinstance(endpoint, str) and endpoint.startswith(ZMQ_SCHEMES)):
             raise errors.InvalidArgumentError(f"kv_events_endpoint must be a ZMQ endpoint ({', '.join(ZMQ_SCHEMES)}…), "
                                               f"not {endpoint!r}")
+        if cfg.data_address is not None and split_literal(str(cfg.data_address)) is None:
+            # Decode engines refuse a hand-off naming anything else (tpusync.kv.handoff): say so now.
+            raise errors.InvalidArgumentError(f"data_address must be a literal ip:port (the pod's IP), not "
+                                              f"{cfg.data_address!r}")
         return cfg
 
 
@@ -125,96 +114,3 @@ def flag(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("0", "false", "no", "off", "")
     return bool(value)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"."""
-    host, sep, port = address.removeprefix("tpusync://").rpartition(":")
-    if not sep or not port.isdigit():
-        raise errors.InvalidArgumentError(f"expected host:port, got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def kv_layout(*, model: str, layers: int, kv_heads: int, head_size: int, dtype: str, shards: int) -> dict[str, Any]:
-    """What a block's bytes depend on besides its tokens, as a prefill engine tells its decode
-    engines: they load its blocks only where all but `shards` (the parts a block is stored in,
-    one per tensor-parallel shard) equal their own."""
-    return {"model": model, "layers": layers, "kv_heads": kv_heads, "head_size": head_size, "dtype": dtype,
-            "shards": shards}
-
-
-def producer_params(*, data_address: str | None, engine_id: str, request_id: str, num_tokens: int,
-                    block_size: int, last_key: int | None, layout: dict[str, Any] | None = None,
-                    hosts: list[tuple[str | None, list[int]]] | None = None) -> dict[str, Any]:
-    """The kv_transfer_params a prefill engine returns for a request it computed for a decode
-    engine. `hosts`: a multi-host slice's hosts in process order (data port, shard numbers
-    held there), as `remote_addresses` and the layout's `hosts`."""
-    params: dict[str, Any] = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_engine_id": engine_id,
-        "remote_request_id": request_id,
-        "remote_block_ids": [],
-        "remote_num_tokens": num_tokens,
-        "tpusync_block_size": block_size,
-    }
-    if last_key is not None:
-        params["tpusync_last_key"] = f"{last_key:032x}"
-    if layout is not None:
-        params["tpusync_kv_layout"] = layout if not hosts else {**layout, "hosts": [h for _, h in hosts]}
-    if hosts:
-        params["remote_addresses"] = [a for a, _ in hosts]
-    if data_address:
-        params["remote_host"], params["remote_port"] = split_address(data_address)
-    return params
-
-
-@dataclass(frozen=True)
-class RemotePrefill:
-    """What a decode engine reads from kv_transfer_params: where to pull and how much."""
-
-    peer: str | None          # "host:port" of the prefill pod's sidecar, None: look locally only
-    num_tokens: int | None    # prompt tokens the prefill engine stored (None: unknown, try all)
-    block_size: int | None
-    last_key: int | None
-    layout: dict[str, Any] | None = None  # kv_layout() of the prefill engine, if it said
-    addresses: list[str | None] | None = None  # a multi-host prefill's hosts' data ports (None where malformed)
-    hosts: list[list[int]] | None = None       # the shard numbers each of those hosts holds
-
-    def pulls(self, needed: list[int], host: int) -> list[tuple[str, list[int]]]:
-        """Where host `host` of this engine pulls the prefill's shards `needed` from
-        (tpusync.slice_pulls.pull_plan): a multi-host prefill's hosts, else its one peer."""
-        addresses = self.addresses if self.addresses is not None else [self.peer]
-        return pull_plan(addresses, self.hosts, needed, host)
-
-
-def remote_peer(params: Mapping[str, Any] | None) -> RemotePrefill | None:
-    """The remote prefill named by kv_transfer_params, or None if the request has none."""
-    if not params or not params.get("do_remote_prefill"):
-        return None
-    host, port = params.get("remote_host"), params.get("remote_port")
-    peer = join_address(str(host), int(port)) if host and port else None
-    last = params.get("tpusync_last_key")
-    layout = params.get("tpusync_kv_layout")
-    layout = layout if isinstance(layout, dict) else None
-    shards = layout.get("shards") if layout is not None else None
-    return RemotePrefill(
-        peer=peer,
-        num_tokens=_opt_int(params.get("remote_num_tokens")),
-        block_size=_opt_int(params.get("tpusync_block_size")),
-        last_key=int(last, 16) if isinstance(last, str) and last else None,
-        layout=layout,
-        addresses=slice_hosts(params.get("remote_addresses")),
-        hosts=host_shards_of(layout.get("hosts"), shards) if layout is not None and isinstance(shards, int) else None,
-    )
-
-
-def _opt_int(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None

@@ -23,9 +23,10 @@ from tpusync.connector.common import (
     log,
     release_pins,
 )
-from tpusync.connector.config import ConnectorConfig, RemotePrefill, producer_params, remote_peer
+from tpusync.connector.config import ConnectorConfig
 from tpusync.connector.events import ConnectorEvents
 from tpusync.hashing import BlockHasher
+from tpusync.kv.handoff import MalformedParams, RemotePrefill, log_refusal, producer_params, vllm_prefill, wants_decode
 from tpusync.vllm import served_weights
 from tpusync.vllm.served_weights import ServedWeights
 
@@ -130,9 +131,20 @@ class SchedulerSide:
             extra.append(f"weights:{weights}")
         st = _Request(req_id=request.request_id, tokens=tokens, extra=extra or None,
                       keys=self.hasher.keys(tokens, extra or None), usable=(len(tokens) - 1) // self.block_size,
-                      remote=remote_peer(request.kv_transfer_params) if self.pull else None, plain=plain)
+                      remote=self._remote(request) if self.pull else None, plain=plain)
         self.reqs[request.request_id] = st
         return st
+
+    def _remote(self, request: Request) -> RemotePrefill | None:
+        """The remote prefill the request's kv_transfer_params name, parsed once per request: any
+        client may set them, and an exception here would stop the engine. A malformed field
+        refuses the hand-off (logged, counted): the prompt is computed here."""
+        try:
+            return vllm_prefill(request.kv_transfer_params)
+        except MalformedParams as e:
+            COUNTERS.add(refused_prefills=1)
+            log_refusal(log, request.request_id, e)
+            return None
 
     def matched(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._track(request)
@@ -231,8 +243,8 @@ class SchedulerSide:
                                 "prompt?): recomputing", remote.peer)
                 else:
                     limit = st.usable if stored is None else min(st.usable, stored * theirs // bs)
-                    shards = 0 if remote.layout is None or self.layout is None \
-                        or remote.layout["shards"] == self.layout["shards"] else int(remote.layout["shards"])
+                    shards = 0 if remote.shards is None or self.layout is None \
+                        or remote.shards == self.layout["shards"] else remote.shards
                     if src is not None or shards:
                         # Blocks split or paged otherwise: only the prefill engine's sidecar holds them so.
                         st.src, st.shards = src, shards
@@ -250,17 +262,16 @@ class SchedulerSide:
         KV layout (checked by _refuses like any other)."""
         return self.link.reshards and remote.layout is not None and self.layout is not None
 
-    def _refuses(self, theirs: dict[str, Any] | None) -> str | None:
-        """Why blocks of a prefill engine with KV layout `theirs` cannot be loaded here, or None."""
+    def _refuses(self, theirs: dict[str, int | str] | None) -> str | None:
+        """Why blocks of a prefill engine with KV layout `theirs` (parsed: shards a whole number)
+        cannot be loaded here, or None."""
         if theirs is None or self.layout is None:
             return None  # a prefill engine that does not say: as before, keys and block sizes decide
         other = [f"{k} {theirs.get(k)!r}, here {v!r}" for k, v in self.layout.items()
                  if k != "shards" and theirs.get(k) != v]
         if other:
             return "; ".join(other)
-        shards = theirs.get("shards")
-        if not isinstance(shards, int) or shards < 1:
-            return f"shards {shards!r}"
+        shards = theirs["shards"]
         if shards != self.layout["shards"] and not self.link.reshards:
             return f"blocks in {shards} parts, this connector loads only its own {self.layout['shards']}"
         return None
@@ -434,8 +445,14 @@ class SchedulerSide:
             return None
         self._unpin(st)
         self._announce(request, st)
-        params = request.kv_transfer_params
-        if not (self.save and params and params.get("do_remote_decode")):
+        if not self.save:
+            return None
+        try:
+            if not wants_decode(request.kv_transfer_params):
+                return None
+        except MalformedParams as e:  # any client may set them: refused, never raised into the scheduler
+            COUNTERS.add(refused_prefills=1)
+            log_refusal(log, request.request_id, e)
             return None
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
             return None

@@ -32,6 +32,7 @@ import numpy as np
 
 from tpusync import errors
 from tpusync.hashing import BlockHasher, event_hash_of, key_of
+from tpusync.kv.handoff import MalformedParams, RemotePrefill, log_refusal, reference_prefill, split_literal
 from tpusync.kv_events import BlockAnnouncer, EventSink, block_tier, follow, tiers_of
 from tpusync.pages import (
     compile_loads,
@@ -44,7 +45,6 @@ from tpusync.pages import (
 )
 from tpusync.serving.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.serving.slice import Slice
-from tpusync.slice_pulls import host_shards_of, peer_address, pull_plan, slice_hosts
 from tpusync.store import KVStore
 
 log = logging.getLogger("tpusync.serving")
@@ -100,6 +100,9 @@ class Engine:
                                                   "every host's sidecar in lockstep (kv_events_audit_s)")
         if store is not None and store.block_bytes < cfg.page_bytes:
             raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
+        if data_address and split_literal(data_address) is None:
+            # Decode servers refuse a hand-off naming anything else (tpusync.kv.handoff): say so now.
+            raise errors.InvalidArgumentError(f"data_address must be a literal ip:port, not {data_address!r}")
         self.cfg, self.role, self.store = cfg, role, store
         # Opens the sidecar connection again: a restarted sidecar (its pool survived) is used at once.
         self._reconnect = reconnect
@@ -164,8 +167,9 @@ class Engine:
     # -- the request path ----------------------------------------------------------------
 
     def generate(self, prompt: list[int], max_tokens: int, *, kv_transfer_params: dict[str, Any] | None = None,
-                 on_token: Callable[[int], None] | None = None) -> Result:
-        """Greedy decoding. `on_token(token)` is called as each token is produced."""
+                 on_token: Callable[[int], None] | None = None, request_id: str = "-") -> Result:
+        """Greedy decoding. `on_token(token)` is called as each token is produced. `request_id`
+        names the request in the log."""
         cfg = self.cfg
         if not prompt:
             raise errors.InvalidArgumentError("the prompt is empty")
@@ -182,9 +186,9 @@ class Engine:
             try:
                 if self.slice is not None:  # every process of the slice runs it, in this order
                     self.slice.broadcast({"op": "generate", "prompt": prompt, "max_tokens": max_tokens,
-                                          "kv_transfer_params": kv_transfer_params,
+                                          "kv_transfer_params": kv_transfer_params, "request_id": request_id,
                                           "announce": self.slice_announces})
-                return self._generate(prompt, max_tokens, kv_transfer_params, on_token, arrived)
+                return self._generate(prompt, max_tokens, kv_transfer_params, on_token, arrived, request_id)
             finally:
                 self.running -= 1
                 self.pages_in_use = 0
@@ -199,7 +203,7 @@ class Engine:
             if message.get("op") == "generate":
                 self.slice_announces = bool(message.get("announce"))
                 self._generate(message["prompt"], message["max_tokens"], message.get("kv_transfer_params"), None,
-                               time.perf_counter())
+                               time.perf_counter(), str(message.get("request_id", "-")))
             elif message.get("op") == "where":
                 self._slice_where([int(k, 16) for k in message["keys"]])
 
@@ -241,13 +245,13 @@ class Engine:
             self.slice.broadcast({"op": "stop"})
 
     def _generate(self, prompt: list[int], max_tokens: int, kv_params: dict[str, Any] | None,
-                  on_token: Callable[[int], None] | None, arrived: float) -> Result:
+                  on_token: Callable[[int], None] | None, arrived: float, request_id: str) -> Result:
         cfg, st = self.cfg, RequestStats(prompt_tokens=len(prompt))
         digests = self.hasher.digests(prompt)
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
-        cached_pages, own_pages = self._bring_prefix(prompt, keys, kv_params, st)
+        cached_pages, own_pages = self._bring_prefix(prompt, keys, handoff(kv_params, request_id), st)
         # Resume at a chunk boundary, and always compute the chunk holding the last prompt token:
         # its logits give the first token.
         start = min(cached_pages * cfg.page_size, len(prompt) - 1) // cfg.chunk * cfg.chunk
@@ -286,17 +290,17 @@ class Engine:
                 on_token(token)
         return Result(out, None, st)
 
-    def _bring_prefix(self, prompt: list[int], keys: list[int], kv_params: dict[str, Any] | None,
+    def _bring_prefix(self, prompt: list[int], keys: list[int], remote: RemotePrefill | None,
                       st: RequestStats) -> tuple[int, int]:
         """Makes the longest available prefix of `keys` local and loads it (on a slice, the pages
         every host loaded its shards of). Returns its pages, and how many of them the store holds
         under this engine's own keys (fewer when they came split otherwise: saved again)."""
-        if self.store is None or not keys or not (self.prefix_cache or kv_params):
+        if self.store is None or not keys or not (self.prefix_cache or remote):
             return 0, 0
-        loaded, own = self._bring_shards(prompt, keys, kv_params, st)
+        loaded, own = self._bring_shards(prompt, keys, remote, st)
         if st.store_error and self._reconnected():  # once more, on the restarted sidecar
             st.store_error = ""
-            loaded, own = self._bring_shards(prompt, keys, kv_params, st)
+            loaded, own = self._bring_shards(prompt, keys, remote, st)
         if self.slice is not None:  # a collective: every process reaches it
             loaded, own, ok, slowest = self.slice.agree([loaded, own, 0 if st.store_error else 1,
                                                          -round(st.transfer_seconds * 1e6)])
@@ -305,7 +309,7 @@ class Engine:
             st.transfer_seconds = -slowest / 1e6  # the hosts pull in parallel: the slice waits for the last
         return loaded, own
 
-    def _bring_shards(self, prompt: list[int], keys: list[int], kv_params: dict[str, Any] | None,
+    def _bring_shards(self, prompt: list[int], keys: list[int], remote: RemotePrefill | None,
                       st: RequestStats) -> tuple[int, int]:
         """This host's part of _bring_prefix: the parts of each block its shards need (its own
         shards' blocks, or the prefill's parts they overlap when the prefill split its heads
@@ -313,10 +317,10 @@ class Engine:
         its store, the prefill's hosts and peers."""
         assert self.store is not None
         try:
-            layout = prefill_layout(kv_params, self.cfg)
+            layout = prefill_layout(remote, self.cfg)
         except errors.InvalidArgumentError as e:  # never loaded: only this host's own cache and peers
             log.warning("not pulling the prefill's KV: %s", e)
-            layout, kv_params = None, None
+            layout, remote = None, None
         try:
             src_shards = layout.shards if layout is not None else self.shards
             src_page = layout.page_size if layout is not None else self.cfg.page_size
@@ -331,7 +335,7 @@ class Engine:
                 needed = self.host_shards[self.host_index]
             host_keys = [shard_key(k, m, src_shards) for k in src_keys for m in needed]
             per = len(needed)
-            pulls = pulls_for(kv_params, layout, needed, self.host_index)
+            pulls = remote.pulls(needed, self.host_index) if remote is not None else []
             if self.prefix_cache and not resharded:
                 pulls += [(p, needed) for p in self.peers if p not in [a for a, _ in pulls]]
             local = self.store.lookup(host_keys).prefix_len // per
@@ -523,11 +527,18 @@ class Engine:
         jax.block_until_ready(self.k)
 
 
-def remote_address(kv_params: dict[str, Any] | None) -> str | None:
-    """kv_transfer_params' remote_address (the prefill server's sidecar), if there is one. The
-    client sends it, and the sidecar is asked to pull from it: anything but a host:port is
-    logged and ignored, never passed on."""
-    return peer_address((kv_params or {}).get("remote_address"), "remote_address")
+def handoff(kv_params: object, request_id: str) -> RemotePrefill | None:
+    """The prefill a request's kv_transfer_params name (tpusync.kv.handoff, the reference engine's
+    dialect). A client sends them, and the sidecar is asked to pull from the addresses in them:
+    a malformed field refuses them whole (logged once, naming the field; the prompt is computed
+    here), never passed on. None for none (or {}), as for a refused one."""
+    if not kv_params:
+        return None
+    try:
+        return reference_prefill(kv_params)
+    except MalformedParams as e:
+        log_refusal(log, request_id, e)
+        return None
 
 
 _LAYOUT_FIXED = ("layers", "kv_heads", "head_dim", "dtype")
@@ -539,41 +550,27 @@ class PrefillLayout(NamedTuple):
     page_size: int                   # the tokens of each of its pages
 
 
-def prefill_layout(kv_params: dict[str, Any] | None, cfg: ModelConfig) -> PrefillLayout | None:
-    """How the prefill stored its pages (kv_transfer_params' `layout`), or None without one (as
-    here). Refused (InvalidArgumentError, so nothing is pulled) when its pages are not this
-    model's: other layers, heads, head size or dtype, a split that does not divide the heads, or
-    a page size that is not a number of tokens; another split or page size is loaded regrouped."""
-    layout = (kv_params or {}).get("layout")
-    if layout is None:
+def prefill_layout(remote: RemotePrefill | None, cfg: ModelConfig) -> PrefillLayout | None:
+    """How the prefill stored its pages (its parsed `layout`), or None without one (as here).
+    Refused (InvalidArgumentError, so nothing is pulled) when its pages are not this model's:
+    other layers, heads, head size or dtype, a split that does not divide the heads, or a page
+    size that is not a number of tokens; another split or page size is loaded regrouped."""
+    if remote is None or remote.layout is None:
         return None
-    if not isinstance(layout, dict):
-        raise errors.InvalidArgumentError("kv_transfer_params layout is not an object")
+    layout = remote.layout
     theirs = {f: layout.get(f) for f in _LAYOUT_FIXED}
     ours = {f: getattr(cfg, f) for f in _LAYOUT_FIXED}
     if theirs != ours:
         raise errors.InvalidArgumentError(f"the prefill's pages are not this model's: {theirs} here {ours}")
-    shards = layout.get("shards")
-    if not isinstance(shards, int) or isinstance(shards, bool) or not 0 < shards <= cfg.kv_heads \
-            or cfg.kv_heads % shards:
+    shards = int(layout["shards"])
+    if shards > cfg.kv_heads or cfg.kv_heads % shards:
         raise errors.InvalidArgumentError(f"kv_transfer_params layout shards {shards!r} does not split "
                                           f"{cfg.kv_heads} kv heads")
     page_size = layout.get("page_size")
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or not 0 < page_size <= cfg.max_seq:
+    if not isinstance(page_size, int) or page_size > cfg.max_seq:
         raise errors.InvalidArgumentError(f"kv_transfer_params layout page_size {page_size!r} is not a number of "
                                           f"tokens up to {cfg.max_seq}")
-    return PrefillLayout(shards, host_shards_of(layout.get("hosts"), shards), page_size)
-
-
-def pulls_for(kv_params: dict[str, Any] | None, layout: PrefillLayout | None,
-              needed: list[int], host: int) -> list[tuple[str, list[int]]]:
-    """This host's pulls of the prefill's shards (tpusync.slice_pulls.pull_plan): from a slice's
-    `remote_addresses`, else from its one `remote_address`."""
-    addresses = slice_hosts((kv_params or {}).get("remote_addresses"))
-    if addresses is None:
-        one = remote_address(kv_params)
-        addresses = [one] if one is not None else []
-    return pull_plan(addresses, layout.hosts if layout is not None else None, needed, host)
+    return PrefillLayout(shards, remote.hosts, page_size)
 
 
 @functools.cache

@@ -154,11 +154,12 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, TypeError, OverflowError, errors.TpuSyncError) as e:
             self._error(400, str(e))
             return
+        rid = f"cmpl-{uuid.uuid4().hex[:12]}"  # names the request in the server's log too
         if req.get("stream"):
-            self._stream(tokens, max_tokens, kv_params)
+            self._stream(rid, tokens, max_tokens, kv_params)
             return
         try:
-            result = self.server.engine.generate(tokens, max_tokens, kv_transfer_params=kv_params)
+            result = self.server.engine.generate(tokens, max_tokens, kv_transfer_params=kv_params, request_id=rid)
         except errors.InvalidArgumentError as e:
             self._error(400, str(e))
             return
@@ -166,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("request failed")
             self._error(500, INTERNAL_ERROR)
             return
-        response = self.server.completion(result.tokens, len(tokens))
+        response = self.server.completion(rid, result.tokens, len(tokens))
         response["kv_transfer_params"] = result.kv_transfer_params
         response["tpusync"] = result.stats.as_dict()
         self._send(200, json.dumps(response).encode())
@@ -185,12 +186,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send(200, json.dumps(rendered).encode())
 
-    def _stream(self, tokens: list[int], max_tokens: int, kv_params: dict[str, Any] | None) -> None:
+    def _stream(self, rid: str, tokens: list[int], max_tokens: int, kv_params: dict[str, Any] | None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        rid = f"cmpl-{uuid.uuid4().hex[:12]}"
 
         def emit(token: int) -> None:
             chunk = {"id": rid, "object": "text_completion", "model": self.server.model_name,
@@ -200,7 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
-            result = self.server.engine.generate(tokens, max_tokens, kv_transfer_params=kv_params, on_token=emit)
+            result = self.server.engine.generate(tokens, max_tokens, kv_transfer_params=kv_params, on_token=emit,
+                                                 request_id=rid)
             final = {"id": rid, "object": "text_completion", "model": self.server.model_name,
                      "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
                      "kv_transfer_params": result.kv_transfer_params, "tpusync": result.stats.as_dict()}
@@ -267,9 +268,9 @@ class CompletionServer(ThreadingHTTPServer):
         self.engine = engine
         self.model_name = model_name
 
-    def completion(self, tokens: list[int], prompt_tokens: int) -> dict[str, Any]:
+    def completion(self, rid: str, tokens: list[int], prompt_tokens: int) -> dict[str, Any]:
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion", "created": int(time.time()),
+            "id": rid, "object": "text_completion", "created": int(time.time()),
             "model": self.model_name,
             "choices": [{"index": 0, "text": codec.decode(tokens), "token_ids": tokens, "finish_reason": "length"}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),

@@ -8,7 +8,8 @@ calls the zero-copy methods (same file: ``_page_get_zero_copy`` -> ``batch_get_v
 ``_page_set_zero_copy`` -> ``all(batch_set_v1(...))``, ``_storage_hit_query`` ->
 ``batch_exists``); without it the generic ``batch_get``/``batch_set`` over flat pages.
 
-The extra config (``--hicache-storage-backend-extra-config``, JSON) also says which store:
+The extra config (``--hicache-storage-backend-extra-config``, JSON; parsed by
+`tpusync.sglang.options`, a malformed option failing the build with its name) also says which store:
 
     control_socket   the pod's sidecar (default: $TPUSYNC_CONTROL_SOCKET), a path or unix:// URL
     store_url        a sidecar's data port instead, tpusync://host:port, with secret_file
@@ -50,6 +51,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from tpusync import errors
 from tpusync.sglang.events import EventsConfig, StorageEvents, part_keys, publishes
 from tpusync.sglang.keys import KeyScope, block_keys
+from tpusync.sglang.options import StorageOptions
 from tpusync.sglang.plan import Chunk, PagePlan
 from tpusync.store import KVStore, connect_sidecar
 
@@ -103,11 +105,14 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
         self.config = storage_config
-        extra = dict(storage_config.extra_config or {})
-        self._extra = extra
-        self._model: str | None = extra.get("model")
-        self._peers: list[str] = list(extra.get("peers") or [])
-        self._reconnect_interval = float(extra.get("reconnect_interval_s", 1.0))
+        # A malformed option fails the build here, naming it (tpusync.sglang.options).
+        self._options = options = StorageOptions.parse(storage_config.extra_config or {})
+        if options.ignored:
+            logger.warning("tpusync HiCache storage: ignoring extra config keys %s (docs/sglang.md lists its options)",
+                           list(options.ignored))
+        self._model = options.model
+        self._peers = list(options.peers)
+        self._reconnect_interval = options.reconnect_interval_s
         self.mem_pool_host: Any = None
         self._lock = threading.Lock()
         self._store: KVStore | None = None
@@ -120,7 +125,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
         self._reported: set[str] = set()
         self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [],
                                                  "backup_bandwidth": []}
-        self._events = self._make_events(extra.get("kv_events"))
+        self._events = self._make_events(options.kv_events)
         try:
             self._connected()
         except Exception as e:  # noqa: BLE001 - a sidecar that is not up yet is dialled again on use
@@ -131,7 +136,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
         if raw is None:
             return None
         cfg = EventsConfig.parse(raw)
-        if self._extra.get("local") or self._extra.get("store_url"):
+        if self._options.local is not None or self._options.store_url is not None:
             raise errors.InvalidArgumentError("kv_events follows the pod's sidecar (its change feed): "
                                               "leave local and store_url unset")
         if not publishes(self.config):
@@ -143,16 +148,13 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
     # -- the store ----------------------------------------------------------------------
 
     def _open(self) -> KVStore:
-        extra = self._extra
-        local = extra.get("local")
-        if local:
-            return KVStore.local(dram_bytes=int(local["dram_bytes"]), block_bytes=int(local["block_bytes"]),
-                                 pool_path=local.get("pool_path"), disk_dir=local.get("disk_dir"),
-                                 disk_bytes=int(local.get("disk_bytes", 0)))
-        if extra.get("store_url"):
-            return KVStore.connect(str(extra["store_url"]), secret_file=extra.get("secret_file"),
-                                   timeout=float(extra.get("timeout_s", 30.0)))
-        return connect_sidecar(extra.get("control_socket"), secret_file=extra.get("secret_file"))
+        options, local = self._options, self._options.local
+        if local is not None:
+            return KVStore.local(dram_bytes=local.dram_bytes, block_bytes=local.block_bytes,
+                                 pool_path=local.pool_path, disk_dir=local.disk_dir, disk_bytes=local.disk_bytes)
+        if options.store_url is not None:
+            return KVStore.connect(options.store_url, secret_file=options.secret_file, timeout=options.timeout_s)
+        return connect_sidecar(options.control_socket, secret_file=options.secret_file)
 
     def _connected(self) -> KVStore:
         with self._lock:

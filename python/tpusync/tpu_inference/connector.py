@@ -26,9 +26,9 @@ Multi-host slices (tpu-inference over Ray, one worker per host, TPU_WORKER_HOSTN
 hosts): each host's worker saves and loads the shards its devices hold through its own pod's
 sidecar. The scheduler half sees none of those sidecars; it asks every host instead
 (`tpusync.connector.common.Probe`): each host pulls the parts its shards need from the prefill's
-hosts that hold them (`tpusync.slice_pulls`), looks them up and pins them, and answers in its
-step's worker metadata, which vLLM merges across workers (`SliceAnswer`): a block is offered only
-when every host holds its parts. A decode of another split or page size reshards on each host as
+hosts that hold them (`tpusync.kv.handoff.pull_plan`), looks them up and pins them, and answers in
+its step's worker metadata, which vLLM merges across workers (`SliceAnswer`): a block is offered
+only when every host holds its parts. A decode of another split or page size reshards on each host as
 on one. The prefill names every host's data port and shards in kv_transfer_params
 (`remote_addresses`, the layout's `hosts`). KV events announce a block once every host's sidecar
 holds its parts, at the tier all of them are in (`tpusync.tpu_inference.shards.SliceView`).

@@ -36,8 +36,8 @@ from tpusync.connector.common import (
     release_pins,
 )
 from tpusync.connector.config import ConnectorConfig
+from tpusync.kv.handoff import pull_plan
 from tpusync.pages import shard_key
-from tpusync.slice_pulls import pull_plan
 
 # The axis tpu-inference splits a layer's cache on over tensor-parallel devices:
 # [pages, page_size, kv heads x2 / packing, packing, head_dim] under PartitionSpec(BATCH,

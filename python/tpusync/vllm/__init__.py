@@ -5,8 +5,9 @@
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"control_socket": "/run/tpusync/control.sock"}}'
 
-Importing this package does not import vLLM; `tpusync.vllm.connector` does. Options and the
-kv_transfer_params contract: `tpusync.connector.config`; usage and what is tested: docs/vllm.md.
+Importing this package does not import vLLM; `tpusync.vllm.connector` does. Options:
+`tpusync.connector.config`; the kv_transfer_params contract: `tpusync.kv.handoff`; usage and what
+is tested: docs/vllm.md.
 """
 
 __all__ = ["TPUSyncConnector"]

@@ -36,8 +36,8 @@ vLLM's GPU cache.
 
 The halves live in `tpusync.connector.scheduler` and `tpusync.vllm.worker`, the connector methods
 both connectors share (this one and tpu-inference's) in `tpusync.connector.base`, what the halves
-share in `tpusync.connector.common`, the options and the kv_transfer_params contract in
-`tpusync.connector.config`.
+share in `tpusync.connector.common`, the options in `tpusync.connector.config`, and the
+kv_transfer_params contract (one typed parser of what a client sends) in `tpusync.kv.handoff`.
 """
 
 from __future__ import annotations

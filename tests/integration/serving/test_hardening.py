@@ -32,28 +32,32 @@ BLOCK = -(-CFG.page_bytes // 4096) * 4096
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """A server without a store (`mono`, the reference tokens), and one over a sidecar (`cached`)
-    whose log the tests read."""
+    """A server without a store (`mono`, the reference tokens), one over a sidecar (`cached`)
+    whose log the tests read, and a prefill server on a sidecar of its own (`prefill`)."""
     work = tmp_path_factory.mktemp("hardening")
     secret = work / "secret"
     write_secret(secret, uuid.uuid4().hex * 2)
-    pool = f"/dev/shm/tpusync-hardening-{uuid.uuid4().hex[:8]}"
+    pools = [f"/dev/shm/tpusync-hardening-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     log_path = work / "cached.log"
     started = []
     try:
         with open(log_path, "w") as log:
-            side = sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK,
-                                  control_socket=str(work / "side.sock"), stderr=subprocess.DEVNULL)
-            started.append(side)
+            side, p_side = (sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
+                                           block_bytes=BLOCK, control_socket=str(work / f"side{i}.sock"),
+                                           stderr=subprocess.DEVNULL) for i, pool in enumerate(pools))
+            started += [side, p_side]
             started.append(start_server("both", model_config=MODEL, prefix_cache=False))
             started.append(start_server("both", model_config=MODEL, control_socket=side.control_socket,
                                         data_address=side.address, stderr=log))
-        yield {"side": started[0], "mono": started[1], "cached": started[2], "log": log_path}
+            started.append(start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
+                                        data_address=p_side.address, stderr=subprocess.DEVNULL))
+        yield dict(zip(("side", "p_side", "mono", "cached", "prefill"), started)) | {"log": log_path}
     finally:
         for s in reversed(started):
             s.stop()
-        if os.path.exists(pool):
-            os.unlink(pool)
+        for pool in pools:
+            if os.path.exists(pool):
+                os.unlink(pool)
 
 
 def post(url: str, body: object, path: str = "/v1/completions") -> dict:
@@ -248,10 +252,57 @@ def test_a_dead_peers_error_stays_in_the_servers_log(servers):
 def test_a_malformed_remote_address_is_ignored_not_passed_on(servers, address, marker):
     p = prompt(23, 200)
     want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 4}))
-    line = "ignoring a malformed kv_transfer_params remote_address"
+    line = "kv_transfer_params.remote_address is "
     logged = servers["log"].read_text().count(line)
     r = post(servers["cached"].url, {"prompt": p, "max_tokens": 4, "kv_transfer_params": {"remote_address": address}})
     # Not passed to the sidecar: no pull was tried, so none failed.
     assert tokens(r) == want and r["tpusync"]["prefix_cache"] == "ok"
     assert marker is None or marker not in json.dumps(r)
     assert servers["log"].read_text().count(line) == logged + 1  # logged before the response was sent
+
+
+# (what a client sends on top of the prefill server's well-formed kv_transfer_params, the field
+# the refusal names): each would have the sidecar pull, or pull from what the client chose.
+MALFORMED = [
+    ({"remote_address": "localhost:{port}"}, "remote_address"),  # a name: the sidecar would resolve it
+    ({"remote_addresses": "127.0.0.1:{port}"}, "remote_addresses"),
+    ({"remote_addresses": ["127.0.0.1:1\r\nX-Injected: 1"]}, "remote_addresses[0]"),
+    ({"layout": {"hosts": [[7]]}}, "layout.hosts[0]"),
+    ({"layout": {"page_size": "32"}}, "layout.page_size"),
+    ({"layout": {"shards": True}}, "layout.shards"),
+    ({"block_keys": ["zz"]}, "block_keys[0]"),
+    ({"num_tokens": "x"}, "num_tokens"),
+    ({"block_size": [32]}, "block_size"),
+]
+
+
+def _malformed(params: dict, change: dict, port: int) -> dict:
+    """`params` with `change` ({port}: the prefill's sidecar's data port; a layout's fields merged)."""
+    change = json.loads(json.dumps(change).replace("{port}", str(port)))
+    return {**params, **change, **({"layout": {**params["layout"], **change["layout"]}} if "layout" in change else {})}
+
+
+@pytest.mark.parametrize(("change", "field"), MALFORMED, ids=[f for _, f in MALFORMED])
+def test_malformed_kv_transfer_params_are_refused_and_the_prompt_computed(servers, change, field):
+    """Refused whole, with one line in the server's log naming the request and the field: nothing
+    is pulled (the sidecar is asked nothing), and the answer is the monolithic server's."""
+    p = prompt(300 + MALFORMED.index((change, field)), 300)
+    want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 6}))
+    params = post(servers["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
+    line = f"kv_transfer_params.{field} is "
+    logged = servers["log"].read_text().count(line)
+    r = post(servers["cached"].url, {"prompt": p, "max_tokens": 6,
+                                     "kv_transfer_params": _malformed(params, change, servers["p_side"].data_port)})
+    assert tokens(r) == want
+    assert r["tpusync"]["pulled_blocks"] == 0 and r["tpusync"]["prefix_cache"] == "ok"
+    log = servers["log"].read_text()
+    assert log.count(line) == logged + 1
+    assert r["id"] in next(row for row in reversed(log.splitlines()) if line in row)
+
+
+def test_after_malformed_params_a_well_formed_hand_off_still_pulls(servers):
+    p = prompt(399, 300)
+    want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 6}))
+    params = post(servers["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
+    r = post(servers["cached"].url, {"prompt": p, "max_tokens": 6, "kv_transfer_params": params})
+    assert tokens(r) == want and r["tpusync"]["pulled_blocks"] == 300 // CFG.page_size

@@ -152,26 +152,32 @@ def test_a_peers_error_text_is_not_in_the_stats_a_client_gets(mono):
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1\nX", "a" * 300 + ":1", "no-port", "h:0", "h:65536", "h:1:2", "h: 1",
-                                     "[::1]x:1", 7, None, ["127.0.0.1:1"], ""])
+                                     "[::1]x:1", 7, ["127.0.0.1:1"], "decode-0.pool.svc:9400", "localhost:9400",
+                                     None, ""])
 def test_a_malformed_remote_address_is_never_passed_to_the_store(mono, address, caplog):
+    """Nor is a name: the sidecar would resolve a host of the client's choosing."""
     p = prompt(14, 100)
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
         asked = record_reads(store)
         e = Engine(CFG, role="both", store=store)
-        r = e.generate(p, 4, kv_transfer_params={"remote_address": address})
+        r = e.generate(p, 4, kv_transfer_params={"remote_address": address}, request_id="cmpl-t")
     assert asked == [] and r.stats.store_error == "" and r.tokens == mono.generate(p, 4).tokens
+    refusals = [r.getMessage() for r in caplog.records if "kv_transfer_params.remote_address" in r.getMessage()]
     if address not in (None, ""):  # absent is not malformed
-        assert "ignoring a malformed kv_transfer_params remote_address" in caplog.text
+        assert len(refusals) == 1 and "cmpl-t" in refusals[0], refusals
+    else:
+        assert refusals == []
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:9400", "tpusync://10.0.0.5:9400", "decode-0.pool.svc:9400",
-                                     "[fd00::5]:9400", "fd00::5:9400"])
-def test_a_well_formed_remote_address_is_asked(address):
+@pytest.mark.parametrize(("address", "asked"), [
+    ("127.0.0.1:9400", "127.0.0.1:9400"), ("tpusync://10.0.0.5:9400", "10.0.0.5:9400"),
+    ("[fd00::5]:9400", "[fd00::5]:9400"), ("fd00::5:9400", "[fd00::5]:9400")])
+def test_a_well_formed_remote_address_is_asked(address, asked):
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
-        asked = record_reads(store)
+        seen = record_reads(store)
         e = Engine(CFG, role="both", store=store)
         e.generate(prompt(15, 100), 1, kv_transfer_params={"remote_address": address})
-    assert asked == [address]
+    assert seen == [asked]
 
 
 LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_heads": 2, "head_dim": 64,
@@ -181,38 +187,45 @@ LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_he
 @pytest.mark.parametrize(("change", "message"), [
     ({"head_dim": 128}, "not this model's"),
     ({"dtype": "bfloat16"}, "not this model's"),
-    ({"page_size": 0}, "not a number of tokens"),
-    ({"page_size": "16"}, "not a number of tokens"),
     ({"page_size": 1 << 20}, "not a number of tokens"),
     ({"layers": None}, "not this model's"),
     ({"shards": 3}, "does not split"),
-    ({"shards": 0}, "does not split"),
-    ({"shards": True}, "does not split"),
-    ({"shards": "2"}, "does not split"),
     ({"shards": 4}, "does not split"),  # more shards than kv heads
 ])
 def test_a_prefill_layout_that_is_not_this_models_pages_is_refused(change, message):
+    from tpusync.kv.handoff import reference_prefill
     from tpusync.serving.engine import prefill_layout
 
     with pytest.raises(tpusync.InvalidArgumentError, match=message):
-        prefill_layout({"layout": {**LAYOUT, **change}}, ModelConfig())
-    with pytest.raises(tpusync.InvalidArgumentError, match="not an object"):
-        prefill_layout({"layout": [1, 2]}, ModelConfig())
-    assert prefill_layout({}, ModelConfig()) is None
+        prefill_layout(reference_prefill({"layout": {**LAYOUT, **change}}), ModelConfig())
+    assert prefill_layout(reference_prefill({}), ModelConfig()) is None
+
+
+@pytest.mark.parametrize("change", [{"page_size": 0}, {"page_size": "16"}, {"shards": 0}, {"shards": True},
+                                    {"shards": "2"}, {"hosts": [[0], [7]]}])
+def test_a_malformed_prefill_layout_refuses_the_hand_off(mono, change, caplog):
+    """Not a layout at all (tpusync.kv.handoff): nothing is pulled, the prompt is computed."""
+    p = prompt(16, 100)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        asked = record_reads(store)
+        r = Engine(CFG, role="both", store=store).generate(
+            p, 4, kv_transfer_params={"remote_address": "10.0.0.1:7600", "layout": {**LAYOUT, **change}})
+    assert asked == [] and r.tokens == mono.generate(p, 4).tokens
+    [name] = change
+    assert f"kv_transfer_params.layout.{name}" in caplog.text
 
 
 def test_pulls_go_to_the_prefill_hosts_that_hold_the_needed_shards():
-    from tpusync.serving.engine import prefill_layout, pulls_for
+    from tpusync.kv.handoff import reference_prefill
+    from tpusync.serving.engine import prefill_layout
 
-    params = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]}
-    layout = prefill_layout(params, ModelConfig())
-    assert layout == (2, [[0], [1]], LAYOUT["page_size"])
-    assert pulls_for(params, layout, [0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
-    assert pulls_for(params, layout, [1], 0) == [("10.0.0.2:7600", [1])]
-    # Hosts that do not say what they hold (or a malformed map): every needed shard from each,
-    # this host's counterpart first; malformed addresses never reach the store.
-    bad_map = {**params, "layout": {**LAYOUT, "hosts": [[0], [7]]}}
-    assert pulls_for(bad_map, prefill_layout(bad_map, ModelConfig()), [0, 1], 1) == [
-        ("10.0.0.2:7600", [0, 1]), ("10.0.0.1:7600", [0, 1])]
-    hostile = {"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "-oProxyCommand=x"]}
-    assert pulls_for(hostile, prefill_layout(hostile, ModelConfig()), [0, 1], 0) == [("10.0.0.1:7600", [0])]
+    remote = reference_prefill({"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]})
+    assert prefill_layout(remote, ModelConfig()) == (2, [[0], [1]], LAYOUT["page_size"])
+    assert remote is not None
+    assert remote.pulls([0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
+    assert remote.pulls([1], 0) == [("10.0.0.2:7600", [1])]
+    # Hosts that do not say what they hold: every needed shard from each, this host's counterpart first.
+    unsaid = reference_prefill({"layout": {k: v for k, v in LAYOUT.items() if k != "hosts"},
+                                "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]})
+    assert unsaid is not None
+    assert unsaid.pulls([0, 1], 1) == [("10.0.0.2:7600", [0, 1]), ("10.0.0.1:7600", [0, 1])]
