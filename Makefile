@@ -9,26 +9,58 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install lint lint-python native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches
+.PHONY: all test demo install lint lint-python native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches \
+  native-deps native-test-deps fuzz-deps lint-deps pytest-deps
 FUZZ_SECONDS ?= 15
 
 all: test
 
 include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk tests/sglang/sglang.mk
 
-# Debian packages the native build needs: CMake, Ninja, GoogleTest, xxHash (header-only),
-# OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of the data port's sessions), clang with its runtimes (libFuzzer); iproute2 and
-# iptables for the simulated-hosts fabric (tests/support/fabric.py); clang-tidy for make lint.
-# Installed when missing.
-SYSTEM_PACKAGES := cmake ninja-build libgtest-dev libxxhash-dev libssl-dev libipsec-mb-dev clang-14 libclang-rt-14-dev iproute2 iptables sshfs openssh-server \
-  clang-tidy-14
+# Debian packages, per target: each installs what it needs when missing, and nothing else (make
+# demo needs the native build only: no SSH server, no clang, no firewall tools).
+#   native-deps (the extension and the sidecar: install, demo): a C++ compiler, CMake, Ninja,
+#     xxHash (header-only), OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of
+#     the data port's sessions)
+#   native-test-deps: and GoogleTest       fuzz-deps: and clang with its runtimes (libFuzzer)
+#   lint-deps: and clang-tidy, over a compile database that has the tests (GoogleTest)
+#   pytest-deps: iproute2 and iptables for the simulated-hosts fabric (tests/support/fabric.py),
+#     sshfs and an SSH server for the sshfs shared tier (tests/support/sshfs.py)
+# system-deps is all of them: make test's (caches, its first step, installs them up front).
+NATIVE_PACKAGES := g++ cmake ninja-build libxxhash-dev libssl-dev libipsec-mb-dev
+NATIVE_TEST_PACKAGES := $(NATIVE_PACKAGES) libgtest-dev
+FUZZ_PACKAGES := $(NATIVE_PACKAGES) clang-14 libclang-rt-14-dev
+LINT_PACKAGES := $(NATIVE_TEST_PACKAGES) clang-tidy-14
+PYTEST_PACKAGES := iproute2 iptables sshfs openssh-server
+
+# $(call apt-install,PACKAGES[,THEN]): installs those that are missing (with sudo unless root),
+# then runs the shell command THEN.
+define apt-install
+@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+  echo "installing $$missing"; \
+  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+  $(2) \
+fi
+endef
+# Installing openssh-server enables and starts its system service where systemd runs: stopped
+# and disabled at once (the sshfs tests start an sshd of their own, on 127.0.0.1).
+STOP_SSHD := case " $$missing " in *" openssh-server "*) \
+  if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now ssh.service >/dev/null 2>&1 || true; fi;; esac;
+
+native-deps:
+	$(call apt-install,$(NATIVE_PACKAGES))
+native-test-deps:
+	$(call apt-install,$(NATIVE_TEST_PACKAGES))
+fuzz-deps:
+	$(call apt-install,$(FUZZ_PACKAGES))
+lint-deps:
+	$(call apt-install,$(LINT_PACKAGES))
+pytest-deps:
+	$(call apt-install,$(PYTEST_PACKAGES),$(STOP_SSHD))
 system-deps:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing $$missing"; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	$(call apt-install,$(sort $(NATIVE_TEST_PACKAGES) $(FUZZ_PACKAGES) $(LINT_PACKAGES) $(PYTEST_PACKAGES)),$(STOP_SSHD))
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +69,7 @@ $(VENV)/.created:
 	touch $@
 
 # Editable install: Python edits are live; the native extension rebuilds when its sources change.
-$(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | system-deps
+$(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | native-deps
 	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
 	touch $@
 
@@ -54,7 +86,7 @@ lint-python: install
 	$(VENV)/bin/ruff check $(LINT_PY)
 	$(VENV)/bin/mypy
 
-build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install
+build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install lint-deps
 	cmake -S . -B build/lint -G Ninja -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_BUILD_PYTHON=ON -DTPUSYNC_FUZZ=ON \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/(?!tests/layering/)' >build/lint/clang-tidy.log 2>&1 \
@@ -64,7 +96,7 @@ build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clan
 
 # C++ unit tests, three times: optimised, with AddressSanitizer + UndefinedBehaviorSanitizer,
 # and with ThreadSanitizer (the store's and the servers' concurrency).
-native-test: system-deps
+native-test: native-test-deps
 	cmake -S . -B build/native -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPUSYNC_BUILD_TESTS=ON >/dev/null
 	cmake --build build/native
 	ctest --test-dir build/native --output-on-failure
@@ -78,7 +110,7 @@ native-test: system-deps
 # libFuzzer, with ASan and UBSan, for FUZZ_SECONDS each: the frame parser, the control
 # channel (a real ControlService over a real Store), the HTTP request head.
 FUZZ_TARGETS := frame_fuzz control_fuzz http_fuzz
-fuzz: system-deps
+fuzz: fuzz-deps
 	CC=clang-14 CXX=clang++-14 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DTPUSYNC_FUZZ=ON -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
 	cmake --build build/fuzz --target $(FUZZ_TARGETS)
@@ -89,7 +121,7 @@ fuzz: system-deps
 	  echo "$$t: $$(grep -E '^stat::(number_of_executed_units|new_units_added)' build/fuzz/$$t.log | tr -s ' ' | tr '\n' ' ')"; \
 	done
 
-pytest: install
+pytest: install pytest-deps
 	$(PY) -m pytest -q
 
 test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test e2e

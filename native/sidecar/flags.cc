@@ -1,12 +1,16 @@
 #include "sidecar/flags.h"
 
+#include <arpa/inet.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
+#include <string_view>
 
 namespace tpusync {
 namespace {
@@ -70,15 +74,126 @@ Setter Str(std::string SidecarFlags::*field) {
   };
 }
 
-// Comma-separated; empty entries are dropped.
-Setter List(std::vector<std::string> SidecarFlags::*field) {
-  return [=](SidecarFlags& f, const std::string&, const std::string& v) {
+// The hosts --peers and --peers-dns name. Whitespace around a value or an entry is trimmed
+// (a list pasted as "a:1, b:2", a value folded in YAML); any other mistake is refused, naming
+// the flag and the entry: an entry that never matches a peer would drop a member silently.
+constexpr std::string_view kSpace = " \t\r\n";
+
+std::string_view Trim(std::string_view s) {
+  size_t first = s.find_first_not_of(kSpace);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(kSpace) - first + 1);
+}
+
+bool IsAddress(int family, std::string_view s) {
+  unsigned char buf[16];  // in6_addr or in_addr
+  return ::inet_pton(family, std::string(s).c_str(), buf) == 1;  // glibc: dotted quads only for AF_INET
+}
+
+// Why `name` is not an RFC 1123 host name, or "" when it is: labels of letters, digits and
+// hyphens, 1..63 each, no hyphen first or last, 253 characters in all, one final dot allowed.
+// A name whose last label is all digits is refused: resolvers read it as a number (1.2.3 is
+// 1.2.0.3), so it is a mistyped IPv4 address.
+std::string WhyNotName(std::string_view name) {
+  if (!name.empty() && name.back() == '.') name.remove_suffix(1);
+  if (name.empty()) return "an empty host";
+  if (name.size() > 253) return "a name longer than 253 characters";
+  std::string_view last;
+  for (size_t start = 0; start <= name.size();) {
+    size_t end = std::min(name.find('.', start), name.size());
+    std::string_view label = name.substr(start, end - start);
+    if (label.empty()) return "an empty label (\"..\" or a leading \".\")";
+    if (label.size() > 63) return "a label longer than 63 characters";
+    for (char c : label) {
+      if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '-') {
+        return std::string("'") + c + "' in a name (letters, digits, '-' and '.' only)";
+      }
+    }
+    if (label.front() == '-' || label.back() == '-') return "a label that starts or ends with '-'";
+    last = label;
+    start = end + 1;
+  }
+  if (std::all_of(last.begin(), last.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    return "neither an IPv4 address (four numbers 0..255, no leading zeros) nor a name";
+  }
+  return "";
+}
+
+// Why `port` is not a port 1..65535 in decimal, or "".
+std::string WhyNotPort(std::string_view port) {
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    return "a port must be a number 1..65535";
+  }
+  long n = std::stol(std::string(port));
+  return n >= 1 && n <= 65535 ? "" : "a port must be a number 1..65535";
+}
+
+// Why a --peers entry is not host, host:port, [ipv6] or [ipv6]:port (host: an IPv4 address or
+// a name), or "".
+std::string WhyNotPeer(std::string_view entry) {
+  if (entry.front() == '[') {
+    size_t close = entry.find(']');
+    if (close == std::string_view::npos) return "an IPv6 address without its closing ']'";
+    if (!IsAddress(AF_INET6, entry.substr(1, close - 1))) return "not an IPv6 address in brackets";
+    std::string_view rest = entry.substr(close + 1);
+    if (rest.empty()) return "";
+    if (rest.front() != ':') return "something other than :port after ']'";
+    return WhyNotPort(rest.substr(1));
+  }
+  size_t colon = entry.find(':');
+  if (colon != entry.rfind(':')) return "an IPv6 address must be in brackets: [address] or [address]:port";
+  std::string_view host = entry.substr(0, colon);
+  if (colon != std::string_view::npos) {
+    if (std::string why = WhyNotPort(entry.substr(colon + 1)); !why.empty()) return why;
+  }
+  if (IsAddress(AF_INET, host)) return "";
+  return WhyNotName(host);
+}
+
+// The refusal of one entry of a list flag, naming the flag and the entry.
+Status BadEntry(const std::string& flag, std::string_view entry, const std::string& why) {
+  return InvalidArgument("--" + flag + " entry '" + std::string(entry) + "': " + why);
+}
+
+Status EmptyEntry(const std::string& flag, const std::string& value, size_t i) {
+  return InvalidArgument("--" + flag + "=" + value + ": entry " + std::to_string(i) +
+                         " is empty (two commas, or one at an end)");
+}
+
+// --peers: comma-separated entries (an empty value: none).
+Setter Peers(std::vector<std::string> SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
     (f.*field).clear();
-    for (size_t start = 0; start <= v.size();) {
-      size_t end = std::min(v.find(',', start), v.size());
-      if (end > start) (f.*field).push_back(v.substr(start, end - start));
+    const std::string_view all = Trim(v);
+    for (size_t start = 0, i = 1; !all.empty() && start <= all.size(); ++i) {
+      size_t end = std::min(all.find(',', start), all.size());
+      std::string_view entry = Trim(all.substr(start, end - start));
+      if (entry.empty()) return EmptyEntry(n, v, i);
+      if (std::string why = WhyNotPeer(entry); !why.empty()) return BadEntry(n, entry, why);
+      (f.*field).emplace_back(entry);
       start = end + 1;
     }
+    return Status::Ok();
+  };
+}
+
+// --peers-dns: one name (an empty value: none). Its addresses are members at --data-port, so
+// neither a port nor an address belongs in it (a single address is a --peers entry).
+Setter DnsName(std::string SidecarFlags::*field) {
+  return [=](SidecarFlags& f, const std::string& n, const std::string& v) {
+    const std::string_view name = Trim(v);
+    std::string why;
+    if (name.find(',') != std::string_view::npos) {
+      why = "one name only (members of other pools go in --peers)";
+    } else if (name.find(':') != std::string_view::npos || IsAddress(AF_INET, name)) {
+      why = "a name without a port, not an address (its addresses are members at --data-port; a single address "
+            "is a --peers entry)";
+    } else if (!name.empty()) {
+      why = WhyNotName(name);
+    }
+    if (!why.empty()) return InvalidArgument("--" + n + "=" + v + ": " + why);
+    f.*field = name;
     return Status::Ok();
   };
 }
@@ -143,11 +258,14 @@ const std::vector<FlagDef>& Defs() {
       {"drain-timeout-ms", Int(&SidecarFlags::drain_timeout_ms, 0, 3600000), "SIGTERM drain period (default 30000)"},
       {"hugepages", Bool(&SidecarFlags::hugepages), "ask for transparent huge pages"},
       {"mlock", Bool(&SidecarFlags::mlock), "lock the pool in RAM"},
-      {"peers", List(&SidecarFlags::peers),
-       "the pool's members, comma-separated host:port (or host: any port) entries; with --peers-dns, the only "
-       "data ports this sidecar pulls from and pushes to (default: none)"},
-      {"peers-dns", Str(&SidecarFlags::peers_dns),
-       "headless Service of the pool: its addresses are members at this sidecar's --data-port; reported on /readyz"},
+      {"peers", Peers(&SidecarFlags::peers),
+       "the pool's members, comma-separated host:port (or host: any port) entries, a host being a name (RFC 1123), "
+       "an IPv4 address or an IPv6 address in brackets ([fd00::1]:9400); whitespace around an entry is ignored, "
+       "an entry that is not one of these is refused; with --peers-dns, the only data ports this sidecar pulls "
+       "from and pushes to (default: none)"},
+      {"peers-dns", DnsName(&SidecarFlags::peers_dns),
+       "headless Service of the pool, a name (RFC 1123) without a port: its addresses are members at this "
+       "sidecar's --data-port; reported on /readyz"},
       {"encrypt", Bool(&SidecarFlags::encrypt),
        "encrypt every data-port session, both ways (AES-256-GCM); sessions are authenticated either way"},
       {"help", Bool(&SidecarFlags::help), "print this help"},

@@ -1,7 +1,9 @@
 """`make demo`: disaggregated serving with tpusync on one machine, checked token for token.
 
 Starts on 127.0.0.1 two sidecars (the prefill host's and the decode host's), a prefill server,
-a decode server and, for reference, a monolithic server without any cache. Sends requests
+a decode server and, for reference, a monolithic server without any cache. The servers run a
+tiny model (4 layers, random weights) on the CPU: the times compare the three paths with each
+other, not with a real model on TPUs. Sends requests
 that share a long prefix and, for each, prints the time to first token monolithic vs
 disaggregated (prefill, KV pulled sidecar to sidecar, decode) vs a prefix-cache hit, the
 bytes moved and the transfer time, and checks that all three produced the same tokens.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,6 +27,7 @@ import urllib.request
 import uuid
 from typing import Any
 
+import jax
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
@@ -32,7 +36,7 @@ from rich.table import Table
 from tpusync import cli
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
-from tpusync.serving.model import ModelConfig
+from tpusync.serving.model import ModelConfig, init_params
 
 MODEL: dict[str, Any] = {"max_seq": 2048}
 SHARED_PREFIX, SUFFIX, MAX_TOKENS, REQUESTS = 1536, 256, 16, 6
@@ -62,6 +66,30 @@ def post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float, list[in
     return final, ttft, tokens
 
 
+def model_note(cfg: ModelConfig) -> str:
+    """What the servers run, said before any number (no allocation: the shapes only)."""
+    params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(jax.eval_shape(lambda: init_params(cfg))))
+    return (f"The servers run a tiny model on the CPU: {cfg.layers} layers, d_model {cfg.d_model}, "
+            f"{params / 1e6:.1f} M random {cfg.dtype} weights, {cfg.page_size}-token pages. Its times compare the "
+            "three ways to serve a prompt with each other; a real model on TPUs takes other times.")
+
+
+def legend(cfg: ModelConfig) -> str:
+    """What the table's columns and its first row mean."""
+    return "\n".join([
+        "mono: one server that prefills and decodes itself, with no prefix cache (every prompt computed whole): "
+        "the baseline.",
+        "P/D TTFT: the prefill request + decode's first token (its KV pulled sidecar to sidecar, only the blocks "
+        "it lacks).",
+        "req 0 is cold: nothing is cached yet, so prefill computes the whole prompt and decode pulls every page. "
+        "From req 1 on, the shared prefix is cached on both hosts: prefill computes only what follows it, decode "
+        "pulls only those pages.",
+        f"hit: the same prompt again, served from the decode host's DRAM. hit computed is {cfg.chunk}, not 0: the "
+        f"engine computes in chunks of {cfg.chunk} tokens ({cfg.chunk // cfg.page_size} pages) and always computes "
+        "again the chunk holding the prompt's last token, whose logits give the first generated token.",
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     return cli.run(_main, "python -m tpusync.demo", argv)
 
@@ -72,8 +100,10 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--requests", type=cli.positive(int), default=REQUESTS, help="requests sharing the prefix")
     cli.add_debug(ap)
     args = ap.parse_args(argv)
+    os.environ["JAX_PLATFORMS"] = "cpu"   # the servers', whatever accelerator this machine has
     console = Console(width=max(Console().width, 132))
     cfg = ModelConfig(**MODEL)
+    console.print(model_note(cfg))
     block = -(-cfg.page_bytes // 4096) * 4096
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, cfg.vocab, SHARED_PREFIX).tolist()
@@ -108,7 +138,7 @@ def _main(argv: list[str]) -> int:
             progress.advance(task)
 
             table = Table(title=f"tpusync demo: {args.requests} requests, {SHARED_PREFIX}-token shared prefix + "
-                                f"{SUFFIX} own tokens, {MAX_TOKENS} generated (TTFT in ms)")
+                                f"{SUFFIX} own tokens, {MAX_TOKENS} generated (TTFT in ms; a tiny model on the CPU)")
             for col in ("req", "mono TTFT", "P/D TTFT", "prefill computed", "KV pulled", "transfer ms",
                         "hit TTFT", "hit computed", "tokens"):
                 table.add_column(col, justify="right")
@@ -143,8 +173,7 @@ def _main(argv: list[str]) -> int:
                 if os.path.exists(pool):
                     os.unlink(pool)
     console.print(table)
-    console.print("P/D TTFT = prefill request + decode's first token (its KV pulled sidecar to sidecar, only the "
-                  "blocks it lacks); hit = the same prompt again, served from the decode host's DRAM.")
+    console.print(legend(cfg))
     if failures:
         console.print(f"[red]{failures} request(s) produced different tokens[/]")
         return 1

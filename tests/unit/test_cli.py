@@ -42,3 +42,31 @@ def test_an_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
     assert done.stderr.startswith("python -m tpusync.weights: error: ") and len(done.stderr.splitlines()) == 1
     debug = run(*args, "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+RECEIVE = ["receive", "--control-socket=/nonexistent/control.sock", "--model=m"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--version=1", "--host=a:1", "--source=s:1", "--source=s:1", "--destination=a:1"],
+     "--source s:1 is given twice"),
+    (["--version=1", "--host=a:1", "--source=s:1", "--destination=a:1", "--destination=a:1"],
+     "--destination a:1 is given twice"),
+    (["--version=1", "--host=c:1", "--source=s:1", "--destination=a:1"],
+     "--host c:1 is not one of the --destination ['a:1']"),
+    (["--version=1", "--host=s:1", "--source=s:1", "--destination=s:1"], "--host s:1 is one of the --source"),
+    (["--version=1", "--host=a:99999", "--source=s:1", "--destination=a:1"], "--host 'a:99999' is not host:port"),
+    (["--version=0", "--host=a:1", "--source=s:1", "--destination=a:1"],
+     "argument --version: version must be an integer >= 1, not 0"),
+    (["--version=-1", "--host=a:1", "--source=s:1", "--destination=a:1"],
+     "argument --version: version must be an integer >= 1, not -1"),
+    (["--version=x", "--host=a:1", "--source=s:1", "--destination=a:1"], "argument --version: 'x' is not an integer"),
+])
+def test_receive_checks_every_argument_while_parsing(capsys, args, message):
+    """Refused as a usage error before the control socket is even opened (it does not exist: the
+    old receiver got that far, or with a socket, waited out --timeout-seconds for the manifest)."""
+    with pytest.raises(SystemExit) as e:
+        weights_main(RECEIVE + args)
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("python -m tpusync.weights receive: error: ") and message in last, last

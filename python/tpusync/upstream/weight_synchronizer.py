@@ -37,6 +37,7 @@ import numpy as np
 from tpusync import errors
 from tpusync.store import connect_sidecar
 from tpusync.weights import VersionedWeights as _Versions
+from tpusync.weights.keys import check_version
 from tpusync.weights.tensors import iter_leaves
 
 __all__ = ["WeightSynchronizer"]
@@ -107,7 +108,7 @@ class WeightSynchronizer:
         """Waits until version `uuid` (or, with None, any version newer than the one bound) is
         committed on this host, then h2d(). A tpusync addition: tpu-inference's sampler calls it
         where present instead of polling the arrays until they stop changing."""
-        want = uuid if uuid is not None else (self._version or 0) + 1
+        want = check_version(uuid, "uuid") if uuid is not None else (self._version or 0) + 1
         with self._lock:
             self._versions.wait_for_version(want, timeout)
         self.h2d()

@@ -5,6 +5,10 @@
     python -m tpusync.weights receive --control-socket SOCK --host ADDR --model M --version V \
         --source ADDR [--source ADDR ...] --destination ADDR [--destination ADDR ...] [--topology ...]
 
+`receive` checks every argument before it waits: each address is host:port and given once,
+--host is one of the destinations (not a source) and this host's sidecar reaches it, and the
+version is >= 1 (tpusync.weights.keys.check_version, the rule of the whole weight API).
+
 `demo` starts one sidecar per simulated host on 127.0.0.1 (host 0 is the trainer's),
 publishes random bf16 weights, sends them to every other host with a rich progress bar per
 host, checks a sampler on the last host received them byte for byte, and prints metrics.
@@ -21,8 +25,10 @@ import sys
 import tempfile
 import uuid
 
-from tpusync import cli
+from tpusync import cli, errors
 from tpusync.weights import plan as planmod
+from tpusync.weights.keys import check_version
+from tpusync.weights.receive import check_hosts
 
 MIB = 1 << 20
 
@@ -131,6 +137,19 @@ def cmd_receive(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_arg(text: str) -> int:
+    """An argparse type: a weight version, by the API's own rule (keys.check_version)."""
+    try:
+        return check_version(int(text))
+    except errors.InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+RECEIVE_FLAGS = ("--host", "--source", "--destination")
+
+
 def main(argv: list[str] | None = None) -> int:
     return cli.run(_main, "python -m tpusync.weights", argv)
 
@@ -153,7 +172,7 @@ def _main(argv: list[str]) -> int:
     r.add_argument("--control-socket", required=True, help="this host's sidecar control socket")
     r.add_argument("--host", required=True, help="this host's data address, as in --destination")
     r.add_argument("--model", required=True)
-    r.add_argument("--version", type=count, required=True)
+    r.add_argument("--version", type=version_arg, required=True, help="the version to receive, >= 1")
     r.add_argument("--source", action="append", required=True,
                    help="a trainer host's data address (several: every host of the trainer, in process order)")
     r.add_argument("--destination", action="append", required=True, help="every destination host, in plan order")
@@ -164,6 +183,12 @@ def _main(argv: list[str]) -> int:
         q.add_argument("--fanout", type=count, default=2)
         cli.add_debug(q)
     args = ap.parse_args(argv)
+    if args.cmd == "receive":   # before anything connects or waits
+        try:
+            args.host, args.source, args.destination = check_hosts(args.host, args.source, args.destination,
+                                                                   names=RECEIVE_FLAGS)
+        except errors.InvalidArgumentError as e:
+            r.error(str(e))
     return {"plan": cmd_plan, "demo": cmd_demo, "receive": cmd_receive}[args.cmd](args)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from tpusync import errors
 from tpusync.weights.head import read_head
+from tpusync.weights.keys import check_version
 from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
 from tpusync.weights.manifest import Manifest
 from tpusync.weights.polling import backoff
@@ -30,6 +31,8 @@ def await_version(store: Any, model: str, version: int | None, timeout: float | 
     """The newest version of `model` committed on this host that is >= `version` (any, for
     None), waiting up to `timeout` seconds for one. Versions a peer pushed here (their commit
     records, no head yet) are committed first, so a sampler that missed some catches up."""
+    if version is not None:
+        version = check_version(version)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = backoff()
     while True:
@@ -71,7 +74,7 @@ def _newest_pushed(store: Any, model: str, head: int) -> int:
 def pinned_version(store: Any, model: str, version: int) -> Iterator[Manifest]:
     """A committed version's manifest, every block of the version pinned by this process
     until the block exits. Raises VersionGoneError if it left the pool already."""
-    manifest = read_manifest(store, model, version)
+    manifest = read_manifest(store, model, check_version(version))
     if manifest is None:
         raise VersionGoneError(f"version {version} of {model!r} is not committed on this host")
     keys = version_keys(manifest)

@@ -39,6 +39,7 @@ from tpusync.weights import land
 from tpusync.weights import plan as planmod
 from tpusync.weights.checksums import CHECKSUM
 from tpusync.weights.head import read_head, read_part_head
+from tpusync.weights.keys import check_version
 from tpusync.weights.manifest import BlockRef, Manifest, merge_parts, source_chunks
 from tpusync.weights.storage import commit_on_host, read_manifest, write_manifest
 
@@ -168,6 +169,8 @@ class WeightDistributor:
         chain or tree and every destination commits the merged version. The future's result
         is a TransferReport; hosts that died are in `report.failed`, the others committed.
         It raises if a source cannot be read or the parts do not make a whole version."""
+        if version is not None:
+            version = check_version(version)
         src = self._resolve(src_units, TRAINER)
         dst = self._resolve(dst_units, SAMPLER)
         if not src:

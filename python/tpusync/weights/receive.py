@@ -16,10 +16,15 @@ pulls the manifest reference (`manifest.ref_key`) and then the manifest it names
 A parent that cannot be reached, or that gains no chunk for `stall_seconds` (its own receiver
 died, or never started), is routed around: the host pulls from that parent's parent, up to
 the source. Start every host's receiver within `stall_seconds` of the others.
+
+Every argument is checked before anything waits (`check_hosts`, `check_version`, and this
+host's sidecar reaching `host`): a mistake is refused at once, not reported as a version that
+was "not published in time" after the timeout.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +33,7 @@ from tpusync import errors
 from tpusync.store import KVStore
 from tpusync.weights import land
 from tpusync.weights import plan as planmod
-from tpusync.weights.keys import Part, ref_key
+from tpusync.weights.keys import Part, check_version, ref_key
 from tpusync.weights.manifest import Manifest, merge_parts, source_chunks
 from tpusync.weights.polling import backoff
 from tpusync.weights.storage import commit_on_host, read_commit, read_manifest, write_manifest
@@ -54,20 +59,21 @@ def receive_version(store: KVStore, model: str, version: int, *, host: str, sour
     """Lands `version` of `model` in this host's pool along the plan and commits it here.
 
     `host` is this host's data address as it appears in `destinations`. Raises
+    InvalidArgumentError at once for arguments `check_hosts` or `check_version` refuses, or a
+    `host` this host's sidecar cannot reach (every host dials the others by these addresses);
     DeadlineExceededError after `timeout`, UnavailableError when a source fails."""
     start = time.perf_counter()
     deadline = time.monotonic() + timeout
-    sources = [s.removeprefix("tpusync://") for s in sources]
+    version = check_version(version)
+    host, sources, destinations = check_hosts(host, sources, destinations)
+    _check_reachable(store, host, ref_key(model, version))
     n = len(sources)
     held = {s: _fetch_manifest(store, model, version, s, (i, n) if n > 1 else None, deadline)
             for i, s in enumerate(sources)}
     whole = merge_parts(list(held.values())) if n > 1 else held[sources[0]]
     chunks = source_chunks(held, chunk_blocks or whole.blocks_per_chunk)
     counts = {s: len(c) for s, c in chunks.items()}
-    plan = planmod.build_plan(sources, [d.removeprefix("tpusync://") for d in destinations], chunks=counts,
-                              topology=topology, fanout=fanout)
-    if host not in plan.destinations:
-        raise errors.InvalidArgumentError(f"{host} is not one of the destinations {list(plan.destinations)}")
+    plan = planmod.build_plan(sources, destinations, chunks=counts, topology=topology, fanout=fanout)
     report = ReceiveReport(model, version, host, whole.nbytes, sum(counts.values()))
     dead: set[str] = set()
     order = planmod.chunk_order(counts)
@@ -95,6 +101,57 @@ def receive_version(store: KVStore, model: str, version: int, *, host: str, sour
     commit_on_host(store, whole)
     report.seconds = time.perf_counter() - start
     return report
+
+
+# host:port, the host a name or an IPv4 address, or an IPv6 address in brackets; the sidecars
+# judge the rest (which names and addresses are members of the pool).
+_ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
+
+
+def check_hosts(host: str, sources: Sequence[str], destinations: Sequence[str], *,
+                names: tuple[str, str, str] = ("host", "sources", "destinations")
+                ) -> tuple[str, list[str], list[str]]:
+    """(host, sources, destinations) without tpusync://, checked before anything waits; `names`
+    are what a refusal calls the three (the CLI's flags). Every address is host:port, none is
+    given twice (a source twice would be read as two parts of a multi-process trainer), and
+    `host` is one of the destinations, not a source. InvalidArgumentError otherwise."""
+    host_name, sources_name, destinations_name = names
+
+    def addresses(what: str, given: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        for a in (g.removeprefix("tpusync://") for g in given):
+            port = _ADDRESS.fullmatch(a)
+            if port is None or not 0 < int(port.group(1)) < 65536:
+                raise errors.InvalidArgumentError(
+                    f"{what} {a!r} is not host:port (port 1..65535; an IPv6 address in brackets: [fd00::1]:9400)")
+            if a in out:
+                raise errors.InvalidArgumentError(f"{what} {a} is given twice")
+            out.append(a)
+        if not out:
+            raise errors.InvalidArgumentError(f"{what}: at least one address is needed")
+        return out
+
+    srcs = addresses(sources_name, sources)
+    dsts = addresses(destinations_name, destinations)
+    (me,) = addresses(host_name, [host])
+    if me in srcs:
+        raise errors.InvalidArgumentError(f"{host_name} {me} is one of the {sources_name}: a source holds the "
+                                          "version already, it receives nothing")
+    if me not in dsts:
+        raise errors.InvalidArgumentError(f"{host_name} {me} is not one of the {destinations_name} {dsts}: "
+                                          "it must be this host's address as the other hosts list it")
+    return me, srcs, dsts
+
+
+def _check_reachable(store: KVStore, host: str, key: int) -> None:
+    """This host's sidecar reaches `host` as a pool member now: the other hosts pull from this one
+    at that address, so an address no sidecar of the pool admits, or where none answers, is
+    refused before the wait (nothing moves: one existence query)."""
+    try:
+        store.exists_remote(host, [key])
+    except (errors.UnavailableError, errors.PreconditionError, errors.AuthError, errors.DeadlineExceededError) as e:
+        raise errors.InvalidArgumentError(f"{host} (this host's address) cannot be reached from this host's "
+                                          f"sidecar: {e}") from e
 
 
 def _fetch_manifest(store: KVStore, model: str, version: int, source: str, part: Part | None,

@@ -29,7 +29,7 @@ from tpusync.store import KVStore
 from tpusync.weights.checksums import CHECKSUM, checksum
 from tpusync.weights.head import read_head
 from tpusync.weights.inplace import await_version
-from tpusync.weights.keys import commit_key, weight_key
+from tpusync.weights.keys import check_version, commit_key, weight_key
 from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry, tiling_problem
 from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
@@ -89,6 +89,7 @@ class VersionedWeights:
         JAX job); the manager's start_transfer over all trainer hosts assembles and
         commits the whole version.
         """
+        version = check_version(version)
         state_dict = is_state_dict(params)
         if part is None and not state_dict:
             import jax
@@ -144,7 +145,7 @@ class VersionedWeights:
         return manifest
 
     def publish_async(self, params: Any, version: int, **kw: Any) -> Future[Manifest]:
-        return self._pool.submit(self.publish, params, version, **kw)
+        return self._pool.submit(self.publish, params, check_version(version), **kw)
 
     def push_weights(self, peers: Sequence[str], version: int | None = None) -> Future[int]:
         """Pushes a committed version from this host's sidecar to peer sidecars ("host:port").
@@ -152,6 +153,9 @@ class VersionedWeights:
         Data first, then the manifest, then the commit record, so a peer commits only a whole
         version; only blocks a peer lacks travel. The future's result is the version pushed.
         """
+        if version is not None:
+            check_version(version)
+
         def run() -> int:
             v = self.latest_version() if version is None else version
             if v is None:
@@ -194,12 +198,13 @@ class VersionedWeights:
 
     def wait_for_version(self, version: int, timeout: float | None = None) -> int:
         """Blocks until a version >= `version` is loaded (the newest one present); returns it."""
+        version = check_version(version)
         if self._version is not None and self._version >= version:
             return self._version
         return self._load_newest(await_version(self.store, self.model, version, timeout))
 
     def wait_for_version_async(self, version: int, timeout: float | None = None) -> Future[int]:
-        return self._pool.submit(self.wait_for_version, version, timeout)
+        return self._pool.submit(self.wait_for_version, check_version(version), timeout)
 
     def poll_async(self) -> Future[int | None]:
         return self._pool.submit(self.poll)
@@ -222,6 +227,7 @@ class VersionedWeights:
 
     def load(self, version: int) -> None:
         """Loads one committed version from this host's pool and swaps it in."""
+        version = check_version(version)
         if self._template is None:
             raise errors.PreconditionError("bind_weights(template) first")
         start = time.perf_counter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.support.processes import free_port
 from tpusync.weights.codec import manifest_blocks
 from tpusync.weights.head import read_head
 
@@ -76,3 +77,19 @@ def test_dead_or_stalled_relays_are_routed_around(hosts, procs):
     assert f"('{t.address}', '{a.address}', '{t.address}')" in out
     assert read_head(a.pool_path, "m") is None
     assert sampler_result(procs("sampler", b, 1)) == {"version": 1, "digest": digest(params(3))}
+
+
+def test_a_host_its_sidecar_cannot_reach_is_refused_at_once(hosts):
+    """--host lists an address where no sidecar answers (a typo'd port): the receiver says so
+    and exits before it waits for the version (it used to wait out --timeout-seconds, then
+    report the version "not published in time"). The trainer's sidecar is up and never
+    publishes: only the check can end this receiver before the timeout."""
+    t, a = hosts(2)
+    wrong = f"127.0.0.1:{free_port()}"
+    p = subprocess.run(
+        [sys.executable, "-m", "tpusync.weights", "receive", f"--control-socket={a.control_socket}", f"--host={wrong}",
+         "--model=m", "--version=1", f"--source={t.address}", f"--destination={wrong}", "--timeout-seconds=600"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr == (f"python -m tpusync.weights: error: {wrong} (this host's address) cannot be reached from "
+                        f"this host's sidecar: peer: connect {wrong}: Connection refused\n")
