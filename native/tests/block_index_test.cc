@@ -1,4 +1,4 @@
-#include "tpusync/block_index.h"
+#include "store/block_index.h"
 
 #include <gtest/gtest.h>
 

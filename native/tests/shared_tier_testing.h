@@ -12,7 +12,7 @@
 
 #include "base/posix_io.h"
 #include "test_util.h"
-#include "tpusync/shared_tier.h"
+#include "store/shared_tier.h"
 
 namespace tpusync::testing {
 

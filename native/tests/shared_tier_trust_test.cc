@@ -1,4 +1,4 @@
-// The shared tier's trust model (include/tpusync/shared_tier.h): whoever can write to the shared
+// The shared tier's trust model (src/store/include/store/shared_tier.h): whoever can write to the shared
 // directory without the pool's secret can plant files and links there, and none of it is ever
 // read as a block, announced, followed, or used to delete anything outside the tier.
 #include <fcntl.h>

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "store/change_feed.h"
 #include "test_util.h"
 
 namespace tpusync {

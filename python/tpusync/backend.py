@@ -1,4 +1,4 @@
-"""BlockBackend: the one contract every KVStore backend serves (native/include/tpusync/block_store.h).
+"""BlockBackend: the one contract every KVStore backend serves (native/include/net/tpusync/block_store.h).
 
 `tpusync._native.BlockStore` implements it for all three backends: an in-process store
 (`BlockStore.open_local`), the pod's sidecar (`connect_sidecar`) and a sidecar's data port

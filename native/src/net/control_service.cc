@@ -115,7 +115,11 @@ void ControlService::Serve(Connection& conn) {
       }
       break;
     }
-    Status st = Handle(c, *f, session, d, stop);
+    Request request{c, *f, session, d, stop};
+    const Handler handler = HandlerFor(f->header.op);
+    Status st = handler != nullptr
+                    ? (this->*handler)(request)
+                    : BadFrame("op " + std::to_string(static_cast<int>(f->header.op)) + " is not a control request");
     metrics_.Latency(ServerOp::kControl, std::chrono::duration<double>(Clock::now() - start).count());
     if (!st.ok()) {
       metrics_.Error(ServerOp::kControl);
@@ -129,150 +133,208 @@ void ControlService::Serve(Connection& conn) {
   }
 }
 
-Status ControlService::Handle(FramedConn& c, const Frame& f, Session& session, Deadline d, const WakeFd& stop) {
-  switch (f.header.op) {
-    case Op::kInfo: {
-      BodyWriter w;
-      w.Str(store_.pool_path());
-      w.U64(store_.block_bytes());
-      w.U64(store_.num_slots());
-      return c.Send(Op::kInfoReply, w.bytes(), d);
-    }
-    case Op::kLookup: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      if (f.header.status == kLookupEveryKey) {
-        std::vector<Tier> tiers = store_.Where(keys);
-        return c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), d, static_cast<uint32_t>(keys.size()));
-      }
-      if (f.header.status > kLookupPin) return BadFrame("LOOKUP flags " + std::to_string(f.header.status));
-      bool pin = f.header.status == kLookupPin;
-      LookupResult r = store_.Lookup(keys, pin);
-      if (pin) session.Pinned(std::span(keys).first(r.prefix_len));
-      return c.Send(Op::kTiers, std::as_bytes(std::span(r.tiers)), d, static_cast<uint32_t>(keys.size()));
-    }
-    case Op::kPin: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      if (f.header.status & kPinForHost) {
-        TPUSYNC_RETURN_IF_ERROR(PinForHost(keys));
-      } else {
-        TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
-        session.Pinned(keys);
-      }
-      return SendOk(c, d);
-    }
-    case Op::kRelease: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? ReleaseForHost(keys) : session.Unpin(keys));
-      return SendOk(c, d);
-    }
-    case Op::kEvict: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      TPUSYNC_RETURN_IF_ERROR(store_.Evict(keys));
-      return SendOk(c, d);
-    }
-    case Op::kFlush:
-      TPUSYNC_RETURN_IF_ERROR(store_.Flush());
-      return SendOk(c, d);
-    case Op::kStats: {
-      std::string text = StatsText(store_.Stats());
-      return c.Send(Op::kStatsReply, std::as_bytes(std::span(text)), d);
-    }
-    case Op::kReserve: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      BodyWriter w;
-      std::vector<BlockKey> taken;  // by this request: given back if it fails
-      for (const BlockKey& k : keys) {
-        // A connection that holds reservations never waits for others' (no hold-and-wait, so
-        // two engines filling the pool cannot deadlock): it gets kSlotBusy or kSlotNoRoom and
-        // asks again after committing what it holds.
-        Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
-                                                         : store_.Reserve(k, session.reserved.empty());
-        const StatusCode sc = l.status().code();
-        if (sc != StatusCode::kOk && sc != StatusCode::kFailedPrecondition && sc != StatusCode::kResourceExhausted &&
-            sc != StatusCode::kUnavailable) {
-          for (const BlockKey& t : taken) session.reserved.erase(t);
-          return l.status();  // what it is, never "already stored" (Store::Reserve has no other code today)
-        }
-        uint8_t code = l.ok()                                 ? kSlotOk
-                       : sc == StatusCode::kResourceExhausted ? kSlotNoRoom
-                       : sc == StatusCode::kUnavailable       ? kSlotBusy
-                                                              : kSlotAlreadyStored;
-        w.U8(code);
-        w.U64(l.ok() ? l->file_offset() : 0);
-        w.U64(l.ok() ? l->capacity() : 0);
-        if (l.ok()) {
-          session.reserved.emplace(k, std::move(l).value());
-          taken.push_back(k);
-        }
-      }
-      return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
-    }
-    case Op::kCommit: {
-      if (f.body.size() != uint64_t{f.header.count} * 24) return BadFrame("COMMIT body");
-      BodyReader r(f.body);
-      std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
-      for (auto& [k, len] : items) {
-        if (!r.Key(&k)) break;
-      }
-      for (auto& [k, len] : items) {
-        if (!r.U64(&len)) break;
-      }
-      if (!r.done()) return BadFrame("COMMIT body");
-      for (auto& [k, len] : items) {
-        auto it = session.reserved.find(k);
-        if (it == session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
-        Status st = it->second.Commit(len);
-        session.reserved.erase(it);
-        TPUSYNC_RETURN_IF_ERROR(st);
-      }
-      return SendOk(c, d);
-    }
-    case Op::kAbort: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      for (const BlockKey& k : keys) session.reserved.erase(k);
-      return SendOk(c, d);
-    }
-    case Op::kAcquire: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      BodyWriter w;
-      for (const BlockKey& k : keys) {
-        Result<ReadLease> l = store_.Acquire(k);
-        w.U8(l.ok() ? kSlotOk : kSlotMissing);
-        w.U64(l.ok() ? l->file_offset() : 0);
-        w.U64(l.ok() ? l->size() : 0);
-        if (l.ok()) session.acquired.emplace(k, std::move(l).value());
-      }
-      return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
-    }
-    case Op::kUnacquire: {
-      TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-      for (const BlockKey& k : keys) {
-        if (auto it = session.acquired.find(k); it != session.acquired.end()) session.acquired.erase(it);
-      }
-      return SendOk(c, d);
-    }
-    case Op::kChanges:
-      return HandleChanges(c, f, stop);
-    case Op::kDescribe:
-      return HandleDescribe(c, f, d);
-    case Op::kRecords:
-      return HandleRecords(c, f, d);
-    case Op::kPullFrom:
-    case Op::kPushTo:
-    case Op::kExistsAt:
-      return HandlePeerOp(c, f, d);
-    default:
-      return BadFrame("op " + std::to_string(static_cast<int>(f.header.op)) + " is not a control request");
+ControlService::Handler ControlService::HandlerFor(Op op) {
+  static constexpr std::pair<Op, Handler> kHandlers[] = {
+      {Op::kInfo, &ControlService::Info},         {Op::kLookup, &ControlService::Lookup},
+      {Op::kPin, &ControlService::Pin},           {Op::kRelease, &ControlService::Release},
+      {Op::kEvict, &ControlService::Evict},       {Op::kFlush, &ControlService::Flush},
+      {Op::kStats, &ControlService::Stats},       {Op::kReserve, &ControlService::Reserve},
+      {Op::kCommit, &ControlService::Commit},     {Op::kAbort, &ControlService::Abort},
+      {Op::kAcquire, &ControlService::Acquire},   {Op::kUnacquire, &ControlService::Unacquire},
+      {Op::kChanges, &ControlService::Changes},   {Op::kDescribe, &ControlService::Describe},
+      {Op::kRecords, &ControlService::Records},   {Op::kPullFrom, &ControlService::PeerOp},
+      {Op::kPushTo, &ControlService::PeerOp},     {Op::kExistsAt, &ControlService::PeerOp},
+  };
+  for (const auto& [o, h] : kHandlers) {
+    if (o == op) return h;
   }
+  return nullptr;
+}
+
+Status ControlService::Info(Request& r) {
+  FramedConn& c = r.c;
+  const Deadline d = r.d;
+  BodyWriter w;
+  w.Str(store_.pool_path());
+  w.U64(store_.block_bytes());
+  w.U64(store_.num_slots());
+  return c.Send(Op::kInfoReply, w.bytes(), d);
+}
+
+Status ControlService::Lookup(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  if (f.header.status == kLookupEveryKey) {
+    std::vector<Tier> tiers = store_.Where(keys);
+    return c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), d, static_cast<uint32_t>(keys.size()));
+  }
+  if (f.header.status > kLookupPin) return BadFrame("LOOKUP flags " + std::to_string(f.header.status));
+  bool pin = f.header.status == kLookupPin;
+  LookupResult found = store_.Lookup(keys, pin);
+  if (pin) session.Pinned(std::span(keys).first(found.prefix_len));
+  return c.Send(Op::kTiers, std::as_bytes(std::span(found.tiers)), d, static_cast<uint32_t>(keys.size()));
+}
+
+Status ControlService::Pin(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  if (f.header.status & kPinForHost) {
+    TPUSYNC_RETURN_IF_ERROR(PinForHost(keys));
+  } else {
+    TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
+    session.Pinned(keys);
+  }
+  return SendOk(c, d);
+}
+
+Status ControlService::Release(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? ReleaseForHost(keys) : session.Unpin(keys));
+  return SendOk(c, d);
+}
+
+Status ControlService::Evict(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_RETURN_IF_ERROR(store_.Evict(keys));
+  return SendOk(c, d);
+}
+
+Status ControlService::Flush(Request& r) {
+  FramedConn& c = r.c;
+  const Deadline d = r.d;
+  TPUSYNC_RETURN_IF_ERROR(store_.Flush());
+  return SendOk(c, d);
+}
+
+Status ControlService::Stats(Request& r) {
+  FramedConn& c = r.c;
+  const Deadline d = r.d;
+  std::string text = StatsText(store_.Stats());
+  return c.Send(Op::kStatsReply, std::as_bytes(std::span(text)), d);
+}
+
+Status ControlService::Reserve(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  BodyWriter w;
+  std::vector<BlockKey> taken;  // by this request: given back if it fails
+  for (const BlockKey& k : keys) {
+    // A connection that holds reservations never waits for others' (no hold-and-wait, so
+    // two engines filling the pool cannot deadlock): it gets kSlotBusy or kSlotNoRoom and
+    // asks again after committing what it holds.
+    Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
+                                                     : store_.Reserve(k, session.reserved.empty());
+    const StatusCode sc = l.status().code();
+    if (sc != StatusCode::kOk && sc != StatusCode::kFailedPrecondition && sc != StatusCode::kResourceExhausted &&
+        sc != StatusCode::kUnavailable) {
+      for (const BlockKey& t : taken) session.reserved.erase(t);
+      return l.status();  // what it is, never "already stored" (Store::Reserve has no other code today)
+    }
+    uint8_t code = l.ok()                                 ? kSlotOk
+                   : sc == StatusCode::kResourceExhausted ? kSlotNoRoom
+                   : sc == StatusCode::kUnavailable       ? kSlotBusy
+                                                          : kSlotAlreadyStored;
+    w.U8(code);
+    w.U64(l.ok() ? l->file_offset() : 0);
+    w.U64(l.ok() ? l->capacity() : 0);
+    if (l.ok()) {
+      session.reserved.emplace(k, std::move(l).value());
+      taken.push_back(k);
+    }
+  }
+  return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+}
+
+Status ControlService::Commit(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  if (f.body.size() != uint64_t{f.header.count} * 24) return BadFrame("COMMIT body");
+  BodyReader in(f.body);
+  std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
+  for (auto& [k, len] : items) {
+    if (!in.Key(&k)) break;
+  }
+  for (auto& [k, len] : items) {
+    if (!in.U64(&len)) break;
+  }
+  if (!in.done()) return BadFrame("COMMIT body");
+  for (auto& [k, len] : items) {
+    auto it = session.reserved.find(k);
+    if (it == session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
+    Status st = it->second.Commit(len);
+    session.reserved.erase(it);
+    TPUSYNC_RETURN_IF_ERROR(st);
+  }
+  return SendOk(c, d);
+}
+
+Status ControlService::Abort(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  for (const BlockKey& k : keys) session.reserved.erase(k);
+  return SendOk(c, d);
+}
+
+Status ControlService::Acquire(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  BodyWriter w;
+  for (const BlockKey& k : keys) {
+    Result<ReadLease> l = store_.Acquire(k);
+    w.U8(l.ok() ? kSlotOk : kSlotMissing);
+    w.U64(l.ok() ? l->file_offset() : 0);
+    w.U64(l.ok() ? l->size() : 0);
+    if (l.ok()) session.acquired.emplace(k, std::move(l).value());
+  }
+  return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+}
+
+Status ControlService::Unacquire(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  Session& session = r.session;
+  const Deadline d = r.d;
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  for (const BlockKey& k : keys) {
+    if (auto it = session.acquired.find(k); it != session.acquired.end()) session.acquired.erase(it);
+  }
+  return SendOk(c, d);
 }
 
 // Waits in short slices, so that a stopping sidecar or a client that hung up (or sent
 // something: it must not, mid-poll) ends the poll; the reply's deadline starts when it ends.
-Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd& stop) {
-  BodyReader r(f.body);
+Status ControlService::Changes(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  const WakeFd& stop = r.stop;
+  BodyReader in(f.body);
   ChangeCursor since;
   uint32_t wait_ms = 0, max_keys = 0;
-  if (!r.U64(&since.epoch) || !r.U64(&since.seq) || !r.U32(&wait_ms) || !r.U32(&max_keys) || !r.done() ||
+  if (!in.U64(&since.epoch) || !in.U64(&since.seq) || !in.U32(&wait_ms) || !in.U32(&max_keys) || !in.done() ||
       max_keys == 0 || max_keys > kMaxKeys || wait_ms > kMaxChangesWaitMs) {
     return BadFrame("CHANGES body");
   }
@@ -295,27 +357,33 @@ Status ControlService::HandleChanges(FramedConn& c, const Frame& f, const WakeFd
 }
 
 // Body: the keys, then a record per key.
-Status ControlService::HandleDescribe(FramedConn& c, const Frame& f, Deadline d) {
-  BodyReader r(f.body);
+Status ControlService::Describe(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  const Deadline d = r.d;
+  BodyReader in(f.body);
   std::span<const std::byte> key_bytes;
-  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return BadFrame("DESCRIBE body");
+  if (!in.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return BadFrame("DESCRIBE body");
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
   std::vector<std::string> records(keys.size());
   for (std::string& record : records) {
-    if (!r.Str(&record, kMaxRecordBytes)) return BadFrame("DESCRIBE body");
+    if (!in.Str(&record, kMaxRecordBytes)) return BadFrame("DESCRIBE body");
   }
-  if (!r.done()) return BadFrame("DESCRIBE body");
+  if (!in.done()) return BadFrame("DESCRIBE body");
   TPUSYNC_RETURN_IF_ERROR(store_.Describe(keys, records));
   return SendOk(c, d);
 }
 
 // Body: the keys (none: the catalog), then max keys. The reply holds as many records as fit
 // in a frame; a client asking by key sends few enough that all do.
-Status ControlService::HandleRecords(FramedConn& c, const Frame& f, Deadline d) {
-  BodyReader r(f.body);
+Status ControlService::Records(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  const Deadline d = r.d;
+  BodyReader in(f.body);
   std::span<const std::byte> key_bytes;
   uint32_t max_keys = 0;
-  if (!r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.U32(&max_keys) || !r.done() || max_keys == 0 ||
+  if (!in.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !in.U32(&max_keys) || !in.done() || max_keys == 0 ||
       max_keys > kMaxKeys) {
     return BadFrame("RECORDS body");
   }
@@ -330,11 +398,14 @@ Status ControlService::HandleRecords(FramedConn& c, const Frame& f, Deadline d) 
 }
 
 // Body: peer address, then the keys.
-Status ControlService::HandlePeerOp(FramedConn& c, const Frame& f, Deadline d) {
-  BodyReader r(f.body);
+Status ControlService::PeerOp(Request& r) {
+  FramedConn& c = r.c;
+  const Frame& f = r.f;
+  const Deadline d = r.d;
+  BodyReader in(f.body);
   std::string peer;
   std::span<const std::byte> key_bytes;
-  if (!r.Str(&peer, 512) || !r.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !r.done()) {
+  if (!in.Str(&peer, 512) || !in.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !in.done()) {
     return BadFrame("peer request body");
   }
   TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));

@@ -1,4 +1,4 @@
-#include "tpusync/change_feed.h"
+#include "store/change_feed.h"
 
 #include <algorithm>
 #include <random>

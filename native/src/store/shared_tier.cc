@@ -1,4 +1,4 @@
-#include "tpusync/shared_tier.h"
+#include "store/shared_tier.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

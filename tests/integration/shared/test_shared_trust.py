@@ -1,7 +1,7 @@
 """The shared tier's trust model on real sidecars and a real shared directory (local and sshfs):
 anyone who can write to the directory, without the pool's secret, can plant files there, and
 none of it reaches an engine or a sampler, and a second pool mounted on the same directory
-never reads this pool's blocks (include/tpusync/shared_tier.h, docs/native.md)."""
+never reads this pool's blocks (native/src/store/include/store/shared_tier.h, docs/native.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// BlockPool (private to the store: include/tpusync/store.h is its interface): a host-DRAM arena of fixed-size blocks in a shared-memory file.
+// BlockPool (private to the store: tpusync/store.h is its interface): a host-DRAM arena of fixed-size blocks in a shared-memory file.
 //
 // The file (by default under /dev/shm) holds a header, one metadata record per slot and the
 // page-aligned slot data. Committed slots record their key, so a process that re-opens the
@@ -17,7 +17,7 @@
 #include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
-#include "tpusync/tier_options.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
 

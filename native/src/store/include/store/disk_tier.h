@@ -1,4 +1,4 @@
-// DiskTier (private to the store: include/tpusync/store.h is its interface): fixed-size extents in one preallocated file, each carrying its own checksummed
+// DiskTier (private to the store: tpusync/store.h is its interface): fixed-size extents in one preallocated file, each carrying its own checksummed
 // header (magic, key, length, sequence, xxh3 of the payload and of the header).
 //
 // The headers are the tier's index: opening the directory again scans them and reports every
@@ -18,7 +18,7 @@
 #include "base/posix_io.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
-#include "tpusync/tier_options.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
 

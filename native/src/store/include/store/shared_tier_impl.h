@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "store/shared_files.h"
-#include "tpusync/shared_tier.h"
+#include "store/shared_tier.h"
 
 namespace tpusync {
 

@@ -19,7 +19,7 @@
 
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
-#include "tpusync/store.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
 

@@ -18,77 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "tpusync/block_index.h"
 #include "tpusync/block_key.h"
-#include "tpusync/change_feed.h"
-#include "tpusync/shared_tier.h"
 #include "tpusync/status.h"
-#include "tpusync/tier_options.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
-
-enum class SharedPolicy : uint8_t {
-  kWriteThrough,  // every committed block is written to the shared tier
-  kDemote,        // a block is written there when it leaves DRAM
-};
-
-struct StoreOptions {
-  BlockPoolOptions pool;
-  bool disk_enabled = false;
-  DiskTierOptions disk;  // block_bytes is taken from the pool
-  bool shared_enabled = false;
-  SharedTierOptions shared;  // block_bytes is taken from the pool
-  SharedPolicy shared_policy = SharedPolicy::kWriteThrough;
-  uint32_t io_threads = 2;  // two: one checksums a block while the other's write is in flight
-  // Write-behind starts when fewer than this fraction of DRAM slots are free.
-  double writeback_watermark = 0.05;
-  // How long a writer waits for another writer of the same key to commit or give up, or for
-  // a DRAM slot held by a lease or a write-behind to free, before its call fails.
-  std::chrono::milliseconds write_wait{10000};
-};
-
-struct ConstBuffer {
-  const std::byte* data;
-  size_t size;
-};
-
-struct MutableBuffer {
-  std::byte* data;
-  size_t size;
-};
-
-struct LookupResult {
-  size_t prefix_len = 0;    // leading keys that are present in some tier
-  std::vector<Tier> tiers;  // per key
-};
-
-// Blocks of the shared tier and their records (SharedTier::Describe); an empty record: none.
-struct SharedRecords {
-  std::vector<BlockKey> keys;
-  std::vector<std::string> records;
-};
-
-struct StoreStats {
-  uint64_t block_bytes = 0;
-  uint64_t dram_slots = 0, dram_used = 0;
-  uint64_t disk_extents = 0, disk_used = 0;
-  uint64_t blocks = 0, pinned = 0;
-  uint64_t puts = 0, put_dedup = 0, bytes_put = 0;
-  uint64_t hits_dram = 0, hits_disk = 0, misses = 0, bytes_got = 0;
-  uint64_t evictions = 0, demotions = 0, promotions = 0, disk_evictions = 0;
-  uint64_t corruptions = 0, disk_write_errors = 0, disk_read_errors = 0;
-  // Blocks that left DRAM without reaching disk: a failed or impossible write-behind.
-  uint64_t dropped = 0;
-  uint64_t recovered_dram = 0, recovered_disk = 0;
-  // Writers waiting now: for another writer of their key, or for a DRAM slot to free.
-  uint64_t waiting_writers = 0;
-  bool hugepages = false, mlocked = false, direct_io = false;
-  // The shared tier (all zero without one): hits are blocks a get found only there.
-  bool shared_enabled = false;
-  uint64_t hits_shared = 0;
-  SharedTierStats shared;
-  std::string last_error;
-};
 
 class StoreImpl;
 
@@ -167,7 +101,7 @@ class Store {
   LookupResult Lookup(std::span<const BlockKey> keys, bool pin_prefix);
   // The tier of every key, the shared tier asked about each key that neither DRAM nor disk
   // holds (Lookup asks it only up to the prefix's end), by an open that a network filesystem
-  // revalidates (SharedTier::Holds): where an announcer's blocks are now.
+  // revalidates (the tier's Exists): where an announcer's blocks are now.
   std::vector<Tier> Where(std::span<const BlockKey> keys);
   // Pins keep blocks from eviction until released. Both check every key before changing any:
   // kNotFound (pin) or kFailedPrecondition (release of an unpinned key) name the first bad one.
@@ -183,10 +117,10 @@ class Store {
   // block stays readable where it was.
   Status Flush();
   StoreStats Stats() const;
-  // The keys whose tier changed after `since` (ChangeFeed::Since): a block that entered or
+  // The keys whose tier changed after `since` (a ChangeFeed's Since): a block that entered or
   // left DRAM or the disk, or a shared-tier file this store removed (evicted, damaged).
   ChangeBatch Changes(ChangeCursor since, std::chrono::milliseconds wait, size_t max_keys);
-  // The shared tier's block records (SharedTier::Describe, SharedTier::Record): written by the
+  // The shared tier's block records (the tier's Describe and Record): written by the
   // engine that stored a block, read by every host's. Records of `keys`, or with no keys the
   // catalog: the blocks the tier held at its last scan, most recently read first, at most
   // max_keys. kFailedPrecondition without a shared tier.

@@ -39,11 +39,34 @@ class ControlService {
 
  private:
   struct Session;
-  Status Handle(FramedConn& c, const Frame& f, Session& session, Deadline d, const WakeFd& stop);
-  Status HandlePeerOp(FramedConn& c, const Frame& f, Deadline d);
-  Status HandleChanges(FramedConn& c, const Frame& f, const WakeFd& stop);
-  Status HandleDescribe(FramedConn& c, const Frame& f, Deadline d);
-  Status HandleRecords(FramedConn& c, const Frame& f, Deadline d);
+  // One request of a connection, and what answering it needs.
+  struct Request {
+    FramedConn& c;
+    const Frame& f;
+    Session& session;
+    Deadline d;          // the reply's
+    const WakeFd& stop;  // the sidecar stopping
+  };
+  // The control channel's operations, one handler each (docs/wire-protocol.md, "Control
+  // channel requests"); HandlerFor is their table.
+  using Handler = Status (ControlService::*)(Request&);
+  static Handler HandlerFor(Op op);
+  Status Info(Request& r);
+  Status Lookup(Request& r);
+  Status Pin(Request& r);
+  Status Release(Request& r);
+  Status Evict(Request& r);
+  Status Flush(Request& r);
+  Status Stats(Request& r);
+  Status Reserve(Request& r);
+  Status Commit(Request& r);
+  Status Abort(Request& r);
+  Status Acquire(Request& r);
+  Status Unacquire(Request& r);
+  Status Changes(Request& r);
+  Status Describe(Request& r);
+  Status Records(Request& r);
+  Status PeerOp(Request& r);
 
   Status PinForHost(std::span<const BlockKey> keys);
   Status ReleaseForHost(std::span<const BlockKey> keys);

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "tpusync/block_index.h"
 #include "tpusync/store.h"
 
 namespace tpusync {

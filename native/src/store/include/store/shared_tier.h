@@ -57,58 +57,9 @@
 
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
-
-struct SharedTierOptions {
-  std::string dir;               // the mount (or a directory on it); must exist: a missing mount is an error
-  std::string secret;            // the pool's secret (16+ bytes): every file is bound to it
-  std::string layout;            // what, besides the block size, changes a block's bytes
-  uint64_t block_bytes = 0;      // multiple of 4096, same as the DRAM pool's
-  uint64_t capacity_bytes = 0;   // the tier's share of the filesystem; 0: the whole filesystem
-  double high_watermark = 0.85;  // eviction starts above this fraction of the capacity...
-  double low_watermark = 0.70;   // ...and stops at this one
-  bool direct_io = true;         // buffered I/O where the filesystem refuses O_DIRECT
-  // How often the evictor checks usage; pins older than pin_ttl are a dead host's, ignored.
-  std::chrono::milliseconds evict_interval{1000};
-  std::chrono::milliseconds pin_ttl{600000};
-  bool run_evictor = true;
-  // Called (with no lock of the tier held) for each block of this layout that this instance
-  // removed (evicted, found damaged), and for each block a scan found published or removed
-  // since the previous scan (by any host; not at the first scan). The store's change feed.
-  std::function<void(const BlockKey&)> on_changed = nullptr;
-};
-
-inline constexpr uint64_t kMaxRecordBytes = 16 << 10;  // a block's record, at most
-
-struct SharedTierStats {
-  uint64_t capacity_bytes = 0, used_bytes = 0;  // used: as of the evictor's last scan, plus writes since
-  uint64_t writes = 0, write_dedup = 0, bytes_written = 0, write_errors = 0, refused_full = 0;
-  uint64_t hits = 0, misses = 0, bytes_read = 0, read_errors = 0;
-  uint64_t corruptions = 0;  // files removed whose size, header or tags failed (damaged, or forged)
-  uint64_t skipped = 0;      // entries a scan passed over: links, wrong types, sizes or tags
-  uint64_t evictions = 0, evicted_bytes = 0, stale_files_removed = 0;
-  uint64_t pins_spared = 0;    // victims passed over: pinned when the evictor's pass began
-  uint64_t pins_restored = 0;  // victims put back: pinned while the pass had them aside
-  uint64_t blocks = 0;  // this layout's blocks at the last scan
-  uint64_t write_ns = 0, read_ns = 0;  // time spent in writes and reads that succeeded
-  bool direct_io = false;
-};
-
-// Every counter of SharedTierStats by name: the sidecar's stats text, /metrics and Python.
-inline constexpr std::pair<const char*, uint64_t SharedTierStats::*> kSharedTierCounters[] = {
-    {"capacity_bytes", &SharedTierStats::capacity_bytes}, {"used_bytes", &SharedTierStats::used_bytes},
-    {"writes", &SharedTierStats::writes},                 {"write_dedup", &SharedTierStats::write_dedup},
-    {"bytes_written", &SharedTierStats::bytes_written},   {"write_errors", &SharedTierStats::write_errors},
-    {"refused_full", &SharedTierStats::refused_full},     {"hits", &SharedTierStats::hits},
-    {"misses", &SharedTierStats::misses},                 {"bytes_read", &SharedTierStats::bytes_read},
-    {"read_errors", &SharedTierStats::read_errors},       {"corruptions", &SharedTierStats::corruptions},
-    {"evictions", &SharedTierStats::evictions},           {"evicted_bytes", &SharedTierStats::evicted_bytes},
-    {"pins_restored", &SharedTierStats::pins_restored},   {"stale_files_removed", &SharedTierStats::stale_files_removed},
-    {"pins_spared", &SharedTierStats::pins_spared},
-    {"write_ns", &SharedTierStats::write_ns},             {"read_ns", &SharedTierStats::read_ns},
-    {"blocks", &SharedTierStats::blocks},                 {"skipped", &SharedTierStats::skipped},
-};
 
 class SharedTier {
  public:

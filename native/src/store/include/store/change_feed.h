@@ -15,19 +15,9 @@
 #include <vector>
 
 #include "tpusync/block_key.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
-
-struct ChangeCursor {
-  uint64_t epoch = 0;  // names the feed (random per store instance); 0: none yet
-  uint64_t seq = 0;    // changes recorded before this one were read
-};
-
-struct ChangeBatch {
-  ChangeCursor next;           // where the following read starts
-  bool lost = false;           // changes were missed: reread every key of interest
-  std::vector<BlockKey> keys;  // in the order recorded; a key may repeat
-};
 
 class ChangeFeed {
  public:

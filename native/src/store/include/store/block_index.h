@@ -11,17 +11,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "store/change_feed.h"
 #include "tpusync/block_key.h"
-#include "tpusync/change_feed.h"
+#include "tpusync/types.h"
 
 namespace tpusync {
-
-// Where a block is, as a bit set: DRAM 1, disk 2. kShared: on the shared tier only (the store
-// reports the shared tier for blocks it holds in neither DRAM nor disk).
-enum class Tier : uint8_t { kNone = 0, kDram = 1, kDisk = 2, kDramAndDisk = 3, kShared = 4 };
-
-// A tier code from a peer or the sidecar; codes this build does not know read as absent.
-inline Tier TierFromCode(uint64_t code) { return code <= 4 ? static_cast<Tier>(code) : Tier::kNone; }
 
 struct IndexEntry {
   static constexpr uint32_t kNoLocation = UINT32_MAX;
