@@ -171,6 +171,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="the shared directory's filesystem (default: a temporary directory)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sizes", default="256,2048,8192", help="block sizes of the put/get cases, in KiB")
     ap.add_argument("--hit-reps", type=int, default=1, help="the 64K recompute takes minutes on a CPU")
     ap.add_argument("--lengths", default="8192,65536",
                     help="prompt lengths of the hit cases; empty: the throughput cases alone (the JSON keeps the "
@@ -180,7 +181,8 @@ def main() -> int:
     console = Console()
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         console.print(f"shared tier on {root}")
-        results = throughput_cases(root, [256 * KIB, 2 * MIB, 8 * MIB], 512 * MIB, args.reps, console)
+        results = throughput_cases(root, [int(k) * KIB for k in args.sizes.split(",")], 512 * MIB, args.reps,
+                                   console)
         lengths = [int(x) for x in args.lengths.split(",") if x]
         if lengths:
             results += hit_cases(root, lengths, args.hit_reps, console)

@@ -152,98 +152,73 @@ ControlService::Handler ControlService::HandlerFor(Op op) {
 }
 
 Status ControlService::Info(Request& r) {
-  FramedConn& c = r.c;
-  const Deadline d = r.d;
   BodyWriter w;
   w.Str(store_.pool_path());
   w.U64(store_.block_bytes());
   w.U64(store_.num_slots());
-  return c.Send(Op::kInfoReply, w.bytes(), d);
+  return r.c.Send(Op::kInfoReply, w.bytes(), r.d);
 }
 
 Status ControlService::Lookup(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-  if (f.header.status == kLookupEveryKey) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
+  if (r.f.header.status == kLookupEveryKey) {
     std::vector<Tier> tiers = store_.Where(keys);
-    return c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), d, static_cast<uint32_t>(keys.size()));
+    return r.c.Send(Op::kTiers, std::as_bytes(std::span(tiers)), r.d, static_cast<uint32_t>(keys.size()));
   }
-  if (f.header.status > kLookupPin) return BadFrame("LOOKUP flags " + std::to_string(f.header.status));
-  bool pin = f.header.status == kLookupPin;
+  if (r.f.header.status > kLookupPin) return BadFrame("LOOKUP flags " + std::to_string(r.f.header.status));
+  bool pin = r.f.header.status == kLookupPin;
   LookupResult found = store_.Lookup(keys, pin);
-  if (pin) session.Pinned(std::span(keys).first(found.prefix_len));
-  return c.Send(Op::kTiers, std::as_bytes(std::span(found.tiers)), d, static_cast<uint32_t>(keys.size()));
+  if (pin) r.session.Pinned(std::span(keys).first(found.prefix_len));
+  return r.c.Send(Op::kTiers, std::as_bytes(std::span(found.tiers)), r.d, static_cast<uint32_t>(keys.size()));
 }
 
 Status ControlService::Pin(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-  if (f.header.status & kPinForHost) {
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
+  if (r.f.header.status & kPinForHost) {
     TPUSYNC_RETURN_IF_ERROR(PinForHost(keys));
   } else {
     TPUSYNC_RETURN_IF_ERROR(store_.Pin(keys));
-    session.Pinned(keys);
+    r.session.Pinned(keys);
   }
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Release(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-  TPUSYNC_RETURN_IF_ERROR(f.header.status & kPinForHost ? ReleaseForHost(keys) : session.Unpin(keys));
-  return SendOk(c, d);
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
+  TPUSYNC_RETURN_IF_ERROR(r.f.header.status & kPinForHost ? ReleaseForHost(keys) : r.session.Unpin(keys));
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Evict(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
   TPUSYNC_RETURN_IF_ERROR(store_.Evict(keys));
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Flush(Request& r) {
-  FramedConn& c = r.c;
-  const Deadline d = r.d;
   TPUSYNC_RETURN_IF_ERROR(store_.Flush());
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Stats(Request& r) {
-  FramedConn& c = r.c;
-  const Deadline d = r.d;
   std::string text = StatsText(store_.Stats());
-  return c.Send(Op::kStatsReply, std::as_bytes(std::span(text)), d);
+  return r.c.Send(Op::kStatsReply, std::as_bytes(std::span(text)), r.d);
 }
 
 Status ControlService::Reserve(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
   BodyWriter w;
   std::vector<BlockKey> taken;  // by this request: given back if it fails
   for (const BlockKey& k : keys) {
     // A connection that holds reservations never waits for others' (no hold-and-wait, so
     // two engines filling the pool cannot deadlock): it gets kSlotBusy or kSlotNoRoom and
     // asks again after committing what it holds.
-    Result<WriteLease> l = session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
-                                                     : store_.Reserve(k, session.reserved.empty());
+    Result<WriteLease> l = r.session.reserved.count(k) ? Result<WriteLease>(FailedPrecondition("reserved"))
+                                                       : store_.Reserve(k, r.session.reserved.empty());
     const StatusCode sc = l.status().code();
     if (sc != StatusCode::kOk && sc != StatusCode::kFailedPrecondition && sc != StatusCode::kResourceExhausted &&
         sc != StatusCode::kUnavailable) {
-      for (const BlockKey& t : taken) session.reserved.erase(t);
+      for (const BlockKey& t : taken) r.session.reserved.erase(t);
       return l.status();  // what it is, never "already stored" (Store::Reserve has no other code today)
     }
     uint8_t code = l.ok()                                 ? kSlotOk
@@ -254,21 +229,17 @@ Status ControlService::Reserve(Request& r) {
     w.U64(l.ok() ? l->file_offset() : 0);
     w.U64(l.ok() ? l->capacity() : 0);
     if (l.ok()) {
-      session.reserved.emplace(k, std::move(l).value());
+      r.session.reserved.emplace(k, std::move(l).value());
       taken.push_back(k);
     }
   }
-  return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+  return r.c.Send(Op::kSlots, w.bytes(), r.d, static_cast<uint32_t>(keys.size()));
 }
 
 Status ControlService::Commit(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  if (f.body.size() != uint64_t{f.header.count} * 24) return BadFrame("COMMIT body");
-  BodyReader in(f.body);
-  std::vector<std::pair<BlockKey, uint64_t>> items(f.header.count);
+  if (r.f.body.size() != uint64_t{r.f.header.count} * 24) return BadFrame("COMMIT body");
+  BodyReader in(r.f.body);
+  std::vector<std::pair<BlockKey, uint64_t>> items(r.f.header.count);
   for (auto& [k, len] : items) {
     if (!in.Key(&k)) break;
   }
@@ -277,61 +248,46 @@ Status ControlService::Commit(Request& r) {
   }
   if (!in.done()) return BadFrame("COMMIT body");
   for (auto& [k, len] : items) {
-    auto it = session.reserved.find(k);
-    if (it == session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
+    auto it = r.session.reserved.find(k);
+    if (it == r.session.reserved.end()) return FailedPrecondition("commit: block " + k.ToHex() + " was not reserved");
     Status st = it->second.Commit(len);
-    session.reserved.erase(it);
+    r.session.reserved.erase(it);
     TPUSYNC_RETURN_IF_ERROR(st);
   }
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Abort(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
-  for (const BlockKey& k : keys) session.reserved.erase(k);
-  return SendOk(c, d);
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
+  for (const BlockKey& k : keys) r.session.reserved.erase(k);
+  return SendOk(r.c, r.d);
 }
 
 Status ControlService::Acquire(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
   BodyWriter w;
   for (const BlockKey& k : keys) {
     Result<ReadLease> l = store_.Acquire(k);
     w.U8(l.ok() ? kSlotOk : kSlotMissing);
     w.U64(l.ok() ? l->file_offset() : 0);
     w.U64(l.ok() ? l->size() : 0);
-    if (l.ok()) session.acquired.emplace(k, std::move(l).value());
+    if (l.ok()) r.session.acquired.emplace(k, std::move(l).value());
   }
-  return c.Send(Op::kSlots, w.bytes(), d, static_cast<uint32_t>(keys.size()));
+  return r.c.Send(Op::kSlots, w.bytes(), r.d, static_cast<uint32_t>(keys.size()));
 }
 
 Status ControlService::Unacquire(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  Session& session = r.session;
-  const Deadline d = r.d;
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(f));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, Keys(r.f));
   for (const BlockKey& k : keys) {
-    if (auto it = session.acquired.find(k); it != session.acquired.end()) session.acquired.erase(it);
+    if (auto it = r.session.acquired.find(k); it != r.session.acquired.end()) r.session.acquired.erase(it);
   }
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 // Waits in short slices, so that a stopping sidecar or a client that hung up (or sent
 // something: it must not, mid-poll) ends the poll; the reply's deadline starts when it ends.
 Status ControlService::Changes(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  const WakeFd& stop = r.stop;
-  BodyReader in(f.body);
+  BodyReader in(r.f.body);
   ChangeCursor since;
   uint32_t wait_ms = 0, max_keys = 0;
   if (!in.U64(&since.epoch) || !in.U64(&since.seq) || !in.U32(&wait_ms) || !in.U32(&max_keys) || !in.done() ||
@@ -345,89 +301,80 @@ Status ControlService::Changes(Request& r) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
     b = store_.Changes(since, std::clamp(left, std::chrono::milliseconds(0), kSlice), max_keys);
     if (b.lost || !b.keys.empty() || left <= kSlice) break;
-    Result<bool> input = c.socket().WaitReadable(stop.fd(), Deadline::After(std::chrono::milliseconds(0)));
+    Result<bool> input = r.c.socket().WaitReadable(r.stop.fd(), Deadline::After(std::chrono::milliseconds(0)));
     if (input.ok()) break;  // the client's input or hang-up (true), or the sidecar stopping (false)
   }
   BodyWriter w;
   w.U64(b.next.epoch);
   w.U64(b.next.seq);
   WriteKeyList(w, b.keys);
-  return c.Send(Op::kChangesReply, w.bytes(), Deadline::After(op_timeout_), static_cast<uint32_t>(b.keys.size()),
+  return r.c.Send(Op::kChangesReply, w.bytes(), Deadline::After(op_timeout_), static_cast<uint32_t>(b.keys.size()),
                 b.lost ? 1 : 0);
 }
 
 // Body: the keys, then a record per key.
 Status ControlService::Describe(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  const Deadline d = r.d;
-  BodyReader in(f.body);
+  BodyReader in(r.f.body);
   std::span<const std::byte> key_bytes;
-  if (!in.Bytes(uint64_t{f.header.count} * 16, &key_bytes)) return BadFrame("DESCRIBE body");
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  if (!in.Bytes(uint64_t{r.f.header.count} * 16, &key_bytes)) return BadFrame("DESCRIBE body");
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, r.f.header.count));
   std::vector<std::string> records(keys.size());
   for (std::string& record : records) {
     if (!in.Str(&record, kMaxRecordBytes)) return BadFrame("DESCRIBE body");
   }
   if (!in.done()) return BadFrame("DESCRIBE body");
   TPUSYNC_RETURN_IF_ERROR(store_.Describe(keys, records));
-  return SendOk(c, d);
+  return SendOk(r.c, r.d);
 }
 
 // Body: the keys (none: the catalog), then max keys. The reply holds as many records as fit
 // in a frame; a client asking by key sends few enough that all do.
 Status ControlService::Records(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  const Deadline d = r.d;
-  BodyReader in(f.body);
+  BodyReader in(r.f.body);
   std::span<const std::byte> key_bytes;
   uint32_t max_keys = 0;
-  if (!in.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !in.U32(&max_keys) || !in.done() || max_keys == 0 ||
+  if (!in.Bytes(uint64_t{r.f.header.count} * 16, &key_bytes) || !in.U32(&max_keys) || !in.done() || max_keys == 0 ||
       max_keys > kMaxKeys) {
     return BadFrame("RECORDS body");
   }
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, r.f.header.count));
   TPUSYNC_ASSIGN_OR_RETURN(SharedRecords got, store_.Records(keys, max_keys));
   size_t n = 0, bytes = 0;
   while (n < got.keys.size() && bytes + 20 + got.records[n].size() <= kMaxBodyBytes) bytes += 20 + got.records[n++].size();
   BodyWriter w;
   WriteKeyList(w, std::span(got.keys).first(n));
   for (size_t i = 0; i < n; ++i) w.Str(got.records[i]);
-  return c.Send(Op::kRecordsReply, w.bytes(), d, static_cast<uint32_t>(n));
+  return r.c.Send(Op::kRecordsReply, w.bytes(), r.d, static_cast<uint32_t>(n));
 }
 
 // Body: peer address, then the keys.
 Status ControlService::PeerOp(Request& r) {
-  FramedConn& c = r.c;
-  const Frame& f = r.f;
-  const Deadline d = r.d;
-  BodyReader in(f.body);
+  BodyReader in(r.f.body);
   std::string peer;
   std::span<const std::byte> key_bytes;
-  if (!in.Str(&peer, 512) || !in.Bytes(uint64_t{f.header.count} * 16, &key_bytes) || !in.done()) {
+  if (!in.Str(&peer, 512) || !in.Bytes(uint64_t{r.f.header.count} * 16, &key_bytes) || !in.done()) {
     return BadFrame("peer request body");
   }
-  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, f.header.count));
+  TPUSYNC_ASSIGN_OR_RETURN(auto keys, ParseKeyList(key_bytes, r.f.header.count));
   // Only the pool's members are dialled (PoolMembers): no engine request reaches another host.
   TPUSYNC_ASSIGN_OR_RETURN(std::shared_ptr<PeerClient> client, peers_.Get(peer));
   std::vector<uint8_t> result;
   std::vector<uint64_t> digests;
   Status st;
-  if (f.header.op == Op::kExistsAt) {
-    Result<std::vector<Tier>> tiers = client->Exists(keys, d);
+  if (r.f.header.op == Op::kExistsAt) {
+    Result<std::vector<Tier>> tiers = client->Exists(keys, r.d);
     st = tiers.status();
     if (tiers.ok()) {
       for (Tier t : *tiers) result.push_back(static_cast<uint8_t>(t));
     }
-  } else if (f.header.op == Op::kPullFrom) {
+  } else if (r.f.header.op == Op::kPullFrom) {
     PullResult pulled;
-    st = PullIntoStore(*client, store_, keys, d, pulled, (f.header.status & kWantDigests) != 0);
+    st = PullIntoStore(*client, store_, keys, r.d, pulled, (r.f.header.status & kWantDigests) != 0);
     metrics_.Moved(Direction::kIn, TransferOp::kPull, Tier::kDram, pulled.bytes, pulled.blocks);
     result = std::move(pulled.held);
-    if (f.header.status & kWantDigests) digests = std::move(pulled.digests);
+    if (r.f.header.status & kWantDigests) digests = std::move(pulled.digests);
   } else {
-    st = PushFromStore(*client, store_, keys, d, result);
+    st = PushFromStore(*client, store_, keys, r.d, result);
   }
   if (!st.ok()) {
     // A dead or misbehaving peer: report which blocks made it, and reconnect next time.
@@ -442,7 +389,7 @@ Status ControlService::PeerOp(Request& r) {
     std::string why = ("peer " + peer + ": " + st.message()).substr(0, kMaxErrorBytes);
     body.Bytes(std::as_bytes(std::span(why)));
   }
-  return c.Send(Op::kTiers, body.bytes(), d, static_cast<uint32_t>(keys.size()),
+  return r.c.Send(Op::kTiers, body.bytes(), r.d, static_cast<uint32_t>(keys.size()),
                 st.ok() ? 0 : static_cast<uint16_t>(st.code()));
 }
 
