@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test demo install lint lint-python native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches \
+.PHONY: all test demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches \
   native-deps native-test-deps fuzz-deps lint-deps pytest-deps
 FUZZ_SECONDS ?= 15
 
@@ -24,8 +24,8 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 #     the data port's sessions)
 #   native-test-deps: and GoogleTest       fuzz-deps: and clang with its runtimes (libFuzzer)
 #   lint-deps: and clang-tidy, over a compile database that has the tests (GoogleTest)
-#   pytest-deps: iproute2 and iptables for the simulated-hosts fabric (tests/support/fabric.py),
-#     sshfs and an SSH server for the sshfs shared tier (tests/support/sshfs.py)
+#   pytest-deps: iproute2 and iptables for the simulated-hosts fabric (harness/fabric.py),
+#     sshfs and an SSH server for the sshfs shared tier (harness/sshfs.py)
 # system-deps is all of them: make test's (caches, its first step, installs them up front).
 NATIVE_PACKAGES := g++ cmake ninja-build libxxhash-dev libssl-dev libipsec-mb-dev
 NATIVE_TEST_PACKAGES := $(NATIVE_PACKAGES) libgtest-dev
@@ -75,16 +75,34 @@ $(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | native-deps
 
 install: $(VENV)/.installed
 
-# Static checks, first in make test: ruff over every Python tree and mypy --strict over the two
-# packages (both pinned in the dev extra, configured in pyproject.toml); clang-tidy over native/
+# Static checks, first in make test: ruff over every Python tree, mypy --strict over the two
+# packages and import-linter's contracts (the architecture's arrows) over them, harness/ and
+# tests/ (all pinned in the dev extra, configured in pyproject.toml); the bindings' stub checked
+# against the built module (lint-stub); clang-tidy over native/
 # (.clang-tidy; every check an error) with the compile database of a configure-only CMake tree
 # that has the bindings, the tests and the fuzz targets in it (rerun when native/ changes).
-LINT_PY := python operator tests e2e bench
-lint: lint-python build/lint/clang-tidy.ok
+LINT_PY := python operator harness tests e2e bench
+lint: lint-python lint-stub build/lint/clang-tidy.ok
 
 lint-python: install
 	$(VENV)/bin/ruff check $(LINT_PY)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo --cache-dir build/import-linter
+
+# The bindings' stub, python/tpusync/_native.pyi, is generated from the built module by
+# pybind11-stubgen (pinned in the dev extra; item types from pybind11::typing in
+# native/python/bindings.cc): `make stubs` rewrites it, lint-stub fails while it differs.
+NATIVE_STUB := python/tpusync/_native.pyi
+STUBGEN = rm -rf build/stubs && $(VENV)/bin/pybind11-stubgen tpusync._native --exit-code -o build/stubs >/dev/null
+stubs: install
+	$(STUBGEN)
+	cp build/stubs/tpusync/_native.pyi $(NATIVE_STUB)
+
+lint-stub: install
+	$(STUBGEN)
+	@diff -u $(NATIVE_STUB) build/stubs/tpusync/_native.pyi || { echo "$(NATIVE_STUB) is not the stub of the" \
+	  "built module (the bindings changed?): run 'make stubs' and commit the result"; exit 1; }
+	@echo "$(NATIVE_STUB): the stub of the built module"
 
 build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install lint-deps
 	cmake -S . -B build/lint -G Ninja -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_BUILD_PYTHON=ON -DTPUSYNC_FUZZ=ON \

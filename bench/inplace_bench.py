@@ -13,7 +13,7 @@ checkpoint B published by a torch trainer holding it), measured in one run:
   pays per version. ratio = in-place seconds / reload seconds (target <= 0.5).
 - naive-vllm-<model>: the same, each sampler on a host of its own, pulling its own copy.
 - inplace-tpu-inference-<model>: one tpu-inference engine (JAX on the CPU) updated in place
-  (tpusync.tpu_inference.weights) against its own restart on checkpoint B.
+  (tpusync.engines.tpu_inference.weights) against its own restart on checkpoint B.
 - link-raw-<model>: four raw TCP streams carrying the version's bytes (the loopback link);
   each case's `link_ratio` is its transfer's throughput over this.
 Every engine's tokens after the update are checked against an engine started on B.
@@ -39,14 +39,13 @@ from tpusync.local.sidecars import write_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "tpu_inference"))
 import rawtcp  # noqa: E402
 from report import merged, report  # noqa: E402
 
-from tests.support.engines import EngineSpec, prompt  # noqa: E402
-from tests.support.tinymodel import build  # noqa: E402
+from harness.engines import EngineSpec, prompt  # noqa: E402
+from harness.tinymodel import build  # noqa: E402
 from tpusync import KVStore, VersionedWeights  # noqa: E402
-from tpusync import sidecar as sidecar_mod  # noqa: E402
+from tpusync.local import sidecars as sidecar_mod  # noqa: E402
 
 MODEL = "bench-policy"
 TPU_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"
@@ -156,9 +155,9 @@ def _measure(args, work, cars, ckpt_a, ckpt_b, params, nbytes, tag, console, eng
         e.stop()  # before the tpu-inference engines: this machine's memory
 
     if TPU_PY.exists():
-        from tpu_harness import TpuEngine
+        from harness.tpu_engines import TpuEngine
 
-        ext = "tpusync.tpu_inference.weights.WeightUpdate"
+        ext = "tpusync.engines.tpu_inference.weights.WeightUpdate"
         tfresh, tpu_reload = timed_start(TpuEngine, "tpu-fresh", EngineSpec(str(ckpt_b), work), python=str(TPU_PY))
         twant = tfresh.generate(p)["token_ids"]
         tfresh.stop()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Multi-host P/D benchmark: the KV transfer of a prefill/decode pair of reference engines on
-simulated hosts (tests/support/fabric.py: one network namespace per host, each NIC shaped at a
+simulated hosts (harness/fabric.py: one network namespace per host, each NIC shaped at a
 data-center profile, 1 Gbit/s, 100 us RTT), the same prompt bytes in every case:
 
 - pd-singlehost: one-host prefill and decode engines (one device each): one link carries it all;
@@ -41,10 +41,10 @@ from report import report_merged
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.fabric import DC, Fabric, Host, in_namespace
+from harness.fabric import DC, Fabric, Host, in_namespace
+from tpusync.engines.reference.model import ModelConfig
 from tpusync.local.servers import read_ready
 from tpusync.local.sidecars import terminate, write_secret
-from tpusync.serving.model import ModelConfig
 
 MODEL = {"layers": 4, "heads": 4, "kv_heads": 4, "head_dim": 64, "d_model": 256, "mlp": 512, "max_seq": 4096}
 CFG = ModelConfig(**MODEL)

@@ -1,6 +1,6 @@
 """Operator scale check on the e2e control plane (a benchmark, not a test).
 
-Starts its own control plane (tests/support/cluster.py: etcd, kube-apiserver, controller-manager,
+Starts its own control plane (harness/cluster.py: etcd, kube-apiserver, controller-manager,
 scheduler, kwok), installs the CRDs and the Helm chart, runs the operator as a process with
 the chart's ServiceAccount token (as the e2e suite does), creates one TPUSyncPool and N
 DisaggregatedServing objects (reference engine, cpuOnly, routing on: 15 children and 3
@@ -37,14 +37,14 @@ from rich.console import Console
 
 REPO = Path(__file__).resolve().parents[1]
 # Run as `python bench/operator_bench.py`: bench/ is on sys.path (report); the repository
-# root goes there too, for tests.support.
+# root goes there too, for harness.
 sys.path.insert(0, str(REPO))
 
 from report import report  # noqa: E402
 
-from tests.support.cluster import Cluster, llmd_objective_crd  # noqa: E402
-from tests.support.operator_process import OperatorProcess, helm_install_operator  # noqa: E402
-from tests.support.polling import wait_for  # noqa: E402
+from harness.cluster import Cluster, llmd_objective_crd  # noqa: E402
+from harness.operator_process import OperatorProcess, helm_install_operator  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
 from tpusync_operator.render import render  # noqa: E402
 
 API = "tpusync.dev/v1alpha1"

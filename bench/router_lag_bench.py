@@ -2,7 +2,7 @@
 """How long llm-d's router keeps a stale view of what a pod holds: from the change in a
 sidecar's tiers to llm-d's own indexer (llm-d-kv-cache v0.9.0, tests/llmd/indexer) scoring the
 pod accordingly, polled every 2 ms. Reference engines with real sidecars, as in the llm-d tier
-(tests/llmd/conftest.py), with no timed audit: only the engines' change feeds.
+(harness/llmd_fleet.py), with no timed audit: only the engines' change feeds.
 
 Cases (seconds: median of the repetitions; baseline_seconds: lag-announce's in the same run,
 the physical baseline of the same kind, an engine's own announcement after a request, through
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,11 +35,9 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TPUSYNC_LLMD_INDEXER", subprocess.run(
-    ["bash", str(ROOT / "tests/llmd/build-indexer.sh")], check=True, capture_output=True,
-    text=True).stdout.strip().splitlines()[-1])
-from tests.llmd.conftest import Cluster, connect  # noqa: E402
-from tpusync.hashing import BlockHasher  # noqa: E402
+from harness.llmd_fleet import Cluster, connect, parameters  # noqa: E402
+from harness.llmd_indexer import build_indexer  # noqa: E402
+from tpusync.kv.keys import BlockHasher  # noqa: E402
 from tpusync.store import KVStore  # noqa: E402
 
 PAGE = 32
@@ -74,7 +71,6 @@ def measure(reps: int, console: Console) -> list[dict]:
             a_host = cluster.host(PAGE, disk=True, shared_dir=shared, shared_scan_ms=SCAN_MS)
             b_host = cluster.host(PAGE, shared_dir=shared, shared_scan_ms=SCAN_MS)
             a, b = cluster.engine(a_host, PAGE, extra=NO_AUDIT), cluster.engine(b_host, PAGE, extra=NO_AUDIT)
-            from tests.llmd.test_llmd_index import parameters
             ix = cluster.indexer(parameters(PAGE))
             for e in (a, b):
                 connect(ix, e, tokens(990))
@@ -123,6 +119,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "router_lag.json"))
     args = ap.parse_args()
+    if not os.environ.get("TPUSYNC_LLMD_INDEXER"):  # the llm-d tier's binary (built once, cached)
+        os.environ["TPUSYNC_LLMD_INDEXER"] = build_indexer()
     console = Console(width=160)
     results = measure(args.reps, console)
     columns = [("case", "case", ""), ("median s", "seconds", ".4f"), ("min s", "min_seconds", ".4f"),

@@ -37,13 +37,16 @@ import numpy as np
 from report import report
 from rich.console import Console
 
-from tpusync.hashing import BlockHasher
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.keys import BlockHasher
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import interrupt
 from tpusync.local.sidecars import write_secret
-from tpusync.serving.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for harness/
+from harness.llmd_indexer import build_indexer  # noqa: E402
+
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "page_size": 32, "chunk": 32}
 NAME = "tpusync/reference"
 
@@ -198,8 +201,7 @@ def main() -> int:
     ap.add_argument("--indexer", default=None, help="llmd-indexer binary (default: build/find it in the cache)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "routing.json"))
     args = ap.parse_args()
-    indexer = args.indexer or subprocess.run(["bash", str(ROOT / "tests/llmd/build-indexer.sh")], check=True,
-                                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    indexer = args.indexer or build_indexer()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("recompute", "random", "precise", "precise-unannounced"):

@@ -40,10 +40,10 @@ from report import report, report_merged
 from rich.console import Console
 
 from tpusync import KVStore, Tier
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
 from tpusync.local import sidecars as sidecar
 from tpusync.local.sidecars import write_secret
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
 
 
 def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
@@ -53,16 +53,15 @@ def ttft(engine: Engine, prompt: list[int], **kw) -> tuple[float, dict]:
 
 ROOT = Path(__file__).resolve().parents[1]
 TIER_PY = ROOT / "build" / "tpu-inference-venv" / "bin" / "python"  # make tpu-inference-venv
-HETERO_BLOCK_SIZE = 16  # the pd-decode-hetero engine's pages (the others': tests/support/tinymodel.BLOCK_SIZE)
+HETERO_BLOCK_SIZE = 16  # the pd-decode-hetero engine's pages (the others': harness/tinymodel.BLOCK_SIZE)
 
 
 def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
     """The tpu-inference case: see the module's docstring."""
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tpu_inference")]
-    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
-
-    from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
-    from tpusync.hashing import BlockHasher
+    sys.path[:0] = [str(ROOT)]
+    from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE
+    from harness.tpu_engines import EngineSpec, TpuEngine, rendered_kv_transfer_config
+    from tpusync.kv.keys import BlockHasher
 
     hasher = BlockHasher(BLOCK_SIZE)
     results: list[dict[str, Any]] = []
@@ -71,7 +70,7 @@ def tpu_inference_cases(reps: int, console: Console) -> list[dict[str, Any]]:
         work = Path(tmp)
         model = work / "model"
         subprocess.run([str(TIER_PY), "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from tests.support.tinymodel import build; build(sys.argv[2])", str(ROOT), str(model)],
+                        "from harness.tinymodel import build; build(sys.argv[2])", str(ROOT), str(model)],
                        check=True, capture_output=True)
         secret = work / "secret"
         write_secret(secret, uuid.uuid4().hex * 2)

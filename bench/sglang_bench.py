@@ -3,7 +3,7 @@
 
 Runs in the SGLang tier's environment (tests/sglang/sglang.mk: `make sglang-bench`, or
 `build/sglang-venv/bin/python bench/sglang_bench.py`). A real tpusync-sidecar; SGLang 0.5.23's
-real host pools (built as tests/sglang/conftest.py builds them); the backend made by SGLang's
+real host pools (built as the SGLang tier builds them: harness/sglang_pools.py); the backend made by SGLang's
 factory from the extra config. Per layout, one batch of pages (SGLang hands the backend at most
 STORAGE_BATCH_SIZE = 128 pages a call: sglang/srt/mem_cache/hicache_storage.py):
 
@@ -38,11 +38,11 @@ from report import RATE_COLUMNS, report
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.sglang.conftest import make_backend, make_pool
+from harness.sglang_pools import make_backend, make_pool
 from tpusync import KVStore
+from tpusync.engines.sglang.keys import block_keys
 from tpusync.local import sidecars as sidecar_mod
 from tpusync.local.sidecars import write_secret
-from tpusync.sglang.keys import block_keys
 
 MIB = 1 << 20
 # One TP rank of a Llama-3-8B-shaped model: 32 layers x 8 KV heads x 128 x bf16, 16-token pages:

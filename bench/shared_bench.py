@@ -37,8 +37,8 @@ from report import merged, report
 from rich.console import Console
 
 from tpusync import KVStore
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
 
 KIB, MIB = 1 << 10, 1 << 20
 SECRET = b"shared-bench pool secret, 16+ bytes"  # the tier's files are tagged under keys derived from it

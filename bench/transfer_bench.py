@@ -37,9 +37,9 @@ from tpusync.local import sidecars as sidecar
 from tpusync.local.sidecars import write_secret
 
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
-# root goes there too, for tests.support.
+# root goes there too, for harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support import fabric as fab
+from harness import fabric as fab
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 QWEN3_235B_TOKEN_BYTES = 94 * 2 * 4 * 128 * 2

@@ -14,7 +14,7 @@ Measured in one run, each case beside its baseline:
   loopback ceiling, with their CPU seconds;
 - hop-vs-pull-loopback: ratio = one hop's throughput over a plain sidecar pull of the same
   bytes (naive-1), with CPU seconds per GB of the hop (sidecars + executor) against raw TCP's.
-On the simulated fabric (tests/support/fabric.py: one network namespace per host, every
+On the simulated fabric (harness/fabric.py: one network namespace per host, every
 NIC shaped to the profile's rate and RTT, so hops no longer share one loopback):
 - fabric-hop-1: the trainer host to one host, the baseline of the fabric cases;
 - fabric-chain-N / fabric-tree-N (fan-out 2) / fabric-naive-N: N destination hosts besides
@@ -52,12 +52,12 @@ from rich.console import Console
 from tpusync.local.sidecars import write_secret
 
 # Run as `python bench/<name>.py`: bench/ is on sys.path (rawtcp, report); the repository
-# root goes there too, for tests.support.
+# root goes there too, for harness.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rawtcp
 from report import merged, report
 
-from tests.support import fabric as fab
+from harness import fabric as fab
 from tpusync import KVStore
 from tpusync.local import sidecars as sidecar
 from tpusync.weights import VersionedWeights, WeightDistributor, plan

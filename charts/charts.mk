@@ -1,6 +1,6 @@
 # Helm chart targets: included by the top-level Makefile.
 # The chart tests use the pinned helm (v4) that `make controlplane` builds into the e2e
-# control-plane cache (e2e/build-controlplane.sh); see tests/support/helm.py.
+# control-plane cache (e2e/build-controlplane.sh); see harness/helm.py.
 .PHONY: chart-test chart-lint
 
 CHART := charts/tpusync-operator

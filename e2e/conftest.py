@@ -1,6 +1,6 @@
 """pytest fixtures for the e2e suite: one real control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kwok) per test session. The machinery is in
-tests/support/ (cluster.py, lws.py, operator_process.py); see docs/e2e.md. Run with
+harness/ (cluster.py, lws.py, operator_process.py); see docs/e2e.md. Run with
 `make e2e` (builds the control plane first) or `.venv/bin/python -m pytest e2e` after
 `make controlplane`."""
 
@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from tests.support import REPO
-from tests.support.cluster import running_cluster
-from tests.support.lws import LWSController
-from tests.support.operator_process import OperatorProcess, helm_install_operator
+from harness import REPO
+from harness.cluster import running_cluster
+from harness.lws import LWSController
+from harness.operator_process import OperatorProcess, helm_install_operator
 
 # Fake GKE TPU node pools created once per session (kwok-managed, Ready, tainted
 # google.com/tpu=present:NoSchedule).
@@ -121,7 +121,7 @@ def operator_nodes(cluster):
 
 @pytest.fixture(scope="session")
 def lws(cluster, crds, tmp_path_factory):
-    """The LeaderWorkerSet controller and its webhooks (tests/support/lws.py)."""
+    """The LeaderWorkerSet controller and its webhooks (harness/lws.py)."""
     controller = LWSController(cluster, tmp_path_factory.mktemp("lws"))
     try:
         controller.start()

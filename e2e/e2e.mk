@@ -37,4 +37,4 @@ lws:
 
 # Starts a cluster with fake TPU node pools for manual poking; Ctrl-C tears it down.
 e2e-cluster: controlplane install
-	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m tests.support.cluster
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m harness.cluster

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.support.cluster import TPU_TAINT
-from tests.support.controlplane import read_versions
+from harness.cluster import TPU_TAINT
+from harness.controlplane import read_versions
 
 
 def test_version_is_pinned(cluster):

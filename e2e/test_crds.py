@@ -9,9 +9,9 @@ import json
 import pytest
 import yaml
 
-from tests.support import REPO
-from tests.support.invalid_objects import POOL, SERVING, invalid_objects, variant
-from tests.support.polling import wait_for
+from harness import REPO
+from harness.invalid_objects import POOL, SERVING, invalid_objects, variant
+from harness.polling import wait_for
 
 
 def server_dry_run(cluster, namespace: str, obj: dict):

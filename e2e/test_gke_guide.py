@@ -24,11 +24,11 @@ import pytest
 import yaml
 from test_operator import conditions, get, items, wait_condition
 
-from tests.support import REPO
-from tests.support.cluster import Cluster
-from tests.support.lws import LWSController
-from tests.support.operator_process import OperatorProcess
-from tests.support.polling import wait_for
+from harness import REPO
+from harness.cluster import Cluster
+from harness.lws import LWSController
+from harness.operator_process import OperatorProcess
+from harness.polling import wait_for
 from tpusync_operator import versions
 from tpusync_operator.builders.engine import vllm_argv
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO
+from harness import REPO
 from tpusync_operator.builders.common import pod_templates
 
 GOLDEN = REPO / "tests" / "unit" / "operator" / "golden"
-# nodepool-*.yaml are GKE API request bodies, not Kubernetes objects (tests/support/gke_api.py).
+# nodepool-*.yaml are GKE API request bodies, not Kubernetes objects (harness/gke_api.py).
 CASES = sorted(p for p in GOLDEN.glob("*.yaml") if not p.name.startswith("nodepool-"))
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import yaml
 
-from tests.support import REPO
-from tests.support.operator_process import helm_install_operator
-from tests.support.polling import wait_for
+from harness import REPO
+from harness.operator_process import helm_install_operator
+from harness.polling import wait_for
 
 RELEASE = "e2e-helm"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"

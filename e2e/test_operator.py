@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 
 API = "tpusync.dev/v1alpha1"
 TPU = "google.com/tpu"

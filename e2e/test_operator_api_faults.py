@@ -1,7 +1,7 @@
 """The operator under API faults (issue 14, items 13 and 14), on the real control plane.
 
 An operator process (the chart's ServiceAccount, RBAC enforced) reaches the API server
-through the fault proxy (tests/support/faultproxy.py), which the tests command to answer chosen requests
+through the fault proxy (harness/faultproxy.py), which the tests command to answer chosen requests
 with a 500 or to close their connections. The session's own operator is stopped meanwhile,
 so this one alone reconciles, and restarted afterwards.
 
@@ -24,9 +24,9 @@ import pytest
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, STORE_POOL
 from test_operator import apply, conditions, get, pool_obj, wait_condition
 
-from tests.support.faultproxy import FaultProxy
-from tests.support.operator_process import OperatorProcess
-from tests.support.polling import wait_for
+from harness.faultproxy import FaultProxy
+from harness.operator_process import OperatorProcess
+from harness.polling import wait_for
 
 RETRY_ANNOTATION = "tpusync.dev/retry"
 OBSERVED = ("observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes", "diskBytes")

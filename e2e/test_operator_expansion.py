@@ -5,7 +5,7 @@ name `$(HF_TOKEN)` is refused by the schema, and extra args and env values `$(HF
 kwok plays the kubelets here and starts no container, so nothing in this harness performs
 the kubelet's `$(VAR)` expansion. The test reads what the API server stores -- the Pod the
 real kube-controller-manager made from the operator's Deployment -- and applies the
-kubelet's own rule to it (tests/support/kube_expansion.py: a port of k8s.io/kubernetes
+kubelet's own rule to it (harness/kube_expansion.py: a port of k8s.io/kubernetes
 third_party/forked/golang/expansion, which pkg/kubelet/container/helpers.go
 ExpandContainerCommandAndArgs applies to command and args, and pkg/kubelet/kubelet_pods.go to
 env values; `$$` is one `$`, `$(NAME)` a defined variable's value), with the Secret's real
@@ -20,8 +20,8 @@ import uuid
 
 from test_operator import API, NONROOT_ENGINE, apply, container, get, items, pool_obj
 
-from tests.support.kube_expansion import command_line, environment
-from tests.support.polling import wait_for
+from harness.kube_expansion import command_line, environment
+from harness.polling import wait_for
 
 POOL = "xp"
 SERVING = "xs"

@@ -1,5 +1,5 @@
 """TPUSyncPools in mode gke on the real control plane, with the operator process talking to
-the GKE API contract server (tests/support/gke_api.py: the documented nodePools/operations
+the GKE API contract server (harness/gke_api.py: the documented nodePools/operations
 API and the metadata server's token, on 127.0.0.1; it is not GKE), configured as the chart
 configures it (TPUSYNC_GKE_ENDPOINT, the value gke.endpoint): the only GKE API it calls.
 
@@ -20,11 +20,13 @@ import json
 
 import pytest
 from test_operator import FINALIZER, apply, conditions, get, serving_obj, wait_condition
+from test_operator_ownership import RECOVERY, create, service
 
-from tests.support.gke_api import PARENT, serve
-from tests.support.polling import wait_for
+from harness.gke_api import PARENT, serve
+from harness.polling import wait_for
 
 NODE_POOL = "e2e-gke-v6e"
+HELD = "e2e-gke-held"
 FOREIGN = "e2e-gke-foreign"
 NOT_NAMED = "e2e-gke-endpoint"
 
@@ -86,6 +88,29 @@ def test_gke_pool_creates_and_deletes_its_node_pool(cluster, gke_operator, modul
     assert get(cluster, "tpusyncpool", ns, "g") is None
     assert ("DELETE", f"{PARENT}/nodePools/{NODE_POOL}") in state.mutations()
     assert NODE_POOL not in state.pools
+
+
+def test_a_name_conflict_stops_the_pass_before_gke_is_called(cluster, operator, gke_operator, module_namespace):
+    """Another team's Service at the pool's <pool>-peers name stops the pass before it writes
+    anything, the GKE node pool included (a node pool costs money and no child could use it);
+    once theirs is gone, the pool creates its node pool by itself."""
+    ns, state = module_namespace, gke_operator
+    create(cluster, service("h-peers", ns))
+    apply(cluster, gke_pool(ns, "h", HELD, hosts=1))
+    pool = wait_condition(cluster, "tpusyncpool", ns, "h", "Degraded", "True", reason="NameConflict")
+    message = conditions(pool)["Degraded"]["message"]
+    assert f"Service {ns}/h-peers" in message
+    assert pool["status"].get("nodePool", {}).get("state") is None   # never reported: GKE was not asked
+    # The retry after the conflict (ownership.CONFLICT_RETRY_SECONDS) finds it still held: still nothing.
+    marker = f"failed temporarily: {message.split(';')[0]}"
+    first = wait_for("the pass's retry in the log", lambda: operator.log_text().count(marker), 30)
+    wait_for("the pool's pass to run again", lambda: operator.log_text().count(marker) > first, RECOVERY)
+    assert calls_about(state, HELD) == [] and HELD not in state.pools
+
+    cluster.kubectl("delete", "service", "h-peers", "-n", ns, "--wait=true")
+    wait_for("the node pool created once the name is free", lambda: HELD in state.pools, RECOVERY)
+    cluster.kubectl("delete", "tpusyncpool", "h", "-n", ns, "--timeout=90s", timeout=120)
+    assert HELD not in state.pools
 
 
 def test_a_node_pool_the_operator_did_not_create_is_never_changed_or_deleted(cluster, gke_operator,

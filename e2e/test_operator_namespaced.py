@@ -15,8 +15,8 @@ import pytest
 from conftest import OPERATOR_NAMESPACE, OPERATOR_RELEASE, _new_namespace
 from test_operator import apply, get, items, pool_obj, serving_obj, wait_condition
 
-from tests.support.operator_process import OperatorProcess, helm_install_operator
-from tests.support.polling import wait_for
+from harness.operator_process import OperatorProcess, helm_install_operator
+from harness.polling import wait_for
 
 RELEASE = "tpusync-scoped"
 SYSTEM = "tpusync-scoped-system"

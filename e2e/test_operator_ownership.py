@@ -25,7 +25,7 @@ from conftest import STORE_POOL
 from kubernetes_asyncio import config
 from test_operator import CONVERGE, apply, conditions, get, pool_obj, serving_obj, wait_condition
 
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 from tpusync_operator.kube import ApiKube, KubeError
 
 THEIRS = {"app": "theirs"}

@@ -1,6 +1,6 @@
 """More of the operator on the real control plane: store nodes as a DaemonSet (and a switch
 of kind, which prunes the old one), a multi-host role as a LeaderWorkerSet run by the real LWS
-controller (tests/support/lws.py: its webhooks label the group's pods and inject the TPU environment),
+controller (harness/lws.py: its webhooks label the group's pods and inject the TPU environment),
 a Lockstep rollout run by LWS's DisaggregatedSet controller, and two live operators sharing one
 peering, of which only one acts.
 """
@@ -24,9 +24,9 @@ from test_operator import (
     wait_condition,
 )
 
-from tests.support.operator_process import OperatorProcess
-from tests.support.polling import wait_for
-from tests.support.revision_router import RevisionRouter, ready, screener_parameters
+from harness.operator_process import OperatorProcess
+from harness.polling import wait_for
+from harness.revision_router import RevisionRouter, ready, screener_parameters
 
 MULTI_POOL = "e2e-v6e-4x4"      # a v6e 4x4 slice: 16 chips on 4 hosts
 
@@ -114,11 +114,11 @@ REFERENCE_POOL = "e2e-v6e-4x4-ref"   # another 4x4 slice, for the reference engi
 
 def test_a_multi_host_reference_replica_is_one_slice(cluster, operator, lws, module_namespace):
     """The reference engine on a 4-host slice: one process per LWS pod, each beside its own
-    sidecar, joined as one JAX program (tpusync.serving.slice). What each pod's engine would be
+    sidecar, joined as one JAX program (tpusync.engines.reference.slice). What each pod's engine would be
     started with, from the stored pod as the real LWS webhook left it and expanded as the kubelet
     expands it, read by the engine's own parser."""
-    from tests.support.kube_expansion import command_line
-    from tpusync.serving.__main__ import parse_args
+    from harness.kube_expansion import command_line
+    from tpusync.engines.reference.__main__ import parse_args
 
     ns = module_namespace
     multi_host_prefill(cluster, ns, "rs", REFERENCE_POOL, "reference")
@@ -202,7 +202,7 @@ def test_lockstep_rollout_pairs_prefill_and_decode_of_one_revision(cluster, oper
     """spec.rollout.strategy Lockstep, run by the real DisaggregatedSet controller (LWS v0.9.0):
     a new engine image rolls prefill and decode forward as a pair while a client keeps
     sending requests through a stand-in of llm-d's rollout screener, configured from the
-    EndpointPickerConfig the operator wrote (tests/support/revision_router.py). Every request finds
+    EndpointPickerConfig the operator wrote (harness/revision_router.py). Every request finds
     a revision with both roles ready and is served within it, although both revisions' pods are up
     at once for a while; the serving stays Ready and its status reports the rollout; the old
     revision's LeaderWorkerSets are gone at the end."""

@@ -5,6 +5,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <algorithm>
 #include <memory>
@@ -51,8 +52,10 @@ auto NoGil(Fn&& fn) {
   return fn();
 }
 
-pb::list Flags(const std::vector<uint8_t>& v) {
-  pb::list out(v.size());
+// The pb::typing return types name their items for the stub generated from this module
+// (python/tpusync/_native.pyi, `make stubs`); at run time they are the plain list, tuple and dict.
+pb::typing::List<bool> Flags(const std::vector<uint8_t>& v) {
+  pb::typing::List<bool> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = pb::bool_(v[i] != 0);
   return out;
 }
@@ -66,8 +69,8 @@ pb::array_t<uint8_t> TierArray(const std::vector<Tier>& tiers) {
 // memoryviews into the mapped pool (None for keys without a slot). Valid until the slots are
 // committed, aborted or unacquired: KVStore.reserve_many and acquire_many release them at the
 // end of their block.
-pb::list SlotViews(const std::vector<BlockSlot>& slots, bool readonly) {
-  pb::list out(slots.size());
+pb::typing::List<pb::typing::Optional<pb::memoryview>> SlotViews(const std::vector<BlockSlot>& slots, bool readonly) {
+  pb::typing::List<pb::typing::Optional<pb::memoryview>> out(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].data == nullptr) {
       out[i] = pb::none();
@@ -78,7 +81,7 @@ pb::list SlotViews(const std::vector<BlockSlot>& slots, bool readonly) {
   return out;
 }
 
-pb::dict StatsDict(const StoreStats& s) {
+pb::typing::Dict<pb::str, pb::object> StatsDict(const StoreStats& s) {
   pb::dict d;
 #define TPUSYNC_STAT(name) d[#name] = s.name
   TPUSYNC_STAT(block_bytes);
@@ -231,7 +234,7 @@ void BindLeases(pb::module_& m) {
 }  // namespace
 
 // (held: list[bool], landed: list[bool], digests: uint64 array): what a pull reports.
-pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests) {
+PullResult LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests) {
   pb::list landed(held.size());
   for (size_t i = 0; i < held.size(); ++i) landed[i] = pb::bool_(held[i] == kBlockLanded);
   pb::array_t<uint64_t> d(static_cast<ssize_t>(held.size()));
@@ -242,7 +245,9 @@ pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "tpusync native engine: one block-store interface over an in-process store, the pod's sidecar "
-            "and a data port.";
+            "and a data port.\n\nKeys (every `keys` argument): a sequence of ints below 2**128 or of 16-byte "
+            "big-endian bytes, or a uint64 array of shape (n, 2) ([hi, lo] rows). Buffers: objects with the buffer "
+            "protocol, C-contiguous (writable for get).";
   BindLeases(m);
 
   using S = PyBlockStore;
@@ -288,7 +293,7 @@ PYBIND11_MODULE(_native, m) {
           pb::arg("keys"), pb::arg("buffers"), "Copies present blocks into the buffers; returns found flags.")
       .def(
           "lookup",
-          [](S& s, const pb::handle& keys, bool pin) {
+          [](S& s, const pb::handle& keys, bool pin) -> pb::typing::Tuple<size_t, pb::array_t<uint8_t>> {
             std::vector<BlockKey> k = ParseKeys(keys);
             LookupResult r = Take(NoGil([&] { return s->Lookup(k, pin); }));
             return pb::make_tuple(r.prefix_len, TierArray(r.tiers));
@@ -312,10 +317,12 @@ PYBIND11_MODULE(_native, m) {
           pb::arg("keys"), pb::arg("records"), "Writes each block's record on the shared tier (kept if there).")
       .def(
           "records",
-          [](S& s, const pb::handle& keys, uint32_t max_keys) {
+          [](S& s, const pb::handle& keys,
+             uint32_t max_keys) -> pb::typing::Tuple<pb::typing::List<pb::int_>, pb::typing::List<pb::bytes>> {
             std::vector<BlockKey> k = ParseKeys(keys);
             SharedRecords r = Take(NoGil([&] { return s->Records(k, max_keys); }));
-            pb::list out_keys(r.keys.size()), out_records(r.keys.size());
+            pb::typing::List<pb::int_> out_keys(r.keys.size());
+            pb::typing::List<pb::bytes> out_records(r.keys.size());
             for (size_t i = 0; i < r.keys.size(); ++i) {
               out_keys[i] = KeyToInt(r.keys[i]);
               out_records[i] = pb::bytes(r.records[i]);
@@ -351,9 +358,10 @@ PYBIND11_MODULE(_native, m) {
       .def("stats", [](S& s) { return StatsDict(Take(NoGil([&] { return s->Stats(); }))); })
       .def(
           "changes",
-          [](S& s, uint64_t epoch, uint64_t seq, uint32_t wait_ms, uint32_t max_keys) {
+          [](S& s, uint64_t epoch, uint64_t seq, uint32_t wait_ms,
+             uint32_t max_keys) -> pb::typing::Tuple<uint64_t, uint64_t, bool, pb::typing::List<pb::int_>> {
             ChangeBatch b = Take(NoGil([&] { return s->Changes({epoch, seq}, std::chrono::milliseconds(wait_ms), max_keys); }));
-            pb::list keys(b.keys.size());
+            pb::typing::List<pb::int_> keys(b.keys.size());
             for (size_t i = 0; i < b.keys.size(); ++i) keys[i] = KeyToInt(b.keys[i]);
             return pb::make_tuple(b.next.epoch, b.next.seq, b.lost, keys);
           },

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <Python.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/typing.h>
 
 #include <vector>
 
@@ -22,7 +24,8 @@ BlockKey ParseKey(const pb::handle& key);
 pb::int_ KeyToInt(const BlockKey& key);
 // A pull's report as Python sees it: (held: list[bool], landed: list[bool], digests: uint64
 // array), from per-key held states (net::HeldState) and the digests of the landed blocks.
-pb::tuple LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests);
+using PullResult = pb::typing::Tuple<pb::typing::List<bool>, pb::typing::List<bool>, pb::array_t<uint64_t>>;
+PullResult LandedDigests(const std::vector<uint8_t>& held, const std::vector<uint64_t>& digests);
 
 // Holds Py_buffer views for the duration of a call (released with the GIL held).
 class Buffers {

@@ -4,8 +4,8 @@ Layers (imports point downwards only):
   handlers / __main__     kopf registration and process entry point
   reconcile               the one level-based reconcile per kind (talks to the API server)
   kube, gke               thin I/O clients
-  planner, status,        pure decisions (ownership: which objects a pass may write)
-  ownership
+  pool_plan, serving_plan pure decisions (ownership: which objects a pass may write)
+  status, ownership
   builders                pure child-object builders
   models, tpu, quantity   the API (single source of truth for the CRDs) and pure helpers
 """

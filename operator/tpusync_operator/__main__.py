@@ -2,7 +2,9 @@
 
   validate FILE...        check the TPUSyncPool and DisaggregatedServing objects in FILEs as
                           the API server and the operator would (the CRDs' schema and CEL
-                          rules, unknown fields refused), print every error, and exit
+                          rules, unknown fields refused), print every error, and exit: 0
+                          valid, 1 errors, 3 a serving's pool neither in FILEs nor in a
+                          cluster (--cluster), so the checks that need it were not run
   render FILE...          validate, then print the objects the operator would create for
                           them, without a cluster (see render.py), and exit
 

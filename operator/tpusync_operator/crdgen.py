@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel
 
 from . import GROUP, VERSION
+from .builders import names
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
 
 _DROP = {"title", "examples"}
@@ -131,6 +132,47 @@ KINDS: dict[str, dict[str, Any]] = {
 }
 
 
+_LABEL = ("a DNS-1035 label (a lowercase letter first, then lowercase letters, digits and '-', as its Services' "
+          "names must be)")
+
+
+def _name_rule(kind: str) -> dict[str, str]:
+    """The root's CEL rule on metadata.name: a name every child the object renders can derive its
+    own from (builders.names computes the limits from the children's suffixes)."""
+    name = "self.metadata.name"
+    if kind == "TPUSyncPool":
+        store = ("has(self.spec.storeNodes) && has(self.spec.storeNodes.enabled) && self.spec.storeNodes.enabled && "
+                 "(!has(self.spec.storeNodes.kind) || self.spec.storeNodes.kind == 'StatefulSet')")
+        short, long = names.pool_name_max(store_statefulset=True), names.pool_name_max(store_statefulset=False)
+        return {"rule": f"{name}.matches('{names.NAME_PATTERN}') && size({name}) <= ({store} ? {short} : {long})",
+                "message": f"metadata.name must be {_LABEL} of at most {long} characters, {short} with "
+                           f"spec.storeNodes of kind StatefulSet: the pool's Service <name>-peers must have a name "
+                           f"of at most {names.LABEL_MAX} characters, its StatefulSet <name>-store one of at most "
+                           f"{names.STATEFULSET_MAX} (its pods' controller-revision-hash label)"}
+    cases = sorted([
+        (names.serving_name_max(lockstep=True), "has(self.spec.rollout) && has(self.spec.rollout.strategy) && "
+                                                "self.spec.rollout.strategy == 'Lockstep'",
+         "with spec.rollout.strategy Lockstep"),
+        (names.serving_name_max(multi_host=True), " || ".join(
+            f"(has(self.spec.{r}) && has(self.spec.{r}.hostsPerReplica) && self.spec.{r}.hostsPerReplica > 1)"
+            for r in names.ROLES), "with multi-host roles"),
+        (names.serving_name_max(sglang=True),
+         "has(self.spec.engine) && has(self.spec.engine.type) && self.spec.engine.type == 'sglang-jax'",
+         "with spec.engine.type sglang-jax"),
+    ], reverse=True)
+    limit = str(names.serving_name_max())
+    for n, condition, _ in cases:
+        limit = f"({condition}) ? {n} : {limit}"
+    exceptions = ", ".join(f"{n} {why}" for n, _, why in reversed(cases))
+    return {"rule": f"{name}.matches('{names.NAME_PATTERN}') && size({name}) <= ({limit})",
+            "message": f"metadata.name must be {_LABEL} of at most {names.serving_name_max()} characters "
+                       f"({exceptions}): the serving's Services <name>-prefill, <name>-epp and "
+                       f"<name>-pd-bootstrap must have names of at most {names.LABEL_MAX} characters, the "
+                       f"StatefulSets of its LeaderWorkerSets "
+                       f"(<name>-<role>-<group>; with Lockstep <name>-<revision>-<role>-<group>) names of at most "
+                       f"{names.STATEFULSET_MAX} (their pods' controller-revision-hash label)"}
+
+
 def build_crd(kind: str) -> dict[str, Any]:
     k = KINDS[kind]
     spec = structural_schema(k["spec"], "spec")
@@ -160,6 +202,7 @@ def build_crd(kind: str) -> dict[str, Any]:
                     "type": "object",
                     "description": k["description"],
                     "required": ["spec"],
+                    "x-kubernetes-validations": [_name_rule(kind)],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

@@ -30,10 +30,11 @@ from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
 from .nodepools import delete_pool
 from .passes import PassQueue, owner_key, set_owner_key
-from .planner import OPTIONAL_KINDS, check_pool
+from .pool_plan import check_pool
 from .reconcile import Deps
 from .reconcile_pool import reconcile_pool
 from .reconcile_serving import reconcile_serving
+from .serving_plan import OPTIONAL_KINDS
 from .versions import DISAGGREGATEDSET_API, image_registry
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))

@@ -105,8 +105,8 @@ class Capacity(Model):
          "spec.capacity: spot and reservation are mutually exclusive"),
     ))
     hosts: Annotated[int, Field(ge=1)] | None = Field(
-        None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology. In mode "
-                          "gke with a multi-host topology, a multiple of the slice's hosts: one node pool per slice.")
+        None, description="Fixed host count. Defaults to the hosts of one slice of spec.tpu.topology. With a "
+                          "multi-host topology, a multiple of the slice's hosts (in mode gke one node pool per slice).")
     autoscaling: Autoscaling | None = Field(
         None, description="Autoscaling range in hosts (mode gke). With a multi-host topology, multiples of the "
                           "slice's hosts: one node pool per slice up to maxHosts, which GKE's autoscaler grows from "
@@ -115,8 +115,17 @@ class Capacity(Model):
     reservation: GCEName | None = Field(None, description="Name of a specific Compute Engine reservation to consume.")
 
 
+QUEUED_PROVISIONING_UNSUPPORTED = (
+    "spec.provisioning.gke.queuedProvisioning: true is not supported: a queued node pool gets nodes only through a "
+    "ProvisioningRequest (Dynamic Workload Scheduler), which the operator does not create, so its hosts would never "
+    "come")
+
+
 class GKEProvisioning(Model):
     """Create and own a GKE node pool through the GKE REST API (never one the operator did not create)."""
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.queuedProvisioning) || !self.queuedProvisioning", QUEUED_PROVISIONING_UNSUPPORTED),
+    ))
     project: Annotated[str, Field(min_length=6, max_length=100,
                                   pattern=r"^([a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")] = Field(
         description="Project ID (not the number), e.g. my-project or example.com:my-project.")
@@ -131,7 +140,9 @@ class GKEProvisioning(Model):
                           "create for this TPUSyncPool is never changed or deleted (Degraded/NodePoolNotOwned).")
     workload_policy: GCEName | None = Field(
         None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
-    queued_provisioning: bool = Field(False, description="Use queued provisioning (Dynamic Workload Scheduler).")
+    queued_provisioning: bool = Field(False, description="Queued provisioning (Dynamic Workload Scheduler): not "
+                                                         "supported, true is refused (the operator creates no "
+                                                         "ProvisioningRequest).")
     service_account: Email | None = Field(None, description="Node service account e-mail.")
     # No API endpoint here: the operator sends its Google access token to the GKE API it is
     # configured with (TPUSYNC_GKE_ENDPOINT, the chart's gke.endpoint), never to one an
@@ -187,6 +198,12 @@ class SharedTier(Model):
          "spec.tiers.shared.size is required with storageClassName: the claim's request"),
         ("self.lowWatermarkPercent < self.highWatermarkPercent",
          "spec.tiers.shared.lowWatermarkPercent must be below highWatermarkPercent"),
+        ("!has(self.claimName) || !has(self.size)",
+         "spec.tiers.shared.size applies only with storageClassName (the claim the operator creates): the claim of "
+         "claimName has its own size"),
+        ("!has(self.size) || !has(self.capacity) || "
+         "quantity(self.capacity).asInteger() <= quantity(self.size).asInteger()",
+         "spec.tiers.shared.capacity must not exceed spec.tiers.shared.size, the claim's request"),
     ))
     claim_name: DNSName | None = Field(
         None, description="An existing ReadWriteMany PersistentVolumeClaim in the pool's namespace.")
@@ -236,6 +253,9 @@ class SidecarSpec(Model):
     http_port: Port = 7601
     kv_events_port: Port = 5557
     resources: Resources = sub(Resources, "Sidecar resources.")
+    encrypt: bool = Field(False, description="Encrypt every data-port session of the pool's sidecars, both ways "
+                                             "(AES-256-GCM, tpusync-sidecar --encrypt); sessions are authenticated "
+                                             "either way. A session is encrypted when either end asks.")
 
 
 class StoreNodes(Model):
@@ -553,6 +573,11 @@ class Objective(Model):
     priority: int = 0
 
 
+# The routing proxy's --kv-connector values: supportedKVConnectors in llm-d-router's
+# pkg/sidecar/proxy/options.go (versions.ROUTING_PROXY.values, checked against it by test_versions.py).
+ProxyKVConnector = Literal["mooncake", "nixlv2", "offloading", "sglang", "shared-storage"]
+
+
 class Routing(Model):
     """llm-d routing: endpoint picker, InferencePool, InferenceObjective, HTTPRoute."""
     model_config = ConfigDict(json_schema_extra=cel(
@@ -563,6 +588,10 @@ class Routing(Model):
          "!has(self.precisePrefixCache) || self.precisePrefixCache",
          "spec.routing.eppHighAvailability ActiveActive needs spec.routing.precisePrefixCache: replicas share no "
          "approximate prefix state (llm-d-router docs/operations.md)"),
+        ("!has(self.eppHighAvailability) || self.eppHighAvailability != 'ActiveActive' || "
+         "(self.enabled && self.eppReplicas > 1)",
+         "spec.routing.eppHighAvailability ActiveActive needs spec.routing.enabled and spec.routing.eppReplicas above "
+         "1: with one endpoint picker, or none, there is nothing to run active-active"),
     ))
     enabled: bool = True
     scorer_weights: ScorerWeights = sub(ScorerWeights, "Scheduling profile scorer weights.")
@@ -592,9 +621,10 @@ class Routing(Model):
                                      "leader election, only the leader is ready and routes, a standby takes its "
                                      "lease when it stops; ActiveActive routes on every replica (precise prefix "
                                      "cache only) and adds a PodDisruptionBudget of one.")
-    proxy_kv_connector: str | None = Field(
-        None, description="P/D protocol the decode routing proxy speaks; when empty: sglang for engine "
-                          "sglang-jax, nixlv2 (kv_transfer_params) otherwise.")
+    proxy_kv_connector: ProxyKVConnector | None = Field(
+        None, description="P/D protocol the decode routing proxy speaks (the --kv-connector values of llm-d-router "
+                          f"{ROUTING_PROXY.version}); when empty: sglang for engine sglang-jax, nixlv2 "
+                          "(kv_transfer_params) otherwise. sglang is the protocol of, and only of, sglang-jax.")
 
 
 class Rollout(Model):
@@ -644,6 +674,35 @@ ROLE_POOLS_BOTH = ("spec.prefill.poolRef and spec.decode.poolRef: set at most on
                    "spec.poolRef")
 SGLANG_SINGLE_HOST = ("spec.prefill/decode.hostsPerReplica must be 1 with spec.engine.type sglang-jax: the operator "
                       "runs sglang-jax on single-host slices only")
+DECODE_CLAMPED_OFF = ("spec.decode.maxReplicas: 0 with spec.decode.replicas above 0 runs no decode pod, and the "
+                      "serving's endpoint is its decode pods: it would answer 503 to every request (set "
+                      "spec.decode.replicas: 0 for a prefill-only serving)")
+NO_ROLE_RUNS = ("spec.prefill and spec.decode: their replicas, minReplicas and maxReplicas leave no replica of either "
+                "role at any spec.replicas: nothing would serve")
+LOCKSTEP_ALL_OR_NONE = ("spec.rollout.strategy Lockstep runs every role or none (LWS v0.9.0's DisaggregatedSet: "
+                        "replicas must be zero for all roles or non-zero for all roles): spec.prefill.minReplicas and "
+                        "spec.decode.minReplicas must both be above 0 or both 0 (or unset), and neither role's "
+                        "maxReplicas 0")
+SGLANG_ONE_PREFILL = ("spec.prefill: at most one prefill replica with spec.engine.type sglang-jax (spec.replicas x "
+                      "spec.prefill.replicas, within spec.prefill.minReplicas and maxReplicas): its decode pulls KV "
+                      "from prefills[bootstrap_room % N], not from the prefill pod the router chose; set "
+                      "spec.prefill.maxReplicas: 1 to scale decode alone")
+PROXY_SGLANG_PAIR = ("spec.routing.proxyKvConnector: sglang is the P/D protocol of spec.engine.type sglang-jax, and "
+                     "sglang-jax speaks only it")
+
+
+def _role_off(role: str) -> str:
+    """CEL: the role runs no replica at any spec.replicas of 1 or more."""
+    r = f"self.{role}"
+    return (f"((has({r}.maxReplicas) && {r}.maxReplicas == 0) || "
+            f"({r}.replicas == 0 && (!has({r}.minReplicas) || {r}.minReplicas == 0)))")
+
+
+def _min_above_0(role: str) -> str:
+    return f"(has(self.{role}.minReplicas) && self.{role}.minReplicas > 0)"
+
+
+_LOCKSTEP = "has(self.rollout) && has(self.rollout.strategy) && self.rollout.strategy == 'Lockstep'"
 
 
 class DisaggregatedServingSpec(Model):
@@ -681,6 +740,17 @@ class DisaggregatedServingSpec(Model):
          "self.decode.hostsPerReplica == 1))", SGLANG_SINGLE_HOST),
         ("!has(self.prefill.poolRef) || !has(self.decode.poolRef)", ROLE_POOLS_BOTH),
         _owned_flag_rule("prefill"), _owned_flag_rule("decode"),
+        ("!has(self.decode.maxReplicas) || self.decode.maxReplicas > 0 || self.decode.replicas == 0",
+         DECODE_CLAMPED_OFF),
+        (f"!({_role_off('prefill')} && {_role_off('decode')})", NO_ROLE_RUNS),
+        (f"!({_LOCKSTEP}) || ({_min_above_0('prefill')} == {_min_above_0('decode')} && "
+         "(!has(self.prefill.maxReplicas) || self.prefill.maxReplicas > 0) && "
+         "(!has(self.decode.maxReplicas) || self.decode.maxReplicas > 0))", LOCKSTEP_ALL_OR_NONE),
+        ("self.engine.type != 'sglang-jax' || ((self.replicas * self.prefill.replicas <= 1 || "
+         "(has(self.prefill.maxReplicas) && self.prefill.maxReplicas <= 1)) && "
+         "(!has(self.prefill.minReplicas) || self.prefill.minReplicas <= 1))", SGLANG_ONE_PREFILL),
+        ("!has(self.routing.proxyKvConnector) || "
+         "(self.routing.proxyKvConnector == 'sglang') == (self.engine.type == 'sglang-jax')", PROXY_SGLANG_PAIR),
     ))
     model: ModelRef
     engine: EngineSpec = sub(EngineSpec, "Inference engine.")
@@ -732,6 +802,7 @@ class DisaggregatedServingStatus(Model):
     endpoint: str | None = None
     routing_ready: bool | None = None
     replicas: int | None = Field(None, description="Units running at the last pass (spec.replicas as applied).")
-    selector: str | None = Field(None, description="The label selector of the serving's engine pods (for the "
-                                                   "/scale subresource: what an autoscaler measures).")
+    selector: str | None = Field(None, description="For the /scale subresource, what an autoscaler measures: one "
+                                                   "pod per unit, the serving pods of the role with fewer replicas "
+                                                   "per unit (decode on a tie).")
     rollout: RolloutStatus | None = None

@@ -1,4 +1,4 @@
-"""A TPUSyncPool's GKE node pools (mode gke): executing the planner's `NodePoolStep` for each
+"""A TPUSyncPool's GKE node pools (mode gke): executing pool_plan's `NodePoolStep` for each
 slice's node pool (at most one GKE call per pass, none while an operation runs), deleting the
 node pools of slices the spec dropped, and the finalizer that deletes them all. Only node
 pools carrying the pool's mark (`node_pool_mark`: the operator created them for it) are ever
@@ -17,7 +17,7 @@ from .builders.common import Owner
 from .builders.pool import node_pool_mark, node_pool_marked
 from .gke import ClusterRef, GKEAuthError, GKEClient, GKEConflict, GKEError, GKETransientError
 from .models import TPUSyncPoolSpec
-from .planner import (
+from .pool_plan import (
     NodePoolAction,
     NodePoolRequest,
     PlanError,

@@ -28,7 +28,7 @@ from .builders.common import Owner
 from .gke import GKEClient
 from .kube import Kube, KubeError
 from .ownership import Conflict, conflict, owned
-from .planner import Child, Ref
+from .pool_plan import Child, Ref
 from .status import API_ERROR, REJECTED, Clock, Cond, merge_conditions, transitions, utc_now
 
 Emit = Callable[[dict[str, Any], str, str, str], None]   # (body, type, reason, message)
@@ -145,14 +145,32 @@ class Written:
     created: list[str]      # names of the `once` children created by this pass
 
 
-async def apply_all(kube: Kube, owner: Owner, apply: Sequence[Child], delete: Sequence[Ref],
-                    once: Sequence[Child] = ()) -> Written:
-    """Writes the plan's children, touching only what the owner owns (ownership.py). Each
-    wanted child is read first; if any of their names is held by an object the owner does not
-    own, nothing at all is written and the conflicts are returned. Otherwise the `once` children
-    (generated Secrets: re-applying would rotate a token under running pods) are created where
-    absent, the `apply` children server-side applied, and the stale ones (`delete`) deleted
-    where they exist and are the owner's; another's object at a stale name is left alone.
+@dataclass(frozen=True)
+class Read:
+    """The wanted children as the API server holds them (None: absent), and the names among
+    them held by objects the owner does not own."""
+    once: list[Child]
+    apply: list[Child]
+    live: list[dict[str, Any] | None]
+    conflicts: list[Conflict]
+
+
+async def read_wanted(kube: Kube, owner: Owner, apply: Sequence[Child], once: Sequence[Child] = ()) -> Read:
+    """Reads every wanted child (ownership.py decides whose each is). A pass reads before it
+    writes anything, the GKE API's node pools included: a conflict stops it before any write."""
+    wanted = [*once, *apply]
+    live = [await kube.get(o["apiVersion"], o["kind"], owner.namespace, o["metadata"]["name"]) for o in wanted]
+    conflicts = [c for obj in live if obj is not None and (c := conflict(owner, obj)) is not None]
+    return Read(list(once), list(apply), live, conflicts)
+
+
+async def apply_all(kube: Kube, owner: Owner, read: Read, delete: Sequence[Ref]) -> Written:
+    """Writes the children read (read_wanted), touching only what the owner owns. If any of
+    their names is held by an object the owner does not own, nothing at all is written and the
+    conflicts are returned. Otherwise the `once` children (generated Secrets: re-applying would
+    rotate a token under running pods) are created where absent, the `apply` children
+    server-side applied, and the stale ones (`delete`) deleted where they exist and are the
+    owner's; another's object at a stale name is left alone.
 
     Each write of an object read carries the uid it had (a patch's metadata.uid, a delete's
     preconditions): the API server refuses it (422 for a patch: metadata.uid is immutable; 409
@@ -160,16 +178,13 @@ async def apply_all(kube: Kube, owner: Owner, apply: Sequence[Child], delete: Se
     names the conflict. One window remains: a name free when read and taken by another's
     object before the apply creates it is applied over (server-side apply has no create-only
     mode; a POST would leave the fields to an Update manager the applies never prune)."""
-    wanted = [*once, *apply]
-    live = [await kube.get(o["apiVersion"], o["kind"], owner.namespace, o["metadata"]["name"]) for o in wanted]
-    conflicts = [c for obj in live if obj is not None and (c := conflict(owner, obj)) is not None]
-    if conflicts:
-        return Written(conflicts, [])
+    if read.conflicts:
+        return Written(read.conflicts, [])
     created = []
-    for obj, found in zip(once, live, strict=False):
+    for obj, found in zip(read.once, read.live, strict=False):
         if found is None and await kube.create(obj):
             created.append(obj["metadata"]["name"])
-    for obj, found in zip(apply, live[len(once):], strict=True):
+    for obj, found in zip(read.apply, read.live[len(read.once):], strict=True):
         await kube.apply(_with_uid(obj, found))
     for ref in delete:
         found = await kube.get(ref.api_version, ref.kind, owner.namespace, ref.name)

@@ -13,8 +13,8 @@ from .kube import Kube, KubeError
 from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
 from .nodepools import reconcile_node_pools
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
-from .planner import PlanError, plan_pool
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
+from .pool_plan import SHARED_CAPACITY_BEYOND_CLAIM, PlanError, plan_pool, shared_claim_problem
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, read_wanted, stored_status, validation_message
 from .status import (
     NAME_CONFLICT,
     Capacity,
@@ -46,11 +46,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
     node_pools: list[dict[str, Any]] | None = None
     node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
-    if spec.provisioning.mode == "gke":
-        report = await reconcile_node_pools(deps, p, owner, spec, plan, old)
-        node_pools, node_pool = report.entries, report.entries[0]
-        node_pool_ready, node_pool_message, node_pool_updating = report.ready, report.message, report.updating
-    else:
+    if spec.provisioning.mode != "gke":
         existing = spec.provisioning.existing
         node_pool["name"] = existing.node_pool_name if existing else None
 
@@ -62,7 +58,22 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                 p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
         else:   # generated: created once, never re-applied (that would rotate the token under running pods)
             once = [build_auth_secret(owner, spec, deps.token())]
-        written = await apply_all(kube, owner, plan.apply, plan.delete, once)
+        shared = spec.tiers.shared
+        if shared is not None and shared.claim_name and shared.capacity:   # the user's claim: only read
+            claim = await kube.get("v1", "PersistentVolumeClaim", owner.namespace, shared.claim_name)
+            if problem := shared_claim_problem(spec, claim):
+                p.issue(SHARED_CAPACITY_BEYOND_CLAIM, problem, retry=60)   # a resized claim sends no event here
+        read = await read_wanted(kube, owner, plan.apply, once)
+        if spec.provisioning.mode == "gke":
+            if read.conflicts:  # nothing is written, GKE's node pools included: as last reported
+                node_pool = old.get("nodePool") or {"name": None, "state": None, "operation": None}
+                node_pools = old.get("nodePools")
+                node_pool_ready, node_pool_message = False, "not reconciled while a name is held (NameConflict)"
+            else:
+                report = await reconcile_node_pools(deps, p, owner, spec, plan, old)
+                node_pools, node_pool = report.entries, report.entries[0]
+                node_pool_ready, node_pool_message, node_pool_updating = report.ready, report.message, report.updating
+        written = await apply_all(kube, owner, read, plan.delete)
         if secret_name in written.created:
             p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
         if written.conflicts:

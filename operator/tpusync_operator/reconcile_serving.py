@@ -9,22 +9,14 @@ from pydantic import ValidationError
 from . import versions
 from .builders import names, sglang_pd
 from .builders.common import SERVING_LABEL, Owner
-from .builders.llmd import lockstep, serving_pod_labels
-from .builders.serving import PoolInfo
-from .kube import Kube, KubeError
+from .builders.llmd import lockstep
+from .builders.serving import PoolInfo, unit_pod_labels
+from .kube import Kube, KubeError, selector_string
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
-from .planner import (
-    OPTIONAL_KINDS,
-    PlanError,
-    capacity_shortfall,
-    check_pool,
-    missing_crd_message,
-    plan_serving,
-    pool_refs,
-    role_pools,
-)
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, stored_status, validation_message
+from .pool_plan import PlanError, check_pool
+from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, read_wanted, stored_status, validation_message
+from .serving_plan import OPTIONAL_KINDS, capacity_shortfall, missing_crd_message, plan_serving, pool_refs, role_pools
 from .status import (
     NAME_CONFLICT,
     RevisionObservation,
@@ -103,7 +95,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     try:
         # sglang-jax's P/D shared secret is created once, like a pool's auth Secret.
         once = [sglang_pd.build_secret(owner, deps.token().hex())] if spec.engine.type == "sglang-jax" else []
-        written = await apply_all(kube, owner, plan.apply, plan.delete, once)
+        written = await apply_all(kube, owner, await read_wanted(kube, owner, plan.apply, once), plan.delete)
     except KubeError as e:
         return await finish_held(e)
     if names.pd_secret(owner.name) in written.created:
@@ -149,7 +141,8 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         "observedGeneration": gen, "conditions": conds,
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
-        "replicas": spec.replicas, "selector": _selector(owner), "rollout": _rollout(spec, revisions),
+        "replicas": spec.replicas, "selector": selector_string(unit_pod_labels(owner, spec)),
+        "rollout": _rollout(spec, revisions),
     })
 
 
@@ -167,10 +160,6 @@ def _rollout(spec: DisaggregatedServingSpec, revisions: list[RevisionObservation
     return {"strategy": spec.rollout.strategy, "revision": revisions[0].revision if revisions else None,
             "revisions": [{"revision": r.revision, "prefill": role(r, "prefill"), "decode": role(r, "decode")}
                           for r in revisions]}
-
-
-def _selector(owner: Owner) -> str:
-    return ",".join(f"{k}={v}" for k, v in serving_pod_labels(owner).items())
 
 
 def _endpoint(owner: Owner, spec: DisaggregatedServingSpec) -> str:

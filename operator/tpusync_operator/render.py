@@ -8,12 +8,18 @@ would store them (the models apply the CRD defaults), assuming every optional CR
 (LeaderWorkerSet, InferencePool, ...) is installed. Every error is reported, each with its
 object and field. `validate FILE...` stops there and prints nothing else. What only a
 cluster decides is marked in comments: the owner's uid, the random contents of the Secrets the operator generates once.
+
+A serving's TPUSyncPool not in the files is read from a cluster (cluster_pools.py, --cluster);
+with none, `validate` reports the serving's checks that need its pool as not run and exits 3.
+An object of one of our kinds in another group, or in a group that is a near-miss of ours, is
+an error, not a foreign object to skip.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import os
 import sys
 from collections.abc import Iterable
@@ -28,11 +34,16 @@ from .builders import sglang_pd
 from .builders.common import Owner
 from .builders.pool import build_auth_secret
 from .builders.serving import PoolInfo
+from .cluster_pools import MODES, ClusterReadError, Source, choose, read_pools
 from .gke import ClusterRef, configured_endpoint
 from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from .planner import OPTIONAL_KINDS, PlanError, plan_pool, plan_serving, pool_refs, role_pools
+from .pool_plan import PlanError, plan_pool
+from .serving_plan import OPTIONAL_KINDS, plan_serving, pool_refs, role_pools
 
 GROUP_VERSION = "tpusync.dev/v1alpha1"
+GROUP = GROUP_VERSION.split("/")[0]
+KINDS = ("TPUSyncPool", "DisaggregatedServing")
+NOT_RUN_EXIT = 3   # validate: no error found, but checks that need a serving's pool not run
 UID = "<uid>"   # assigned by the API server
 GENERATED = "<generated once by the operator: 32 random bytes>"
 
@@ -48,10 +59,19 @@ class Rendered:
     body: dict[str, Any]
 
 
+def ours(doc: dict[str, Any]) -> bool:
+    """A tpusync.dev object, or meant to be one: one of our kinds in any group, or any kind in a
+    group that is a near-miss of ours (tpusync.io, tpusnyc.dev): validation refuses those,
+    where skipping them would pass an object nothing checked."""
+    group = str(doc.get("apiVersion", "")).split("/")[0].lower()
+    return (group == GROUP or str(doc.get("kind", "")).lower() in {k.lower() for k in KINDS}
+            or group.split(".")[0] == GROUP.split(".")[0] or difflib.SequenceMatcher(None, group, GROUP).ratio() >= 0.8)
+
+
 def load(paths: Iterable[str], skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """Every tpusync.dev object in the files ("-" reads stdin), in order (another kind or
-    version of the group too: validation refuses it). What is not of the group is listed in
-    `skipped`."""
+    version of the group too, and what `ours` takes for a mistyped one: validation refuses it).
+    What is not of the group is listed in `skipped`."""
     docs: list[dict[str, Any]] = []
     for path in paths:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -60,7 +80,7 @@ def load(paths: Iterable[str], skipped: list[str] | None = None) -> list[dict[st
                 continue
             if not isinstance(doc, dict):
                 raise RenderError(f"{path}: a YAML document that is not an object: {str(doc)[:60]!r}")
-            if str(doc.get("apiVersion", "")).split("/")[0] == GROUP_VERSION.split("/")[0]:
+            if ours(doc):
                 docs.append(doc)
             elif skipped is not None:
                 skipped.append(f"{path}: {doc.get('apiVersion')} {doc.get('kind')} "
@@ -74,15 +94,17 @@ def _where(doc: dict[str, Any]) -> str:
     return f"{doc.get('kind')} {meta.get('namespace') or 'default'}/{meta.get('name')}"
 
 
-def check(docs: list[dict[str, Any]]) -> list[str]:
+def check(docs: list[dict[str, Any]], source: Source | None = None, not_run: list[str] | None = None) -> list[str]:
     """Every error in the objects, schema and CEL first, then (for the objects that pass) the
-    planner's; each line names the object and the field."""
+    planner's; each line names the object and the field. A serving's pool not in the files is
+    read from `source`; where there is none, the serving's planner checks are listed in
+    `not_run` when given (an error otherwise)."""
     from .validate import validate  # CEL's runtime: only where objects are validated, not in the engine tiers
 
     errors = [f"{_where(doc)}: {e}" for doc in docs for e in validate(doc)[1]]
     if not errors:
         try:
-            render(docs)
+            render(docs, source, not_run)
         except RenderError as e:
             errors.append(str(e))
     return errors
@@ -125,15 +147,26 @@ def render_pool(doc: dict[str, Any]) -> tuple[PoolInfo, list[Rendered]]:
     return PoolInfo(owner.name, spec, plan.tpu), out
 
 
-def render_serving(doc: dict[str, Any], pools: dict[tuple[str, str], PoolInfo]) -> list[Rendered]:
+def render_serving(doc: dict[str, Any], pools: dict[tuple[str, str], PoolInfo], source: Source | None = None,
+                   not_run: list[str] | None = None) -> list[Rendered]:
+    """The serving's objects on its pools; a pool `pools` lacks was looked for in `source` (the
+    cluster read, or none): its planner checks are then listed in `not_run`, when given."""
     owner, spec = _owner(doc), _spec(DisaggregatedServingSpec, doc)
     where = f"DisaggregatedServing {owner.namespace}/{owner.name}"
     by_name: dict[str, PoolInfo] = {}
     for name, field in pool_refs(spec).items():
-        if (owner.namespace, name) not in pools:
-            raise RenderError(f"{where}: {field} {name!r}: no TPUSyncPool of that name in namespace "
-                              f"{owner.namespace} in the files given")
-        by_name[name] = pools[(owner.namespace, name)]
+        if (owner.namespace, name) in pools:
+            by_name[name] = pools[(owner.namespace, name)]
+            continue
+        missing = f"{field} {name!r}: no TPUSyncPool of that name in namespace {owner.namespace} in the files given"
+        if source is not None and source.mode != "none":
+            raise RenderError(f"{where}: {missing} nor in {source.describe()}")
+        why = source.why if source is not None else "--cluster none"
+        if not_run is None:
+            raise RenderError(f"{where}: {missing}, and no cluster to read it from ({why})")
+        not_run.append(f"{where}: the checks that need its TPUSyncPool {owner.namespace}/{name} ({field}) were "
+                       f"not run: not in the files given, and no cluster to read it from ({why})")
+        return []
     try:
         plan = plan_serving(owner, spec, by_name[spec.pool_ref.name], set(OPTIONAL_KINDS), role_pools(spec, by_name))
     except PlanError as e:
@@ -145,8 +178,11 @@ def render_serving(doc: dict[str, Any], pools: dict[tuple[str, str], PoolInfo]) 
     return out + [Rendered([where], obj) for obj in plan.apply]
 
 
-def render(docs: list[dict[str, Any]]) -> list[Rendered]:
-    """Pools first (a serving needs its pool's slice), then servings, each in file order."""
+def render(docs: list[dict[str, Any]], source: Source | None = None,
+           not_run: list[str] | None = None) -> list[Rendered]:
+    """Pools first (a serving needs its pool's slice), then servings, each in file order. The
+    pools that servings name and the files lack are read from `source`, checked as the operator
+    checks a serving's pool, and not rendered (they are not the files')."""
     pools: dict[tuple[str, str], PoolInfo] = {}
     out: list[Rendered] = []
     for doc in docs:
@@ -154,9 +190,23 @@ def render(docs: list[dict[str, Any]]) -> list[Rendered]:
             info, objs = render_pool(doc)
             pools[(_owner(doc).namespace, info.name)] = info
             out += objs
-    for doc in docs:
-        if doc["kind"] == "DisaggregatedServing":
-            out += render_serving(doc, pools)
+    servings = [doc for doc in docs if doc["kind"] == "DisaggregatedServing"]
+    if source is not None:
+        wanted = sorted({(_owner(doc).namespace, name) for doc in servings
+                         for name in pool_refs(_spec(DisaggregatedServingSpec, doc))} - pools.keys())
+        try:
+            read = read_pools(source, wanted)
+        except ClusterReadError as e:
+            raise RenderError(str(e)) from None
+        for body in read.values():
+            if body is not None:
+                try:
+                    info, _ = render_pool(body)
+                except RenderError as e:
+                    raise RenderError(f"{e} (read from {source.describe()})") from None
+                pools[(_owner(body).namespace, info.name)] = info
+    for doc in servings:
+        out += render_serving(doc, pools, source, not_run)
     return out
 
 
@@ -180,23 +230,39 @@ def main(argv: list[str] | None = None, *, command: str = "render") -> int:
     }
     parser = argparse.ArgumentParser(prog=f"python -m tpusync_operator {command}", description=describe[command])
     parser.add_argument("files", nargs="+", metavar="FILE", help='YAML files ("-" for stdin)')
+    parser.add_argument("--cluster", choices=MODES, default="auto",
+                        help="where to read a serving's TPUSyncPool that the files lack: auto (a kubeconfig if "
+                             "there is one, else the pod's service account in a pod, else none), kubeconfig, "
+                             "in-cluster, none")
+    parser.add_argument("--kubeconfig", help="the kubeconfig for --cluster auto/kubeconfig (default $KUBECONFIG, "
+                                             "else ~/.kube/config)")
+    parser.add_argument("--context", help="the kubeconfig context (default its current-context)")
+    parser.epilog = ("Exit status: 0 all checked, no error; 1 errors (or unreadable input or cluster); 2 usage; "
+                     f"{NOT_RUN_EXIT} (validate) no error, but a serving's pool was neither in the files nor in a "
+                     "cluster, so the checks that need it were not run.")
     args = parser.parse_args(argv)
     try:
         skipped: list[str] = []
         docs = load(args.files, skipped)
         for s in skipped:
-            print(f"{command}: skipped {s} (not a {GROUP_VERSION.split('/')[0]} object)", file=sys.stderr)
+            print(f"{command}: skipped {s} (not a {GROUP} object)", file=sys.stderr)
         if not docs:
             print(f"{command}: no TPUSyncPool or DisaggregatedServing in the files", file=sys.stderr)
             return 1
-        errors = check(docs)
+        source = choose(args.cluster, args.kubeconfig, args.context)
+        not_run: list[str] | None = [] if command == "validate" else None
+        errors = check(docs, source, not_run)
         for e in errors:
             print(f"{command}: {e}", file=sys.stderr)
+        for n in not_run or []:
+            print(f"{command}: {n}", file=sys.stderr)
         if errors:
             return 1
+        if not_run:
+            return NOT_RUN_EXIT
         if command == "render":
-            dump(render(docs), sys.stdout)
-    except (RenderError, OSError, yaml.YAMLError) as e:
+            dump(render(docs, source), sys.stdout)
+    except (RenderError, ClusterReadError, OSError, yaml.YAMLError) as e:
         print(f"{command}: {e}", file=sys.stderr)
         return 1
     return 0

@@ -65,7 +65,7 @@ API_ERROR = "APIError"          # Kubernetes API: 5xx, 429, a timeout, a reset c
 REJECTED = "ApplyFailed"        # Kubernetes API: 400, 403, 422, the request itself is refused
 GKE_API_ERROR = "GKEAPIError"   # GKE API: 5xx, 429, a timeout; retried soon
 # A GKE node pool of a wanted name exists without the operator's mark: never adopted, resized
-# or deleted (planner.node_pool_step).
+# or deleted (pool_plan.node_pool_step).
 NODE_POOL_NOT_OWNED = "NodePoolNotOwned"
 # A child's name is held by an object the operator does not own (ownership.py): the pass
 # writes nothing until it is free.

@@ -6,7 +6,7 @@ validation), and every `x-kubernetes-validations` CEL rule evaluated by Google's
 (cel-expr-python, cel-cpp) with the Kubernetes quantity functions the rules use. Transition
 rules (oldSelf) apply to updates only and are skipped, as the API server skips them on create.
 e2e/test_crds.py holds the API server to the same corpus of invalid objects
-(tests/support/invalid_objects.py) that tests/unit/operator/test_validate.py holds this to.
+(harness/invalid_objects.py) that tests/unit/operator/test_validate.py holds this to.
 """
 
 from __future__ import annotations
@@ -231,7 +231,12 @@ def validate(obj: dict[str, Any]) -> tuple[dict[str, Any], list[FieldError]]:
     schema = _schema(kind)
     body = {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
     body = _apply_defaults(schema, body)
-    _check({**schema, "properties": {k: v for k, v in schema["properties"].items()
-                                     if k not in ("apiVersion", "kind", "metadata", "status")}},
-           body, "", errors)
+    root = {**schema, "properties": {k: v for k, v in schema["properties"].items()
+                                     if k not in ("apiVersion", "kind", "metadata", "status")}}
+    if errors:      # no name: the root's rules, which read it, cannot run
+        root.pop("x-kubernetes-validations", None)
+        _check(root, body, "", errors)
+    else:           # the root's rules see metadata.name (CEL sees only it and generateName of metadata)
+        root["properties"]["metadata"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        _check(root, {**body, "metadata": {"name": name}}, "", errors)
     return {**obj, **body}, errors

@@ -45,11 +45,11 @@ def __getattr__(name: str) -> Any:
     upstream_modules = {"KVCacheManager": "kv_cache_manager", "KVCacheStore": "kv_cache_store",
                         "WeightSynchronizer": "weight_synchronizer"}
     if name in upstream_modules:  # upstream TPU Sync's names: its semantics
-        return getattr(importlib.import_module(f"tpusync.upstream.{upstream_modules[name]}"), name)
+        return getattr(importlib.import_module(f"tpusync.engines.upstream.{upstream_modules[name]}"), name)
     if name in ("PageMover", "PrefixStore", "TransferStatus"):
-        from tpusync import kv_cache
+        from tpusync.kv import cache
 
-        return getattr(kv_cache, name)
+        return getattr(cache, name)
     if name in ("VersionedWeights", "WeightDistributor"):
         from tpusync import weights
 

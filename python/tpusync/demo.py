@@ -34,9 +34,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tpusync import cli
+from tpusync.engines.reference.model import ModelConfig, init_params
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
-from tpusync.serving.model import ModelConfig, init_params
 
 MODEL: dict[str, Any] = {"max_seq": 2048}
 SHARED_PREFIX, SUFFIX, MAX_TOKENS, REQUESTS = 1536, 256, 16, 6

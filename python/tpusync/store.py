@@ -235,7 +235,7 @@ class KVStore:
     def describe(self, keys: Keys, records: Sequence[bytes]) -> None:
         """Writes a record beside each block on the shared tier (at most 16 KiB each; a record
         already there is kept), for every host to read back: what an engine needs to announce a
-        block that another host stored (tpusync.kv_events). PreconditionError without a
+        block that another host stored (tpusync.kv.events). PreconditionError without a
         shared tier."""
         self._backend.describe(keys, list(records))
 

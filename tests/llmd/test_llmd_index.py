@@ -11,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpusync.hashing import BlockHasher
+from harness.llmd_fleet import connect, eventually, parameters, served
+from tpusync.kv.keys import BlockHasher
 from tpusync.store import KVStore, Tier
-
-from .conftest import connect, eventually, served
 
 PAGES = (16, 32, 64)
 LENGTHS = (1, 15, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 300, 511, 512, 700)
@@ -22,13 +21,6 @@ LENGTHS = (1, 15, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 300, 511
 
 def tokens(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 256, n).tolist()
-
-
-def parameters(block: int, **indexer_config) -> dict:
-    """precise-prefix-cache-producer parameters, as an EndpointPickerConfig carries them."""
-    return {"tokenProcessorConfig": {"blockSizeTokens": block},
-            "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": False},
-            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": False}, **indexer_config}}
 
 
 def held_tokens(n_tokens: int, page: int) -> int:

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import yaml
 
-from tpusync.hashing import BlockHasher
-from tpusync.serving.__main__ import parse_args
-from tpusync.serving.model import ModelConfig
+from harness.llmd_fleet import connect, eventually, served
+from tpusync.engines.reference.__main__ import parse_args
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.keys import BlockHasher
 from tpusync.store import KVStore
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.engine import engine_command
 from tpusync_operator.builders.serving import engine_port
 from tpusync_operator.models import DisaggregatedServingSpec
-
-from .conftest import connect, eventually, served
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "v6e-single-host-reference.yaml"
 ROLES = ("prefill", "decode")

@@ -1,5 +1,5 @@
 """KV events of a multi-host slice of reference engines (two JAX processes, 2 devices each, one
-sidecar per host; tpusync.serving.slice), read by llm-d's own indexer: a block is the slice's
+sidecar per host; tpusync.engines.reference.slice), read by llm-d's own indexer: a block is the slice's
 only while every host holds its part of it, and the slice's leader announces it once."""
 
 from __future__ import annotations
@@ -8,13 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tests.support.processes import free_port
+from harness.llmd_fleet import MODEL_NAME, Host, connect, eventually, model_config, post, served
+from harness.processes import free_port
 from tpusync import KVStore
-from tpusync.hashing import BlockHasher
+from tpusync.kv.keys import BlockHasher, shard_key
 from tpusync.local.servers import SliceProcesses, start_slice
-from tpusync.pages import shard_key
-
-from .conftest import MODEL_NAME, Host, connect, eventually, model_config, post, served
 
 PAGE = 32
 SHARDS = 4  # 2 hosts x 2 devices, one kv head each

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.controlplane import ControlPlaneError, check_controlplane, controlplane_dir
 from tests.conftest import not_collected
-from tests.support.controlplane import ControlPlaneError, check_controlplane, controlplane_dir
 
 if not os.environ.get("TPUSYNC_RELEASE_ARCHIVES"):
     collect_ignore_glob = not_collected(

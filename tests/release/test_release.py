@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import REPO
-from tests.support.cluster import Cluster, running_cluster
-from tests.support.polling import wait_for
-from tests.support.processes import LOOPBACK, Component, free_port
+from harness import REPO
+from harness.cluster import Cluster, running_cluster
+from harness.polling import wait_for
+from harness.processes import LOOPBACK, Component, free_port
 from tpusync_operator import versions
 
 from .conftest import NOT_CHECKED, Tools

@@ -22,11 +22,12 @@ from sglang.srt.mem_cache.events import KVCacheEventRecorder
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 
-from tests.sglang.conftest import PAGE, fill, make_backend, make_pool
-from tests.support.llmd_indexer import MODEL, Indexer, indexer_binary
-from tests.support.polling import wait_for
+from harness.llmd_indexer import MODEL, Indexer, indexer_binary
+from harness.polling import wait_for
+from harness.sglang_pools import PAGE, make_backend, make_pool
+from tests.sglang.conftest import fill
 from tpusync import KVStore, errors
-from tpusync.sglang.events import page_hash, part_keys
+from tpusync.engines.sglang.events import page_hash, part_keys
 
 POD = "127.0.0.1:30000"  # the pod llm-d scores; nothing listens there
 TOPIC = f"kv@{POD}@{MODEL}"  # the served model name llm-d hashes in (Indexer.score asks for it)

@@ -11,20 +11,11 @@ import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageFailureInjector
 
-from tests.sglang.conftest import (
-    BLOCK,
-    MHA_LAYOUTS,
-    MLA_LAYOUTS,
-    PAGE,
-    fill,
-    hashes,
-    make_backend,
-    make_pool,
-    pages_of,
-)
-from tests.support.polling import wait_for
+from harness.polling import wait_for
+from harness.sglang_pools import PAGE, make_backend, make_pool
+from tests.sglang.conftest import BLOCK, MHA_LAYOUTS, MLA_LAYOUTS, fill, hashes, pages_of
 from tpusync import KVStore, errors
-from tpusync.sglang.storage import TPUSyncHiCacheStorage
+from tpusync.engines.sglang.storage import TPUSyncHiCacheStorage
 
 LAYOUTS = [("mha", layout) for layout in MHA_LAYOUTS] + [("mla", layout) for layout in MLA_LAYOUTS]
 
@@ -43,7 +34,7 @@ def _round_trip(pool_a, pool_b, backend_a, backend_b, n=6):
 
 
 def test_importing_tpusync_imports_neither_sglang_nor_torch():
-    code = ("import sys, tpusync, tpusync.sglang, tpusync.sglang.keys, tpusync.sglang.plan; "
+    code = ("import sys, tpusync, tpusync.engines.sglang, tpusync.engines.sglang.keys, tpusync.engines.sglang.plan; "
             "bad = [m for m in ('sglang', 'torch') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,11 +1,11 @@
-"""The page plan and the key scheme of tpusync.sglang, against SGLang's real HiCacheStorageConfig."""
+"""The page plan and the key scheme of tpusync.engines.sglang, against SGLang's real HiCacheStorageConfig."""
 
 from __future__ import annotations
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-from tpusync.sglang.keys import KeyScope, block_keys
-from tpusync.sglang.plan import PagePlan, Segment
+from tpusync.engines.sglang.keys import KeyScope, block_keys
+from tpusync.engines.sglang.plan import PagePlan, Segment
 
 
 def _config(**kw) -> HiCacheStorageConfig:

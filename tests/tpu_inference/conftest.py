@@ -5,7 +5,7 @@ Python 3.12 with vllm-tpu and tpu-inference 0.32.0, this clone's tpusync, and th
 `tpusync_cpu_shim` (tests/tpu_inference/cpu_shim), which stands in for tpu-inference's TPU-only
 kernels when JAX_PLATFORMS=cpu. Elsewhere (the main .venv) this folder collects nothing.
 
-The model is the tiny random Qwen3 of tests/support/tinymodel.py, built once per session; the
+The model is the tiny random Qwen3 of harness/tinymodel.py, built once per session; the
 reference for every engine's greedy tokens is HF transformers running the same checkpoint.
 """
 
@@ -48,7 +48,7 @@ class Reference:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from tests.support.tinymodel import build
+    from harness.tinymodel import build
 
     return build(tmp_path_factory.mktemp("tpu-inference") / "model")
 
@@ -61,7 +61,7 @@ def reference(model_dir) -> Reference:
 @pytest.fixture(scope="session")
 def model_b(tmp_path_factory) -> Path:
     """Other weights of the same shapes (what an RL trainer would publish)."""
-    from tests.support.tinymodel import build
+    from harness.tinymodel import build
 
     return build(tmp_path_factory.mktemp("tpu-inference-b") / "model", seed=1)
 
@@ -102,7 +102,7 @@ def engines(model_dir, tmp_path_factory):
         decode-fixed   TPUConnector kv_consumer with tpusync.tpu_inference.upstream_fix
         rl             no connector; tpusync's weight-update worker extension
     """
-    from tpu_harness import EngineSpec, NetNs, TpuEngine, rendered_kv_transfer_config
+    from harness.tpu_engines import EngineSpec, NetNs, TpuEngine, rendered_kv_transfer_config
 
     logs = tmp_path_factory.mktemp("tpu-inference-logs")
     base = EngineSpec(str(model_dir), logs)
@@ -119,7 +119,7 @@ def engines(model_dir, tmp_path_factory):
     started = {}
     try:
         started["plain"] = TpuEngine("plain", base)
-        started["rl"] = TpuEngine("rl", base, worker_extension_cls="tpusync.tpu_inference.weights.WeightUpdate")
+        started["rl"] = TpuEngine("rl", base, worker_extension_cls="tpusync.engines.tpu_inference.weights.WeightUpdate")
         specs = {"prefill": tpu_connector("kv_producer"), "decode": tpu_connector("kv_consumer"),
                  "decode-fixed": EngineSpec(base.model, logs, fixed)}
         for name, spec in specs.items():

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.processes import free_port
+from harness.processes import free_port
 from tests.tpu_inference.slice_host import expected_kv
 
 HOST = Path(__file__).with_name("slice_host.py")
@@ -42,10 +42,11 @@ class SliceEngine:
         from vllm.config import KVEventsConfig
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
-        from tpusync.connector.config import ConnectorConfig
-        from tpusync.connector.scheduler import SchedulerSide
-        from tpusync.kv.handoff import kv_layout
-        from tpusync.tpu_inference.shards import shard_links
+        from tpusync.engines.connector.config import ConnectorConfig
+        from tpusync.engines.connector.scheduler import SchedulerSide
+        from tpusync.engines.tpu_inference.shards import shard_links
+        from tpusync.kv.handoff import FORMAT_TPU_INFERENCE
+        from tpusync.kv.keys import BlockScope
 
         self.page_tokens, self.layers, self.kv_heads, self.head_dim = page_tokens, layers, kv_heads, head_dim
         self.procs: list[subprocess.Popen] = []
@@ -62,12 +63,12 @@ class SliceEngine:
         block_bytes = layers * page_tokens * 2 * kv_heads * head_dim * 2  # K and V, bfloat16
         cfg = ConnectorConfig(control_socket=hosts[0][0], store="sidecar", data_address=hosts[0][1], retry_s=0.0,
                               timeout_s=10.0)
+        scope = BlockScope(model="tiny", dtype="bfloat16", layers=layers, kv_heads=kv_heads, head_size=head_dim,
+                           page_tokens=page_tokens, format=FORMAT_TPU_INFERENCE, shards=shards)
         self.sched = SchedulerSide(
-            cfg, block_size=page_tokens, block_bytes=block_bytes, engine_id=engine_id, save=role != "decode",
+            cfg, scope, block_bytes=block_bytes, engine_id=engine_id, save=role != "decode",
             pull=role != "prefill", hosts=len(hosts),
-            kv_events=KVEventsConfig(enable_kv_cache_events=True) if kv_events else None,
-            layout=kv_layout(model="tiny", layers=layers, kv_heads=kv_heads, head_size=head_dim, dtype="bfloat16",
-                             shards=shards))
+            kv_events=KVEventsConfig(enable_kv_cache_events=True) if kv_events else None)
         shard_links(self.sched, cfg, block_bytes // shards, shards)
         self.sched.kv_cache_manager = self
         self.aggregator = KVOutputAggregator(expected_finished_count=len(hosts))

@@ -66,8 +66,8 @@ def main() -> None:
     from tpu_inference.runner.kv_cache import create_kv_caches
     from tpu_inference.utils import make_optimized_mesh
 
-    from tpusync.connector.config import ConnectorConfig
-    from tpusync.tpu_inference.worker import JaxWorkerSide
+    from tpusync.engines.connector.config import ConnectorConfig
+    from tpusync.engines.tpu_inference.worker import JaxWorkerSide
 
     devices = jax.devices()
     mesh = make_optimized_mesh((1, len(devices)), MESH_AXIS_NAMES_2D, devices=devices)

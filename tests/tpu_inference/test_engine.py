@@ -4,7 +4,7 @@ again when vLLM's own prefix cache serves part of a prompt."""
 
 from __future__ import annotations
 
-from tests.support.engines import prompt
+from harness.engines import prompt
 
 PROMPTS = [prompt(1, 100), prompt(2, 300), prompt(3, 64)]  # partial last block, 9 blocks + 12, exactly 2 blocks
 

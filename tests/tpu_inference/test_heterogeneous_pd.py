@@ -5,14 +5,14 @@ engines over real sidecars: one engine on one XLA host device (its KV cache whol
 kv_transfer_params (`tpusync_kv_layout`: model, layers, heads, head size, dtype, and the parts it
 stores a block in) and its block size; the decode engine pulls the blocks in those parts and
 sizes, and each of its shards loads the head and token ranges it owns
-(`tpusync.pages.load_layer_pages_resharded`). Tokens equal HF transformers' every way; a
+(`tpusync.kv.pages.load_pages_resharded`). Tokens equal HF transformers' every way; a
 prefill whose layout differs in anything but its split is refused and the prompt recomputed."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.engines import delta, prompt
+from harness.engines import delta, prompt
 
 TOKENS = 288  # the full 32- and 16-token blocks of a 300-token prompt
 BLOCK_SIZE = {"tp1": 32, "tp2": 32, "tp2-p16": 16}
@@ -21,9 +21,8 @@ BLOCK_SIZE = {"tp1": 32, "tp2": 32, "tp2-p16": 16}
 @pytest.fixture(scope="module")
 def engines(model_dir, tmp_path_factory):
     """tp1, tp2 and tp2-p16, each kv_both (saves as a prefill, pulls as a decode) on a sidecar of its own."""
-    from tpu_harness import EngineSpec, Pods, TpuEngine, rendered_kv_transfer_config
-
-    from tests.support.tinymodel import BLOCK_BYTES
+    from harness.tinymodel import BLOCK_BYTES
+    from harness.tpu_engines import EngineSpec, Pods, TpuEngine, rendered_kv_transfer_config
 
     pods = Pods(tmp_path_factory.mktemp("hetero-tp"), "hetero-tp")
     try:

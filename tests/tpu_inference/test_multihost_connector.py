@@ -25,13 +25,13 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 from tests.tpu_inference.slice_engine import SliceEngine
 from tpusync import KVStore
-from tpusync.kv_events import event_hash
+from tpusync.kv.events import event_hash
+from tpusync.kv.keys import shard_key
 from tpusync.local import sidecars as sidecar
 from tpusync.local.sidecars import write_secret
-from tpusync.pages import shard_key
 
 PAGE = 16
 BLOCK = 2 * 2 * PAGE * 2 * 4 * 128 * 2  # layers x tokens (of 32-token pages) x K/V x kv heads x head dim x bf16
@@ -112,7 +112,7 @@ def held(side, keys: list[int], shards: int) -> set[int]:
 
 
 def block_keys(engine: SliceEngine, tokens: list[int]) -> list[int]:
-    return engine.sched.hasher.keys(tokens, None)
+    return engine.sched.scope.keys(tokens)
 
 
 def test_each_host_saves_its_own_shards_and_the_prefill_names_every_host(engines, sidecars):

@@ -1,8 +1,8 @@
 """tpusync's connector for tpu-inference with tensor parallelism: engines on two XLA host (CPU)
 devices (`--xla_force_host_platform_device_count=2`, tensor_parallel_size 2), where
 tpu-inference shards every layer's KV cache on the mesh's `model` axis, one KV head per device.
-The workers store each shard's part of a block under its own key (`tpusync.pages.shard_key`);
-the scheduler half looks up and pulls every shard (`tpusync.tpu_inference.shards`).
+The workers store each shard's part of a block under its own key (`tpusync.kv.pages.shard_key`);
+the scheduler half looks up and pulls every shard (`tpusync.engines.tpu_inference.shards`).
 
 A prefill/decode pair of TP=2 engines in two processes over real sidecars: tokens equal HF
 transformers' (which the plain engine equals, test_engine.py); the pool holds, per shard, the
@@ -19,15 +19,14 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.support.engines import delta, prompt
-from tests.support.polling import wait_for
+from harness.engines import delta, prompt
+from harness.polling import wait_for
 from tpusync import errors
-from tpusync.hashing import BlockHasher
-from tpusync.kv_events import BlockAnnouncer, follow
+from tpusync.engines.tpu_inference.shards import ShardedStore
+from tpusync.kv.events import BlockAnnouncer, follow
+from tpusync.kv.keys import BlockHasher, shard_key
 from tpusync.local.sidecars import write_secret
-from tpusync.pages import shard_key
 from tpusync.store import KVStore, Tier
-from tpusync.tpu_inference.shards import ShardedStore
 
 SECRET = b"tpu-inference-tp-tier-secret-0123456789"
 TP = 2
@@ -38,9 +37,8 @@ PROMPT = prompt(31, 300)  # 9 full blocks and 12 tokens
 def tp_cluster(model_dir, tmp_path_factory):
     """Sidecars p (prefill pod) and d (decode pod); TP=2 engines prefill (kv_producer on p) and
     decode (kv_consumer on d), with the configs the operator renders."""
-    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
-
-    from tests.support.tinymodel import BLOCK_BYTES
+    from harness.tinymodel import BLOCK_BYTES
+    from harness.tpu_engines import EngineSpec, TpuEngine, rendered_kv_transfer_config
     from tpusync.local import sidecars as sidecar_mod
 
     work = tmp_path_factory.mktemp("tpusync-tp")
@@ -134,7 +132,7 @@ def test_pipeline_and_data_parallelism_stay_off_and_multi_host_slices_do_not(mon
 
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from tpusync.tpu_inference.connector import TPUSyncConnector
+    from tpusync.engines.tpu_inference.connector import TPUSyncConnector
 
     def reason(pp: int = 1, dp: int = 1) -> str | None:
         config = SimpleNamespace(parallel_config=SimpleNamespace(pipeline_parallel_size=pp, data_parallel_size=dp))

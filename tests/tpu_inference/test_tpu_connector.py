@@ -12,9 +12,8 @@ connector has loads (tpusync.tpu_inference.upstream_fix) makes the tokens right.
 
 from __future__ import annotations
 
-from tpu_engine_proc import BLOCK_SIZE
-
-from tests.support.engines import prompt
+from harness.engines import prompt
+from harness.tpu_engine_proc import BLOCK_SIZE
 
 PROMPT = prompt(11, 200)  # 6 full blocks pulled, 8 tokens computed on the decode engine
 

@@ -5,7 +5,7 @@ from the prefill pod's sidecar; a fresh engine served from the sidecar's DRAM an
 whole prompts and shared prefixes; a dead peer, params keyed otherwise, a block that cannot be
 loaded and a sidecar restarted under a running engine all mean recompute. Tokens equal HF
 transformers' in every case. The fresh engine publishes KV events: llm-d's own indexer (the
-helpers of tests/support/llmd_indexer.py) has its blocks at the tier the sidecar holds them."""
+helpers of harness/llmd_indexer.py) has its blocks at the tier the sidecar holds them."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tpu_engine_proc import BLOCK_SIZE
 
-from tests.support.engines import delta, prompt
-from tests.support.llmd_indexer import MODEL, Indexer, connect, eventually, held, indexer_binary
-from tpusync.hashing import BlockHasher
+from harness.engines import delta, prompt
+from harness.llmd_indexer import MODEL, Indexer, connect, eventually, held, indexer_binary
+from harness.tpu_engine_proc import BLOCK_SIZE
+from tpusync.kv.keys import BlockHasher
 from tpusync.local.sidecars import write_secret
 from tpusync.store import KVStore
 
@@ -42,7 +42,7 @@ class Cluster:
 
     def launch(self, name: str, disk: bool = False) -> Any:
         """Starts sidecar `name` (again: on the same pool file, disk folder and control socket)."""
-        from tests.support.tinymodel import BLOCK_BYTES
+        from harness.tinymodel import BLOCK_BYTES
         from tpusync.local import sidecars as sidecar_mod
 
         pool = self.pools.setdefault(name, f"/dev/shm/tpusync-tpuinf-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
@@ -74,8 +74,7 @@ def cluster(model_dir, tmp_path_factory):
     """Sidecars p (prefill pod: DRAM over a disk tier) and d (decode pod); engines prefill
     (kv_producer on p), decode (kv_consumer on d; reconnects at once after a store failure),
     fresh (kv_both on p, publishing KV events to llm-d's indexer)."""
-    from tpu_harness import EngineSpec, TpuEngine, rendered_kv_transfer_config
-
+    from harness.tpu_engines import EngineSpec, TpuEngine, rendered_kv_transfer_config
     from tpusync_operator.builders.engine import VLLM_RELAYED_KV_EVENTS
 
     c = Cluster(tmp_path_factory.mktemp("tpusync-connector"))
@@ -270,7 +269,7 @@ def test_a_block_that_cannot_be_loaded_is_recomputed_and_stored_again(cluster, r
     it offers, so a block cannot be evicted between lookup and load: a block that is there but
     cannot be loaded is what the load path meets.)"""
     engines = cluster.engines
-    from tests.support.tinymodel import BLOCK_BYTES
+    from harness.tinymodel import BLOCK_BYTES
 
     p = prompt(28, 300)
     engines["prefill"].generate(p, max_tokens=1)

@@ -1,6 +1,6 @@
 """tpu-inference's own RaidenOffloadConnector (tpu_inference/offload/raiden_offload_connector.py,
 as shipped in 0.32.0), unmodified, on tpusync: the engine runs with TPUSYNC_UPSTREAM_API=1, so
-the connector's `tpu_raiden` imports resolve to tpusync.upstream (its scheduler-side
+the connector's `tpu_raiden` imports resolve to tpusync.engines.upstream (its scheduler-side
 KVCacheStore directory and its worker-side KVCacheManager, whose host pool is a real sidecar's
 shared-memory pool). Tokens equal HF transformers' each time.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.engines import EngineSpec, delta, prompt
+from harness.engines import EngineSpec, delta, prompt
 from tpusync.store import KVStore
 
 CONNECTOR = {"kv_connector": "RaidenOffloadConnector",
@@ -20,9 +20,8 @@ CHUNKS = 24  # the host pool (TPU_OFFLOAD_NUM_CPU_CHUNKS): a few prompts' blocks
 @pytest.fixture(scope="module")
 def offload(model_dir, tmp_path_factory):
     """One sidecar and one engine on tpu-inference's RaidenOffloadConnector over it."""
-    from tpu_harness import Pods, TpuEngine
-
-    from tests.support.tinymodel import BLOCK_BYTES
+    from harness.tinymodel import BLOCK_BYTES
+    from harness.tpu_engines import Pods, TpuEngine
 
     pods = Pods(tmp_path_factory.mktemp("upstream-offload"), "upstream-offload")
     try:

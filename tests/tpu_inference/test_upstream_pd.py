@@ -2,7 +2,7 @@
 TPUConnector, as shipped in 0.32.0), unmodified, on tpusync, configured as the operator renders
 connector tpu-sync-compatible: the --kv-transfer-config (which vLLM's own parser takes when the
 engines start) and the environment: TPUSYNC_UPSTREAM_API=1, so the connector's
-`tpu_raiden.api.jax.kv_cache_manager` import resolves to tpusync.upstream, and
+`tpu_raiden.api.jax.kv_cache_manager` import resolves to tpusync.engines.upstream, and
 TPU_KV_TRANSFER_PORT (the port the prefill engine advertises) is its sidecar's data port. The
 decode engine pulls the prompt's blocks from the prefill pod's sidecar into its own and gives
 the tokens HF transformers gives.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.engines import EngineSpec, delta, prompt
+from harness.engines import EngineSpec, delta, prompt
 
 MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 
@@ -20,9 +20,8 @@ MODULE = "tpu_inference.distributed.tpu_raiden_connector"
 @pytest.fixture(scope="module")
 def pd(model_dir, tmp_path_factory):
     """Sidecars p and d; a prefill engine (kv_producer) on p and a decode engine (kv_consumer) on d."""
-    from tpu_harness import Pods, TpuEngine, rendered_kv_transfer_config
-
-    from tests.support.tinymodel import BLOCK_BYTES
+    from harness.tinymodel import BLOCK_BYTES
+    from harness.tpu_engines import Pods, TpuEngine, rendered_kv_transfer_config
     from tpusync_operator.builders.engine import upstream_api_env
 
     pods = Pods(tmp_path_factory.mktemp("upstream-pd"), "upstream-pd")

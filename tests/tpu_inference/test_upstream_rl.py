@@ -1,7 +1,7 @@
 """tpu-inference's own RL weight sync (tpu_inference/rl/raiden_worker_sync.py and TPUWorker's
 bind_raiden_sync / raiden_h2d, as shipped in 0.32.0), unmodified, on tpusync: the sampler engine
 runs with TPUSYNC_UPSTREAM_API=1, so `tpu_sync.api.jax.weight_synchronizer` is
-tpusync.upstream's, which writes each version into the bound weights in place. The CPU shim
+tpusync.engines.upstream's, which writes each version into the bound weights in place. The CPU shim
 lets the sampler bind weights on CPU devices (upstream binds TPU arrays only).
 
 A trainer host's sidecar gets version 1 from a trainer stand-in (an engine on checkpoint B
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from conftest import Reference
 
-from tests.support.engines import EngineSpec, prompt
+from harness.engines import EngineSpec, prompt
 from tpusync.weights import WeightDistributor
 
 P = prompt(410, 70)
@@ -25,7 +25,7 @@ P = prompt(410, 70)
 def rl(model_dir, model_b, tmp_path_factory):
     """Sidecars t (trainer host) and s (sampler host); engine `sampler` on A over s; engine
     `trainer` on B over t, with the publishing extension."""
-    from tpu_harness import Pods, TpuEngine
+    from harness.tpu_engines import Pods, TpuEngine
 
     pods = Pods(tmp_path_factory.mktemp("upstream-rl"), "upstream-rl")
     try:

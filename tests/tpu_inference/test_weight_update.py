@@ -1,4 +1,4 @@
-"""A running tpu-inference engine updated in place from tpusync (tpusync.tpu_inference.weights).
+"""A running tpu-inference engine updated in place from tpusync (tpusync.engines.tpu_inference.weights).
 
 Engine `rl` starts on checkpoint A. A torch trainer in this process publishes checkpoint B on
 the engine's sidecar; the engine takes it through TPUWorker's weight-update calls and tpusync's
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import Reference
 
-from tests.support.engines import EngineError, prompt
+from harness.engines import EngineError, prompt
 from tpusync import KVStore, VersionedWeights
 
 MODEL = "tiny-policy"

@@ -62,7 +62,7 @@ class Cluster:
     def launch(self, name: str, shared_dir: Path | None = None):
         """Starts sidecar `name` (again: on the same pool file and control socket); with
         `shared_dir`, on that shared tier."""
-        from tests.support.tinymodel import BLOCK_BYTES
+        from harness.tinymodel import BLOCK_BYTES
         from tpusync.local import sidecars as sidecar_mod
 
         pool = self.pools.setdefault(name, f"/dev/shm/tpusync-vllm-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
@@ -90,8 +90,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    from tests.support.engines import EngineSpec
-    from tests.support.tinymodel import build
+    from harness.engines import EngineSpec
+    from harness.tinymodel import build
 
     work = tmp_path_factory.mktemp("vllm")
     secret = work / "secret"

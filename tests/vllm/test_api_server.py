@@ -4,8 +4,8 @@ HTTP request and response bodies as llm-d's routing sidecar passes them between 
 
 from __future__ import annotations
 
-from tests.support.engines import delta, prompt
-from tests.support.tinymodel import BLOCK_SIZE
+from harness.engines import delta, prompt
+from harness.tinymodel import BLOCK_SIZE
 
 HITS = "vllm:external_prefix_cache_hits_total"  # prompt tokens a KV connector supplied
 

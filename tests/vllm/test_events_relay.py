@@ -1,5 +1,5 @@
 """The relay that publishes the connector's KV events between those of vLLM's own publisher on
-the router's endpoint (tpusync.connector.relay), on real ZMQ sockets: vLLM's ZmqEventPublisher as
+the router's endpoint (tpusync.engines.connector.relay), on real ZMQ sockets: vLLM's ZmqEventPublisher as
 the engine's, a SUB socket as llm-d's indexer, vLLM's decoder reading what it receives."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import zmq
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 from tpusync import errors
-from tpusync.connector.relay import reachable, relay_for
+from tpusync.engines.connector.relay import reachable, relay_for
 
 TOPIC = "kv@10.0.0.7:8000@tiny"
 

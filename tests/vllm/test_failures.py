@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.support.engines import delta, prompt
-from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
-from tpusync.hashing import BlockHasher
+from harness.engines import delta, prompt
+from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE
+from tpusync.kv.keys import BlockHasher
 
 
 def remote(peer_port: int, tokens: int, **extra) -> dict:

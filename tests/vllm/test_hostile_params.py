@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from tests.support.engines import EngineSpec, prompt
-from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
+from harness.engines import EngineSpec, prompt
+from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 from tpusync.local import sidecars as sidecar_mod
 from tpusync.local.sidecars import write_secret
 

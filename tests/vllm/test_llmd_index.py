@@ -8,7 +8,7 @@ Engines: a (kv_both on host s, which has a disk tier), b (kv_both on s too: a fr
 that loads what a saved), dec (kv_consumer on host d, pulls from s for P/D). Pods are the
 topics' names; events travel over ipc:// sockets (no network address). a and b publish as the
 operator deploys them: the connector on its own publisher, relayed with vLLM's on the pod's
-endpoint (`kv_events_endpoint`, tpusync.connector.relay), so what their sidecar changes reaches the
+endpoint (`kv_events_endpoint`, tpusync.engines.connector.relay), so what their sidecar changes reaches the
 index while they are idle. dec publishes through vLLM's publisher alone (`take_events`), at its
 steps.
 """
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.engines import EngineSpec, delta, prompt
-from tests.support.llmd_indexer import Indexer, Pod, connect, eventually, held, indexer_binary
-from tests.support.polling import wait_for
-from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
-from tpusync.hashing import BlockHasher
+from harness.engines import EngineSpec, delta, prompt
+from harness.llmd_indexer import Indexer, Pod, connect, eventually, held, indexer_binary
+from harness.polling import wait_for
+from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
+from tpusync.kv.keys import BlockHasher
 from tpusync.local.sidecars import write_secret
 from tpusync.store import KVStore
 

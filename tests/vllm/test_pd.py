@@ -4,8 +4,8 @@ the prefill pod's sidecar and decodes exactly what one engine alone would."""
 
 from __future__ import annotations
 
-from tests.support.engines import delta, prompt
-from tests.support.tinymodel import BLOCK_SIZE
+from harness.engines import delta, prompt
+from harness.tinymodel import BLOCK_SIZE
 
 PREFILL_PARAMS = {"do_remote_decode": True}  # what a P/D proxy sends the prefill engine
 

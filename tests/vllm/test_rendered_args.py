@@ -20,15 +20,15 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from tpusync.connector.config import ConnectorConfig
-from tpusync.connector.relay import reachable
+from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.relay import reachable
 from tpusync_operator import versions
 from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.render import load, render
+from tpusync_operator.serving_plan import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.tpu import slice_for
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.yaml"))

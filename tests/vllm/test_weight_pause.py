@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import ApiServer, EngineError, prompt
-from tests.support.tinymodel import BLOCK_BYTES, BLOCK_SIZE
+from harness.engines import ApiServer, EngineError, prompt
+from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "weights.md"
@@ -94,7 +94,7 @@ class DocServer(ApiServer):
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from tests.support.tinymodel import build
+    from harness.tinymodel import build
     from tpusync.local import sidecars as sidecar_mod
     from tpusync.local.sidecars import write_secret
 
@@ -125,8 +125,8 @@ def trainer(host, checkpoint: str):
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    from tpusync.vllm.plugin import register
-    from tpusync.vllm.weight_transfer import TpusyncTrainerInitInfo
+    from tpusync.engines.vllm.plugin import register
+    from tpusync.engines.vllm.weight_transfer import TpusyncTrainerInitInfo
 
     server, sidecar, models, _ = host
     register()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import EngineError, delta, prompt
+from harness.engines import EngineError, delta, prompt
 
 MODEL = "tiny-policy"
 TRAINER = Path(__file__).with_name("trainer_proc.py")
@@ -61,8 +61,8 @@ def trainer(cluster, client, checkpoint: str):
     from vllm.distributed.weight_transfer.base import ModuleSource
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-    from tpusync.vllm.plugin import register
-    from tpusync.vllm.weight_transfer import TpusyncTrainerInitInfo
+    from tpusync.engines.vllm.plugin import register
+    from tpusync.engines.vllm.weight_transfer import TpusyncTrainerInitInfo
 
     register()  # a trainer process loads no vLLM plugins: it registers the backend itself
     info = TpusyncTrainerInitInfo(rank=0, model=MODEL, control_socket=cluster.sidecars["t"].control_socket,
@@ -145,7 +145,7 @@ def test_sampler_that_missed_versions_catches_up_to_the_newest(cluster, rl):
     head = read_head(cluster.sidecars["t"].pool_path, MODEL) or 0
     c = cluster.work / "model_c"
     if not c.exists():
-        from tests.support.tinymodel import build
+        from harness.tinymodel import build
 
         build(c, seed=2)
     push(cluster, str(c), head + 1)                 # missed

@@ -26,21 +26,22 @@ DEFAULT_IMAGES = {
 # (tpu_inference 0.32.0 platforms/tpu_platform.py, check_and_update_config), TPUConnector among
 # them; vLLM takes the class of that name from kv_connector_module_path (its kv_connector/factory.py).
 TPU_CONNECTOR_NAME = "TPUConnector"
-# connector tpusync: tpusync's connector for tpu-inference (python/tpusync/tpu_inference).
+# connector tpusync: tpusync's connector for tpu-inference (python/tpusync/engines/tpu_inference).
 TPUSYNC_CONNECTOR_MODULE = "tpusync.tpu_inference.connector"
 # With tpusync's connector, vLLM's KV-events publisher binds in-process and the connector relays it,
-# its own events between vLLM's, on the pod's KV-events port (python/tpusync/connector/relay.py): what the sidecar
+# its own events between vLLM's, on the pod's KV-events port (python/tpusync/engines/connector/relay.py): what the
+# sidecar
 # demotes or evicts reaches the router while the engine is idle, not at its next step.
 # vLLM binds inproc:// endpoints (vllm 0.32.0 distributed/kv_events.py, _is_bind_endpoint).
 VLLM_RELAYED_KV_EVENTS = "inproc://tpusync-vllm-kv-events"
 # connector tpu-inference: tpu_inference's own TPUConnector, with the fix vLLM 0.32 needs for
-# correct decode tokens (python/tpusync/tpu_inference/upstream_fix.py), and its KV transfer and
+# correct decode tokens (python/tpusync/engines/tpu_inference/upstream_fix.py), and its KV transfer and
 # side-channel ports.
 TPU_INFERENCE_CONNECTOR_MODULE = "tpusync.tpu_inference.upstream_fix"
 TPU_INFERENCE_PORTS = {"tpu-kv": 9100, "tpu-kv-side": 9600}
 # connector tpu-sync-compatible: tpu_inference's own connector for upstream TPU Sync (0.32.0
 # tpu_inference/distributed/tpu_raiden_connector.py, class TPUConnector), whose
-# tpu_raiden.api.jax.kv_cache_manager import tpusync serves (python/tpusync/upstream) when
+# tpu_raiden.api.jax.kv_cache_manager import tpusync serves (python/tpusync/engines/upstream) when
 # TPUSYNC_UPSTREAM_API=1. The decode side dials the prefill pod at VLLM_HOST_IP and
 # TPU_KV_TRANSFER_PORT (tpu_inference/distributed/utils.py), which is the sidecar's data port.
 TPU_SYNC_COMPATIBLE_MODULE = "tpu_inference.distributed.tpu_raiden_connector"
@@ -79,7 +80,7 @@ RAY_WORKER_SCRIPT = "\n".join([
 ])
 MultiHost = Literal["leader", "worker"] | None
 # A multi-host replica of the reference engine is one JAX program, a process per host
-# (tpusync.serving.slice); process 0, on the LWS leader, runs jax.distributed's coordinator here.
+# (tpusync.engines.reference.slice); process 0, on the LWS leader, runs jax.distributed's coordinator here.
 # LWS v0.9.0 injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX into every container of the group
 # (api/leaderworkerset/v1/leaderworkerset_types.go, pkg/utils/pod/pod_utils.go line 165).
 SLICE_COORDINATOR_PORT = 7620
@@ -248,7 +249,7 @@ def proxy_kv_connector(spec: DisaggregatedServingSpec) -> str:
 
 def upstream_api_env(data_port: int) -> list[dict[str, Any]]:
     """The environment of a vllm-tpu engine on connector tpu-sync-compatible (tpu_inference's own
-    upstream-TPU-Sync connector, served by tpusync.upstream)."""
+    upstream-TPU-Sync connector, served by tpusync.engines.upstream)."""
     return [{"name": "TPUSYNC_UPSTREAM_API", "value": "1"},
             {"name": "TPU_KV_TRANSFER_PORT", "value": str(data_port)},
             {"name": "VLLM_HOST_IP", "value": "$(POD_IP)"}]

@@ -195,8 +195,6 @@ def build_node_pool_request(owner: Owner, spec: TPUSyncPoolSpec, tpu: Slice, sli
         else:
             placement["tpuTopology"] = tpu.topology
         node_pool["placementPolicy"] = placement
-    if gke.queued_provisioning:
-        node_pool["queuedProvisioning"] = {"enabled": True}
     return {"nodePool": node_pool}
 
 

@@ -89,6 +89,20 @@ def role_selector(owner: Owner, role: str) -> dict[str, str]:
     return {SERVING_LABEL: owner.name, ROLE_LABEL: role}
 
 
+def unit_role(spec: DisaggregatedServingSpec) -> str:
+    """The role whose serving pods stand for the units: the one with fewer replicas per unit
+    (decode on a tie), one per unit when either role has one."""
+    per_unit = {r: spec.role(r).replicas for r in ("decode", "prefill") if spec.role(r).replicas > 0}
+    return min(per_unit, key=lambda r: per_unit[r])
+
+
+def unit_pod_labels(owner: Owner, spec: DisaggregatedServingSpec) -> dict[str, str]:
+    """The /scale subresource's selector: the serving pods (Deployment pods, LeaderWorkerSet
+    leaders) of unit_role. The HPA scales to ceil(usage ratio x the pods it selects) units, so
+    it must select one pod per unit, as LWS selects one pod (the leader) per group."""
+    return {SERVING_LABEL: owner.name, ROLE_LABEL: unit_role(spec), LLMD_SERVING_LABEL: "true"}
+
+
 def _tiers(spec: DisaggregatedServingSpec, pool: PoolInfo) -> tuple[int, DiskTier | None]:
     dram = to_bytes(spec.prefix_cache.host_dram or pool.spec.tiers.dram)
     base = pool.spec.tiers.disk

@@ -39,6 +39,7 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         f"--auth-secret-file={AUTH_DIR}/token",
         f"--peers-dns={names.peers_dns(pool, namespace)}",
         *([f"--peers={','.join(peers)}"] if peers else []),
+        *(["--encrypt"] if sc.encrypt else []),
     ]
     mounts = [
         {"name": "tpusync-shm", "mountPath": SHM_DIR},

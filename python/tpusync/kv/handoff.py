@@ -22,15 +22,17 @@ proxy hands to the decode engine. What the decode engine reads, with `do_remote_
     remote_num_tokens          prompt tokens the prefill stored, in [0, 2^32]
     tpusync_block_size         its tokens per block, in [1, 65536]
     tpusync_last_key           its last block's key: 32 hex digits
-    tpusync_kv_layout          an object (`kv_layout`): model and dtype strings, layers, kv_heads,
-                               head_size whole numbers, shards in [1, 4096] (required), and on a
-                               multi-host slice hosts: per host the shard numbers it holds
+    tpusync_kv_layout          an object (`kv_layout`): model, dtype and format strings, layers,
+                               kv_heads, head_size whole numbers, shards in [1, 4096] (required),
+                               and on a multi-host slice hosts: per host the shard numbers it holds
     remote_addresses           a multi-host slice's hosts' data ports in process order (at most
                                1024; null or "" for a host without one)
 
-The reference engine's dialect (`tpusync.serving.engine`; issue 42 moves it onto vLLM's):
-`remote_address`, `remote_addresses`, `block_keys` (32 hex digits each), `num_tokens`,
-`block_size` and `layout` (as `tpusync_kv_layout`, with page_size and head_dim).
+Every engine speaks this one dialect: the vLLM and tpu-inference connectors and the reference
+engine (`tpusync.serving`) alike, so a prefill of one may hand off to a decode of another. What a
+decode engine does with a parsed hand-off is here too: whether it can load the prefill's blocks
+(`layout_refusal`, the one layout check), which blocks the prefill stored (`stored_blocks`), where
+each host pulls which parts from (`pull_plan`), and the pull itself (`pull`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import ipaddress
 import logging
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,14 +51,13 @@ MAX_HOSTS = 1024            # hosts of a multi-host prefill
 MAX_SHARDS = 4096           # parts a block is stored in
 MAX_TOKENS = 1 << 32        # tokens of a prompt
 MAX_BLOCK_TOKENS = 1 << 16  # tokens of a block
-MAX_BLOCKS = 1 << 20        # keys in block_keys
-MAX_LAYOUT_NUMBER = 1 << 20  # layers, heads, head size, page size
+MAX_LAYOUT_NUMBER = 1 << 20  # layers, heads, head size
 MAX_TEXT = 1024             # a layout's model or dtype
 _MAX_ADDRESS = 80           # "tpusync://[v6%scope]:port" fits
 _KEY = re.compile(r"[0-9a-fA-F]{32}")
 _PORT = re.compile(r"[0-9]{1,5}")
-_LAYOUT_NUMBERS = ("layers", "kv_heads", "head_size", "head_dim", "page_size")
-_LAYOUT_TEXTS = ("model", "dtype")
+_LAYOUT_NUMBERS = ("layers", "kv_heads", "head_size")
+_LAYOUT_TEXTS = ("model", "dtype", "format")
 _SHOWN = reprlib.Repr()  # a value in a log line: short, quoted, one line
 _SHOWN.maxstring = _SHOWN.maxother = 60
 
@@ -73,7 +74,7 @@ class MalformedParams(errors.InvalidArgumentError):
 @dataclass(frozen=True)
 class RemotePrefill:
     """What a decode engine may use of a hand-off: where to pull the prefill's blocks and what
-    they are. Every field parsed (`vllm_prefill`, `reference_prefill`)."""
+    they are. Every field parsed (`vllm_prefill`)."""
 
     peer: str | None                       # "ip:port" of the prefill's sidecar; None: look locally only
     num_tokens: int | None = None          # prompt tokens the prefill stored (None: unknown, try all)
@@ -88,21 +89,34 @@ class RemotePrefill:
         """The parts the prefill stored each block in, if it said."""
         return None if self.layout is None else int(self.layout["shards"])
 
-    def pulls(self, needed: list[int], host: int) -> list[tuple[str, list[int]]]:
+    @property
+    def hosts_addresses(self) -> list[str | None]:
+        """The prefill's data ports: a multi-host prefill's hosts, else its one peer."""
+        return self.addresses if self.addresses is not None else [self.peer]
+
+    def pulls(self, needed: list[int], host: int, peers: Sequence[str] = ()) -> list[tuple[str, list[int]]]:
         """Where host `host` of the decode engine pulls the prefill's shards `needed` from
-        (`pull_plan`): a multi-host prefill's hosts, else its one peer."""
-        addresses = self.addresses if self.addresses is not None else [self.peer]
-        return pull_plan(addresses, self.hosts, needed, host)
+        (`pull_plan`): a multi-host prefill's hosts, else its one peer; then `peers`."""
+        return pull_plan(self.hosts_addresses, self.hosts, needed, host, peers)
 
 
 # -- the producer ------------------------------------------------------------------------
 
-def kv_layout(*, model: str, layers: int, kv_heads: int, head_size: int, dtype: str, shards: int) -> dict[str, Any]:
+# How each engine arranges a block's bytes (`format` in kv_layout): engines of one format load each
+# other's blocks; two engines of one model and geometry but another format never do.
+FORMAT_VLLM = "vllm-torch"            # layer after layer, each as vLLM's attention backend pages it
+FORMAT_TPU_INFERENCE = "tpu-inference"  # layer after layer, each as tpu-inference's kernel packs K and V
+FORMAT_REFERENCE = "k-v"              # K then V, each [layers, page_size, kv_heads, head_dim] (tpusync.kv.pages)
+
+
+def kv_layout(*, model: str, layers: int, kv_heads: int, head_size: int, dtype: str, shards: int,
+              format: str) -> dict[str, Any]:
     """What a block's bytes depend on besides its tokens, as a prefill engine tells its decode
     engines: they load its blocks only where all but `shards` (the parts a block is stored in,
-    one per tensor-parallel shard) equal their own."""
+    one per tensor-parallel shard) equal their own, `format` (how the engine arranges a
+    block's bytes, FORMAT_*) included."""
     return {"model": model, "layers": layers, "kv_heads": kv_heads, "head_size": head_size, "dtype": dtype,
-            "shards": shards}
+            "format": format, "shards": shards}
 
 
 def producer_params(*, data_address: str | None, engine_id: str, request_id: str, num_tokens: int,
@@ -160,26 +174,6 @@ def wants_decode(params: object) -> bool:
     """Whether a prefill engine's request asks for a hand-off (`do_remote_decode: true`).
     MalformedParams when that field is not a boolean."""
     return params is not None and _flag(_object(params), "do_remote_decode")
-
-
-def reference_prefill(params: object) -> RemotePrefill | None:
-    """The remote prefill a reference engine's request names (its own dialect), or None without
-    kv_transfer_params. MalformedParams when a field is malformed."""
-    if params is None:
-        return None
-    p = _object(params)
-    layout, hosts = _layout(p, "layout")
-    keys = p.get("block_keys")
-    if keys is not None and (not isinstance(keys, list) or len(keys) > MAX_BLOCKS):
-        raise MalformedParams("block_keys", keys, f"a list of at most {MAX_BLOCKS} keys")
-    last_key = None
-    for i, key in enumerate(keys or ()):
-        last_key = _key(key, f"block_keys[{i}]")
-    return RemotePrefill(
-        peer=_address(p.get("remote_address"), "remote_address"),
-        num_tokens=_number(p, "num_tokens", 0, MAX_TOKENS),
-        block_size=_number(p, "block_size", 1, MAX_BLOCK_TOKENS),
-        last_key=last_key, layout=layout, addresses=_addresses(p, "remote_addresses", hosts), hosts=hosts)
 
 
 def log_refusal(log: logging.Logger, request_id: str, refused: MalformedParams) -> None:
@@ -331,13 +325,102 @@ def join_address(host: str, port: int) -> str:
 # -- where to pull from --------------------------------------------------------------------
 
 def pull_plan(addresses: list[str | None], hosts: list[list[int]] | None, needed: list[int],
-              host: int) -> list[tuple[str, list[int]]]:
+              host: int, peers: Sequence[str] = ()) -> list[tuple[str, list[int]]]:
     """Where to pull which of a multi-host prefill's shards: from each prefill host the needed
     shards it holds, when `hosts` names them for every address; else every needed shard from
-    each prefill host in turn, this host's counterpart (the same process index) first."""
+    each prefill host in turn, this host's counterpart (the same process index) first. Then
+    every needed shard from each of `peers` not already named (prefixes other engines stored)."""
     if hosts is not None and len(addresses) == len(hosts):
-        return [(peer, mine) for peer, held in zip(addresses, hosts)
+        plan = [(peer, mine) for peer, held in zip(addresses, hosts)
                 if peer is not None and (mine := [m for m in needed if m in held])]
-    valid = [a for a in addresses if a is not None]
-    first = host % len(valid) if valid else 0
-    return [(peer, needed) for peer in valid[first:] + valid[:first]]
+    else:
+        valid = [a for a in addresses if a is not None]
+        first = host % len(valid) if valid else 0
+        plan = [(peer, needed) for peer in valid[first:] + valid[:first]]
+    named = {peer for peer, _ in plan}
+    return plan + [(peer, needed) for peer in dict.fromkeys(peers) if peer not in named]
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What one peer of a pull brought: `blocks` more leading blocks local, of parts `parts`."""
+
+    peer: str
+    parts: list[int]
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Pull:
+    """A pull's outcome: the leading blocks local at its end, and what each peer brought."""
+
+    local: int
+    pulled: list[Pulled]
+
+    @property
+    def blocks(self) -> int:
+        return sum(p.blocks for p in self.pulled)
+
+
+def pull(plan: Sequence[tuple[str, list[int]]], blocks: int, held: Callable[[], int],
+         fetch: Callable[[str, int, list[int]], object],
+         failed: Callable[[str, int, errors.TpuSyncError], None]) -> Pull:
+    """The pull loop every decode engine runs: asks each peer of `plan` in turn, until the first
+    `blocks` blocks are local, for the parts it holds of the blocks still missing. `held()`: the
+    leading blocks local now (every needed part of each); `fetch(peer, first, parts)` has the
+    sidecar pull parts `parts` of blocks [first, blocks) from `peer`; a TpuSyncError of a peer
+    goes to `failed(peer, missing, error)` and the next peer is asked (what came stays). A
+    TpuSyncError of `held` (this host's sidecar) is raised."""
+    local = held()
+    out: list[Pulled] = []
+    for peer, parts in plan:
+        if local >= blocks:
+            break
+        try:
+            fetch(peer, local, parts)
+        except errors.TpuSyncError as e:  # a dead or unreachable peer: the next one, keep what came
+            failed(peer, blocks - local, e)
+            continue
+        now = held()
+        out.append(Pulled(peer, parts, max(0, now - local)))
+        local = max(local, now)
+    return Pull(local, out)
+
+
+# -- whether and what to load --------------------------------------------------------------
+
+def _dtype(name: object) -> object:
+    """A dtype's name as engines of either framework write it ("torch.bfloat16", "bfloat16")."""
+    return name.removeprefix("torch.") if isinstance(name, str) else name
+
+
+def layout_refusal(theirs: Mapping[str, int | str] | None, ours: Mapping[str, Any] | None, *,
+                   reshards: bool) -> str | None:
+    """The one layout check: why blocks of a prefill with KV layout `theirs` (parsed) cannot be
+    loaded by an engine of layout `ours` (`kv_layout`), or None. Every field but the split must
+    be equal; another split (`shards`) only where the engine `reshards` and it splits the kv
+    heads. Without a layout on either side, keys and block sizes decide, as they always did."""
+    if theirs is None or ours is None:
+        return None
+    other = [f"{k} {theirs.get(k)!r}, here {v!r}" for k, v in ours.items()
+             if k not in ("shards", "hosts") and _dtype(theirs.get(k)) != _dtype(v)]
+    if other:
+        return "; ".join(other)
+    shards, heads = int(theirs["shards"]), int(ours["kv_heads"])
+    if shards == ours["shards"]:
+        return None
+    if not reshards:
+        return f"blocks in {shards} parts, this engine loads only its own {ours['shards']}"
+    if shards > heads or heads % shards:
+        return f"blocks in {shards} parts do not split {heads} kv heads"
+    return None
+
+
+def stored_blocks(remote: RemotePrefill, keys: Sequence[int], block_tokens: int) -> int | None:
+    """How many of `keys` (the prompt keyed at the prefill's block size, `block_tokens`) the
+    prefill stored: all when it did not say, None when its last key is not ours (another
+    hash_seed, another prompt: nothing to pull)."""
+    stored = len(keys) if remote.num_tokens is None else remote.num_tokens // block_tokens
+    if remote.last_key is not None and stored and (stored > len(keys) or keys[stored - 1] != remote.last_key):
+        return None
+    return min(stored, len(keys))

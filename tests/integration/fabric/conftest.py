@@ -1,11 +1,11 @@
-"""Simulated hosts on a shaped fabric (tests/support/fabric.py), each with its own sidecar."""
+"""Simulated hosts on a shaped fabric (harness/fabric.py), each with its own sidecar."""
 
 from __future__ import annotations
 
 import pytest
 
 import tpusync
-from tests.support import fabric as fab
+from harness import fabric as fab
 from tpusync.local.sidecars import write_secret
 
 SECRET = b"fabric-integration-secret-0123456789"

@@ -6,13 +6,13 @@ import os
 import subprocess
 import sys
 
-from tests.support import REPO as ROOT
-from tests.support import fabric as fab
-from tests.support.polling import wait_for
+from harness import REPO as ROOT
+from harness import fabric as fab
+from harness.polling import wait_for
 
 CRASHING = """
 import time
-from tests.support import fabric
+from harness import fabric
 f = fabric.Fabric(2)
 f.start()
 sleeper = f.hosts[0].popen(["sleep", "600"])

@@ -1,5 +1,5 @@
 """Block transfers between simulated hosts: real sidecars in network namespaces, every byte
-over shaped links with a round-trip time (tests/support/fabric.py)."""
+over shaped links with a round-trip time (harness/fabric.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 
-from tests.support import fabric as fab
-from tests.support.keys import keys_for
-from tests.support.polling import wait_for
+from harness import fabric as fab
+from harness.keys import keys_for
+from harness.polling import wait_for
 
 from .conftest import BLOCK, engine
 

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support import REPO as ROOT
-from tests.support import fabric as fab
+from harness import REPO as ROOT
+from harness import fabric as fab
 from tpusync.weights import VersionedWeights, plan
 from tpusync.weights.head import read_head
 

@@ -4,7 +4,7 @@ A sidecar's peer comes from requests (an engine's read_remote, a completion requ
 kv_transfer_params through the connectors). Resolving a name the request chose gave every
 client a DNS query per request, to a name of its choosing, before the membership check refused
 it. Here the sidecar runs in a simulated host whose resolver is a DNS server of the test's own
-(tests/support/dns_server.py, named by /etc/netns/<ns>/resolv.conf, which `ip netns exec` puts
+(harness/dns_server.py, named by /etc/netns/<ns>/resolv.conf, which `ip netns exec` puts
 in place of /etc/resolv.conf), so the test sees every name the sidecar looked up."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import fabric as fab
-from tests.support.keys import keys_for
+from harness import fabric as fab
+from harness.keys import keys_for
 from tpusync.errors import PreconditionError
 
 from .conftest import BLOCK, engine
@@ -38,7 +38,7 @@ def resolver(make_fabric, tmp_path):
         log = tmp_path / "queries.log"
         log.touch()
         repo = str(Path(__file__).resolve().parents[3])
-        server = h0.popen([sys.executable, "-m", "tests.support.dns_server", str(log), "127.0.0.1",
+        server = h0.popen([sys.executable, "-m", "harness.dns_server", str(log), "127.0.0.1",
                            f"member.test={h1.ip}"], stdout=subprocess.PIPE, text=True,
                           cwd=repo, env={**os.environ, "PYTHONPATH": repo})
         assert server.stdout.readline().strip() == "ready"

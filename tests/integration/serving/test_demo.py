@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from tpusync import demo
-from tpusync.serving.model import ModelConfig
+from tpusync.engines.reference.model import ModelConfig
 
 CFG = ModelConfig(**demo.MODEL)
 PROMPT = demo.SHARED_PREFIX + demo.SUFFIX

@@ -16,11 +16,11 @@ import uuid
 import pytest
 
 from tests.integration.serving.requests import pd, post, prompt, tokens
+from tpusync.engines.reference import codec
+from tpusync.engines.reference.model import ModelConfig
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
 from tpusync.local.sidecars import write_secret
-from tpusync.serving import codec
-from tpusync.serving.model import ModelConfig
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -76,7 +76,8 @@ def test_disaggregated_and_cached_runs_match_the_monolithic_run(cluster):
         p = shared + prompt(100 + i, 150)
         want, first, decoded = pd(cluster["mono"].url, cluster["prefill"].url, cluster["decode"].url, p, 12)
         assert tokens(first) == want[:1]
-        assert first["kv_transfer_params"]["remote_address"] == cluster["p_side"].address
+        params = first["kv_transfer_params"]
+        assert f'{params["remote_host"]}:{params["remote_port"]}' == cluster["p_side"].address
         assert tokens(decoded) == want
         stats = decoded["tpusync"]
         full_pages = len(p) // CFG.page_size
@@ -132,7 +133,7 @@ def test_dead_prefill_sidecar_means_recompute_not_wrong_tokens(cluster):
     p = prompt(11, 350)
     want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 8}))
     params = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
-    params["remote_address"] = "127.0.0.1:1"  # the prefill host's sidecar is gone
+    params["remote_host"], params["remote_port"] = "127.0.0.1", 1  # the prefill host's sidecar is gone
     r = post(cluster["decode"].url, {"prompt": p, "max_tokens": 8, "kv_transfer_params": params})
     assert tokens(r) == want
     assert r["tpusync"]["prefix_cache"] == "unavailable"  # and why stays in the server's log

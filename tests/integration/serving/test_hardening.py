@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync.hashing import BlockHasher
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.keys import BlockHasher
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
 from tpusync.local.sidecars import write_secret
-from tpusync.serving.model import ModelConfig
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -232,7 +232,8 @@ def test_a_dead_peers_error_stays_in_the_servers_log(servers):
     p = prompt(22, 200)
     want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 6}))
     dead = "127.0.0.1:1"  # nothing listens there
-    body = {"prompt": p, "max_tokens": 6, "kv_transfer_params": {"remote_address": dead}}
+    body = {"prompt": p, "max_tokens": 6,
+            "kv_transfer_params": {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 1}}
     r = post(servers["cached"].url, body)
     assert tokens(r) == want and r["tpusync"]["prefix_cache"] == "unavailable"
     assert dead not in json.dumps(r) and "store_error" not in r["tpusync"]
@@ -245,16 +246,18 @@ def test_a_dead_peers_error_stays_in_the_servers_log(servers):
     assert dead in servers["log"].read_text()  # the operator still learns why
 
 
-@pytest.mark.parametrize("address, marker", [
-    ("a" * 300 + ":9400", "a" * 12), ("127.0.0.1:1\r\nX-Injected: 1", "X-Injected"), ("127.0.0.1", "127.0.0.1"),
-    ("127.0.0.1:99999", "127.0.0.1"), ("host:port:9400", "host:port"), (12345, None), (["127.0.0.1:1"], "127.0.0.1"),
+@pytest.mark.parametrize("host, port, marker", [
+    ("a" * 300, 9400, "a" * 12), ("127.0.0.1\r\nX-Injected: 1", 1, "X-Injected"), ("127.0.0.1:1", 1, "127.0.0.1"),
+    ("127.0.0.1", 99999, "127.0.0.1"), ("host:port", 9400, "host:port"), (12345, 1, None),
+    (["127.0.0.1"], 1, "127.0.0.1"),
 ])
-def test_a_malformed_remote_address_is_ignored_not_passed_on(servers, address, marker):
+def test_a_malformed_remote_address_is_ignored_not_passed_on(servers, host, port, marker):
     p = prompt(23, 200)
     want = tokens(post(servers["mono"].url, {"prompt": p, "max_tokens": 4}))
-    line = "kv_transfer_params.remote_address is "
+    line = f"kv_transfer_params.{'remote_port' if port == 99999 else 'remote_host'} is "
     logged = servers["log"].read_text().count(line)
-    r = post(servers["cached"].url, {"prompt": p, "max_tokens": 4, "kv_transfer_params": {"remote_address": address}})
+    params = {"do_remote_prefill": True, "remote_host": host, "remote_port": port}
+    r = post(servers["cached"].url, {"prompt": p, "max_tokens": 4, "kv_transfer_params": params})
     # Not passed to the sidecar: no pull was tried, so none failed.
     assert tokens(r) == want and r["tpusync"]["prefix_cache"] == "ok"
     assert marker is None or marker not in json.dumps(r)
@@ -264,22 +267,24 @@ def test_a_malformed_remote_address_is_ignored_not_passed_on(servers, address, m
 # (what a client sends on top of the prefill server's well-formed kv_transfer_params, the field
 # the refusal names): each would have the sidecar pull, or pull from what the client chose.
 MALFORMED = [
-    ({"remote_address": "localhost:{port}"}, "remote_address"),  # a name: the sidecar would resolve it
+    ({"remote_host": "localhost"}, "remote_host"),  # a name: the sidecar would resolve it
+    ({"remote_port": "{port}"}, "remote_port"),
     ({"remote_addresses": "127.0.0.1:{port}"}, "remote_addresses"),
     ({"remote_addresses": ["127.0.0.1:1\r\nX-Injected: 1"]}, "remote_addresses[0]"),
-    ({"layout": {"hosts": [[7]]}}, "layout.hosts[0]"),
-    ({"layout": {"page_size": "32"}}, "layout.page_size"),
-    ({"layout": {"shards": True}}, "layout.shards"),
-    ({"block_keys": ["zz"]}, "block_keys[0]"),
-    ({"num_tokens": "x"}, "num_tokens"),
-    ({"block_size": [32]}, "block_size"),
+    ({"tpusync_kv_layout": {"hosts": [[7]]}}, "tpusync_kv_layout.hosts[0]"),
+    ({"tpusync_kv_layout": {"head_size": "32"}}, "tpusync_kv_layout.head_size"),
+    ({"tpusync_kv_layout": {"shards": True}}, "tpusync_kv_layout.shards"),
+    ({"tpusync_last_key": "zz"}, "tpusync_last_key"),
+    ({"remote_num_tokens": "x"}, "remote_num_tokens"),
+    ({"tpusync_block_size": [32]}, "tpusync_block_size"),
 ]
 
 
 def _malformed(params: dict, change: dict, port: int) -> dict:
     """`params` with `change` ({port}: the prefill's sidecar's data port; a layout's fields merged)."""
     change = json.loads(json.dumps(change).replace("{port}", str(port)))
-    return {**params, **change, **({"layout": {**params["layout"], **change["layout"]}} if "layout" in change else {})}
+    layout = "tpusync_kv_layout"
+    return {**params, **change, **({layout: {**params[layout], **change[layout]}} if layout in change else {})}
 
 
 @pytest.mark.parametrize(("change", "field"), MALFORMED, ids=[f for _, f in MALFORMED])

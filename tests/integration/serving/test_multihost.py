@@ -19,14 +19,14 @@ import uuid
 
 import pytest
 
+from harness.processes import free_port
 from tests.integration.serving.requests import pd, post, prompt, tokens
-from tests.support.processes import free_port
 from tpusync import KVStore
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.keys import BlockHasher, shard_key
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server, start_slice
 from tpusync.local.sidecars import write_secret
-from tpusync.pages import shard_key
-from tpusync.serving.model import ModelConfig
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "heads": 4, "kv_heads": 4, "head_dim": 32}
 CFG = ModelConfig(**MODEL)
@@ -83,6 +83,13 @@ def cluster(tmp_path_factory):
                 os.environ[k] = v
 
 
+def stored_keys(params: dict, p: list[int]) -> list[int]:
+    """The block keys of prompt `p` that a prefill's kv_transfer_params say it stored (their last key)."""
+    keys = BlockHasher(CFG.page_size).keys(p)[:params["remote_num_tokens"] // params["tpusync_block_size"]]
+    assert params["tpusync_last_key"] == f"{keys[-1]:032x}"
+    return keys
+
+
 def held_shards(host, keys: list[int]) -> set[int]:
     """The shard numbers of which this host's sidecar holds every block of `keys`."""
     with KVStore.connect(f"unix://{host.control_socket}") as store:
@@ -97,7 +104,7 @@ def test_a_slice_serves_the_monolithic_tokens_and_each_host_keeps_its_own_shards
     assert tokens(first) == want[:1]
     params = first["kv_transfer_params"]
     assert params["remote_addresses"] == [cluster["p0"].address, cluster["p1"].address]
-    keys = [int(k, 16) for k in params["block_keys"]]
+    keys = stored_keys(params, p)
     assert len(keys) == 300 // CFG.page_size
     # Host 0 holds the first two kv heads (devices 0, 1), host 1 the other two; neither the whole block.
     assert held_shards(cluster["p0"], keys) == {0, 1} and held_shards(cluster["p1"], keys) == {2, 3}
@@ -118,7 +125,7 @@ def test_pd_between_two_slices_pulls_host_to_host(cluster):
         assert tokens(decoded) == want
         st = decoded["tpusync"]
         assert st["cached_tokens"] == len(p) // CFG.chunk * CFG.chunk and st["prefix_cache"] == "ok"
-        keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+        keys = stored_keys(first["kv_transfer_params"], p)
         assert held_shards(cluster["d0"], keys) == {0, 1} and held_shards(cluster["d1"], keys) == {2, 3}
         # Each host pulled only its half of each block: the blocks the first request lacked.
         assert st["pulled_bytes"] == st["pulled_blocks"] * CFG.page_bytes // 2
@@ -131,13 +138,13 @@ def test_pd_between_slices_of_another_tensor_parallelism_reshards_on_load(cluste
     want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 10}))
     first = post(cluster[prefill].url, {"prompt": p, "max_tokens": 1})
     params = first["kv_transfer_params"]
-    src = params["layout"]["shards"]
+    src = params["tpusync_kv_layout"]["shards"]
     assert src == (2 if prefill == "prefill2" else 4)
     decoded = post(cluster[decode].url, {"prompt": p, "max_tokens": 10, "kv_transfer_params": params})
     assert tokens(decoded) == want
     st = decoded["tpusync"]
     assert st["cached_tokens"] == 384 and st["prefix_cache"] == "ok"
-    keys = [int(k, 16) for k in params["block_keys"]]
+    keys = stored_keys(params, p)
     # Each decode host pulled only the prefill's parts its heads overlap: half of every block.
     assert st["pulled_blocks"] == len(keys) and st["pulled_bytes"] == len(keys) * CFG.page_bytes // 2
     # ... and keeps the pages under its own split's keys, for its own prefix cache.
@@ -156,7 +163,7 @@ def test_a_prefill_whose_pages_are_not_this_models_is_refused(cluster):
     p = prompt(6, 300)
     want = tokens(post(cluster["mono"].url, {"prompt": p, "max_tokens": 6}))
     params = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
-    params["layout"]["head_dim"] = 64  # another model's pages under the same block keys
+    params["tpusync_kv_layout"]["head_size"] = 64  # another model's pages under the same block keys
     decoded = post(cluster["decode"].url, {"prompt": p, "max_tokens": 6, "kv_transfer_params": params})
     assert tokens(decoded) == want
     assert decoded["tpusync"]["pulled_blocks"] == 0 and decoded["tpusync"]["cached_tokens"] == 0
@@ -175,7 +182,7 @@ def test_a_decode_host_without_its_sidecar_makes_the_slice_recompute(cluster):
     st = decoded["tpusync"]
     assert st["cached_tokens"] == 0 and st["computed_tokens"] == 350 and st["prefix_cache"] == "unavailable"
     # Host d0 pulled its shards (its sidecar is up); the slice did not load them without d1's.
-    keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+    keys = stored_keys(first["kv_transfer_params"], p)
     assert held_shards(cluster["d0"], keys) == {0, 1}
 
 
@@ -188,5 +195,5 @@ def test_a_host_whose_sidecar_restarted_serves_the_slice_again(cluster):
     assert tokens(decoded) == want
     st = decoded["tpusync"]
     assert st["prefix_cache"] == "ok" and st["cached_tokens"] == len(p) // CFG.chunk * CFG.chunk
-    keys = [int(k, 16) for k in first["kv_transfer_params"]["block_keys"]]
+    keys = stored_keys(first["kv_transfer_params"], p)
     assert held_shards(cluster["d1"], keys) == {2, 3}

@@ -1,7 +1,7 @@
 """The shared tier's integration harness: a pool of n simulated hosts of the fabric harness
-(tests/support/fabric.py), each with a sidecar on one shared directory, either a local
+(harness/fabric.py), each with a sidecar on one shared directory, either a local
 directory or a real network filesystem: sshfs (FUSE) mounts of an sftp export in another host,
-over the fabric's links (tests/support/sshfs.py)."""
+over the fabric's links (harness/sshfs.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import re
 import numpy as np
 
 import tpusync
-from tests.support import fabric as fab
-from tests.support import sshfs
-from tests.support.keys import keys_for
+from harness import fabric as fab
+from harness import sshfs
+from harness.keys import keys_for
 from tpusync.local.sidecars import write_secret
 
 SECRET = b"shared-tier-integration-secret-0123"

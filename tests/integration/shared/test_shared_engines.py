@@ -10,10 +10,10 @@ import uuid
 import numpy as np
 
 import tpusync
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
 from tpusync.local import sidecars as sidecar
 from tpusync.local.sidecars import write_secret
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
 
 CFG = ModelConfig(max_seq=2048, layers=2, d_model=128, mlp=256)
 BLOCK = -(-CFG.page_bytes // 4096) * 4096

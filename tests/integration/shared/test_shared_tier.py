@@ -1,7 +1,7 @@
 """The shared tier on real processes: several sidecars, each in a simulated host of the fabric
-harness (tests/support/fabric.py), on one shared directory, and the same suite over a real
+harness (harness/fabric.py), on one shared directory, and the same suite over a real
 network filesystem: sshfs (FUSE) mounts of an sftp export in another host, over the fabric's
-links (tests/support/sshfs.py)."""
+links (harness/sshfs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import tpusync
+from harness import fabric as fab
+from harness.keys import keys_for
 from tests.integration.shared.pool import (
     BLOCK,
     FILE_BYTES,
@@ -24,8 +26,6 @@ from tests.integration.shared.pool import (
     read_back,
     stored,
 )
-from tests.support import fabric as fab
-from tests.support.keys import keys_for
 
 
 def test_a_block_written_on_one_host_is_served_on_another_without_a_transfer(make_pool):

@@ -15,9 +15,9 @@ import pytest
 import xxhash
 
 import tpusync
+from harness.keys import keys_for
+from harness.polling import wait_for
 from tests.integration.shared.pool import BLOCK, data_for, engine, read_back, stored
-from tests.support.keys import keys_for
-from tests.support.polling import wait_for
 from tpusync.weights import VersionedWeights
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import tpusync
 from tpusync import TransferStatus
-from tpusync.kv_cache import PageMover, PrefixStore
-from tpusync.pages import save_pages
+from tpusync.kv.cache import PageMover, PrefixStore
+from tpusync.kv.pages import save_pages
 
 from .conftest import BLOCK
 
@@ -49,7 +49,7 @@ def test_registered_read_lands_in_device_pages(launch):
     prefill, decode = launch("p"), launch("d")
     k = jnp.arange(np.prod(SHAPE), dtype=jnp.float32).reshape(SHAPE)
     v = -k
-    save_pages(engine(prefill), [21, 22, 23], k, v, [0, 1, 2])   # the prefill host's pages
+    save_pages(engine(prefill), [21, 22, 23], [k, v], [0, 1, 2], page_axis=1)   # the prefill host's pages
     m = PageMover(engine(decode), jnp.zeros(SHAPE), jnp.zeros(SHAPE))
     m.register_read("req-1", prefill.address, [21, 22, 23], [5, 6, 7])
     m.register_read("req-2", prefill.address, [21, 99], [3, 4])   # 99 was never saved

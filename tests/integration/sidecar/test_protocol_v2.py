@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import tpusync
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 from tpusync import Tier
 from tpusync.errors import CapacityError, InvalidArgumentError, PreconditionError, TpuSyncError, UnavailableError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tpusync
-from tests.support.processes import free_port
+from harness.processes import free_port
 from tpusync.local import sidecars as sidecar_mod
 from tpusync.local.sidecars import write_secret
 from tpusync.weights import VersionedWeights, WeightDistributor

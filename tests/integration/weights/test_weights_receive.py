@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.processes import free_port
+from harness.processes import free_port
 from tpusync.weights.codec import manifest_blocks
 from tpusync.weights.head import read_head
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.helm import Helm, HelmNotBuilt, helm_binary
+from harness.helm import Helm, HelmNotBuilt, helm_binary
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import controlplane
-from tests.support import helm as helm_support
-from tests.support.helm import Helm
+from harness import controlplane
+from harness import helm as helm_support
+from harness.helm import Helm
 
 
 def test_missing_helm_says_to_run_make_controlplane(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from tests.support import REPO
-from tests.support.helm import CHART, find
+from harness import REPO
+from harness.helm import CHART, find
 from tpusync_operator import versions
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.helm import find, kinds
+from harness.helm import find, kinds
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.llmd import EPP_RULES, epp_leader_election_rules
 from tpusync_operator.kube import RESOURCES
-from tpusync_operator.planner import OPTIONAL_KINDS
+from tpusync_operator.serving_plan import OPTIONAL_KINDS
 
 
 def rule(groups, resources, verbs):

@@ -7,8 +7,8 @@ import os
 import re
 from typing import Any
 
-from tests.support import REPO
-from tests.support.helm import find
+from harness import REPO
+from harness.helm import find
 
 DOC = REPO / "docs" / "gke.md"
 UPDATE = os.environ.get("TPUSYNC_UPDATE_GOLDEN") == "1"

@@ -8,8 +8,8 @@ import re
 import pytest
 import yaml
 
-from tests.support import REPO as ROOT
-from tests.support.helm import CHART, find, kinds
+from harness import REPO as ROOT
+from harness.helm import CHART, find, kinds
 
 CI_VALUES = CHART / "ci" / "ci-values.yaml"
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())

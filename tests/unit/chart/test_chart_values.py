@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from tests.support.helm import CHART
+from harness.helm import CHART
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES_TEXT = (CHART / "values.yaml").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from op_helpers import Clock, FakeKube
 
-from tests.support.gke_api import FakeGKEState, serve
+from harness.gke_api import FakeGKEState, serve
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def kube() -> FakeKube:
 
 @pytest.fixture
 def gke_server() -> tuple[FakeGKEState, str]:
-    """The documented GKE REST API on 127.0.0.1 (tests/support/gke_api.py): (state, base URL)."""
+    """The documented GKE REST API on 127.0.0.1 (harness/gke_api.py): (state, base URL)."""
     state, url, stop = serve()
     yield state, url
     stop()

@@ -25,7 +25,8 @@ def documented() -> set[str]:
 
 
 def rendered() -> set[str]:
-    body = PoolBody().spec(tiers={"disk": {"size": "100Gi"}, "shared": {"claimName": "kv", "capacity": "1Ti"}})
+    body = PoolBody().spec(tiers={"disk": {"size": "100Gi"}, "shared": {"claimName": "kv", "capacity": "1Ti"}},
+                           sidecar={"encrypt": True})
     spec = TPUSyncPoolSpec.model_validate(body.build()["spec"])
     container = build_sidecar_container("pool", "ns", spec, dram_bytes=1 << 30, disk=spec.tiers.disk, native=True,
                                         shared_layout="model", peers=["other-peers.ns.svc:7600"])

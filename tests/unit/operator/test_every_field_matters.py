@@ -76,6 +76,7 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.sidecar.kvEventsPort": (5558, {}, {}),
     "spec.sidecar.resources.requests": ({"cpu": "2"}, {}, {}),
     "spec.sidecar.resources.limits": ({"memory": "4Gi"}, {}, {}),
+    "spec.sidecar.encrypt": (True, {}, {}),
     "spec.storeNodes.enabled": (True, {}, {}),
     "spec.storeNodes.kind": ("DaemonSet", STORE, {}),
     "spec.storeNodes.replicas": (3, STORE, {}),
@@ -128,7 +129,7 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.prefill.resources.limits": ({"memory": "64Gi"}, {}, {}),
     "spec.decode.replicas": (2, {"capacity": {"hosts": 4}}, {}),
     "spec.decode.minReplicas": (2, {"capacity": {"hosts": 4}}, {}),
-    "spec.decode.maxReplicas": (0, {}, {}),
+    "spec.decode.maxReplicas": (1, {"capacity": {"hosts": 4}}, {"decode": {"replicas": 2}}),
     "spec.decode.poolRef.name": (OTHER_POOL, {"auth": {"secretName": "kv-auth"}}, {}),
     "spec.decode.topology": ("2x4", {}, {}),
     "spec.decode.hostsPerReplica": (1, {}, {}),
@@ -154,7 +155,7 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.routing.proxyImage": ("registry.example/proxy:2", {}, {}),
     "spec.routing.eppReplicas": (3, {}, {}),
     "spec.routing.eppHighAvailability": ("ActiveActive", {}, {}),
-    "spec.routing.proxyKvConnector": ("sglang", {}, {}),
+    "spec.routing.proxyKvConnector": ("shared-storage", {}, {}),
     "spec.storage.weights.size": ("512Gi", {}, {}),
     "spec.storage.weights.medium": ("EphemeralVolume", {}, {"storage": {"weights": {"size": "512Gi",
                                                                                    "storageClassName": "hd"}}}),
@@ -175,7 +176,8 @@ FIELDS: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "spec.port": (8080, {}, {}),
 }
 # Fields that only bound others, or that cannot change alone: the other value is refused.
-REFUSED = {"spec.provisioning.mode", "spec.model.maxPositionEmbeddings"}
+# queuedProvisioning: true needs a ProvisioningRequest the operator does not create.
+REFUSED = {"spec.provisioning.mode", "spec.model.maxPositionEmbeddings", "spec.provisioning.gke.queuedProvisioning"}
 # Fields whose only valid alternative is their default or the value the rest of the spec fixes:
 # set to that value, nothing may change (and nothing is refused).
 SAME = {"spec.model.ropeScaling.type", "spec.prefill.topology", "spec.prefill.hostsPerReplica",

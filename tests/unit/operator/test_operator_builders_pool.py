@@ -7,7 +7,7 @@ import base64
 import pytest
 from op_helpers import PoolBody, assert_golden
 
-from tests.support.gke_schema import problems
+from harness.gke_schema import problems
 from tpusync_operator.builders import pool as b
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.models import TPUSyncPoolSpec

@@ -12,9 +12,10 @@ from op_helpers import PoolBody, ServingBody, assert_golden
 from tpusync_operator import versions
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner, pod_templates
-from tpusync_operator.builders.serving import PoolInfo, engine_port
+from tpusync_operator.builders.serving import PoolInfo, engine_port, unit_pod_labels
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import PlanError, plan_serving
+from tpusync_operator.pool_plan import PlanError
+from tpusync_operator.serving_plan import plan_serving
 from tpusync_operator.tpu import slice_for
 
 ALL = {"LeaderWorkerSet", "DisaggregatedSet", "InferencePool", "InferenceObjective", "HTTPRoute"}
@@ -107,6 +108,46 @@ def test_pods_run_restricted_with_native_sidecar(case):
         engine = spec["containers"][0]
         assert {"name": "tpusync-shm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
         assert {"name": "tpusync-shm", "mountPath": "/dev/shm"} in sidecar["volumeMounts"]
+
+
+def _selected_pods(objs, selector):
+    """How many pods the workloads in objs run that carry every label of selector: a
+    Deployment's template times its replicas; per LeaderWorkerSet group (a DisaggregatedSet
+    role's too) its leader and size - 1 workers."""
+    def matches(tpl):
+        labels = tpl["metadata"]["labels"]
+        return all(labels.get(k) == v for k, v in selector.items())
+    count = 0
+    for o in objs:
+        if o["kind"] == "Deployment":
+            count += o["spec"]["replicas"] * matches(o["spec"]["template"])
+        groups = [o["spec"]] if o["kind"] == "LeaderWorkerSet" else \
+            [r["spec"] for r in o["spec"]["roles"]] if o["kind"] == "DisaggregatedSet" else []
+        for g in groups:
+            lwt = g["leaderWorkerTemplate"]
+            leader = matches(lwt.get("leaderTemplate", lwt["workerTemplate"]))
+            workers = (lwt["size"] - 1) * matches(lwt["workerTemplate"])
+            count += g["replicas"] * (leader + workers)
+    return count
+
+
+@pytest.mark.parametrize(("units", "roles", "pool"), [
+    (3, {}, PoolBody().spec(capacity={"hosts": 6})),
+    (2, {"prefill": {"replicas": 2}}, PoolBody().spec(capacity={"hosts": 6})),
+    (2, {"decode": {"replicas": 3}}, PoolBody().spec(capacity={"hosts": 8})),
+    (4, {"prefill": {"replicas": 0}}, PoolBody().spec(capacity={"hosts": 4})),
+    (2, {"engine": {"type": "vllm-tpu"}, "decode": {"replicas": 2}}, PoolBody().v7x("2x2x2")),   # multi-host LWS
+    (2, {"engine": {"type": "vllm-tpu"}, "decode": {"replicas": 2},
+         "rollout": {"strategy": "Lockstep"}}, PoolBody().spec(capacity={"hosts": 8})),
+])
+def test_scale_selector_selects_one_pod_per_unit(units, roles, pool):
+    """The HPA scales a /scale target to ceil(usage ratio x the pods status.selector selects)
+    (k8s.io/kubernetes pkg/controller/podautoscaler/replica_calculator.go): it must select one
+    pod per unit, not every engine pod, as LWS selects one per group (its leader)."""
+    serving = ServingBody().spec(replicas=units, routing={"enabled": False}, **roles)
+    body = serving.build()
+    labels = unit_pod_labels(Owner.from_body(body), DisaggregatedServingSpec.model_validate(body["spec"]))
+    assert _selected_pods(plan(serving, pool).apply, labels) == units
 
 
 def test_llmd_labels_only_on_serving_pods():
@@ -343,7 +384,7 @@ def test_vllm_tpu_inference_connector():
 
 def test_vllm_tpu_sync_compatible_connector():
     """connector tpu-sync-compatible: tpu_inference's own upstream-TPU-Sync connector, served by
-    tpusync.upstream (tests/tpu_inference/test_upstream_pd.py runs real engines on this config):
+    tpusync.engines.upstream (tests/tpu_inference/test_upstream_pd.py runs real engines on this config):
     the opt-in, and the sidecar's data port as the port the prefill pod advertises, at the pod IP."""
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     serving = copy.deepcopy(serving).spec(kvTransfer={"connector": "tpu-sync-compatible"})
@@ -547,8 +588,8 @@ def test_a_multi_host_reference_replica_is_one_slice_with_a_sidecar_per_host():
     """The reference engine on a multi-host slice (2x2x2 v7x: two hosts): one process per LWS pod,
     each with its own sidecar, joined as one JAX program whose coordinator is the leader; only
     the leader serves HTTP. The rendered args read by the engine's own parser."""
-    from tests.support.kube_expansion import command_line
-    from tpusync.serving.__main__ import parse_args
+    from harness.kube_expansion import command_line
+    from tpusync.engines.reference.__main__ import parse_args
 
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     serving = copy.deepcopy(serving).spec(engine={"type": "reference"})

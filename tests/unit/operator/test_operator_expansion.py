@@ -8,7 +8,7 @@ the builders put on a command line or into an env value goes through
 `builders.common.verbatim`, and the container sees it as written; the operator's own
 references (`$(POD_IP)`) still expand.
 
-What a container sees is computed with the kubelet's rule (tests/support/kube_expansion.py,
+What a container sees is computed with the kubelet's rule (harness/kube_expansion.py,
 a port of Kubernetes' expansion package, checked here against the cases of its own tests).
 """
 
@@ -17,11 +17,12 @@ from __future__ import annotations
 import pytest
 from op_helpers import PoolBody, ServingBody
 
-from tests.support.kube_expansion import command_line, environment, expand
+from harness.kube_expansion import command_line, environment, expand
 from tpusync_operator.builders.common import Owner, pod_templates, verbatim
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import PlanError, plan_serving
+from tpusync_operator.pool_plan import PlanError
+from tpusync_operator.serving_plan import plan_serving
 from tpusync_operator.tpu import slice_for
 
 # From k8s.io/kubernetes v1.37.2 third_party/forked/golang/expansion/expand_test.go
@@ -98,13 +99,12 @@ POOLS = {"single-host": PoolBody(), "multi-host": PoolBody().v7x("2x2x2").gke(wo
 def test_no_spec_string_picks_up_a_secret(engine, pool):
     """Every spec string that reaches a command line or an env value holds `$(HF_TOKEN)`; HF_TOKEN
     is in the engine's environment (tokenSecretRef): not one word or value of any container
-    expands to the Secret. (The schema refuses `$` in the model's name and revision: the
-    corpus of tests/support/invalid_objects.py.)"""
+    expands to the Secret. (The schema refuses `$` in the model's name and revision, and
+    routing.proxyKvConnector is one of an enum: the corpus of harness/invalid_objects.py.)"""
     serving = ENGINES[engine].spec(
         model={"tokenSecretRef": TOKEN},
         prefill={"args": [f"--extra={LEAK}"]}, decode={"args": [f"--extra={LEAK}"]},
-        engine={"env": [{"name": "MINE", "value": LEAK}]},
-        routing={"proxyKvConnector": LEAK})
+        engine={"env": [{"name": "MINE", "value": LEAK}]})
     if (engine, pool) == ("sglang-jax", "multi-host"):
         with pytest.raises(PlanError, match="sglang-jax on single-host slices only"):
             list(containers(serving, POOLS[pool]))

@@ -3,7 +3,7 @@
 This is a contract test against the *documented* GKE REST API (container.googleapis.com
 v1: projects.locations.clusters.nodePools create/get/delete, projects.locations.operations
 get, Google JSON error bodies), served by a small local HTTP server on 127.0.0.1 written
-from that documentation (tests/support/gke_api.py; setSize / setAutoscaling are exercised by
+from that documentation (harness/gke_api.py; setSize / setAutoscaling are exercised by
 test_operator_gke_resize.py). It is not GKE: it checks that our client speaks the documented
 contract (paths, bearer auth, long-running operations, 409/429/5xx/401/403 handling),
 not how GKE itself behaves.
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from op_helpers import PoolBody
 
-from tests.support.gke_api import OPS
+from harness.gke_api import OPS
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.pool import build_node_pool_request
 from tpusync_operator.gke import (

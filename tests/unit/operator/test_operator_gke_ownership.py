@@ -9,7 +9,7 @@ finalizer; the pool says why in its conditions (`NodePoolNotOwned`, naming the n
 the way out).
 
 This is a contract test against the *documented* GKE REST API, served by the local HTTP
-server in tests/support/gke_api.py written from that documentation (not GKE), with the real
+server in harness/gke_api.py written from that documentation (not GKE), with the real
 GKEClient and an in-memory Kubernetes API (FakeKube).
 """
 
@@ -22,7 +22,7 @@ import pytest
 from op_helpers import PoolBody
 from test_operator_gke_resize import CREATE, Operator, operate
 
-from tests.support.gke_api import PARENT
+from harness.gke_api import PARENT
 from tpusync_operator.nodepools import delete_pool
 
 MARK = {"tpusync.dev/managed-by": "tpusync-operator", "tpusync.dev/owner-uid": "uid-pool"}

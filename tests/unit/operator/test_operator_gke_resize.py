@@ -5,7 +5,7 @@ This is a contract test against the *documented* GKE REST API (container.googlea
 projects.locations.clusters.nodePools setSize and setAutoscaling, which return long-running
 Operations; one operation at a time per cluster, another refused with 400
 FAILED_PRECONDITION; no current node count in a NodePool; multi-host TPU slice node pools
-are atomic), served by the local HTTP server in tests/support/gke_api.py written from that
+are atomic), served by the local HTTP server in harness/gke_api.py written from that
 documentation. It is not GKE. The reconciler runs with the real GKEClient against that server
 and an in-memory Kubernetes API (FakeKube).
 """
@@ -19,7 +19,7 @@ import kopf
 import pytest
 from op_helpers import PoolBody
 
-from tests.support.gke_api import PARENT
+from harness.gke_api import PARENT
 from tpusync_operator.gke import ClusterRef, GKEClient, GKEConflict, GKEError, StaticToken
 from tpusync_operator.reconcile import Deps
 from tpusync_operator.reconcile_pool import reconcile_pool

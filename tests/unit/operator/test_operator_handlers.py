@@ -177,10 +177,10 @@ def test_the_operators_token_goes_only_to_the_gke_api_it_is_configured_with(monk
     a field the CRD no longer has: the API server prunes it, and a strict client is refused)
     gets no request and no token: the operator's one GKE client is on TPUSYNC_GKE_ENDPOINT (the
     chart's gke.endpoint), or GKE's own endpoint when that is empty. Both are played by the
-    GKE API contract server (tests/support/gke_api.py), which also serves the token."""
+    GKE API contract server (harness/gke_api.py), which also serves the token."""
     from op_helpers import FakeKube, PoolBody
 
-    from tests.support.gke_api import PARENT, serve
+    from harness.gke_api import PARENT, serve
     from tpusync_operator import gke
     from tpusync_operator.reconcile_pool import reconcile_pool
 

@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from tpusync_operator.kube import ApiKube, KubeError, path
-from tpusync_operator.planner import OPTIONAL_KINDS
+from tpusync_operator.serving_plan import OPTIONAL_KINDS
 
 
 class Server:

@@ -17,8 +17,9 @@ from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import OPTIONAL_KINDS, PlanError, check_pool, plan_serving
+from tpusync_operator.pool_plan import PlanError, check_pool
 from tpusync_operator.render import RenderError, render
+from tpusync_operator.serving_plan import OPTIONAL_KINDS, plan_serving
 
 SAMPLE = Path(__file__).resolve().parents[3] / "samples" / "v7x-multi-host-vllm.yaml"
 # Qwen3-235B-A22B: config.json max_position_embeddings 40960 and rope_theta 1000000, no

@@ -9,21 +9,16 @@ from op_helpers import PoolBody, ServingBody
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import NodePoolAction as A
-from tpusync_operator.planner import (
-    PlanError,
-    Ref,
+from tpusync_operator.pool_plan import NodePoolAction as A
+from tpusync_operator.pool_plan import PlanError, Ref, check_pool, node_pool_size_change, node_pool_step, plan_pool
+from tpusync_operator.pool_plan import SizeAction as S
+from tpusync_operator.serving_plan import (
     capacity_shortfall,
-    check_pool,
     missing_crd_message,
-    node_pool_size_change,
-    node_pool_step,
-    plan_pool,
     plan_roles,
     plan_serving,
     role_replicas,
 )
-from tpusync_operator.planner import SizeAction as S
 from tpusync_operator.tpu import TopologyError, slice_for
 
 

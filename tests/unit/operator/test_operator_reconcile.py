@@ -322,9 +322,10 @@ def test_serving_full(kube, clock):
             "Role", "RoleBinding", "ServiceAccount", "NetworkPolicy"} <= kinds
     assert status["endpoint"] == "gateway/ns/gw" and status["routingReady"] is False
     assert status["prefill"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 0}
-    # The /scale subresource's status side: units applied, and the engine pods an autoscaler measures.
+    # The /scale subresource's status side: units applied, and one engine pod per unit (the decode
+    # pods here) for an autoscaler to measure.
     assert status["replicas"] == 1
-    assert status["selector"] == "tpusync.dev/serving=llm,llm-d.ai/inference-serving=true"
+    assert status["selector"] == "llm-d.ai/inference-serving=true,tpusync.dev/role=decode,tpusync.dev/serving=llm"
     # workloads become ready
     for name in ("llm-prefill", "llm-decode"):
         kube.find("Deployment", name)["status"] = {"readyReplicas": 1}

@@ -16,7 +16,7 @@ from test_operator_reconcile import deps
 from test_operator_reconcile import run as reconcile
 
 from tpusync_operator import handlers
-from tpusync_operator.planner import PlanError
+from tpusync_operator.pool_plan import PlanError
 from tpusync_operator.reconcile_serving import reconcile_serving
 from tpusync_operator.render import check
 from tpusync_operator.validate import validate
@@ -119,7 +119,7 @@ def test_a_role_topology_is_checked_against_its_own_pool():
 
 
 def test_capacity_is_counted_per_pool():
-    from tpusync_operator.planner import capacity_shortfall
+    from tpusync_operator.serving_plan import capacity_shortfall
     roles = mixed_plan(mixed(decode={"replicas": 2})).roles
     assert capacity_shortfall(roles) == ("spec.decode need 2 TPU hosts (decode 2 x 1) but TPUSyncPool v6e has 1; "
                                          "the replicas that do not fit stay Pending")
@@ -160,7 +160,7 @@ def test_validate_names_the_field_of_a_missing_role_pool_and_refuses_two_role_po
     assert check(docs(v7x_prefill_pool().build(), v6e_decode_pool().build(), mixed().build())) == []
     errors = check(docs(v7x_prefill_pool().build(), mixed().build()))
     assert errors == ["DisaggregatedServing ns/llm: spec.decode.poolRef.name 'v6e': no TPUSyncPool of that name in "
-                      "namespace ns in the files given"]
+                      "namespace ns in the files given, and no cluster to read it from (--cluster none)"]
     both = mixed(prefill={"poolRef": {"name": "v7x"}}).build()
     _, schema_errors = validate(docs(both)[0])
     assert any("spec.prefill.poolRef and spec.decode.poolRef: set at most one" in str(e) for e in schema_errors), \

@@ -13,15 +13,15 @@ import pytest
 import yaml
 from op_helpers import PoolBody, ServingBody
 
-from tests.support import REPO
-from tests.support.invalid_objects import POOL, SERVING, invalid_objects
+from harness import REPO
+from harness.invalid_objects import POOL, SERVING, invalid_objects
 from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.crdgen import KINDS, build_crd
 from tpusync_operator.engine_flags import OWNED_FLAGS, flag_pattern
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
+from tpusync_operator.serving_plan import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.tpu import slice_for
 from tpusync_operator.validate import _compiled, _quantity_integer, validate
 

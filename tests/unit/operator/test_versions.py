@@ -19,8 +19,8 @@ from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.engine import vllm_argv
 from tpusync_operator.builders.serving import PoolInfo
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
-from tpusync_operator.planner import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.render import load, render
+from tpusync_operator.serving_plan import OPTIONAL_KINDS, plan_serving
 from tpusync_operator.tpu import slice_for
 
 SAMPLES = sorted((Path(__file__).resolve().parents[3] / "samples").glob("*.yaml"))
@@ -190,8 +190,8 @@ def test_vllm_decode_serves_render_only_when_the_token_producer_asks():
 def test_reference_engine_args_parse_with_its_own_parser():
     """As the kubelet starts them: $(VAR) expanded over what the pod has (LWS injects its
     variables into multi-host groups)."""
-    from tests.support.kube_expansion import command_line
-    from tpusync.serving.__main__ import parse_args
+    from harness.kube_expansion import command_line
+    from tpusync.engines.reference.__main__ import parse_args
     env = {"POD_IP": "10.0.0.2", "LWS_LEADER_ADDRESS": "llm-decode-0.llm-decode", "LWS_WORKER_INDEX": "1"}
     parsed = 0
     for _, objs in CASES:

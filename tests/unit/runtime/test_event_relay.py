@@ -8,9 +8,9 @@ import uuid
 import pytest
 import zmq
 
-from tests.support.polling import wait_for
+from harness.polling import wait_for
 from tpusync import errors
-from tpusync.event_relay import EventRelay, reachable
+from tpusync.kv.relay import EventRelay, reachable
 
 
 @pytest.mark.parametrize(("endpoint", "want"), [

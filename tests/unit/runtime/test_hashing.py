@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tpusync.hashing import BlockHasher, event_hash_of, key_of
+from tpusync.kv.keys import BlockHasher, event_hash_of, key_of
 
 
 def test_first_block_matches_a_hand_encoded_cbor_vector():
@@ -43,7 +43,7 @@ def test_chain_depends_on_the_whole_prefix_and_on_extra_keys():
 
 
 def test_keys_do_not_depend_on_pythonhashseed():
-    code = "from tpusync.hashing import BlockHasher; print(BlockHasher(4).keys(list(range(12))))"
+    code = "from tpusync.kv.keys import BlockHasher; print(BlockHasher(4).keys(list(range(12))))"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("0", "1", "random")}
     assert len(outs) == 1

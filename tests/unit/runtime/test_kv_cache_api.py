@@ -1,4 +1,5 @@
-"""PrefixStore / PageMover: tpusync's own engine-facing KV-cache API (upstream's names are tpusync.upstream's)."""
+"""PrefixStore / PageMover: tpusync's own engine-facing KV-cache API (upstream's names are
+tpusync.engines.upstream's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 import tpusync
 from tpusync import TransferStatus
-from tpusync.kv_cache import PageMover, PrefixStore
+from tpusync.kv.cache import PageMover, PrefixStore
 
 SHAPE = (2, 8, 4, 2, 8)
 BLOCK = 4096

@@ -1,6 +1,7 @@
-"""The prefill-to-decode contract's one parser (`tpusync.kv.handoff`): every field a client can send
-in kv_transfer_params, in both dialects, is checked by type and range; a malformed one is refused
-naming the field (MalformedParams), and nothing else is ever raised, whatever the value."""
+"""The prefill-to-decode contract (`tpusync.kv.handoff`), which every engine speaks: its one parser
+checks every field a client can send in kv_transfer_params by type and range, a malformed one is
+refused naming the field (MalformedParams), and nothing else is ever raised, whatever the value;
+its one layout check, its record of what the prefill stored, its pull plan and its pull loop."""
 
 from __future__ import annotations
 
@@ -16,21 +17,21 @@ from tpusync import errors
 from tpusync.kv import handoff
 from tpusync.kv.handoff import (
     MalformedParams,
+    RemotePrefill,
     kv_layout,
+    layout_refusal,
     producer_params,
-    reference_prefill,
+    pull,
+    pull_plan,
+    stored_blocks,
     vllm_prefill,
     wants_decode,
 )
 
-LAYOUT = kv_layout(model="org/model", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=2)
+LAYOUT = kv_layout(model="org/model", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=2,
+                   format="vllm-torch")
 GOOD = producer_params(data_address="10.0.0.1:7600", engine_id="e", request_id="r", num_tokens=320, block_size=32,
                        last_key=0xABC, layout=LAYOUT, hosts=[("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])])
-REF_LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_heads": 2, "head_dim": 64,
-              "dtype": "float32"}
-REF_GOOD = {"remote_address": "10.0.0.1:7600", "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"],
-            "block_keys": [f"{k:032x}" for k in (1, 2, 0xABC)], "num_tokens": 96, "block_size": 32,
-            "layout": REF_LAYOUT}
 
 # Values that are no address a sidecar may be asked to pull from: names (the sidecar would
 # resolve them for the client), ports out of range, injections, other types.
@@ -60,6 +61,7 @@ LAYOUT_TABLE = [
     ("head_size", [-64, "64"], "head_size"),
     ("model", [5, ["m"], "m" * 5000, {}], "model"),
     ("dtype", [16, ["bf16"]], "dtype"),
+    ("format", [1, ["k-v"], "f" * 1025], "format"),
     ("hosts", ["0,1", [], [[0], 1], [[0], [2]], [[0], [-1]], [[0], [True]], [[0], ["1"]], [[0, 1, 1], [1]],
                [[0]] * 1025], "hosts"),
 ]
@@ -88,8 +90,7 @@ def test_a_malformed_vllm_field_is_refused_naming_it(name, value, field):
 @pytest.mark.parametrize("address", BAD_ADDRESSES)
 def test_a_remote_address_that_is_no_literal_ip_and_port_is_refused(address):
     _refused(vllm_prefill, {**GOOD, "remote_addresses": ["10.0.0.1:7600", address]}, "remote_addresses[1]")
-    _refused(reference_prefill, {**REF_GOOD, "remote_address": address}, "remote_address")
-    _refused(reference_prefill, {**REF_GOOD, "remote_addresses": [address, "10.0.0.2:7600"]}, "remote_addresses[0]")
+    _refused(vllm_prefill, {**GOOD, "remote_addresses": [address, "10.0.0.2:7600"]}, "remote_addresses[0]")
 
 
 @pytest.mark.parametrize(("name", "value", "field"), list(_cases(LAYOUT_TABLE)))
@@ -98,8 +99,6 @@ def test_a_malformed_layout_field_is_refused_naming_it(name, value, field):
     if value is None:
         del layout[name]  # absent: shards is required
     _refused(vllm_prefill, {**GOOD, "tpusync_kv_layout": layout}, f"tpusync_kv_layout.{field}")
-    ref = {**REF_LAYOUT, name: value} if value is not None else {k: v for k, v in REF_LAYOUT.items() if k != name}
-    _refused(reference_prefill, {**REF_GOOD, "layout": ref}, f"layout.{field}")
 
 
 @pytest.mark.parametrize(("params", "field"), [
@@ -111,18 +110,9 @@ def test_fields_that_come_together(params, field):
     _refused(vllm_prefill, {**GOOD, **params}, field)
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("block_keys", "ab" * 16), ("block_keys", ["zz"]), ("block_keys", [1]), ("block_keys", ["a" * 32] * (1 << 20 | 1)),
-    ("num_tokens", "96"), ("num_tokens", -1), ("block_size", 0), ("block_size", "32"), ("layout", [REF_LAYOUT]),
-    ("remote_addresses", "10.0.0.1:7600"),
-])
-def test_a_malformed_reference_field_is_refused_naming_it(name, value):
-    _refused(reference_prefill, {**REF_GOOD, name: value}, name)
-
-
 @pytest.mark.parametrize("params", [[GOOD], "do_remote_prefill", 5, True])
 def test_kv_transfer_params_that_are_no_object_are_refused(params):
-    for parse in (vllm_prefill, reference_prefill, wants_decode):
+    for parse in (vllm_prefill, wants_decode):
         assert _refused(parse, params, "").field == ""
 
 
@@ -139,13 +129,10 @@ def test_well_formed_params_round_trip_from_the_producer():
     assert remote.addresses == ["10.0.0.1:7600", "10.0.0.2:7600"]
     assert remote.pulls([0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
     assert wants_decode({"do_remote_decode": True}) and not wants_decode({}) and not wants_decode(None)
-    ref = reference_prefill(REF_GOOD)
-    assert ref is not None and ref.peer == "10.0.0.1:7600" and ref.last_key == 0xABC and ref.layout is not None
-    assert ref.layout["page_size"] == 32 and ref.hosts == [[0], [1]]
 
 
 def test_a_multi_host_prefill_names_each_host_and_its_shards():
-    layout = kv_layout(model="m", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=4)
+    layout = kv_layout(model="m", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=4, format="f")
     params = producer_params(data_address="10.0.0.1:7600", engine_id="e", request_id="r", num_tokens=64,
                              block_size=16, last_key=None, layout=layout,
                              hosts=[("10.0.0.1:7600", [0, 1]), ("10.0.0.2:7600", [2, 3])])
@@ -177,8 +164,6 @@ def test_a_remote_prefill_without_an_address_looks_locally():
     ("[FD00:0::5]:9400", "[fd00::5]:9400"),
 ])
 def test_literal_addresses_are_accepted_and_normalised(address, normalised):
-    remote = reference_prefill({"remote_address": address})
-    assert remote is not None and remote.peer == normalised
     host, port = normalised.rsplit(":", 1)
     v = vllm_prefill({"do_remote_prefill": True, "remote_host": host.strip("[]"), "remote_port": int(port)})
     assert v is not None and v.peer == normalised
@@ -192,7 +177,7 @@ def test_what_is_not_read_is_not_refused():
     assert vllm_prefill(foreign) == vllm_prefill(GOOD)
     assert vllm_prefill({"do_remote_decode": True, "remote_port": "x"}) is None
     assert vllm_prefill({"do_remote_prefill": False, "tpusync_last_key": "zz"}) is None
-    assert vllm_prefill(None) is None and reference_prefill(None) is None
+    assert vllm_prefill(None) is None
     # null and "" are absent: a multi-host prefill's host without a data port
     remote = vllm_prefill({**GOOD, "remote_addresses": ["10.0.0.1:7600", None]})
     assert remote is not None and remote.addresses == ["10.0.0.1:7600", None]
@@ -205,10 +190,10 @@ _ODD = [None, True, False, 0, -1, 1, 65535, 65536, 2**64, 1.5, float("nan"), "",
         "10.0.0.1", [], [None], [[0]], ["10.0.0.1:1"], {}, {"shards": 1}, {"shards": 1, "hosts": [[0]]}]
 
 
-@pytest.mark.parametrize("name", sorted(set(GOOD) | set(REF_GOOD) | {"layout", "tpusync_kv_layout"}))
+@pytest.mark.parametrize("name", sorted(set(GOOD) | {"tpusync_kv_layout"}))
 def test_no_value_of_any_field_raises_anything_but_a_refusal(name):
-    for value, base in itertools.product(_ODD, (GOOD, REF_GOOD, {"do_remote_prefill": True})):
-        for parse in (vllm_prefill, reference_prefill, wants_decode):
+    for value, base in itertools.product(_ODD, (GOOD, {"do_remote_prefill": True})):
+        for parse in (vllm_prefill, wants_decode):
             with contextlib.suppress(MalformedParams):  # anything else fails the test
                 parse({**base, name: value})
 
@@ -230,6 +215,68 @@ def test_producer_refuses_a_data_address_decode_engines_would_refuse():
     with pytest.raises(errors.InvalidArgumentError):
         producer_params(data_address="prefill-0.svc:7600", engine_id="e", request_id="r", num_tokens=0, block_size=16,
                         last_key=None)
+
+
+OURS = kv_layout(model="org/model", layers=2, kv_heads=4, head_size=64, dtype="bfloat16", shards=2,
+                 format="vllm-torch")
+
+
+@pytest.mark.parametrize(("theirs", "reshards", "refused"), [
+    (OURS, False, None),
+    ({**OURS, "hosts": [[0], [1]]}, False, None),                    # hosts are where, not what
+    ({**OURS, "dtype": "torch.bfloat16"}, False, None),               # torch's name of the same dtype
+    ({**OURS, "model": "org/other"}, True, "model 'org/other', here 'org/model'"),
+    ({**OURS, "head_size": 128}, True, "head_size 128, here 64"),
+    ({k: v for k, v in OURS.items() if k != "layers"}, True, "layers None, here 2"),  # unsaid is not equal
+    ({**OURS, "dtype": "float32"}, True, "dtype 'float32', here 'bfloat16'"),
+    ({**OURS, "format": "k-v"}, True, "format 'k-v', here 'vllm-torch'"),     # bytes arranged otherwise
+    ({k: v for k, v in OURS.items() if k != "format"}, True, "format None, here 'vllm-torch'"),
+    ({**OURS, "shards": 4}, False, "blocks in 4 parts, this engine loads only its own 2"),
+    ({**OURS, "shards": 4}, True, None),                                # regrouped on load
+    ({**OURS, "shards": 3}, True, "blocks in 3 parts do not split 4 kv heads"),
+    ({**OURS, "shards": 8}, True, "blocks in 8 parts do not split 4 kv heads"),
+    (None, False, None),                                                # a prefill that does not say
+])
+def test_the_one_layout_check(theirs, reshards, refused):
+    assert layout_refusal(theirs, OURS, reshards=reshards) == refused
+    assert layout_refusal(theirs, None, reshards=reshards) is None
+
+
+def test_what_the_prefill_stored():
+    keys = [1, 2, 3, 4]
+    said = RemotePrefill(peer="10.0.0.1:1", num_tokens=3 * 16, last_key=3)
+    assert stored_blocks(said, keys, 16) == 3
+    assert stored_blocks(RemotePrefill(peer=None), keys, 16) == 4                           # unsaid: all
+    assert stored_blocks(RemotePrefill(peer=None, num_tokens=16 * 9), keys, 16) == 4
+    assert stored_blocks(RemotePrefill(peer=None, num_tokens=3 * 16, last_key=9), keys, 16) is None  # keyed otherwise
+    assert stored_blocks(RemotePrefill(peer=None, num_tokens=9 * 16, last_key=4), keys, 16) is None  # past our prompt
+    assert stored_blocks(RemotePrefill(peer=None, num_tokens=0, last_key=9), keys, 16) == 0
+
+
+def test_the_pull_plan_puts_the_prefill_first_then_other_peers_once():
+    assert pull_plan(["10.0.0.1:1", "10.0.0.2:1"], [[0], [1]], [0, 1], 0, ["10.0.0.9:1", "10.0.0.1:1", "10.0.0.9:1"]) \
+        == [("10.0.0.1:1", [0]), ("10.0.0.2:1", [1]), ("10.0.0.9:1", [0, 1])]
+    assert pull_plan(["10.0.0.1:1", "10.0.0.2:1"], None, [0, 1], 1) == [("10.0.0.2:1", [0, 1]), ("10.0.0.1:1", [0, 1])]
+    assert pull_plan([None], None, [0], 0, ["10.0.0.9:1"]) == [("10.0.0.9:1", [0])]
+
+
+def test_the_pull_loop_asks_each_peer_for_what_is_missing_until_all_is_local():
+    local = [1]
+    asked: list[tuple[str, int, list[int]]] = []
+    failures: list[tuple[str, int]] = []
+    brings = {"a": 2, "dead": 0, "b": 5, "never": 9}
+
+    def fetch(peer: str, first: int, parts: list[int]) -> None:
+        asked.append((peer, first, parts))
+        if peer == "dead":
+            raise errors.UnavailableError("gone")
+        local[0] = max(local[0], brings[peer])
+
+    got = pull([("a", [0]), ("dead", [0, 1]), ("b", [1]), ("never", [0])], 5, lambda: local[0], fetch,
+               lambda peer, missing, e: failures.append((peer, missing)))
+    assert asked == [("a", 1, [0]), ("dead", 2, [0, 1]), ("b", 2, [1])]  # enough after b: never is not asked
+    assert failures == [("dead", 3)]
+    assert got.local == 5 and got.blocks == 4 and [(p.peer, p.blocks) for p in got.pulled] == [("a", 1), ("b", 3)]
 
 
 def test_the_kv_package_imports_only_the_store_and_errors():

@@ -1,4 +1,4 @@
-"""The SGLang backend's extra config (`tpusync.sglang.options`, no SGLang needed): every option is
+"""The SGLang backend's extra config (`tpusync.engines.sglang.options`, no SGLang needed): every option is
 checked by type and range when the backend is built, and a malformed one is refused naming it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.sglang.options import LocalStore, StorageOptions
+from tpusync.engines.sglang.options import LocalStore, StorageOptions
 
 FACTORY = {"backend_name": "tpusync", "module_path": "tpusync.sglang.storage", "class_name": "TPUSyncHiCacheStorage",
            "interface_v1": 1}

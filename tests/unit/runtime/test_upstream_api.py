@@ -1,4 +1,4 @@
-"""tpusync.upstream: upstream TPU Sync's API at upstream's module paths, opt-in, never shadowing
+"""tpusync.engines.upstream: upstream TPU Sync's API at upstream's module paths, opt-in, never shadowing
 upstream; its KVCacheStore directory at upstream's semantics; its KVCacheManager host pool on a
 real sidecar with JAX arrays on the CPU."""
 
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpusync.upstream.kv_cache_store import KVCacheStore, RaidenBlockID, RaidenId
+from tpusync.engines.upstream.kv_cache_store import KVCacheStore, RaidenBlockID, RaidenId
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -32,7 +32,7 @@ def run_python(code: str, env: dict[str, str] | None = None, path: str | None = 
 
 def test_nothing_is_aliased_without_the_opt_in():
     r = run_python("""
-        from tpusync import upstream
+        from tpusync.engines import upstream
         assert not upstream.install_if_enabled()
         try:
             import tpu_raiden
@@ -44,18 +44,18 @@ def test_nothing_is_aliased_without_the_opt_in():
 
 def test_the_opt_in_serves_upstreams_paths_from_tpusync():
     r = run_python("""
-        from tpusync import upstream
+        from tpusync.engines import upstream
         assert upstream.install_if_enabled()
         import tpu_raiden
         import tpu_raiden.api.jax.kv_cache_manager as mgr
         import tpu_raiden.api.jax.kv_cache_store as store
         from tpu_raiden.api.common import BlockStatus
-        import tpusync.upstream.kv_cache_store as ours
+        import tpusync.engines.upstream.kv_cache_store as ours
         assert store is ours and mgr.KVCacheManager is tpu_raiden.KVCacheManager
         assert tpu_raiden.KVCacheStore is ours.KVCacheStore and tpu_raiden.RaidenId is ours.RaidenId
         assert BlockStatus.HOST.value == 3
         from tpu_sync.api.jax import weight_synchronizer
-        import tpusync.upstream.weight_synchronizer as ws
+        import tpusync.engines.upstream.weight_synchronizer as ws
         assert weight_synchronizer is ws
         try:  # tpu_inference's __init__ tries these and passes on ImportError only
             __import__("tpu_sync.frameworks.jax._tpu_raiden_jax")
@@ -69,7 +69,7 @@ def test_an_installed_upstream_is_never_shadowed(tmp_path):
     (tmp_path / "tpu_raiden").mkdir()
     (tmp_path / "tpu_raiden" / "__init__.py").write_text("REAL = True\n")
     r = run_python("""
-        from tpusync import upstream
+        from tpusync.engines import upstream
         try:
             upstream.install_if_enabled()
         except upstream.UpstreamInstalled as e:
@@ -147,7 +147,7 @@ class Runner:
 
 
 def make_manager(control_socket: str, host_blocks: int):
-    from tpusync.upstream.kv_cache_manager import KVCacheManager
+    from tpusync.engines.upstream.kv_cache_manager import KVCacheManager
 
     runner = Runner(1)  # the local named `runner` the constructor finds, as in tpu-inference
     return runner, KVCacheManager(kv_caches=runner.kv_caches, local_control_port=0,
@@ -199,7 +199,7 @@ def test_a_full_pool_raises_and_unlocked_blocks_are_reclaimed_oldest_first(sidec
 
 
 def test_the_runner_is_required():
-    from tpusync.upstream.kv_cache_manager import KVCacheManager
+    from tpusync.engines.upstream.kv_cache_manager import KVCacheManager
 
     caches = Runner(2).kv_caches
     with pytest.raises(ValueError, match="needs the model runner"):
@@ -227,7 +227,7 @@ def two_sidecars(tmp_path):
 
 
 def transfer_manager(car, seed: int, timeout_s: float = 30.0):
-    from tpusync.upstream.kv_cache_manager import KVCacheManager
+    from tpusync.engines.upstream.kv_cache_manager import KVCacheManager
 
     runner = Runner(seed)
     return runner, KVCacheManager(kv_caches=runner.kv_caches, local_control_port=int(car.address.rsplit(":", 1)[1]),
@@ -295,8 +295,8 @@ def test_failed_pulls_are_reported_and_unacknowledged_sends_expire(two_sidecars)
 def test_versions_land_in_the_bound_arrays_in_place(sidecar_socket):
     import jax
 
+    from tpusync.engines.upstream.weight_synchronizer import WeightSynchronizer
     from tpusync.store import connect_sidecar
-    from tpusync.upstream.weight_synchronizer import WeightSynchronizer
     from tpusync.weights import VersionedWeights as Trainer
 
     rng = np.random.default_rng(3)
@@ -332,8 +332,9 @@ def test_the_top_level_upstream_names_have_upstreams_semantics():
     names of their own, and upstream's manager, which tpusync does not implement, is not offered
     under its name."""
     import tpusync
-    from tpusync import kv_cache, weights
-    from tpusync.upstream import kv_cache_manager, kv_cache_store, weight_synchronizer
+    from tpusync import weights
+    from tpusync.engines.upstream import kv_cache_manager, kv_cache_store, weight_synchronizer
+    from tpusync.kv import cache as kv_cache
 
     assert tpusync.KVCacheManager is kv_cache_manager.KVCacheManager
     assert tpusync.KVCacheStore is kv_cache_store.KVCacheStore

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpusync import errors
-from tpusync.connector.config import ConnectorConfig
+from tpusync.engines.connector.config import ConnectorConfig
 from tpusync.kv.handoff import join_address, split_address
 
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import tpusync
-from tpusync.hashing import BlockHasher
-from tpusync.serving import codec
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
+from tpusync.engines.reference import codec
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.handoff import kv_layout
+from tpusync.kv.keys import BlockHasher
 
 CFG = ModelConfig(max_seq=1024, layers=2, d_model=128, mlp=256)
 
@@ -79,8 +80,15 @@ def test_prefill_role_returns_one_token_and_transfer_params():
         r = e.generate(prompt(7, 100), 10)
         assert len(r.tokens) == 1
         params = r.kv_transfer_params
-        assert params["remote_address"] == "127.0.0.1:9" and params["num_tokens"] == 100
-        keys = [int(k, 16) for k in params["block_keys"]]
+        # The contract's producer, vLLM's dialect: what vLLM's and tpu-inference's decode engines read.
+        assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+        assert (params["remote_host"], params["remote_port"]) == ("127.0.0.1", 9)
+        assert params["remote_num_tokens"] == 96 and params["tpusync_block_size"] == 32
+        keys = keys_of(prompt(7, 100))
+        assert params["tpusync_last_key"] == f"{keys[-1]:032x}"
+        assert params["tpusync_kv_layout"] == kv_layout(model="tpusync/reference", layers=CFG.layers,
+                                                        kv_heads=CFG.kv_heads, head_size=CFG.head_dim,
+                                                        dtype=CFG.dtype, shards=1, format="k-v")
         assert len(keys) == 3 and store.lookup(keys).prefix_len == 3
 
 
@@ -143,7 +151,7 @@ def test_a_peers_error_text_is_not_in_the_stats_a_client_gets(mono):
     p = prompt(13, 200)
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
         e = Engine(CFG, role="both", store=store)
-        r = e.generate(p, 4, kv_transfer_params={"remote_address": "127.0.0.1:1"})  # nothing listens there
+        r = e.generate(p, 4, kv_transfer_params=remote("127.0.0.1", 1))  # nothing listens there
     assert r.tokens == mono.generate(p, 4).tokens
     assert "127.0.0.1:1" in r.stats.store_error  # in-process callers (and the log) still see why
     public = r.stats.as_dict()
@@ -151,81 +159,91 @@ def test_a_peers_error_text_is_not_in_the_stats_a_client_gets(mono):
     assert "127.0.0.1" not in repr(public)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:1\nX", "a" * 300 + ":1", "no-port", "h:0", "h:65536", "h:1:2", "h: 1",
-                                     "[::1]x:1", 7, ["127.0.0.1:1"], "decode-0.pool.svc:9400", "localhost:9400",
-                                     None, ""])
-def test_a_malformed_remote_address_is_never_passed_to_the_store(mono, address, caplog):
+def remote(host: object, port: object, **more: object) -> dict:
+    """kv_transfer_params naming a remote prefill (the contract's dialect)."""
+    return {"do_remote_prefill": True, "remote_host": host, "remote_port": port, **more}
+
+
+@pytest.mark.parametrize(("host", "port", "field"), [
+    ("127.0.0.1\nX", 1, "remote_host"), ("a" * 300, 1, "remote_host"), ("127.0.0.1:1", 1, "remote_host"),
+    ("[::1]x", 1, "remote_host"), (7, 1, "remote_host"), (["127.0.0.1"], 1, "remote_host"),
+    ("decode-0.pool.svc", 9400, "remote_host"), ("localhost", 9400, "remote_host"), ("127.0.0.1", 0, "remote_port"),
+    ("127.0.0.1", 65536, "remote_port"), ("127.0.0.1", "1", "remote_port"), ("127.0.0.1", None, "remote_port"),
+    (None, None, None)])
+def test_a_malformed_remote_address_is_never_passed_to_the_store(mono, host, port, field, caplog):
     """Nor is a name: the sidecar would resolve a host of the client's choosing."""
     p = prompt(14, 100)
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
         asked = record_reads(store)
         e = Engine(CFG, role="both", store=store)
-        r = e.generate(p, 4, kv_transfer_params={"remote_address": address}, request_id="cmpl-t")
+        r = e.generate(p, 4, kv_transfer_params=remote(host, port), request_id="cmpl-t")
     assert asked == [] and r.stats.store_error == "" and r.tokens == mono.generate(p, 4).tokens
-    refusals = [r.getMessage() for r in caplog.records if "kv_transfer_params.remote_address" in r.getMessage()]
-    if address not in (None, ""):  # absent is not malformed
-        assert len(refusals) == 1 and "cmpl-t" in refusals[0], refusals
+    refusals = [r.getMessage() for r in caplog.records if "kv_transfer_params.remote_" in r.getMessage()]
+    if field is not None:  # absent is not malformed
+        assert len(refusals) == 1 and "cmpl-t" in refusals[0] and f"kv_transfer_params.{field}" in refusals[0]
     else:
         assert refusals == []
 
 
-@pytest.mark.parametrize(("address", "asked"), [
-    ("127.0.0.1:9400", "127.0.0.1:9400"), ("tpusync://10.0.0.5:9400", "10.0.0.5:9400"),
-    ("[fd00::5]:9400", "[fd00::5]:9400"), ("fd00::5:9400", "[fd00::5]:9400")])
-def test_a_well_formed_remote_address_is_asked(address, asked):
+@pytest.mark.parametrize(("host", "asked"), [
+    ("127.0.0.1", "127.0.0.1:9400"), ("10.0.0.5", "10.0.0.5:9400"), ("fd00::5", "[fd00::5]:9400"),
+    ("[fd00::5]", "[fd00::5]:9400")])
+def test_a_well_formed_remote_address_is_asked(host, asked):
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
         seen = record_reads(store)
         e = Engine(CFG, role="both", store=store)
-        e.generate(prompt(15, 100), 1, kv_transfer_params={"remote_address": address})
+        e.generate(prompt(15, 100), 1, kv_transfer_params=remote(host, 9400))
     assert seen == [asked]
 
 
-LAYOUT = {"shards": 2, "hosts": [[0], [1]], "layers": 4, "page_size": 32, "kv_heads": 2, "head_dim": 64,
-          "dtype": "float32"}  # ModelConfig()'s pages split in two
+# ModelConfig()'s pages split in two, as a two-host prefill says
+LAYOUT = {**kv_layout(model="tpusync/reference", layers=4, kv_heads=2, head_size=64, dtype="float32", shards=2,
+                      format="k-v"),
+          "hosts": [[0], [1]]}
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"head_dim": 128}, "not this model's"),
-    ({"dtype": "bfloat16"}, "not this model's"),
-    ({"page_size": 1 << 20}, "not a number of tokens"),
-    ({"layers": None}, "not this model's"),
-    ({"shards": 3}, "does not split"),
-    ({"shards": 4}, "does not split"),  # more shards than kv heads
+    ({"head_size": 128}, "head_size 128, here 64"),
+    ({"dtype": "bfloat16"}, "dtype 'bfloat16', here 'float32'"),
+    ({"model": "org/other"}, "model 'org/other'"),
+    ({"format": "vllm-torch"}, "format 'vllm-torch', here 'k-v'"),  # a vLLM prefill of this geometry
+    ({"layers": None}, "layers None, here 4"),
+    ({"shards": 3}, "do not split"),
+    ({"shards": 4}, "do not split"),  # more shards than kv heads
+    ({"tpusync_block_size": 8192}, "blocks of 8192 tokens"),
 ])
-def test_a_prefill_layout_that_is_not_this_models_pages_is_refused(change, message):
-    from tpusync.kv.handoff import reference_prefill
-    from tpusync.serving.engine import prefill_layout
+def test_a_prefill_layout_that_is_not_this_models_pages_is_not_pulled(change, message, caplog):
+    """The contract's layout check (tpusync.kv.handoff.layout_refusal): nothing is pulled from the
+    prefill, the prompt is computed."""
+    cfg = ModelConfig(max_seq=1024)
+    layout = {k: v for k, v in {**LAYOUT, **change}.items() if v is not None and k != "tpusync_block_size"}
+    params = remote("10.0.0.1", 7600, tpusync_kv_layout=layout,
+                    tpusync_block_size=change.get("tpusync_block_size", 32))
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(cfg), secret=b"s" * 32) as store:
+        asked = record_reads(store)
+        Engine(cfg, role="both", store=store).generate(prompt(16, 100), 1, kv_transfer_params=params)
+    assert asked == []
+    assert "not pulling the prefill's KV" in caplog.text and message in caplog.text
 
-    with pytest.raises(tpusync.InvalidArgumentError, match=message):
-        prefill_layout(reference_prefill({"layout": {**LAYOUT, **change}}), ModelConfig())
-    assert prefill_layout(reference_prefill({}), ModelConfig()) is None
 
-
-@pytest.mark.parametrize("change", [{"page_size": 0}, {"page_size": "16"}, {"shards": 0}, {"shards": True},
-                                    {"shards": "2"}, {"hosts": [[0], [7]]}])
+@pytest.mark.parametrize("change", [{"shards": 0}, {"shards": True}, {"shards": "2"}, {"hosts": [[0], [7]]},
+                                    {"head_size": "64"}])
 def test_a_malformed_prefill_layout_refuses_the_hand_off(mono, change, caplog):
     """Not a layout at all (tpusync.kv.handoff): nothing is pulled, the prompt is computed."""
     p = prompt(16, 100)
     with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
         asked = record_reads(store)
         r = Engine(CFG, role="both", store=store).generate(
-            p, 4, kv_transfer_params={"remote_address": "10.0.0.1:7600", "layout": {**LAYOUT, **change}})
+            p, 4, kv_transfer_params=remote("10.0.0.1", 7600, tpusync_kv_layout={**LAYOUT, **change}))
     assert asked == [] and r.tokens == mono.generate(p, 4).tokens
     [name] = change
-    assert f"kv_transfer_params.layout.{name}" in caplog.text
+    assert f"kv_transfer_params.tpusync_kv_layout.{name}" in caplog.text
 
 
-def test_pulls_go_to_the_prefill_hosts_that_hold_the_needed_shards():
-    from tpusync.kv.handoff import reference_prefill
-    from tpusync.serving.engine import prefill_layout
-
-    remote = reference_prefill({"layout": LAYOUT, "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]})
-    assert prefill_layout(remote, ModelConfig()) == (2, [[0], [1]], LAYOUT["page_size"])
-    assert remote is not None
-    assert remote.pulls([0, 1], 0) == [("10.0.0.1:7600", [0]), ("10.0.0.2:7600", [1])]
-    assert remote.pulls([1], 0) == [("10.0.0.2:7600", [1])]
-    # Hosts that do not say what they hold: every needed shard from each, this host's counterpart first.
-    unsaid = reference_prefill({"layout": {k: v for k, v in LAYOUT.items() if k != "hosts"},
-                                "remote_addresses": ["10.0.0.1:7600", "10.0.0.2:7600"]})
-    assert unsaid is not None
-    assert unsaid.pulls([0, 1], 1) == [("10.0.0.2:7600", [0, 1]), ("10.0.0.1:7600", [0, 1])]
+def test_a_prefill_that_keyed_the_prompt_otherwise_is_not_pulled(caplog):
+    p = prompt(17, 100)
+    with tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=block_bytes(CFG), secret=b"s" * 32) as store:
+        asked = record_reads(store)
+        Engine(CFG, role="both", store=store).generate(
+            p, 1, kv_transfer_params=remote("10.0.0.1", 7600, remote_num_tokens=96, tpusync_last_key="ab" * 16))
+    assert asked == [] and "keyed this prompt differently" in caplog.text

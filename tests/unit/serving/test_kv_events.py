@@ -11,11 +11,11 @@ import numpy as np
 import zmq
 
 import tpusync
-from tests.support.polling import wait_for
-from tpusync.hashing import BlockHasher, event_hash_of
-from tpusync.kv_events import BlockAnnouncer, KVEventPublisher, decode_record, encode_record, follow
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
+from harness.polling import wait_for
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.kv.events import BlockAnnouncer, KVEventPublisher, decode_record, encode_record, follow
+from tpusync.kv.keys import BlockHasher, event_hash_of
 
 
 def subscriber(endpoint: str) -> zmq.Socket:

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from tpusync.serving.engine import Engine
-from tpusync.serving.model import ModelConfig
-from tpusync.serving.server import CompletionServer
+from tpusync.engines.reference.engine import Engine
+from tpusync.engines.reference.model import ModelConfig
+from tpusync.engines.reference.server import CompletionServer
 
 CFG = ModelConfig(max_seq=1024, layers=2, d_model=128, mlp=256)
 

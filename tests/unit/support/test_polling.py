@@ -1,10 +1,10 @@
-"""tests.support.polling.wait_for: the one polling helper, with the options its callers use."""
+"""harness.polling.wait_for: the one polling helper, with the options its callers use."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.polling import WaitTimeout, wait_for
+from harness.polling import WaitTimeout, wait_for
 
 
 def counter(ready_at: int):

@@ -8,7 +8,7 @@ import pytest
 
 import tpusync
 from tpusync import errors
-from tpusync.vllm import served_weights
+from tpusync.kv import served_weights
 from tpusync.weights import Shard, VersionedWeights
 from tpusync.weights.inplace import await_version, pinned_version
 from tpusync.weights.leaves import leaf_bytes

@@ -104,7 +104,7 @@ def register() -> None:
     # The RL sampler's weight binding. Its module imports upstream TPU Sync's weight synchronizer
     # at import time: tpusync's aliases for it (TPUSYNC_UPSTREAM_API=1) must be in place first,
     # whichever plugin vLLM loads first.
-    from tpusync import upstream
+    from tpusync.engines import upstream
 
     upstream.install_if_enabled()
     _patch("tpu_inference.rl.raiden_worker_sync", "_bindable", device.bindable)

@@ -1,0 +1,97 @@
+"""The TPUSyncPools that servings name, read from a cluster, for `validate` and `render` of a
+serving whose pool is not in the files given (an ML team holds the serving, the platform team
+its pool). Which cluster: --cluster auto (default) takes a kubeconfig when there is one
+(--kubeconfig, else $KUBECONFIG, else ~/.kube/config), else the pod's service account when
+running in a pod, else none; kubeconfig and in-cluster insist on theirs; none reads nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODES = ("auto", "kubeconfig", "in-cluster", "none")
+POOL_API = "tpusync.dev/v1alpha1"
+
+
+class ClusterReadError(Exception):
+    """The chosen cluster could not be read: its configuration, or a request that failed."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved choice: mode "kubeconfig", "in-cluster" or "none" (`why`: the reason)."""
+    mode: str
+    kubeconfig: str | None = None
+    context: str | None = None
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.mode == "kubeconfig":
+            context = f" (context {self.context})" if self.context else ""
+            return f"the cluster of kubeconfig {self.kubeconfig}{context}"
+        return "the cluster this pod runs in" if self.mode == "in-cluster" else "no cluster"
+
+
+def _kubeconfig_paths(explicit: str | None, environ: Mapping[str, str]) -> list[str]:
+    if explicit:
+        return [explicit]
+    listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return listed or [str(Path(environ.get("HOME", str(Path.home()))) / ".kube" / "config")]
+
+
+def choose(mode: str, kubeconfig: str | None = None, context: str | None = None,
+           environ: Mapping[str, str] = os.environ) -> Source:
+    """The cluster `mode` names, or (auto) the one this environment has, if any."""
+    if mode == "none":
+        return Source("none", why="--cluster none")
+    if mode == "in-cluster":
+        return Source("in-cluster")
+    found = [p for p in _kubeconfig_paths(kubeconfig, environ) if Path(p).is_file()]
+    if mode == "kubeconfig":
+        if not found:
+            raise ClusterReadError(f"--cluster kubeconfig: no kubeconfig at "
+                                   f"{os.pathsep.join(_kubeconfig_paths(kubeconfig, environ))}")
+        return Source("kubeconfig", os.pathsep.join(found), context)
+    if found:
+        return Source("kubeconfig", os.pathsep.join(found), context)
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return Source("in-cluster")
+    return Source("none", why="no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod")
+
+
+def read_pools(source: Source, refs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:
+    """{(namespace, name): the TPUSyncPool, None when the cluster has none of that name}."""
+    if source.mode == "none" or not refs:
+        return {}
+    return asyncio.run(_read(source, refs))
+
+
+async def _read(source: Source, refs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    from .kube import ApiKube, KubeError
+
+    cfg = client.Configuration()
+    try:
+        if source.mode == "in-cluster":
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            await config.load_kube_config(config_file=source.kubeconfig, context=source.context,
+                                          client_configuration=cfg)
+    except ConfigException as e:
+        raise ClusterReadError(f"{source.describe()}: {e}") from None
+    async with client.ApiClient(configuration=cfg) as api:
+        kube = ApiKube(api, timeout=15.0)
+        out: dict[tuple[str, str], dict[str, Any] | None] = {}
+        for namespace, name in refs:
+            try:
+                out[(namespace, name)] = await kube.get(POOL_API, "TPUSyncPool", namespace, name)
+            except KubeError as e:
+                raise ClusterReadError(f"reading TPUSyncPool {namespace}/{name} from {source.describe()} "
+                                       f"({cfg.host}): {e}") from None
+        return out
