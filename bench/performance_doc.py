@@ -72,7 +72,8 @@ SECTIONS = [
      "heads overlap): ratio = the slowest decode host's transfer / one host's share of the bytes at line rate."),
     ("shared", "Shared tier", "bench/shared_bench.py",
      "put: blocks stored through a store with a write-through shared tier (DRAM copy, AES-GMAC tags under "
-     "keys derived from the pool secret, O_DIRECT write to a temporary name, rename) until flushed; get: the same blocks read by a fresh store on the directory "
+     "keys derived from the pool secret, O_DIRECT write to a temporary name, rename) until flushed; get: the "
+     "same blocks read by a fresh store on the directory "
      "(verified, promoted into DRAM, copied out); both against the same number of files of the same sizes "
      "written and read with plain O_DIRECT syscalls in the same run (ratio = raw time / tier time). hit: the "
      "reference engine on a fresh host (empty DRAM, no disk, no peer) serving a prompt another host stored, "
