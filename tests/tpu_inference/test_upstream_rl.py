@@ -12,6 +12,9 @@ generates exactly what transformers generates from B.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from conftest import Reference
 
@@ -30,7 +33,10 @@ def rl(model_dir, model_b, tmp_path_factory):
     pods = Pods(tmp_path_factory.mktemp("upstream-rl"), "upstream-rl")
     try:
         t, s = (pods.sidecar(name, dram_bytes=32 << 20, block_bytes=1 << 20) for name in ("t", "s"))
-        env = {"TPUSYNC_UPSTREAM_API": "1", "VLLM_HOST_IP": "127.0.0.1"}
+        # The trainer's worker extension (rl_trainer_ext.py) lives beside this test.
+        here = str(Path(__file__).parent)
+        env = {"TPUSYNC_UPSTREAM_API": "1", "VLLM_HOST_IP": "127.0.0.1",
+               "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
         # Tensor parallel over 2 CPU devices: the weights are sharded over the engine's mesh, which
         # the sampler's registration metadata describes (single-device arrays carry no mesh).
         pods.start(sampler=TpuEngine("upstream-rl-sampler", EngineSpec(str(model_dir), pods.work),
