@@ -26,12 +26,15 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 #   lint-deps: and clang-tidy, over a compile database that has the tests (GoogleTest)
 #   pytest-deps: iproute2 and iptables for the simulated-hosts fabric (harness/fabric.py),
 #     sshfs and an SSH server for the sshfs shared tier (harness/sshfs.py)
+#   node-deps (the real-node tier, harness/nodes.py): the CNI plugins, iptables and conntrack of a
+#     node, curl for its probes, libseccomp for runc's build
 # system-deps is all of them: make test's (caches, its first step, installs them up front).
 NATIVE_PACKAGES := g++ cmake ninja-build libxxhash-dev libssl-dev libipsec-mb-dev
 NATIVE_TEST_PACKAGES := $(NATIVE_PACKAGES) libgtest-dev
 FUZZ_PACKAGES := $(NATIVE_PACKAGES) clang-14 libclang-rt-14-dev
 LINT_PACKAGES := $(NATIVE_TEST_PACKAGES) clang-tidy-14
 PYTEST_PACKAGES := iproute2 iptables sshfs openssh-server
+NODE_PACKAGES := containernetworking-plugins iptables conntrack curl libseccomp-dev iproute2 util-linux
 
 # $(call apt-install,PACKAGES[,THEN]): installs those that are missing (with sudo unless root),
 # then runs the shell command THEN.
@@ -59,8 +62,10 @@ lint-deps:
 	$(call apt-install,$(LINT_PACKAGES))
 pytest-deps:
 	$(call apt-install,$(PYTEST_PACKAGES),$(STOP_SSHD))
+node-deps:
+	$(call apt-install,$(NODE_PACKAGES))
 system-deps:
-	$(call apt-install,$(sort $(NATIVE_TEST_PACKAGES) $(FUZZ_PACKAGES) $(LINT_PACKAGES) $(PYTEST_PACKAGES)),$(STOP_SSHD))
+	$(call apt-install,$(sort $(NATIVE_TEST_PACKAGES) $(FUZZ_PACKAGES) $(LINT_PACKAGES) $(PYTEST_PACKAGES) $(NODE_PACKAGES)),$(STOP_SSHD))
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -142,14 +147,14 @@ fuzz: fuzz-deps
 pytest: install pytest-deps
 	$(PY) -m pytest -q
 
-test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test e2e
+test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test e2e cluster-test
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
 # built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,
 # and the images' Debian bases) overlap the Go builds (control plane, LWS, llm-d's indexer)
 # instead of following them.
 caches: system-deps
-	$(MAKE) -j6 --output-sync=target controlplane lws llmd-indexer vllm-env tpu-inference-env sglang-env image-bases
+	$(MAKE) -j7 --output-sync=target controlplane lws llmd-indexer nodes vllm-env tpu-inference-env sglang-env image-bases
 
 demo: install
 	$(PY) -m tpusync.demo

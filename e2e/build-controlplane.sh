@@ -72,11 +72,15 @@ vpkg=k8s.io/component-base/version
 kflags="-s -w -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=$kmajor -X $vpkg.gitMinor=$kminor"
 kflags+=" -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
 
-step "kube-apiserver, kube-controller-manager, kube-scheduler $KUBERNETES_VERSION"
+# One build of the five: they share most of their compiled packages (the kubelet and kube-proxy
+# of the real-node tier cost about 25 s more than the control plane alone, warm).
+step "kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy $KUBERNETES_VERSION"
 (cd "$here/controlplane/kube" && "$GO" build -trimpath -ldflags "$kflags" -o "$tmp/bin/" \
    k8s.io/kubernetes/cmd/kube-apiserver \
    k8s.io/kubernetes/cmd/kube-controller-manager \
-   k8s.io/kubernetes/cmd/kube-scheduler)
+   k8s.io/kubernetes/cmd/kube-scheduler \
+   k8s.io/kubernetes/cmd/kubelet \
+   k8s.io/kubernetes/cmd/kube-proxy)
 done_step
 
 step "etcd $ETCD_VERSION"

@@ -8,7 +8,7 @@ E2E_BUILD := e2e/build-controlplane.sh
 CONTROLPLANE_DIR = $(shell bash $(E2E_BUILD) --print)
 CONTROLPLANE_BIN = $(CONTROLPLANE_DIR)/bin
 
-.PHONY: controlplane controlplane-dir controlplane-bin controlplane-regen e2e e2e-cluster lws
+.PHONY: controlplane controlplane-dir controlplane-bin controlplane-regen e2e e2e-cluster lws nodes cluster-test cluster
 
 # Builds the control plane if the cache lacks it (no-op, about a second, when present).
 # The Go builds run under nice so they yield to anything else on the machine.
@@ -38,3 +38,19 @@ lws:
 # Starts a cluster with fake TPU node pools for manual poking; Ctrl-C tears it down.
 e2e-cluster: controlplane install
 	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m harness.cluster
+
+# The real-node tier (harness/nodes.py, tests/cluster): containerd, runc, CoreDNS and the pause
+# program, built from e2e/versions.env into ~/.cache/tpusync/nodes/<key>/ (kubelet and kube-proxy
+# come with the control plane's build).
+nodes: node-deps
+	nice -n 19 bash e2e/build-nodes.sh
+
+# The user's first day on real nodes: the release pushed to the nodes' registry, helm install,
+# a pool and a serving whose pods are real containers, requests served through them.
+cluster-test: controlplane nodes llmd-indexer image-archives install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) TPUSYNC_IMAGES=$(IMAGE_OUT) \
+	  TPUSYNC_LLMD_INDEXER=$$(bash tests/llmd/build-indexer.sh --print) $(PY) -m pytest -q -p no:cacheprovider tests/cluster
+
+# The same cluster by hand (two TPU nodes, the registry empty): Ctrl-C tears it down.
+cluster: controlplane nodes install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m harness.nodes

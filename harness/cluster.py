@@ -70,6 +70,16 @@ class Cluster:
     sched_token: str = ""
     kwok_token: str = ""
     startup_seconds: float = 0.0
+    # Where the control plane listens. The default is loopback on this machine's own network;
+    # real nodes (harness/nodes.py) put it on an address inside a network namespace of their
+    # own (`netns`), which pods can reach, with a real service range and no kwok.
+    address: str = LOOPBACK
+    netns: str | None = None
+    service_cidr: str = SERVICE_CIDR
+    with_kwok: bool = True
+    # Static tokens for identities of real nodes, written before the apiserver starts:
+    # user name -> (token, groups), e.g. "system:node:n1" in "system:nodes".
+    extra_identities: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     # ----- paths --------------------------------------------------------------------------
     @property
@@ -107,11 +117,12 @@ class Cluster:
 
     # ----- lifecycle ----------------------------------------------------------------------
     @classmethod
-    def create(cls, cp_dir: Path | None = None, workdir: Path | None = None) -> Cluster:
+    def create(cls, cp_dir: Path | None = None, workdir: Path | None = None, **placement: Any) -> Cluster:
+        """`placement`: address, netns, service_cidr, with_kwok (see the fields)."""
         cp_dir = Path(cp_dir) if cp_dir else controlplane_dir()
         check_controlplane(cp_dir)
         workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tpusync-e2e-"))
-        return cls(cp_dir=cp_dir, workdir=workdir, versions=read_versions())
+        return cls(cp_dir=cp_dir, workdir=workdir, versions=read_versions(), **placement)
 
     def __enter__(self) -> Cluster:
         self.start()
@@ -128,7 +139,8 @@ class Cluster:
             self._start_apiserver(timeout)
             self._write_kubeconfigs()
             self._start_controllers(timeout)
-            self._start_kwok(timeout)
+            if self.with_kwok:
+                self._start_kwok(timeout)
             self._wait_cluster_usable(timeout)
         except BaseException:
             self.stop()
@@ -172,6 +184,12 @@ class Cluster:
         run("x509", "-req", "-days", "2", "-in", str(pki / "front-proxy-client.csr"),
             "-CA", str(self.front_proxy_ca_file), "-CAkey", str(pki / "front-proxy-ca.key"),
             "-CAcreateserial", "-out", str(pki / "front-proxy-client.crt"))
+        # The apiserver's client certificate to kubelets (kubectl logs, exec, port-forward), as
+        # kubeadm names it: the kubelets trust ca.crt, and system:masters passes their webhook.
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "-keyout", str(pki / "kubelet-client.key"), "-out", str(pki / "kubelet-client.csr"))
+        run("x509", "-req", "-days", "2", "-in", str(pki / "kubelet-client.csr"), "-CA", str(pki / "ca.crt"),
+            "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-out", str(pki / "kubelet-client.crt"))
         # Static tokens: admin (system:masters) and the two control-plane identities, which
         # the RBAC bootstrap policy already grants what they need.
         self.kcm_token = secrets.token_hex(16)
@@ -181,16 +199,19 @@ class Cluster:
             f'{self.admin_token},admin,admin-uid,"system:masters"\n'
             f"{self.kcm_token},system:kube-controller-manager,kcm-uid\n"
             f"{self.sched_token},system:kube-scheduler,scheduler-uid\n"
-            f'{self.kwok_token},kwok-controller,kwok-uid,"system:masters"\n')
-        for f in ("sa.key", "ca.key", "tokens.csv", "front-proxy-ca.key", "front-proxy-client.key"):
+            f'{self.kwok_token},kwok-controller,kwok-uid,"system:masters"\n'
+            + "".join(f"{token},{user},{user}-uid" + (f',"{",".join(groups)}"' if groups else "") + "\n"
+                      for user, (token, groups) in self.extra_identities.items()))
+        for f in ("sa.key", "ca.key", "tokens.csv", "front-proxy-ca.key", "front-proxy-client.key",
+                  "kubelet-client.key"):
             (pki / f).chmod(0o600)
 
     # ----- etcd ---------------------------------------------------------------------------
     def _start_etcd(self, timeout: float) -> None:
-        client, peer = free_port(), free_port()
+        client, peer = self._port(2379), self._port(2380)
         self.ports["etcd"] = client
-        self.etcd_url = f"http://{LOOPBACK}:{client}"
-        peer_url = f"http://{LOOPBACK}:{peer}"
+        self.etcd_url = f"http://{self.address}:{client}"
+        peer_url = f"http://{self.address}:{peer}"
         data = self.workdir / "etcd"
         data.mkdir(mode=0o700, exist_ok=True)
         c = self._add("etcd", [
@@ -205,14 +226,14 @@ class Cluster:
 
     # ----- kube-apiserver -----------------------------------------------------------------
     def _start_apiserver(self, timeout: float) -> None:
-        port = free_port()
+        port = self._port(6443)
         self.ports["kube-apiserver"] = port
-        self.server = f"https://{LOOPBACK}:{port}"
+        self.server = f"https://{self.address}:{port}"
         pki = self.workdir / "pki"
         c = self._add("kube-apiserver", [
             str(self.bin / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--secure-port={port}",
             f"--cert-dir={pki / 'apiserver'}",
             f"--token-auth-file={pki / 'tokens.csv'}",
@@ -220,8 +241,12 @@ class Cluster:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            # Node names resolve nowhere here: dial a kubelet at its node's address.
+            "--kubelet-preferred-address-types=InternalIP",
             # The aggregation layer (APIServices): its client certificate to aggregated servers.
             f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
@@ -231,8 +256,8 @@ class Cluster:
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             # The "kubernetes" Endpoints would carry the loopback advertise address, which
-            # Endpoints validation rejects; nothing in-cluster needs it here.
-            "--endpoint-reconciler-type=none",
+            # Endpoints validation rejects; only pods of real nodes need it.
+            f"--endpoint-reconciler-type={'none' if self.address == LOOPBACK else 'lease'}",
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
@@ -265,6 +290,12 @@ class Cluster:
             "current-context": "e2e",
         }
 
+    def identity_kubeconfig(self, user: str, path: Path) -> Path:
+        """A kubeconfig for one of `extra_identities`."""
+        path.write_text(yaml.safe_dump(self._kubeconfig_dict(user, self.extra_identities[user][0])))
+        path.chmod(0o600)
+        return path
+
     def _write_kubeconfigs(self) -> None:
         for name, user, token in (("admin", "admin", self.admin_token),
                                   ("kcm", "system:kube-controller-manager", self.kcm_token),
@@ -277,13 +308,13 @@ class Cluster:
     # ----- controller-manager, scheduler ----------------------------------------------------
     def _start_controllers(self, timeout: float) -> None:
         pki = self.workdir / "pki"
-        kcm_port, sched_port = free_port(), free_port()
+        kcm_port, sched_port = self._port(10257), self._port(10259)
         self.ports["kube-controller-manager"] = kcm_port
         self.ports["kube-scheduler"] = sched_port
         kcm = self._add("kube-controller-manager", [
             str(self.bin / "kube-controller-manager"),
             f"--kubeconfig={self.workdir / 'kcm.kubeconfig'}",
-            f"--bind-address={LOOPBACK}", f"--secure-port={kcm_port}",
+            f"--bind-address={self.address}", f"--secure-port={kcm_port}",
             f"--cert-dir={pki / 'kcm'}",
             "--controllers=*", "--leader-elect=false",
             "--use-service-account-credentials=true",
@@ -291,7 +322,7 @@ class Cluster:
             f"--root-ca-file={self.ca_file}",
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--allocate-node-cidrs=false",
             "--profiling=false",
             "--v=1",
@@ -299,15 +330,15 @@ class Cluster:
         sched = self._add("kube-scheduler", [
             str(self.bin / "kube-scheduler"),
             f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
-            f"--bind-address={LOOPBACK}", f"--secure-port={sched_port}",
+            f"--bind-address={self.address}", f"--secure-port={sched_port}",
             f"--cert-dir={pki / 'scheduler'}",
             "--leader-elect=false",
             "--profiling=false",
             "--v=1",
         ])
         # /healthz on the components' own secure ports is always allowed unauthenticated.
-        self.wait_http(kcm, f"https://{LOOPBACK}:{kcm_port}/healthz", timeout, verify=False)
-        self.wait_http(sched, f"https://{LOOPBACK}:{sched_port}/healthz", timeout, verify=False)
+        self.wait_http(kcm, f"https://{self.address}:{kcm_port}/healthz", timeout, verify=False)
+        self.wait_http(sched, f"https://{self.address}:{sched_port}/healthz", timeout, verify=False)
 
     # ----- kwok ---------------------------------------------------------------------------
     def _start_kwok(self, timeout: float) -> None:
@@ -344,7 +375,13 @@ class Cluster:
         wait_for("the default ServiceAccount", sa_ready, timeout, on_timeout=self.logs)
 
     # ----- helpers ------------------------------------------------------------------------
+    def _port(self, fixed: int) -> int:
+        """The component's usual port inside a namespace of its own; a free one on loopback."""
+        return free_port() if self.address == LOOPBACK else fixed
+
     def _add(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        if self.netns:   # only the network namespace: mounts stay shared with the caller's
+            argv = ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
         c = Component(name, argv, self.workdir / "logs" / f"{name}.log", env=env)
         self.components.append(c)
         c.start()

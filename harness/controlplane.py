@@ -16,7 +16,7 @@ from harness import REPO
 
 VERSIONS_FILE = REPO / "e2e" / "versions.env"
 BUILD_SCRIPT = REPO / "e2e" / "build-controlplane.sh"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kwok",
             "helm", "kubectl")
 
 

@@ -19,6 +19,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from harness.polling import wait_for
 from harness.processes import free_port
@@ -52,6 +53,20 @@ def post(url: str, body: dict, timeout: float = 120) -> dict:
         return json.load(resp)
 
 
+class Publisher(Protocol):
+    """What publishes KV events to an indexer: a reference server here, a serving pod on real nodes."""
+
+    page_size: int
+
+    @property
+    def pod(self) -> str: ...            # the topic's pod: the address the router sends requests to
+
+    @property
+    def events_endpoint(self) -> str: ...
+
+    def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict: ...
+
+
 class Indexer:
     """llmd-indexer: llm-d's indexer wired as the router's precise-prefix-cache-producer."""
 
@@ -71,13 +86,13 @@ class Indexer:
         self.url = f"http://{ready['listen']}"
         self.block_size = ready["blockSizeTokens"]
 
-    def subscribe(self, engine: Engine) -> None:
+    def subscribe(self, engine: Publisher) -> None:
         post(self.url + "/subscribe", {"pod": engine.pod, "endpoint": engine.events_endpoint})
 
-    def forget(self, engine: Engine) -> None:
+    def forget(self, engine: Publisher) -> None:
         post(self.url + "/forget", {"pod": engine.pod})
 
-    def sync(self, engine: Engine, seq: int, timeout_s: float = 15) -> bool:
+    def sync(self, engine: Publisher, seq: int, timeout_s: float = 15) -> bool:
         """True once the engine's event batch `seq` (and every one before it) is in the index."""
         try:
             with urllib.request.urlopen(f"{self.url}/sync?pod={engine.pod}&seq={seq}&timeout_s={timeout_s}",
@@ -213,7 +228,7 @@ class Cluster:
             h.stop()
 
 
-def connect(indexer: Indexer, engine: Engine, probe: list[int]) -> None:
+def connect(indexer: Indexer, engine: Publisher, probe: list[int]) -> None:
     """Subscribes `indexer` to `engine` and waits until it receives the engine's events: a ZMQ
     PUB drops what it publishes before the subscription arrives, so probe prompts (`probe`
     with one more token each time) are served until one of their batches shows up."""
@@ -232,7 +247,7 @@ def eventually(check, timeout_s: float = 20):
     return wait_for("the indexer to see the change", check, timeout_s, interval=0.05, raise_on_timeout=False)
 
 
-def served(indexer: Indexer, engine: Engine, prompt: list[int], **extra) -> dict:
+def served(indexer: Indexer, engine: Publisher, prompt: list[int], **extra) -> dict:
     """Serves `prompt` on `engine` and returns the response once the index has its events."""
     r = engine.complete(prompt, **extra)
     seq = r["tpusync"]["kv_events_seq"]

@@ -233,8 +233,12 @@ class Tiers(Model):
          "write whole pages"),
         (f"!has(self.dram) || !has(self.blockBytes) || quantity(self.dram).asInteger() >= {_BLOCK}",
          "spec.tiers.dram must hold at least one block of spec.tiers.blockBytes"),
-        (f"!has(self.disk) || !has(self.blockBytes) || quantity(self.disk.size).asInteger() >= {_BLOCK}",
-         "spec.tiers.disk.size must hold at least one block of spec.tiers.blockBytes"),
+        # One extent (a block and its 4Ki header) and 1Mi for the tier's own files
+        # (builders/sidecar.py disk_tier_bytes): what the tier's directory needs on the volume.
+        (f"!has(self.disk) || !has(self.blockBytes) || quantity(self.disk.size).asInteger() >= "
+         f"{_BLOCK} + 4096 + 1048576",
+         "spec.tiers.disk.size must hold at least one block of spec.tiers.blockBytes, its 4Ki header and 1Mi "
+         "for the tier's own files"),
         ("!has(self.shared) || !has(self.shared.capacity) || !has(self.blockBytes) || "
          f"quantity(self.shared.capacity).asInteger() >= {_BLOCK}",
          "spec.tiers.shared.capacity must hold at least one block of spec.tiers.blockBytes"),
@@ -296,6 +300,10 @@ class TPUSyncPoolSpec(Model):
         ("!self.storeNodes.enabled || quantity(self.storeNodes.dram).asInteger() >= "
          "quantity(self.tiers.blockBytes).asInteger()",
          "spec.storeNodes.dram must hold at least one block of spec.tiers.blockBytes"),
+        ("!self.storeNodes.enabled || !has(self.storeNodes.disk) || quantity(self.storeNodes.disk.size).asInteger() "
+         ">= quantity(self.tiers.blockBytes).asInteger() + 4096 + 1048576",
+         "spec.storeNodes.disk.size must hold at least one block of spec.tiers.blockBytes, its 4Ki header and 1Mi "
+         "for the tier's own files"),
     ))
     tpu: TPUSpec
     capacity: Capacity = sub(Capacity, "Host count, autoscaling, spot or reservation.")

@@ -37,6 +37,8 @@ from harness import REPO
 from harness.cluster import Cluster, running_cluster
 from harness.polling import wait_for
 from harness.processes import LOOPBACK, Component, free_port
+from harness.release import pushed
+from harness.release import release_step as harness_release_step
 from tpusync_operator import versions
 
 from .conftest import NOT_CHECKED, Tools
@@ -151,23 +153,7 @@ class Released:
 
 
 def release_step(tools: Tools, workdir: Path, *args: str) -> str:
-    """images/release.sh with the tools of this machine, helm's state and skopeo's temporary
-    files in the test's directory."""
-    env = {**os.environ, "PYTHON": sys.executable, "SKOPEO": str(tools.skopeo), "HELM": str(tools.helm),
-           "HELM_CACHE_HOME": str(workdir / "helm/cache"), "HELM_CONFIG_HOME": str(workdir / "helm/config"),
-           "HELM_DATA_HOME": str(workdir / "helm/data"), "TMPDIR": str(workdir / "tmp")}
-    (workdir / "tmp").mkdir(exist_ok=True)
-    proc = subprocess.run(["bash", str(REPO / "images/release.sh"), *args], capture_output=True, text=True,
-                          env=env, cwd=workdir, timeout=600)
-    assert proc.returncode == 0, (f"images/release.sh {' '.join(args)} exited {proc.returncode}:\n"
-                                  f"{proc.stdout}{proc.stderr}")
-    return proc.stdout
-
-
-def pushed(output: str) -> dict[str, str]:
-    """The "pushed REF@DIGEST" lines of images/release.sh: REF -> DIGEST."""
-    refs = [line.split(" ", 1)[1] for line in output.splitlines() if line.startswith("pushed ")]
-    return dict(ref.rsplit("@", 1) for ref in refs)
+    return harness_release_step(workdir, *args, skopeo=str(tools.skopeo), helm=str(tools.helm))
 
 
 def archives(tools: Tools) -> dict[str, Path]:

@@ -21,7 +21,7 @@ from .common import (
     pod_security_context,
     resources,
 )
-from .sidecar import build_sidecar_container, build_sidecar_volumes
+from .sidecar import build_sidecar_container, build_sidecar_volumes, pool_file_bytes
 
 
 def pool_labels(owner: Owner, component: str) -> dict[str, str]:
@@ -142,7 +142,8 @@ def build_store_nodes(owner: Owner, spec: TPUSyncPoolSpec) -> dict[str, Any]:
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
         "containers": [container],
-        "volumes": build_sidecar_volumes(owner.name, spec, shm_bytes=dram, disk=disk),
+        "volumes": build_sidecar_volumes(owner.name, spec, disk=disk,
+                                         shm_bytes=pool_file_bytes(dram, to_bytes(spec.tiers.block_bytes))),
     }
     if store.node_selector:
         pod_spec["nodeSelector"] = dict(store.node_selector)

@@ -18,6 +18,29 @@ DISK_DIR = "/var/lib/tpusync/disk"
 SHARED_DIR = "/var/lib/tpusync/shared"
 AUTH_DIR = "/etc/tpusync/auth"
 CONTAINER_NAME = "tpusync-sidecar"
+# The disk tier's file holds one header page per block beside the block (kHeaderBytes in
+# native/src/store/disk_tier.cc), and the directory a few small files (tier.meta, tier.lock).
+DISK_EXTENT_HEADER = 4096
+DISK_DIR_RESERVE = 1 << 20
+
+
+POOL_SLOT_META = 64           # per slot (BlockPool::SlotMeta, native/src/store/block_pool.cc)
+POOL_ALIGN = 2 << 20          # the pool's data and its end on huge-page boundaries (kHugePageBytes)
+
+
+def pool_file_bytes(dram_bytes: int, block_bytes: int) -> int:
+    """The size of the DRAM tier's file for --dram-bytes (block_pool.cc: a header page, a slot
+    table, the slots): what its memory-backed /dev/shm must hold."""
+    def align(n: int) -> int:
+        return -(-n // POOL_ALIGN) * POOL_ALIGN
+    slots = dram_bytes // block_bytes
+    return align(align(4096 + slots * POOL_SLOT_META) + slots * block_bytes)
+
+
+def disk_tier_bytes(size: int, block_bytes: int) -> int:
+    """--disk-bytes (payload) for a tier whose files must fit in a volume of `size` bytes: an
+    emptyDir past its sizeLimit gets the pod evicted, a full claim fails the sidecar."""
+    return max(0, (size - DISK_DIR_RESERVE) // (block_bytes + DISK_EXTENT_HEADER)) * block_bytes
 
 
 def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *, dram_bytes: int,
@@ -48,7 +71,8 @@ def build_sidecar_container(pool: str, namespace: str, spec: TPUSyncPoolSpec, *,
         {"name": "tpusync-auth", "mountPath": AUTH_DIR, "readOnly": True},
     ]
     if disk is not None:
-        args += [f"--disk-dir={DISK_DIR}", f"--disk-bytes={to_bytes(disk.size)}"]
+        args += [f"--disk-dir={DISK_DIR}",
+                 f"--disk-bytes={disk_tier_bytes(to_bytes(disk.size), to_bytes(spec.tiers.block_bytes))}"]
         mounts.append({"name": "tpusync-disk", "mountPath": DISK_DIR})
     shared = spec.tiers.shared
     if shared is not None and shared_layout is not None:

@@ -10,6 +10,7 @@ from op_helpers import PoolBody, assert_golden
 from harness.gke_schema import problems
 from tpusync_operator.builders import pool as b
 from tpusync_operator.builders.common import Owner
+from tpusync_operator.builders.sidecar import DISK_DIR_RESERVE, DISK_EXTENT_HEADER, disk_tier_bytes, pool_file_bytes
 from tpusync_operator.models import TPUSyncPoolSpec
 from tpusync_operator.tpu import slice_for
 
@@ -131,7 +132,31 @@ def test_store_nodes_are_hardened():
     assert {"readinessProbe", "livenessProbe", "startupProbe"} <= c.keys()
     assert not any("hostPath" in v for v in pod["volumes"])
     assert "--dram-bytes=4294967296" in c["args"]
-    assert "--disk-bytes=1099511627776" in c["args"]
+    assert f"--disk-bytes={disk_tier_bytes(2**40, 2**20)}" in c["args"]
+
+
+@pytest.mark.parametrize("size,block", [(2**40, 2**20), (2**30, 2 * 2**20), (2**30, 64 * 2**10),
+                                        (2**20 + 4096 + 4096, 4096)])
+def test_the_disk_tier_fits_in_its_volume(size, block):
+    """The sidecar's file holds a 4Ki header per block (native/src/store/disk_tier.cc) and the
+    directory its own small files: with --disk-bytes as rendered, all of it fits in the volume
+    (an emptyDir past its sizeLimit gets the pod evicted, as a real kubelet did), and one
+    more block would not."""
+    blocks = disk_tier_bytes(size, block) // block
+    assert blocks >= 1
+    used = blocks * (block + DISK_EXTENT_HEADER) + DISK_DIR_RESERVE
+    assert used <= size < used + block + DISK_EXTENT_HEADER
+
+
+def test_store_nodes_shm_holds_the_pool_file():
+    """The DRAM tier's file is bigger than --dram-bytes (a header page and a slot table, both
+    ends on 2 MiB): a memory-backed /dev/shm of exactly --dram-bytes fails its fallocate."""
+    owner, spec, _ = setup(CASES["pool-store-statefulset"].build())   # 4 GiB of DRAM, 1 MiB blocks
+    pod = b.build_store_nodes(owner, spec)["spec"]["template"]["spec"]
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "tpusync-shm"]
+    slots = 4 * 2**30 // 2**20
+    assert int(shm["emptyDir"]["sizeLimit"]) == pool_file_bytes(4 * 2**30, 2**20) == \
+        4 * 2**30 + 2 * 2**20 * -(-(4096 + 64 * slots) // (2 * 2**20))
 
 
 def test_store_nodes_request_the_memory_their_dram_tier_takes():

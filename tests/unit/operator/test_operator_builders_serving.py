@@ -13,6 +13,7 @@ from tpusync_operator import versions
 from tpusync_operator.builders import llmd
 from tpusync_operator.builders.common import Owner, pod_templates
 from tpusync_operator.builders.serving import PoolInfo, engine_port, unit_pod_labels
+from tpusync_operator.builders.sidecar import disk_tier_bytes
 from tpusync_operator.models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from tpusync_operator.pool_plan import PlanError
 from tpusync_operator.serving_plan import plan_serving
@@ -222,7 +223,7 @@ def test_sidecar_tier_sizes_follow_prefix_cache():
     serving, pool = CASES["serving-vllm-v7x-lws-gateway"]
     tpl = dict(_pods(plan(serving, pool).apply))["llm-prefill-leader"]
     args = tpl["spec"]["initContainers"][0]["args"]
-    assert "--dram-bytes=8589934592" in args and "--disk-bytes=53687091200" in args
+    assert "--dram-bytes=8589934592" in args and f"--disk-bytes={disk_tier_bytes(50 * 2**30, 2**20)}" in args
     assert tpl["metadata"]["annotations"]["tpusync.dev/dram-bytes"] == "8589934592"
 
 
