@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,15 +18,29 @@ from harness.controlplane import ControlPlaneError
 from harness.nodes import NodesUnavailable, RealCluster, default_node, tpu_node
 from harness.polling import WaitTimeout
 from harness.processes import ProcessExited
+from harness.release import pushed, release_step
 from tests.conftest import not_collected
 
 if not os.environ.get("TPUSYNC_IMAGES"):
     collect_ignore_glob = not_collected(
         "tests/cluster", "no image archives (TPUSYNC_IMAGES); `make cluster-test` builds and runs it")
 
-NODE_POOL = "tpu-pool"
-NODES = ("gke-tpu-pool-0", "gke-tpu-pool-1")
-CPU_NODE = "gke-default-pool-0"   # GKE's default pool: the operator's pods (they tolerate no TPU taint)
+from .kube import (
+    API,
+    CPU_NODE,
+    MODEL_NAME,
+    NODE_POOL,
+    NODES,
+    NS,
+    OPERATOR_NS,
+    POOL,
+    RELEASE,
+    SERVING,
+    VERSION,
+    diagnosis,
+    pods_of,
+    wait_ready,
+)
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +71,55 @@ def real() -> Iterator[RealCluster]:
             print(f"cluster logs kept in {workdir / 'logs'}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ----- the first day's steps, in docs/gke.md's order: every test module builds on them ----
+
+@pytest.fixture(scope="session")
+def released(real: RealCluster, archives: Path) -> dict[str, str]:
+    """The release workflow's steps: every image and the chart, into the nodes' registry."""
+    assert real.cluster is not None
+    helm = str(real.cluster.bin / "helm")
+    work = real.workdir / "release"
+    out = release_step(work, "--plain-http", "push-images", real.registry, VERSION,
+                       *(str(p) for p in sorted(archives.glob("*.oci.tar"))), helm=helm)
+    out += release_step(work, "--plain-http", "chart", real.registry, VERSION, str(work / "dist"), helm=helm)
+    return pushed(out)
+
+
+@pytest.fixture(scope="session")
+def installed(real: RealCluster, released: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """`helm install oci://...` from the registry, as docs/gke.md says; the operator's pod."""
+    assert real.cluster is not None
+    chart = f"oci://{real.registry}/charts/tpusync-operator"
+    try:
+        real.cluster.helm("install", RELEASE, chart, "--version", VERSION, "--plain-http", "--namespace",
+                          OPERATOR_NS, "--create-namespace", "--set", f"imageRegistry={real.registry}", "--wait",
+                          "--timeout", "300s", timeout=400)
+    except ControlPlaneError as err:
+        pytest.fail(f"{err}{diagnosis(real)}", pytrace=False)
+    (pod,) = [p for p in pods_of(real, OPERATOR_NS, f"app.kubernetes.io/instance={RELEASE}")
+              if p["metadata"].get("deletionTimestamp") is None][:1] or [None]
+    assert pod is not None, "no operator pod after helm install --wait"
+    yield pod
+    real.cluster.helm("uninstall", RELEASE, "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s", check=False)
+
+
+@pytest.fixture(scope="session")
+def serving(real: RealCluster, installed: dict[str, Any]) -> dict[str, Any]:
+    """The pool over the two nodes and a reference-engine serving on it, both Ready."""
+    assert real.cluster is not None
+    real.cluster.kubectl("create", "namespace", NS)
+    pool = {"apiVersion": API, "kind": "TPUSyncPool", "metadata": {"name": POOL, "namespace": NS},
+            "spec": {"tpu": {"type": "v6e", "topology": "2x2"}, "capacity": {"hosts": len(NODES)},
+                     "provisioning": {"mode": "existing", "existing": {"nodePoolName": NODE_POOL}},
+                     "tiers": {"dram": "512Mi", "disk": {"size": "1Gi"}}}}
+    engine_env = [{"name": "JAX_PLATFORMS", "value": "cpu"}]
+    serving = {"apiVersion": API, "kind": "DisaggregatedServing", "metadata": {"name": SERVING, "namespace": NS},
+               "spec": {"model": {"name": MODEL_NAME, "uri": f"hf://{MODEL_NAME}"},   # the engine ignores URIs
+                        "engine": {"type": "reference", "env": engine_env},
+                        "poolRef": {"name": POOL}, "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                        "prefixCache": {"hostDram": "256Mi"}, "routing": {"enabled": False}}}
+    real.cluster.apply([pool, serving])
+    wait_ready(real, "tpusyncpool", POOL, NS, 300)
+    return wait_ready(real, "disaggregatedserving", SERVING, NS, 600)
