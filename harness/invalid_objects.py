@@ -187,6 +187,8 @@ POOL_CASES += [
     ("name-peers-service-too-long", "metadata.name", "p" * 58, POOL_NAME),
     ("name-not-a-service-name", "metadata.name", "1pool", POOL_NAME),
     ("name-with-a-dot", "metadata.name", "pool.a", POOL_NAME),
+    ("gke-node-pool-name-too-long", "spec.provisioning", {**GKE, "gke": {**GKE["gke"], "nodePoolName": "n" * 41}},
+     "spec.provisioning.gke.nodePoolName"),
     ("queued-provisioning", "spec.provisioning", {**GKE, "gke": {**GKE["gke"], "queuedProvisioning": True}},
      "spec.provisioning.gke.queuedProvisioning: true is not supported"),
     ("shared-size-with-claim", "spec.tiers.shared", {"claimName": "kv", "size": "18Ti"},
@@ -223,6 +225,9 @@ SERVING_CASES += [
 OTHER_CASES = [
     ("pool-name-store-statefulset-too-long",
      variant(variant(POOL, "metadata.name", "p" * 47), "spec.storeNodes", STORE), POOL_NAME),
+    ("pool-name-too-long-for-its-gke-node-pool",
+     variant(variant(POOL, "metadata.name", "p" * 41), "spec.provisioning", GKE),
+     "metadata.name names the GKE node pool in mode gke"),
     ("serving-name-sglang-bootstrap-too-long",
      variant(variant(SERVING, "metadata.name", "s" * 51), "spec", {**SERVING["spec"], **SGLANG}), SERVING_NAME),
     ("serving-name-multi-host-too-long",

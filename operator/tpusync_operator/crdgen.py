@@ -25,7 +25,13 @@ from pydantic import BaseModel
 
 from . import GROUP, VERSION
 from .builders import names
-from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec, TPUSyncPoolStatus
+from .models import (
+    GKE_NODE_POOL_MAX,
+    DisaggregatedServingSpec,
+    DisaggregatedServingStatus,
+    TPUSyncPoolSpec,
+    TPUSyncPoolStatus,
+)
 
 _DROP = {"title", "examples"}
 _FORBIDDEN = {"anyOf", "oneOf", "allOf", "$ref", "not", "$defs"}
@@ -173,6 +179,19 @@ def _name_rule(kind: str) -> dict[str, str]:
                        f"{names.STATEFULSET_MAX} (their pods' controller-revision-hash label)"}
 
 
+def _gke_node_pool_rule(kind: str) -> list[dict[str, str]]:
+    """In mode gke, the node pool's default name is the pool's: within GKE's limit (the planner
+    checks the names of further slices, <name>-<i>, which the schema cannot count)."""
+    if kind != "TPUSyncPool":
+        return []
+    gke = "self.spec.provisioning"
+    return [{"rule": f"!has({gke}.mode) || {gke}.mode != 'gke' || !has({gke}.gke) || has({gke}.gke.nodePoolName) || "
+                     f"size(self.metadata.name) <= {GKE_NODE_POOL_MAX}",
+             "message": f"metadata.name names the GKE node pool in mode gke (spec.provisioning.gke.nodePoolName "
+                        f"unset), and GKE allows {GKE_NODE_POOL_MAX} characters: shorten it, or set "
+                        f"spec.provisioning.gke.nodePoolName"}]
+
+
 def build_crd(kind: str) -> dict[str, Any]:
     k = KINDS[kind]
     spec = structural_schema(k["spec"], "spec")
@@ -202,7 +221,7 @@ def build_crd(kind: str) -> dict[str, Any]:
                     "type": "object",
                     "description": k["description"],
                     "required": ["spec"],
-                    "x-kubernetes-validations": [_name_rule(kind)],
+                    "x-kubernetes-validations": [_name_rule(kind), *_gke_node_pool_rule(kind)],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

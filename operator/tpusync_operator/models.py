@@ -23,6 +23,10 @@ from .tpu import host_memory_by_slice
 from .versions import EPP, ROUTING_PROXY, SIDECAR_IMAGE
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, examples=["64Gi"])]
+# GKE's limit on a node pool's name (and a cluster's): 40 characters, a lowercase letter first
+# (GKE refuses longer names; e.g. the Terraform provider's users truncate to 40).
+GKE_NODE_POOL_MAX = 40
+GKEName = Annotated[str, Field(min_length=1, max_length=GKE_NODE_POOL_MAX, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
 DNSName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Topology = Annotated[str, Field(max_length=16, pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$", examples=["2x4", "2x2x2"])]
@@ -131,12 +135,13 @@ class GKEProvisioning(Model):
         description="Project ID (not the number), e.g. my-project or example.com:my-project.")
     location: Annotated[str, Field(max_length=64, pattern=r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$")] = Field(
         description="Region or zone of the cluster, e.g. us-east5 or us-east5-b.")
-    cluster: Annotated[str, Field(max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
+    cluster: Annotated[str, Field(max_length=GKE_NODE_POOL_MAX, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")]
     node_locations: list[Annotated[str, Field(max_length=64, pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")]] | None = Field(
         None, description="Zones of the node pool (the TPU zone). Required in a regional cluster: there GKE "
                           "would otherwise create the hosts, and count autoscaling limits, in every zone.")
-    node_pool_name: DNSName | None = Field(
-        None, description="Defaults to the TPUSyncPool name. A node pool of that name that the operator did not "
+    node_pool_name: GKEName | None = Field(
+        None, description="Defaults to the TPUSyncPool name; at most 40 characters, as GKE allows, slices beyond "
+                          "the first adding -<i>. A node pool of that name that the operator did not "
                           "create for this TPUSyncPool is never changed or deleted (Degraded/NodePoolNotOwned).")
     workload_policy: GCEName | None = Field(
         None, description="Workload policy (placementPolicy.policyName); required for v7x multi-host slices.")
@@ -155,7 +160,7 @@ class ExistingProvisioning(Model):
         ("has(self.nodePoolName) || has(self.nodeSelector)",
          "spec.provisioning.existing needs nodePoolName or nodeSelector"),
     ))
-    node_pool_name: Annotated[str, Field(max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")] | None = None
+    node_pool_name: GKEName | None = None
     node_selector: dict[str, str] | None = None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .builders import names
 from .builders import pool as pool_builders
 from .builders.common import Owner
-from .models import QUEUED_PROVISIONING_UNSUPPORTED, TPUSyncPoolSpec
+from .models import GKE_NODE_POOL_MAX, QUEUED_PROVISIONING_UNSUPPORTED, TPUSyncPoolSpec
 from .quantity import to_bytes
 from .status import NODE_POOL_NOT_OWNED
 from .tpu import Slice, TopologyError, slice_for
@@ -134,9 +134,24 @@ def check_pool_name(name: str, spec: TPUSyncPoolSpec) -> None:
                         f"characters, derives its name from it")
 
 
+def check_node_pool_names(name: str, spec: TPUSyncPoolSpec, tpu: Slice) -> None:
+    """In mode gke, every slice's node pool name within GKE's limit (slice 0 the schema checks too)."""
+    if spec.provisioning.mode != "gke":
+        return
+    slices = pool_builders.gke_slices(spec, tpu)
+    longest = names.gke_node_pool(name, spec, slices - 1)
+    if len(longest) > GKE_NODE_POOL_MAX:
+        gke = spec.provisioning.gke
+        field = "spec.provisioning.gke.nodePoolName" if gke and gke.node_pool_name else \
+            "metadata.name (the default of spec.provisioning.gke.nodePoolName)"
+        raise PlanError(f"{field}: the GKE node pool {longest} of slice {slices - 1} has {len(longest)} characters; "
+                        f"GKE allows {GKE_NODE_POOL_MAX}: shorten it, or set spec.provisioning.gke.nodePoolName")
+
+
 def plan_pool(owner: Owner, spec: TPUSyncPoolSpec) -> PoolPlan:
     tpu = check_pool(spec)
     check_pool_name(owner.name, spec)
+    check_node_pool_names(owner.name, spec, tpu)
     desired, minimum = pool_hosts(spec, tpu)
     apply = [
         pool_builders.build_peers_service(owner, spec),

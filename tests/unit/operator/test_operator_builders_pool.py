@@ -8,10 +8,12 @@ import pytest
 from op_helpers import PoolBody, assert_golden
 
 from harness.gke_schema import problems
+from tpusync_operator.builders import names
 from tpusync_operator.builders import pool as b
 from tpusync_operator.builders.common import Owner
 from tpusync_operator.builders.sidecar import DISK_DIR_RESERVE, DISK_EXTENT_HEADER, disk_tier_bytes, pool_file_bytes
-from tpusync_operator.models import TPUSyncPoolSpec
+from tpusync_operator.models import GKE_NODE_POOL_MAX, TPUSyncPoolSpec
+from tpusync_operator.pool_plan import PlanError, plan_pool
 from tpusync_operator.tpu import slice_for
 
 
@@ -210,3 +212,22 @@ def test_the_shared_tier_claim_is_created_only_from_a_storage_class():
     assert claim["metadata"]["ownerReferences"][0]["uid"] == owner.uid  # goes with the pool
     _, existing, _ = setup(PoolBody().spec(tiers={"shared": {"claimName": "kv-lustre"}}).build())
     assert b.build_shared_claim(owner, existing) is None
+
+
+@pytest.mark.parametrize("name,hosts,refused", [
+    ("p" * 40, 4, False),          # one v6e 4x4 slice: the node pool is the pool's name
+    ("p" * 38, 36, False),         # nine slices: p...p-8, 40 characters
+    ("p" * 38, 44, True),          # eleven: the last, p...p-10, has 41
+])
+def test_every_slice_node_pool_name_fits_gke(name, hosts, refused):
+    """GKE allows node pool names of 40 characters; slices after the first are <base>-<i>. The
+    schema checks the base; the planner the longest slice's name, before any GKE call."""
+    body = PoolBody(name).spec(tpu={"topology": "4x4"}, capacity={"hosts": hosts}).gke().build()
+    owner, spec, _ = setup(body)
+    longest = names.gke_node_pool(name, spec, hosts // 4 - 1)
+    if len(longest) > GKE_NODE_POOL_MAX:
+        with pytest.raises(PlanError, match=r"metadata\.name \(the default of spec\.provisioning\.gke\.nodePoolName\)"):
+            plan_pool(owner, spec)
+    else:
+        assert [r.name for r in plan_pool(owner, spec).node_pool_requests][-1] == longest
+    assert (len(longest) > GKE_NODE_POOL_MAX) == refused
