@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 MODES = ("auto", "kubeconfig", "in-cluster", "none")
 POOL_API = "tpusync.dev/v1alpha1"
 
@@ -61,6 +63,30 @@ def choose(mode: str, kubeconfig: str | None = None, context: str | None = None,
     if environ.get("KUBERNETES_SERVICE_HOST"):
         return Source("in-cluster")
     return Source("none", why="no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod")
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def default_namespace(source: Source, sa_namespace: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The namespace kubectl would apply an object without metadata.namespace to: the chosen
+    context's `namespace` in the kubeconfig (files merged as kubectl merges them: the first to
+    set current-context, or a context, wins), the pod's own namespace in a pod, else default."""
+    if source.mode == "in-cluster":
+        return sa_namespace.read_text().strip() if sa_namespace.is_file() else "default"
+    if source.mode != "kubeconfig" or not source.kubeconfig:
+        return "default"
+    current, contexts = source.context, {}
+    for path in source.kubeconfig.split(os.pathsep):
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        if not isinstance(doc, dict):
+            raise ClusterReadError(f"kubeconfig {path} is not a mapping")
+        current = current or doc.get("current-context") or None
+        for entry in doc.get("contexts") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("context"), dict):
+                contexts.setdefault(entry.get("name"), entry["context"])
+    return str((contexts.get(current) or {}).get("namespace") or "default")
 
 
 def read_pools(source: Source, refs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:

@@ -34,7 +34,7 @@ from .builders import sglang_pd
 from .builders.common import Owner
 from .builders.pool import build_auth_secret
 from .builders.serving import PoolInfo
-from .cluster_pools import MODES, ClusterReadError, Source, choose, read_pools
+from .cluster_pools import MODES, ClusterReadError, Source, choose, default_namespace, read_pools
 from .gke import ClusterRef, configured_endpoint
 from .models import DisaggregatedServingSpec, TPUSyncPoolSpec
 from .pool_plan import PlanError, plan_pool
@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None, *, command: str = "render") -> int:
     parser.add_argument("--kubeconfig", help="the kubeconfig for --cluster auto/kubeconfig (default $KUBECONFIG, "
                                              "else ~/.kube/config)")
     parser.add_argument("--context", help="the kubeconfig context (default its current-context)")
+    parser.add_argument("--namespace", "-n",
+                        help="the namespace of objects without metadata.namespace, as kubectl's -n (default: the "
+                             "kubeconfig context's namespace, in a pod its own, else default)")
     parser.epilog = ("Exit status: 0 all checked, no error; 1 errors (or unreadable input or cluster); 2 usage; "
                      f"{NOT_RUN_EXIT} (validate) no error, but a serving's pool was neither in the files nor in a "
                      "cluster, so the checks that need it were not run.")
@@ -250,6 +253,11 @@ def main(argv: list[str] | None = None, *, command: str = "render") -> int:
             print(f"{command}: no TPUSyncPool or DisaggregatedServing in the files", file=sys.stderr)
             return 1
         source = choose(args.cluster, args.kubeconfig, args.context)
+        namespace = args.namespace or default_namespace(source)
+        for doc in docs:   # where kubectl apply would put them
+            meta = doc.setdefault("metadata", {}) if isinstance(doc.get("metadata", {}), dict) else None
+            if meta is not None and not meta.get("namespace"):
+                meta["namespace"] = namespace
         not_run: list[str] | None = [] if command == "validate" else None
         errors = check(docs, source, not_run)
         for e in errors:

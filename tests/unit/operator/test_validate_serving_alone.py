@@ -13,7 +13,7 @@ import yaml
 
 from harness import REPO
 from harness.operator_cli import operator_cli
-from tpusync_operator.cluster_pools import ClusterReadError, choose
+from tpusync_operator.cluster_pools import ClusterReadError, choose, default_namespace
 
 SAMPLE = REPO / "samples" / "v6e-single-host-reference.yaml"
 
@@ -106,3 +106,43 @@ def test_auto_takes_a_kubeconfig_then_the_pod_then_none(tmp_path):
     assert choose("in-cluster", environ={}).mode == "in-cluster"
     with pytest.raises(ClusterReadError):
         choose("kubeconfig", environ={"HOME": str(tmp_path / "nohome")})
+
+
+def kubeconfig(path, current: str | None, namespaces: dict[str, str | None]) -> str:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", **({"current-context": current} if current else {}),
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": n, "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})}}
+                     for n, ns in namespaces.items()]}))
+    return str(path)
+
+
+def test_objects_without_a_namespace_go_where_kubectl_would_put_them(tmp_path):
+    """A serving without metadata.namespace is checked against the pool of the namespace kubectl
+    apply would create it in: the kubeconfig context's (the pool is read there), or -n's."""
+    serving = docs("DisaggregatedServing")[0]
+    del serving["metadata"]["namespace"]
+    kc = kubeconfig(tmp_path / "kc", "team", {"team": "ml-team", "other": None})
+    res = cli(tmp_path, "--kubeconfig", kc, docs_=[serving])
+    assert "reading TPUSyncPool ml-team/tpusync-v6e from the cluster of kubeconfig" in res.stderr, res.stderr
+    res = cli(tmp_path, "--kubeconfig", kc, "--context", "other", docs_=[serving])
+    assert "reading TPUSyncPool default/tpusync-v6e" in res.stderr, res.stderr
+    res = cli(tmp_path, "--kubeconfig", kc, "-n", "prod", docs_=[serving])
+    assert "reading TPUSyncPool prod/tpusync-v6e" in res.stderr, res.stderr
+    res = cli(tmp_path, "--cluster", "none", docs_=[serving])
+    assert "TPUSyncPool default/tpusync-v6e (spec.poolRef.name) were not run" in res.stderr, res.stderr
+
+
+def test_default_namespace_merges_kubeconfigs_as_kubectl_does(tmp_path):
+    """$KUBECONFIG lists several files: the first current-context set wins, and the first
+    definition of a context; in a pod, the service account's namespace."""
+    first = kubeconfig(tmp_path / "a", None, {"team": "from-a"})
+    second = kubeconfig(tmp_path / "b", "team", {"team": "from-b"})
+    env = {"KUBECONFIG": os.pathsep.join([first, second]), "HOME": str(tmp_path)}
+    assert default_namespace(choose("auto", environ=env)) == "from-a"
+    sa = tmp_path / "namespace"
+    sa.write_text("serving-ns\n")
+    assert default_namespace(choose("in-cluster"), sa_namespace=sa) == "serving-ns"
+    assert default_namespace(choose("in-cluster"), sa_namespace=tmp_path / "absent") == "default"
+    assert default_namespace(choose("none")) == "default"
