@@ -76,7 +76,8 @@ def default_namespace(source: Source, sa_namespace: Path = SERVICE_ACCOUNT_NAMES
         return sa_namespace.read_text().strip() if sa_namespace.is_file() else "default"
     if source.mode != "kubeconfig" or not source.kubeconfig:
         return "default"
-    current, contexts = source.context, {}
+    current = source.context
+    contexts: dict[str, dict[str, Any]] = {}
     for path in source.kubeconfig.split(os.pathsep):
         with open(path) as f:
             doc = yaml.safe_load(f) or {}
