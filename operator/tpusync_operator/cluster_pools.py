@@ -86,8 +86,8 @@ def default_namespace(source: Source, sa_namespace: Path = SERVICE_ACCOUNT_NAMES
         current = current or doc.get("current-context") or None
         for entry in doc.get("contexts") or []:
             if isinstance(entry, dict) and isinstance(entry.get("context"), dict):
-                contexts.setdefault(entry.get("name"), entry["context"])
-    return str((contexts.get(current) or {}).get("namespace") or "default")
+                contexts.setdefault(str(entry.get("name")), entry["context"])
+    return str((contexts.get(current or "") or {}).get("namespace") or "default")
 
 
 def read_pools(source: Source, refs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any] | None]:
