@@ -147,7 +147,7 @@ fuzz: fuzz-deps
 pytest: install pytest-deps
 	$(PY) -m pytest -q
 
-test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test e2e cluster-test
+test: caches lint native-test fuzz chart-test pytest vllm-test tpu-inference-test sglang-test llmd-test verify images release-test cluster-tiers
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
 # built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,
