@@ -122,7 +122,7 @@ def delay_binary() -> str:
     return str(out)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -146,7 +146,7 @@ def _stale(name: str) -> bool:
         pid = int(name[len(PREFIX):].split("-", 1)[0])
     except ValueError:
         return True
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def cleanup_stale() -> list[str]:

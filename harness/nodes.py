@@ -48,6 +48,7 @@ import yaml
 from harness import REPO
 from harness.cluster import Cluster
 from harness.controlplane import ControlPlaneError, controlplane_dir
+from harness.fabric import alive, kill_namespace
 from harness.polling import wait_for
 from harness.processes import Component
 
@@ -147,16 +148,6 @@ def _in_net(ns: str, argv: Sequence[str]) -> list[str]:
     return ["nsenter", f"--net={NETNS_DIR / ns}", "--", *argv]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _hierarchies() -> list[Path]:
     """The mounted cgroup v1 hierarchies (cpu, memory, ..., name=systemd)."""
     return sorted(p for p in CGROUP_ROOT.iterdir() if p.is_dir() and p.name != "unified" and not p.is_symlink())
@@ -209,13 +200,6 @@ def _unmount_under(*roots: Path) -> None:
             _run("umount", "-l", p, check=False)
 
 
-def _kill_netns(ns: str) -> None:
-    for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-    _run("ip", "netns", "delete", ns, check=False)
-
-
 def _creator(name: str) -> int | None:
     try:
         return int(name[len(PREFIX):].split("-", 1)[0])
@@ -231,7 +215,7 @@ def cleanup_stale() -> list[str]:
                   *(RUN_ROOT.iterdir() if RUN_ROOT.is_dir() else ()),
                   *(ETC_NETNS.iterdir() if ETC_NETNS.is_dir() else ())]:
         pid = _creator(entry.name)
-        if entry.name.startswith(PREFIX) and pid is not None and not _alive(pid):
+        if entry.name.startswith(PREFIX) and pid is not None and not alive(pid):
             stale.add(pid)
     for pid in stale:
         _teardown(f"{PREFIX}{pid}")
@@ -244,7 +228,7 @@ def _teardown(tag: str) -> None:
         for cg in h.glob(f"{tag}-*"):
             _kill_cgroup(cg.name)
     for entry in NETNS_DIR.glob(f"{tag}-*") if NETNS_DIR.is_dir() else ():
-        _kill_netns(entry.name)
+        kill_namespace(entry.name)
     _unmount_under(run_dir)
     for d in ETC_NETNS.glob(f"{tag}-*") if ETC_NETNS.is_dir() else ():
         shutil.rmtree(d, ignore_errors=True)
