@@ -42,6 +42,21 @@ def test_nothing_is_aliased_without_the_opt_in():
     assert r.stdout.strip() == "absent", r.stderr
 
 
+def test_vllms_general_plugin_entry_point_installs_the_aliases_when_asked():
+    """vLLM loads every `vllm.general_plugins` entry point in each process
+    (vllm/plugins/__init__.py, load_plugins_by_group): ours for upstream's paths is in the
+    installed package's metadata and installs them with the opt-in only."""
+    code = """
+        from importlib.metadata import entry_points
+        [ep] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "tpusync-upstream"]
+        ep.load()()
+        from tpusync.engines import upstream
+        print(upstream.installed())
+    """
+    assert run_python(code, env={"TPUSYNC_UPSTREAM_API": "1"}).stdout.strip() == "True"
+    assert run_python(code).stdout.strip() == "False"
+
+
 def test_the_opt_in_serves_upstreams_paths_from_tpusync():
     r = run_python("""
         from tpusync.engines import upstream

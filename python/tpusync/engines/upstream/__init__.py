@@ -11,7 +11,8 @@ resolve to the modules of this package, so the consumers run unmodified on a tpu
     tpu_sync.api.jax.weight_synchronizer    WeightSynchronizer (tpusync.engines.upstream.weight_synchronizer)
 
 Nothing is aliased unless asked: set TPUSYNC_UPSTREAM_API=1 in the engine's environment (vLLM
-then installs the aliases in each of its processes through tpusync's general plugin), or call
+then installs the aliases in each of its processes through the `tpusync-upstream` general plugin,
+tpusync.engines.upstream.vllm_plugin), or call
 `install()` before the consumer imports. tpusync never ships a distribution under upstream's
 names, and `install()` refuses when upstream's own package is importable, so a real upstream
 install is never shadowed. Semantics and the differences that remain: docs/migrating.md.
