@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-from tpusync.engines.sglang.keys import KeyScope, block_keys
+from harness.sglang_pools import HEAD_DIM, HEADS, LAYERS, PAGE, make_pool
+from tpusync.engines.sglang.keys import KeyScope, block_keys, block_scope
 from tpusync.engines.sglang.plan import PagePlan, Segment
 
 
@@ -30,19 +31,34 @@ def test_mla_pages_are_one_latent():
     assert plan.slots == ("latent.0",) and plan.chunks[0].nbytes == 192
 
 
-def test_keys_separate_ranks_models_layouts_and_slots_but_not_mla_tp_ranks():
-    def ns(**kw):
-        over = {k: kw.pop(k) for k in list(kw) if k in ("layout", "geometry", "chunk_bytes", "model")}
-        return KeyScope.from_config(_config(**kw), model=over.get("model"), layout=over.get("layout", "page_first"),
+def test_keys_separate_ranks_models_pools_and_slots_but_not_mla_tp_ranks():
+    import torch
+
+    def ns(pool=None, **kw):
+        over = {k: kw.pop(k) for k in list(kw) if k in ("geometry", "chunk_bytes", "model")}
+        mla = kw.get("is_mla_model", False)
+        return KeyScope.from_config(_config(**kw), pool or make_pool("page_first", mla=mla), model=over.get("model"),
                                     geometry=over.get("geometry", "g"), chunk_bytes=over.get("chunk_bytes", 4096)
                                     ).namespace()
 
     base = ns()
     different = [ns(tp_rank=1), ns(dp_rank=1), ns(pp_rank=1, pp_size=2), ns(attn_cp_rank=1, attn_cp_size=2),
-                 ns(model="other"), ns(layout="layer_first"), ns(geometry="h"), ns(chunk_bytes=8192),
-                 ns(is_mla_model=True)]
+                 ns(model="other"), ns(make_pool("layer_first")), ns(geometry="h"), ns(chunk_bytes=8192),
+                 ns(is_mla_model=True), ns(make_pool("page_first", dtype=torch.float16)),
+                 ns(make_pool("page_first", layers=LAYERS + 1)), ns(make_pool("page_first", heads=HEADS * 2)),
+                 ns(make_pool("page_first", page=PAGE * 2, tokens=512))]
     assert len({base, *different}) == len(different) + 1
     assert ns(is_mla_model=True, tp_rank=0) == ns(is_mla_model=True, tp_rank=1, dp_rank=3)
     keys = block_keys(base, ["h1", "h2"], ["k.0", "v.0"])
     assert len(set(keys)) == 4 and all(len(k) == 16 for k in keys)
     assert block_keys(base, ["h2"], ["k.0", "v.0"]) == keys[2:]
+
+
+def test_the_scope_is_the_kv_planes_read_from_the_pool():
+    """SGLang's keys derive from tpusync.kv's BlockScope, the one type of what makes block bytes differ."""
+    mha = block_scope(make_pool("page_first"), model="m", mla=False, tp_size=2)
+    assert (mha.layers, mha.kv_heads, mha.head_size, mha.page_tokens, mha.shards) == (LAYERS, HEADS, HEAD_DIM, PAGE, 2)
+    assert mha.format == "sglang-page_first" and mha.dtype == "torch.bfloat16"
+    mla = block_scope(make_pool("page_first", mla=True), model="m", mla=True, tp_size=2)
+    assert (mla.kv_heads, mla.shards) == (1, 1) and mla.head_size > 0
+    assert mha.identity().encode() in KeyScope(block=mha, mla=False).namespace()

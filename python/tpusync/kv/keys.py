@@ -14,8 +14,9 @@ array of unsigned integers, `extra` as null or an array (e.g. a LoRA name). Only
 blocks are hashed: a trailing partial block has no key.
 
 `BlockScope` holds, in one place, everything besides the tokens that makes two blocks' bytes
-differ; the chain's hasher, the extra keys of served weights, the keys of a block's shards and
-the KV layout a prefill engine tells its decode engines all derive from it.
+differ; the chain's hasher, the extra keys of served weights, the keys of a block's shards,
+SGLang's key namespace (tpusync.engines.sglang.keys) and the KV layout a prefill engine tells
+its decode engines all derive from it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ class BlockScope:
         """What a prefill engine tells its decode engines about its blocks (kv_transfer_params)."""
         return kv_layout(model=self.model, layers=self.layers, kv_heads=self.kv_heads, head_size=self.head_size,
                          dtype=self.dtype, shards=self.shards, format=self.format)
+
+    def identity(self) -> str:
+        """Every field, in one canonical string: what a key scheme that does not chain from this
+        scope (SGLang's namespace) binds its keys to."""
+        return (f"{self.model}|{self.dtype}|layers{self.layers}|heads{self.kv_heads}x{self.head_size}"
+                f"|page{self.page_tokens}|{self.format}|shards{self.shards}|seed:{self.seed}|weights:{self.weights}")
 
     def under(self, weights: str | None) -> BlockScope:
         """This scope for blocks computed under the weights `weights` names."""

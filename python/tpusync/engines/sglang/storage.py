@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -192,8 +192,7 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
             raise errors.PreconditionError("no host pool registered yet (register_mem_pool_host)")
         _, sizes = pool.get_page_buffer_meta(torch.arange(pool.page_size, dtype=torch.int64))
         plan = PagePlan(sizes, mla=bool(self.config.is_mla_model), chunk_bytes=store.block_bytes)
-        geometry = f"{plan.geometry()}|{pool.dtype}|page{pool.page_size}"
-        scope = KeyScope.from_config(self.config, model=self._model, layout=str(pool.layout), geometry=geometry,
+        scope = KeyScope.from_config(self.config, pool, model=self._model, geometry=plan.geometry(),
                                      chunk_bytes=store.block_bytes)
         with self._lock:
             self._namespace = scope.namespace()
@@ -287,32 +286,16 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
 
     def batch_set_v1(self, keys: list[str], host_indices: Any,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        if not keys:
-            return []
-        start = time.perf_counter()
-        store = None
-        try:
-            store, plan, ns = self._ready()
-            ptrs = self._page_pointers(plan, host_indices, len(keys))
-            flat = block_keys(ns, keys, plan.slots)
-            try:
-                if plan.direct:
-                    store.put(flat, self._chunk_buffers(plan, ptrs, len(keys)))
-                else:
-                    self._gather_put(store, plan, flat, ptrs, len(keys))
-                ok = [True] * len(keys)
-            except errors.CapacityError as e:  # what was stored before the store filled stays stored
-                self._failed("set", e, store)
-                ok = self._pages_held(store, flat, len(plan.slots), len(keys))
-            self._announce(store, plan, [k for k, stored in zip(keys, ok) if stored])
-        except Exception as e:  # noqa: BLE001 - never into SGLang's cache controller
-            self._failed("set", e, store)
-            ok = [False] * len(keys)
-        self._account("set", ok, start)
-        return ok
+        return self._pages_v1("set", keys, host_indices, self._set_pages)
 
     def batch_get_v1(self, keys: list[str], host_indices: Any,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        return self._pages_v1("get", keys, host_indices, self._get_pages)
+
+    def _pages_v1(self, op: str, keys: list[str], host_indices: Any,
+                  transfer: Callable[[KVStore, PagePlan, list[str], list[bytes], list[int]], list[bool]]) -> list[bool]:
+        """One zero-copy batch: the pages' keys and buffer pointers for `transfer`, which says
+        which pages it moved; a store error is every page missed, timed and counted either way."""
         if not keys:
             return []
         start = time.perf_counter()
@@ -320,18 +303,35 @@ class TPUSyncHiCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang is 
         try:
             store, plan, ns = self._ready()
             ptrs = self._page_pointers(plan, host_indices, len(keys))
-            flat = block_keys(ns, keys, plan.slots)
-            if plan.direct:
-                found = store.get(flat, self._chunk_buffers(plan, ptrs, len(keys)))
-            else:
-                found = self._scatter_get(store, plan, flat, ptrs, len(keys))
-            per = len(plan.slots)
-            ok = [all(found[i * per:(i + 1) * per]) for i in range(len(keys))]
+            ok = transfer(store, plan, keys, block_keys(ns, keys, plan.slots), ptrs)
         except Exception as e:  # noqa: BLE001 - never into SGLang's cache controller
-            self._failed("get", e, store)
+            self._failed(op, e, store)
             ok = [False] * len(keys)
-        self._account("get", ok, start)
+        self._account(op, ok, start)
         return ok
+
+    def _set_pages(self, store: KVStore, plan: PagePlan, keys: list[str], flat: list[bytes],
+                   ptrs: list[int]) -> list[bool]:
+        try:
+            if plan.direct:
+                store.put(flat, self._chunk_buffers(plan, ptrs, len(keys)))
+            else:
+                self._gather_put(store, plan, flat, ptrs, len(keys))
+            ok = [True] * len(keys)
+        except errors.CapacityError as e:  # what was stored before the store filled stays stored
+            self._failed("set", e, store)
+            ok = self._pages_held(store, flat, len(plan.slots), len(keys))
+        self._announce(store, plan, [k for k, stored in zip(keys, ok) if stored])
+        return ok
+
+    def _get_pages(self, store: KVStore, plan: PagePlan, keys: list[str], flat: list[bytes],
+                   ptrs: list[int]) -> list[bool]:
+        if plan.direct:
+            found = store.get(flat, self._chunk_buffers(plan, ptrs, len(keys)))
+        else:
+            found = self._scatter_get(store, plan, flat, ptrs, len(keys))
+        per = len(plan.slots)
+        return [all(found[i * per:(i + 1) * per]) for i in range(len(keys))]
 
     def _chunk_buffers(self, plan: PagePlan, ptrs: list[int], pages: int) -> list[Any]:
         out: list[Any] = []
