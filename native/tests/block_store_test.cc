@@ -22,12 +22,7 @@
 namespace tpusync::net {
 namespace {
 
-using testing::Key;
-using testing::Pattern;
-using testing::ShmPath;
-using testing::TempDir;
-
-constexpr uint64_t kBlock = 8192;
+using namespace testing;  // NOLINT(google-build-using-namespace): the tests' own helpers
 constexpr uint64_t kSlots = 16;
 const std::string& TestSecret() {
   static const std::string secret = "0123456789abcdef-contract-secret";

@@ -15,11 +15,7 @@
 namespace tpusync {
 namespace {
 
-using testing::Key;
-using testing::Pattern;
-using testing::TempDir;
-
-constexpr uint64_t kBlock = 8192;
+using namespace testing;  // NOLINT(google-build-using-namespace): the tests' own helpers
 
 DiskTierOptions Opts(const TempDir& d, uint64_t blocks = 4) {
   return {.dir = d.path(), .capacity_bytes = blocks * kBlock, .block_bytes = kBlock};
@@ -43,6 +39,14 @@ void FlipByte(const std::string& path, uint64_t offset) {
   b ^= 0xff;
   ASSERT_EQ(::pwrite(fd, &b, 1, offset), 1);
   ::close(fd);
+}
+
+// Reads block i from extent e and expects kDataLoss saying `why`.
+void ExpectDataLoss(DiskTier& t, uint32_t e, uint64_t i, const std::string& why) {
+  AlignedBuffer out(kBlock);
+  Status st = t.Read(e, Key(i), kBlock, out.data());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find(why), std::string::npos) << st.ToString();
 }
 
 TEST(DiskTier, RoundTripAndRecoveryAfterReopen) {
@@ -76,10 +80,7 @@ TEST(DiskTier, CorruptedPayloadIsDataLoss) {
   ASSERT_TRUE(t.ok());
   uint32_t e = WriteBlock(**t, 3, kBlock);
   FlipByte((*t)->path(), e * (4096 + kBlock) + 4096 + 17);
-  AlignedBuffer out(kBlock);
-  Status st = (*t)->Read(e, Key(3), kBlock, out.data());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos);
+  ExpectDataLoss(**t, e, 3, "checksum mismatch");
 }
 
 TEST(DiskTier, WrongKeyOrLengthIsDataLoss) {
@@ -117,10 +118,7 @@ TEST(DiskTier, TruncatedFileIsDataLossNotACrash) {
   WriteBlock(**t, 0, kBlock);
   uint32_t e1 = WriteBlock(**t, 1, kBlock);
   ASSERT_EQ(::truncate((*t)->path().c_str(), e1 * (4096 + kBlock) + 4096 + 100), 0);
-  AlignedBuffer out(kBlock);
-  Status st = (*t)->Read(e1, Key(1), kBlock, out.data());
-  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_NE(st.message().find("truncated"), std::string::npos);
+  ExpectDataLoss(**t, e1, 1, "truncated");
 }
 
 TEST(DiskTier, CapacityBeyondTheFilesystemIsRefused) {

@@ -23,12 +23,7 @@
 namespace tpusync::net {
 namespace {
 
-using testing::Key;
-using testing::Pattern;
-using testing::ShmPath;
-using testing::TempDir;
-
-constexpr uint64_t kBlock = 8192;
+using namespace testing;  // NOLINT(google-build-using-namespace): the tests' own helpers
 // A function-local static: a namespace-scope Secret could throw before main, uncaught.
 const Secret& TestSecret() {
   static const Secret secret("0123456789abcdef-test-secret");
@@ -177,17 +172,24 @@ class BudgetTest : public ::testing::Test {
     char c = static_cast<char>(std::to_integer<uint8_t>(b));
     return c == 'A' || c == 'R' ? c : 'E';
   }
+  // A fresh connection to the server from `source`.
+  Socket Connect(const std::string& source) { return ConnectFrom(source, server_->port()); }
+  // `n` connections from `source` that never authenticate.
+  std::vector<Socket> ConnectIdle(const std::string& source, int n) {
+    std::vector<Socket> idle;
+    idle.reserve(n);
+    for (int i = 0; i < n; ++i) idle.push_back(Connect(source));
+    return idle;
+  }
   std::unique_ptr<ConnectionServer> server_;
 };
 
 TEST_F(BudgetTest, IdleConnectionsFromOneSourceCannotLockOutOthers) {
   Start({.max_admitted = 4, .max_pending = 16, .max_pending_per_source = 3, .pending_grace = std::chrono::hours(1)});
-  std::vector<Socket> idle;
-  idle.reserve(3);
-  for (int i = 0; i < 3; ++i) idle.push_back(ConnectFrom("127.0.0.2", server_->port()));
-  Socket over = ConnectFrom("127.0.0.2", server_->port());
+  std::vector<Socket> idle = ConnectIdle("127.0.0.2", 3);
+  Socket over = Connect("127.0.0.2");
   EXPECT_EQ(Authenticate(over), 'E');  // the fourth from that address is refused
-  Socket legit = ConnectFrom("127.0.0.1", server_->port());
+  Socket legit = Connect("127.0.0.1");
   EXPECT_EQ(Authenticate(legit), 'A');
   EXPECT_GE(server_->refused(), 1u);
 }
@@ -196,9 +198,9 @@ TEST_F(BudgetTest, WhenThePendingBudgetIsFullTheOldestPendingIsCut) {
   Start({.max_admitted = 4, .max_pending = 4, .max_pending_per_source = 2, .pending_grace = std::chrono::milliseconds(0)});
   std::vector<Socket> idle;
   for (const char* src : {"127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"}) {
-    idle.push_back(ConnectFrom(src, server_->port()));
+    idle.push_back(Connect(src));
   }
-  Socket legit = ConnectFrom("127.0.0.1", server_->port());
+  Socket legit = Connect("127.0.0.1");
   EXPECT_EQ(Authenticate(legit), 'A');
   EXPECT_EQ(server_->cut_pending(), 1u);
   EXPECT_EQ(Authenticate(idle[0]), 'E');  // the oldest idle one was cut
@@ -206,14 +208,12 @@ TEST_F(BudgetTest, WhenThePendingBudgetIsFullTheOldestPendingIsCut) {
 
 TEST_F(BudgetTest, UnauthenticatedConnectionsNeverTakeAdmittedSlots) {
   Start({.max_admitted = 2, .max_pending = 8, .max_pending_per_source = 8, .pending_grace = std::chrono::hours(1)});
-  std::vector<Socket> idle;
-  idle.reserve(6);
-  for (int i = 0; i < 6; ++i) idle.push_back(ConnectFrom("127.0.0.2", server_->port()));
-  Socket a = ConnectFrom("127.0.0.1", server_->port());
+  std::vector<Socket> idle = ConnectIdle("127.0.0.2", 6);
+  Socket a = Connect("127.0.0.1");
   EXPECT_EQ(Authenticate(a), 'A');
-  Socket b = ConnectFrom("127.0.0.1", server_->port());
+  Socket b = Connect("127.0.0.1");
   EXPECT_EQ(Authenticate(b), 'A');
-  Socket c = ConnectFrom("127.0.0.1", server_->port());
+  Socket c = Connect("127.0.0.1");
   EXPECT_EQ(Authenticate(c), 'R');  // the admitted budget, not the idle ones, is what is full
 }
 
@@ -223,12 +223,12 @@ TEST_F(BudgetTest, AdmittedConnectionsAreLimitedPerSource) {
   std::vector<Socket> held;
   held.reserve(3);
   for (int i = 0; i < 3; ++i) {
-    held.push_back(ConnectFrom("127.0.0.2", server_->port()));
+    held.push_back(Connect("127.0.0.2"));
     EXPECT_EQ(Authenticate(held.back()), 'A');
   }
-  Socket fourth = ConnectFrom("127.0.0.2", server_->port());
+  Socket fourth = Connect("127.0.0.2");
   EXPECT_EQ(Authenticate(fourth), 'R');
-  Socket other = ConnectFrom("127.0.0.3", server_->port());
+  Socket other = Connect("127.0.0.3");
   EXPECT_EQ(Authenticate(other), 'A');
 }
 

@@ -16,7 +16,6 @@
 
 namespace tpusync::testing {
 
-constexpr uint64_t kBlock = 8192;
 constexpr uint64_t kFileBytes = 4096 + kBlock;  // header + payload
 constexpr const char* kSecret = "the pool's secret, 16+ bytes";
 

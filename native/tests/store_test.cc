@@ -15,12 +15,7 @@
 namespace tpusync {
 namespace {
 
-using testing::Key;
-using testing::Pattern;
-using testing::ShmPath;
-using testing::TempDir;
-
-constexpr uint64_t kBlock = 8192;
+using namespace testing;  // NOLINT(google-build-using-namespace): the tests' own helpers
 
 class StoreTest : public ::testing::Test {
  protected:
@@ -55,6 +50,14 @@ class StoreTest : public ::testing::Test {
     Status st = s.Get({&k, 1}, {&b, 1}, {&found, 1});
     EXPECT_TRUE(st.ok()) << st.ToString();
     return found && std::memcmp(out.data(), Pattern(k, size).data(), size) == 0;
+  }
+  // A store holding blocks [0, n) of `size` bytes, its write-behind done.
+  std::unique_ptr<Store> OpenFlushed(uint64_t dram_blocks, uint64_t disk_blocks, uint64_t n, uint64_t size = kBlock) {
+    auto s = Open(dram_blocks, disk_blocks);
+    PutRange(*s, 0, n, size);
+    Status st = s->Flush();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return s;
   }
   static std::vector<BlockKey> Keys(uint64_t first, uint64_t n) {
     std::vector<BlockKey> v;
@@ -163,9 +166,7 @@ TEST_F(StoreTest, LookupPinsThePrefixOnly) {
 }
 
 TEST_F(StoreTest, OverflowIsWrittenBehindToDiskAndPromotedOnRead) {
-  auto s = Open(8, 64);
-  PutRange(*s, 0, 40);
-  ASSERT_TRUE(s->Flush().ok());
+  auto s = OpenFlushed(8, 64, 40);
   StoreStats st = s->Stats();
   EXPECT_GE(st.demotions, 32u);
   EXPECT_LE(st.dram_used, 8u);
@@ -180,9 +181,7 @@ TEST_F(StoreTest, OverflowIsWrittenBehindToDiskAndPromotedOnRead) {
 }
 
 TEST_F(StoreTest, BatchedGetReadsAheadFromDiskAndReturnsEveryByte) {
-  auto s = Open(32, 256);  // 4 blocks of read-ahead with the default 2 io threads
-  PutRange(*s, 0, 200);
-  ASSERT_TRUE(s->Flush().ok());
+  auto s = OpenFlushed(32, 256, 200);  // 4 blocks of read-ahead with the default 2 io threads
   std::vector<BlockKey> keys = Keys(0, 200);
   std::vector<std::vector<std::byte>> out(200, std::vector<std::byte>(kBlock));
   std::vector<MutableBuffer> bufs;
@@ -198,9 +197,7 @@ TEST_F(StoreTest, BatchedGetReadsAheadFromDiskAndReturnsEveryByte) {
 }
 
 TEST_F(StoreTest, DiskTierEvictsItsOwnLeastRecentlyUsed) {
-  auto s = Open(4, 8);
-  PutRange(*s, 0, 20);
-  ASSERT_TRUE(s->Flush().ok());
+  auto s = OpenFlushed(4, 8, 20);
   StoreStats st = s->Stats();
   EXPECT_LE(st.disk_used, 8u);
   EXPECT_GT(st.disk_evictions, 0u);
@@ -243,11 +240,7 @@ TEST_F(StoreTest, CorruptedDiskBlockIsAMissNeverWrongBytes) {
 }
 
 TEST_F(StoreTest, RestartRecoversDramAndDisk) {
-  {
-    auto s = Open(8, 32);
-    PutRange(*s, 0, 20, 5000);
-    ASSERT_TRUE(s->Flush().ok());
-  }
+  OpenFlushed(8, 32, 20, 5000);  // closed again at once
   auto s = Open(8, 32);
   StoreStats st = s->Stats();
   EXPECT_GT(st.recovered_dram, 0u);

@@ -1,4 +1,5 @@
-// Shared helpers for the native tests: scratch directories and patterned blocks.
+// Shared helpers for the native tests: scratch directories, patterned blocks and the block
+// size most of them store. A test file takes them all with `using namespace testing;`.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,8 @@
 #include "tpusync/block_key.h"
 
 namespace tpusync::testing {
+
+constexpr uint64_t kBlock = 8192;
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
 class TempDir {
