@@ -21,28 +21,20 @@ ROLES = ("prefill", "decode")
 NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
-def pool_config(pool: str) -> str:
-    return f"{pool}-config"
+def _child(suffix: str) -> Callable[[str], str]:
+    """The name of an owner's child: <owner>-<suffix>."""
+    return lambda owner: f"{owner}-{suffix}"
+
+
+pool_config = _child("config")
+pool_peers = _child("peers")
+pool_netpol = _child("data")
+pool_shared_claim = _child("shared")
+pool_store = _child("store")
 
 
 def pool_auth(pool: str, spec: TPUSyncPoolSpec) -> str:
     return spec.auth.secret_name or f"{pool}-auth"
-
-
-def pool_peers(pool: str) -> str:
-    return f"{pool}-peers"
-
-
-def pool_netpol(pool: str) -> str:
-    return f"{pool}-data"
-
-
-def pool_shared_claim(pool: str) -> str:
-    return f"{pool}-shared"
-
-
-def pool_store(pool: str) -> str:
-    return f"{pool}-store"
 
 
 def peers_dns(pool: str, namespace: str) -> str:
@@ -65,20 +57,10 @@ def disaggregated_set(serving: str) -> str:
     return serving
 
 
-def epp(serving: str) -> str:
-    return f"{serving}-epp"
-
-
-def serving_netpol(serving: str) -> str:
-    return f"{serving}-serving"
-
-
-def pd_bootstrap(serving: str) -> str:
-    return f"{serving}-pd-bootstrap"
-
-
-def pd_secret(serving: str) -> str:
-    return f"{serving}-pd-secret"
+epp = _child("epp")
+serving_netpol = _child("serving")
+pd_bootstrap = _child("pd-bootstrap")
+pd_secret = _child("pd-secret")
 
 
 def _suffix(name_of: Callable[[str], str]) -> int:
