@@ -160,22 +160,21 @@ class GKEClient:
         """Start creating a node pool; returns the Operation. GKEConflict if it exists."""
         return await self._call("POST", f"{cluster.parent}/nodePools", request)
 
-    async def get_node_pool(self, cluster: ClusterRef, name: str) -> dict[str, Any] | None:
+    async def _call_unless_gone(self, method: str, path: str) -> dict[str, Any] | None:
+        """_call's answer, or None when GKE answers 404 (no such object)."""
         try:
-            return await self._call("GET", f"{cluster.parent}/nodePools/{name}")
+            return await self._call(method, path)
         except GKEError as e:
             if e.status == 404:
                 return None
             raise
 
+    async def get_node_pool(self, cluster: ClusterRef, name: str) -> dict[str, Any] | None:
+        return await self._call_unless_gone("GET", f"{cluster.parent}/nodePools/{name}")
+
     async def delete_node_pool(self, cluster: ClusterRef, name: str) -> dict[str, Any] | None:
         """Start deleting; returns the Operation, or None when the node pool is already gone."""
-        try:
-            return await self._call("DELETE", f"{cluster.parent}/nodePools/{name}")
-        except GKEError as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._call_unless_gone("DELETE", f"{cluster.parent}/nodePools/{name}")
 
     async def set_node_pool_size(self, cluster: ClusterRef, name: str, node_count: int) -> dict[str, Any]:
         """Start resizing a node pool to node_count nodes; returns the Operation. GKEConflict
