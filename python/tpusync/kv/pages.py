@@ -245,6 +245,13 @@ def _load_sharded(store: KVStore, keys: Sequence[int], layers: list[jax.Array], 
                     offset += size
                 del src
         host[n], copied[n] = arrays, loaded
+    return _finish_sharded(layers, host, copied, loaded, page_ids, shards, page_axis)
+
+
+def _finish_sharded(layers: list[jax.Array], host: dict[int, list[np.ndarray]], copied: dict[int, int], loaded: int,
+                    page_ids: Sequence[int], shards: dict[int, list[jax.Array]],
+                    page_axis: int) -> tuple[list[jax.Array], int]:
+    """The sharded loads' end: the host copies, their first `loaded` pages filled, made the global arrays."""
     if loaded == 0:
         return layers, 0
     _restore(host, copied, loaded, page_ids, shards, page_axis)
@@ -396,7 +403,4 @@ def load_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequence[j
                             v[pid][tuple(dst)] = part[tuple(src)]
                         del raw
         host[n], copied[n] = arrays, loaded
-    if loaded == 0:
-        return layers, 0
-    _restore(host, copied, loaded, page_ids, shards, page_axis)
-    return _assemble(layers, host), loaded
+    return _finish_sharded(layers, host, copied, loaded, page_ids, shards, page_axis)

@@ -28,7 +28,7 @@ from tpusync.kv.keys import BlockScope
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from vllm.config import KVEventsConfig, VllmConfig
+    from vllm.config import KVEventsConfig, ParallelConfig, VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -101,13 +101,19 @@ class ConnectorBase(KVConnectorBase_V1):
     def _unsupported(self, cfg: ConnectorConfig, vllm_config: VllmConfig, role: KVConnectorRole,
                      kv_cache_config: KVCacheConfig | None) -> str | None:
         """Why this configuration is passed through untouched, or None."""
-        par = vllm_config.parallel_config
-        if par.tensor_parallel_size * par.pipeline_parallel_size > 1:
-            return "tensor or pipeline parallelism (each rank would need its own share of a block)"
+        reason = self._unsupported_parallelism(vllm_config.parallel_config)
+        if reason is not None:
+            return reason
         if kv_cache_config is None:
             return None if role != KVConnectorRole.SCHEDULER else "a scheduler without a KV cache configuration"
         if len(kv_cache_config.kv_cache_groups) != 1:
             return "not exactly one KV cache group (hybrid models)"
+        return None
+
+    def _unsupported_parallelism(self, par: ParallelConfig) -> str | None:
+        """The parallelism this engine's connector cannot serve, or None."""
+        if par.tensor_parallel_size * par.pipeline_parallel_size > 1:
+            return "tensor or pipeline parallelism (each rank would need its own share of a block)"
         return None
 
     @property

@@ -54,7 +54,7 @@ from tpusync.kv.handoff import FORMAT_TPU_INFERENCE
 __all__ = ["TPUConnector", "TPUSyncConnector", "stats"]
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import ParallelConfig, VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -79,15 +79,9 @@ class TPUSyncConnector(ConnectorBase):
             block_bytes = group.kv_cache_spec.page_size_bytes * len(group.layer_names)
             shard_links(self._sched, self._cfg, block_bytes // self._shards, self._shards)
 
-    def _unsupported(self, cfg: ConnectorConfig, vllm_config: VllmConfig, role: KVConnectorRole,
-                     kv_cache_config: KVCacheConfig | None) -> str | None:
-        par = vllm_config.parallel_config
-        if par.pipeline_parallel_size > 1 or par.data_parallel_size > 1:
+    def _unsupported_parallelism(self, par: ParallelConfig) -> str | None:
+        if par.pipeline_parallel_size > 1 or par.data_parallel_size > 1:  # tensor parallelism: shards
             return "pipeline or data parallelism"
-        if kv_cache_config is None:
-            return None if role != KVConnectorRole.SCHEDULER else "a scheduler without a KV cache configuration"
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            return "not exactly one KV cache group (hybrid models)"
         return None
 
     def _make_worker(self, cfg: ConnectorConfig) -> WorkerHalf:
