@@ -13,6 +13,7 @@
 
 #include "base/copy.h"
 #include "net/control_service.h"
+#include "net/put_check.h"
 #include "tpusync/net/block_stores.h"
 
 namespace tpusync::net {
@@ -88,13 +89,7 @@ Result<std::vector<SidecarClient::Slot>> SidecarClient::Slots(Op op, std::span<c
 }
 
 Status SidecarClient::Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) {
-  if (keys.size() != buffers.size()) return InvalidArgument("put: keys and buffers differ in number");
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    if (buffers[i].size == 0 || buffers[i].size > block_bytes_) {
-      return InvalidArgument("put: buffer " + std::to_string(i) + " holds " + std::to_string(buffers[i].size) +
-                             " bytes; blocks hold 1.." + std::to_string(block_bytes_));
-    }
-  }
+  TPUSYNC_RETURN_IF_ERROR(CheckPutBuffers(keys, buffers, block_bytes_));
   std::lock_guard lock(mu_);
   for (size_t i = 0; i < keys.size(); i += batch_) {
     size_t n = std::min(batch_, keys.size() - i);

@@ -4,6 +4,7 @@
 #include <shared_mutex>
 
 #include "net/peer_client.h"
+#include "net/put_check.h"
 #include "tpusync/net/block_stores.h"
 
 namespace tpusync::net {
@@ -49,13 +50,7 @@ class DataPortStore final : public BlockStore {
       : client_(std::move(client)), block_bytes_(client_->block_bytes()), options_(std::move(options)) {}
 
   Status Put(std::span<const BlockKey> keys, std::span<const ConstBuffer> buffers) override {
-    if (keys.size() != buffers.size()) return InvalidArgument("put: keys and buffers differ in number");
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      if (buffers[i].size == 0 || buffers[i].size > block_bytes_) {
-        return InvalidArgument("put: buffer " + std::to_string(i) + " holds " + std::to_string(buffers[i].size) +
-                               " bytes; blocks hold 1.." + std::to_string(block_bytes_));
-      }
-    }
+    TPUSYNC_RETURN_IF_ERROR(CheckPutBuffers(keys, buffers, block_bytes_));
     std::shared_lock open(close_mu_);
     TPUSYNC_RETURN_IF_ERROR(Open());
     BufferSource source(buffers);

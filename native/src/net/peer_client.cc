@@ -73,18 +73,26 @@ Status PeerClient::OnAllStreams(std::span<const BlockKey> keys, Fn fn) {
   return Status::Ok();
 }
 
-Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Deadline d) {
-  Stream& s = *streams_[0];
-  std::lock_guard lock(s.mu);
+// Its callers close the stream on any error, Connected()'s too: a no-op there, as Connected()
+// fails with the stream closed already.
+Result<Frame> PeerClient::AskTiers(Stream& s, Op op, std::span<const BlockKey> keys, Deadline d) {
   TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
   BodyWriter w;
   WriteKeyList(w, keys);
-  Status st = s.conn->Send(Op::kExists, w.bytes(), d, static_cast<uint32_t>(keys.size()));
-  Result<Frame> f = st.ok() ? s.conn->Expect(Op::kTiers, d) : Result<Frame>(st);
-  if (!f.ok() || f->body.size() != keys.size()) {
+  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(op, w.bytes(), d, static_cast<uint32_t>(keys.size())));
+  TPUSYNC_ASSIGN_OR_RETURN(Frame tiers, s.conn->Expect(Op::kTiers, d));
+  if (tiers.body.size() != keys.size()) return BadFrame("TIERS count");
+  return tiers;
+}
+
+Result<std::vector<Tier>> PeerClient::Exists(std::span<const BlockKey> keys, Deadline d) {
+  Stream& s = *streams_[0];
+  std::lock_guard lock(s.mu);
+  Result<Frame> f = AskTiers(s, Op::kExists, keys, d);
+  if (!f.ok()) {
     s.conn.reset();
     s.socket.Close();
-    return f.ok() ? BadFrame("TIERS count") : f.status();
+    return f.status();
   }
   std::vector<Tier> tiers(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -104,12 +112,7 @@ Status PeerClient::Pull(std::span<const BlockKey> keys, BlockSink& sink, Deadlin
 Status PeerClient::PullOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSink& sink,
                           Deadline d, std::vector<uint8_t>& received) {
   if (keys.empty()) return Status::Ok();
-  TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
-  BodyWriter w;
-  WriteKeyList(w, keys);
-  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPull, w.bytes(), d, static_cast<uint32_t>(keys.size())));
-  TPUSYNC_ASSIGN_OR_RETURN(Frame tiers, s.conn->Expect(Op::kTiers, d));
-  if (tiers.body.size() != keys.size()) return BadFrame("TIERS count");
+  TPUSYNC_ASSIGN_OR_RETURN(Frame tiers, AskTiers(s, Op::kPull, keys, d));
   std::vector<uint8_t> expected(keys.size());
   for (size_t j = 0; j < keys.size(); ++j) expected[j] = std::to_integer<uint8_t>(tiers.body[j]) != 0;
   for (;;) {
@@ -140,12 +143,7 @@ Status PeerClient::Push(std::span<const BlockKey> keys, BlockSource& source, Dea
 Status PeerClient::PushOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index,
                           BlockSource& source, Deadline d, std::vector<uint8_t>& stored) {
   if (keys.empty()) return Status::Ok();
-  TPUSYNC_RETURN_IF_ERROR(Connected(s, d));
-  BodyWriter w;
-  WriteKeyList(w, keys);
-  TPUSYNC_RETURN_IF_ERROR(s.conn->Send(Op::kPush, w.bytes(), d, static_cast<uint32_t>(keys.size())));
-  TPUSYNC_ASSIGN_OR_RETURN(Frame wanted, s.conn->Expect(Op::kTiers, d));
-  if (wanted.body.size() != keys.size()) return BadFrame("TIERS count");
+  TPUSYNC_ASSIGN_OR_RETURN(Frame wanted, AskTiers(s, Op::kPush, keys, d));
   for (uint32_t j = 0; j < keys.size(); ++j) {
     if (std::to_integer<uint8_t>(wanted.body[j]) == 0) continue;
     Result<std::span<const std::byte>> data = source.Open(index[j]);

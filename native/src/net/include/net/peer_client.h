@@ -72,6 +72,9 @@ class PeerClient {
   struct Stream;
   PeerClient() = default;
   Status Connected(Stream& s, Deadline d);
+  // Connects `s` if need be, sends `op` with the key list and returns the peer's TIERS
+  // reply, checked to hold one byte per key.
+  Result<Frame> AskTiers(Stream& s, Op op, std::span<const BlockKey> keys, Deadline d);
   Status PullOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSink& sink,
                 Deadline d, std::vector<uint8_t>& received);
   Status PushOn(Stream& s, std::span<const BlockKey> keys, std::span<const size_t> index, BlockSource& source,
