@@ -238,11 +238,8 @@ def plot_transfer(res: dict, out: Path) -> str | None:
                        label=f"raw TCP, {streams} streams")
     ax.set_xscale("log", base=2)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("block size (KiB)")
-    ax.set_ylabel("GB/s")
-    ax.set_title("1 GiB pull between two sidecars on loopback vs raw TCP")
-    ax.legend(fontsize=7)
-    return save(fig, out, "transfer-pull.png")
+    return save(fig, ax, out, "transfer-pull.png", xlabel="block size (KiB)", ylabel="GB/s",
+                title="1 GiB pull between two sidecars on loopback vs raw TCP")
 
 
 def plot_serving(res: dict, out: Path) -> str | None:
@@ -259,11 +256,8 @@ def plot_serving(res: dict, out: Path) -> str | None:
         pts = sorted((r["tokens"], r["seconds"]) for r in rows if r["case"].startswith(prefix))
         ax.plot([t for t, _ in pts], [s for _, s in pts], marker="o", label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title("Time to first token: prefix hits vs recompute")
-    ax.legend(fontsize=7)
-    return save(fig, out, "serving-ttft.png")
+    return save(fig, ax, out, "serving-ttft.png", xlabel="prompt tokens", ylabel="TTFT (s)",
+                title="Time to first token: prefix hits vs recompute")
 
 
 def plot_weights(res: dict, out: Path) -> str | None:
@@ -282,14 +276,16 @@ def plot_weights(res: dict, out: Path) -> str | None:
                     label=kind if kind != "tree" else "tree, fan-out 2")
     ax.axhline(hop[0]["seconds"], color="grey", linestyle="--", linewidth=1, label="one hop")
     ax.axhline(hop[0]["line_rate_seconds"], color="black", linestyle=":", linewidth=1, label="bytes at line rate")
-    ax.set_xlabel("destination hosts")
-    ax.set_ylabel("seconds until every host committed")
-    ax.set_title(f"Weight sync on the simulated fabric ({tag})")
+    return save(fig, ax, out, "weight-sync-hosts.png", xlabel="destination hosts",
+                ylabel="seconds until every host committed", title=f"Weight sync on the simulated fabric ({tag})")
+
+
+def save(fig, ax, out: Path, name: str, *, xlabel: str, ylabel: str, title: str) -> str:
+    """Labels the plot, adds its legend and writes it as out/name; returns its path in the doc."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
-    return save(fig, out, "weight-sync-hosts.png")
-
-
-def save(fig, out: Path, name: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     # No timestamps in the PNG: regenerating from the same JSON gives the same file.

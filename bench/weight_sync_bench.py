@@ -205,26 +205,30 @@ def naive(workdir, secret_file, total: int, samplers: int) -> float:
         hosts = [cl.host() for _ in range(samplers)]
         publish(trainer, total, 1)
         keys = version_keys(read_manifest(engine(trainer), "bench", 1))
-        stores = [engine(h) for h in hosts]
-        errors: list[BaseException] = []
-
-        def pull(store):
-            try:
-                assert all(store.read_remote(trainer.address, keys))
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-
-        threads = [threading.Thread(target=pull, args=(s,)) for s in stores]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - t0
-        assert not errors, errors
-        return seconds
+        return pull_all_at_once([engine(h) for h in hosts], trainer.address, keys)
     finally:
         cl.close()
+
+
+def pull_all_at_once(stores: list[KVStore], address: str, keys: list[int]) -> float:
+    """Seconds until every store has pulled all of keys from address, each in its own thread."""
+    errors: list[BaseException] = []
+
+    def pull(store):
+        try:
+            assert all(store.read_remote(address, keys))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=pull, args=(s,)) for s in stores]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    assert not errors, errors
+    return seconds
 
 
 def case(name: str, nbytes: int, seconds: float, baseline: float, cpu: float | None = None) -> dict:
@@ -305,23 +309,8 @@ def fabric_naive(profile, secret_file, total: int, n: int) -> float:
     try:
         keys = cl.publish(total)
         stores = [engine(h) for h in cl.hosts]
-        errors: list[BaseException] = []
-
-        def pull(store):
-            try:
-                assert all(store.read_remote(cl.trainer.address, keys))
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-
-        threads = [threading.Thread(target=pull, args=(s,)) for s in stores]
         before = cl.fabric.counters()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds = time.perf_counter() - t0
-        assert not errors, errors
+        seconds = pull_all_at_once(stores, cl.trainer.address, keys)
         _assert_crossed(cl, before, total)
         return seconds
     finally:
