@@ -20,14 +20,58 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any, TextIO
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 BLOCK_SIZE = 32
 
 
-def main() -> int:
+def protocol_stream() -> TextIO:
+    """The protocol's own stdout; whatever else the engine prints goes to stderr from here on."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything else printed goes to stderr
+    os.dup2(2, 1)
+    return proto
+
+
+def sampling_params(cmd: dict, sampling_params_class: Any) -> list:
+    """A generate command's greedy sampling, one per prompt, each with its kv_transfer_params."""
+    params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
+    return [sampling_params_class(temperature=0.0, max_tokens=cmd.get("max_tokens", 16), ignore_eos=True,
+                                  extra_args={"kv_transfer_params": p} if p else None) for p in params]
+
+
+def serve(proto: TextIO, llm: Any, ops: dict[str, Callable[[dict], dict]]) -> None:
+    """The command loop of both engine scripts (this one and tpu_engine_proc.py): "ready", then one
+    answer per command until "exit". `ops` answers the engine's own commands; reset_prefix_cache and
+    weights are the LLM API's and the same in both."""
+    def reply(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+
+    def reset_prefix_cache(cmd: dict) -> dict:
+        llm.reset_prefix_cache()
+        return {}
+
+    def weights(cmd: dict) -> dict:
+        call = getattr(llm, cmd["call"])
+        return {"result": call(*([cmd["arg"]] if "arg" in cmd else []), **cmd.get("kwargs", {}))}
+
+    ops = {"reset_prefix_cache": reset_prefix_cache, "weights": weights, **ops}
+    reply({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["op"] == "exit":
+                reply({})
+                break
+            op = ops.get(cmd["op"])
+            reply(op(cmd) if op else {"error": f"unknown op {cmd['op']!r}"})
+        except Exception:  # noqa: BLE001 - the harness gets the traceback; the engine keeps serving
+            reply({"error": traceback.format_exc()})
+
+
+def main() -> int:
+    proto = protocol_stream()
     spec = json.loads(sys.argv[1])
 
     from vllm import LLM, SamplingParams
@@ -51,37 +95,15 @@ def main() -> int:
 
         return connector.stats()
 
-    def reply(obj: dict) -> None:
-        proto.write(json.dumps(obj) + "\n")
+    def generate(cmd: dict) -> dict:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]],
+                            sampling_params(cmd, SamplingParams), use_tqdm=False)
+        return {"outputs": [{"token_ids": list(o.outputs[0].token_ids),
+                             "finish_reason": o.outputs[0].finish_reason,
+                             "kv_transfer_params": o.kv_transfer_params} for o in outs],
+                "stats": counters()}
 
-    reply({"ready": True})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        try:
-            if cmd["op"] == "generate":
-                params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
-                sps = [SamplingParams(temperature=0.0, max_tokens=cmd.get("max_tokens", 16), ignore_eos=True,
-                                      extra_args={"kv_transfer_params": p} if p else None) for p in params]
-                outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]], sps, use_tqdm=False)
-                reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids),
-                                    "finish_reason": o.outputs[0].finish_reason,
-                                    "kv_transfer_params": o.kv_transfer_params} for o in outs],
-                       "stats": counters()})
-            elif cmd["op"] == "stats":
-                reply({"stats": counters()})
-            elif cmd["op"] == "reset_prefix_cache":
-                llm.reset_prefix_cache()
-                reply({})
-            elif cmd["op"] == "weights":
-                call = getattr(llm, cmd["call"])
-                reply({"result": call(*([cmd["arg"]] if "arg" in cmd else []), **cmd.get("kwargs", {}))})
-            elif cmd["op"] == "exit":
-                reply({})
-                break
-            else:
-                reply({"error": f"unknown op {cmd['op']!r}"})
-        except Exception:  # noqa: BLE001 - the harness gets the traceback; the engine keeps serving
-            reply({"error": traceback.format_exc()})
+    serve(proto, llm, {"generate": generate, "stats": lambda cmd: {"stats": counters()}})
     return 0
 
 

@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import time
-import traceback
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 BLOCK_SIZE = 32
@@ -67,8 +66,10 @@ def page_digests(layers: list) -> dict:
 
 
 def main() -> int:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything else printed goes to stderr
+    # The sibling script's protocol loop: run as a script, this file's folder is sys.path[0].
+    from engine_proc import protocol_stream, sampling_params, serve
+
+    proto = protocol_stream()
     spec = json.loads(sys.argv[1])
 
     from vllm import LLM, SamplingParams
@@ -97,44 +98,26 @@ def main() -> int:
         while core.scheduler.finished_req_ids:
             llm.llm_engine.step()
 
-    def reply(obj: dict) -> None:
-        proto.write(json.dumps(obj) + "\n")
+    def generate(cmd: dict) -> dict:
+        sps = sampling_params(cmd, SamplingParams)
+        start = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]], sps, use_tqdm=False)
+        seconds = time.perf_counter() - start  # the whole batch, before the settling step
+        settle()
+        return {"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
+                             "num_cached_tokens": o.num_cached_tokens,
+                             "kv_transfer_params": o.kv_transfer_params} for o in outs]}
 
-    reply({"ready": True})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        try:
-            if cmd["op"] == "generate":
-                params = cmd.get("kv_transfer_params") or [None] * len(cmd["prompts"])
-                sps = [SamplingParams(temperature=0.0, max_tokens=cmd.get("max_tokens", 16), ignore_eos=True,
-                                      extra_args={"kv_transfer_params": p} if p else None) for p in params]
-                start = time.perf_counter()
-                outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]], sps, use_tqdm=False)
-                seconds = time.perf_counter() - start  # the whole batch, before the settling step
-                settle()
-                reply({"outputs": [{"token_ids": list(o.outputs[0].token_ids), "seconds": seconds,
-                                    "num_cached_tokens": o.num_cached_tokens,
-                                    "kv_transfer_params": o.kv_transfer_params} for o in outs]})
-            elif cmd["op"] == "stats":  # tpusync's connector counters in this process
-                from tpusync.engines.connector.common import stats
-                from tpusync.engines.upstream.counters import stats as upstream_stats
+    def counters(cmd: dict) -> dict:  # tpusync's connector counters in this process
+        from tpusync.engines.connector.common import stats
+        from tpusync.engines.upstream.counters import stats as upstream_stats
 
-                reply({"stats": stats() | {f"upstream_{k}": v for k, v in upstream_stats().items()}})
-            elif cmd["op"] == "reset_prefix_cache":
-                llm.reset_prefix_cache()
-                reply({})
-            elif cmd["op"] == "page_digests":
-                reply(page_digests(core.model_executor.driver_worker.worker.model_runner.kv_caches))
-            elif cmd["op"] == "weights":
-                call = getattr(llm, cmd["call"])
-                reply({"result": call(*([cmd["arg"]] if "arg" in cmd else []), **cmd.get("kwargs", {}))})
-            elif cmd["op"] == "exit":
-                reply({})
-                break
-            else:
-                reply({"error": f"unknown op {cmd['op']!r}"})
-        except Exception:  # noqa: BLE001 - the harness gets the traceback; the engine keeps serving
-            reply({"error": traceback.format_exc()})
+        return {"stats": stats() | {f"upstream_{k}": v for k, v in upstream_stats().items()}}
+
+    def digests(cmd: dict) -> dict:
+        return page_digests(core.model_executor.driver_worker.worker.model_runner.kv_caches)
+
+    serve(proto, llm, {"generate": generate, "stats": counters, "page_digests": digests})
     proto.flush()
     os._exit(0)  # vLLM's exit hooks expect torch modules (tpu-inference's models are JAX) and only add noise
 
