@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import tpusync
 from harness import fabric as fab
-from tpusync.local.sidecars import write_secret
-
-SECRET = b"fabric-integration-secret-0123456789"
-BLOCK = 256 << 10
-
-
-@pytest.fixture
-def secret_file(tmp_path):
-    path = tmp_path / "secret"
-    write_secret(path, SECRET + b"\n")
-    return str(path)
+from tests.integration.conftest import BLOCK
 
 
 @pytest.fixture
@@ -46,7 +35,3 @@ def sidecars(make_fabric, secret_file):
                    for h, s in zip(f.hosts, per_host)]
 
     return _start
-
-
-def engine(car) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{car.control_socket}")

@@ -12,8 +12,7 @@ import numpy as np
 from harness import fabric as fab
 from harness.keys import keys_for
 from harness.polling import wait_for
-
-from .conftest import BLOCK, engine
+from tests.integration.conftest import BLOCK, engine
 
 MIB = 1 << 20
 

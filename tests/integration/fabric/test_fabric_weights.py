@@ -12,10 +12,9 @@ import pytest
 
 from harness import REPO as ROOT
 from harness import fabric as fab
+from tests.integration.conftest import engine
 from tpusync.weights import VersionedWeights, plan
 from tpusync.weights.head import read_head
-
-from .conftest import engine
 
 MIB = 1 << 20
 

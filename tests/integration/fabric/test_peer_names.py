@@ -20,9 +20,8 @@ import pytest
 
 from harness import fabric as fab
 from harness.keys import keys_for
+from tests.integration.conftest import BLOCK, engine
 from tpusync.errors import PreconditionError
-
-from .conftest import BLOCK, engine
 
 
 @pytest.fixture

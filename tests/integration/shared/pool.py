@@ -15,6 +15,7 @@ import tpusync
 from harness import fabric as fab
 from harness import sshfs
 from harness.keys import keys_for
+from tests.integration.conftest import engine
 from tpusync.local.sidecars import write_secret
 
 SECRET = b"shared-tier-integration-secret-0123"
@@ -25,10 +26,6 @@ LAYOUT = "model=test;dtype=bf16;tp=1;rank=0"
 
 def data_for(keys: np.ndarray) -> list[np.ndarray]:
     return [np.random.default_rng([int(hi), int(lo)]).integers(0, 256, BLOCK, dtype=np.uint8) for hi, lo in keys]
-
-
-def engine(car) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{car.control_socket}")
 
 
 def stored(car, tag: int, n: int) -> tuple[np.ndarray, list[np.ndarray]]:

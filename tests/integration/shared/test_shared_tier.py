@@ -14,13 +14,13 @@ import pytest
 import tpusync
 from harness import fabric as fab
 from harness.keys import keys_for
+from tests.integration.conftest import engine
 from tests.integration.shared.pool import (
     BLOCK,
     FILE_BYTES,
     LAYOUT,
     SECRET,
     data_for,
-    engine,
     metric,
     pulled_bytes,
     read_back,

@@ -17,7 +17,8 @@ import xxhash
 import tpusync
 from harness.keys import keys_for
 from harness.polling import wait_for
-from tests.integration.shared.pool import BLOCK, data_for, engine, read_back, stored
+from tests.integration.conftest import engine
+from tests.integration.shared.pool import BLOCK, data_for, read_back, stored
 from tpusync.weights import VersionedWeights
 
 

@@ -1,5 +1,5 @@
-"""What the sidecar tests share: blocks of known content, an engine on a sidecar's control
-socket, checks of what a store holds and of the sidecar's /metrics."""
+"""What the sidecar tests share: blocks of known content, checks of what a store holds and of
+the sidecar's /metrics."""
 
 from __future__ import annotations
 
@@ -9,16 +9,11 @@ import urllib.request
 import numpy as np
 
 import tpusync
-
-from .conftest import BLOCK
+from tests.integration.conftest import BLOCK
 
 
 def blocks(first: int, n: int, size: int = BLOCK) -> dict[int, np.ndarray]:
     return {k: np.random.default_rng(k).integers(0, 256, size, dtype=np.uint8) for k in range(first, first + n)}
-
-
-def engine(s) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
 
 
 def assert_holds(store: tpusync.KVStore, data: dict[int, np.ndarray]) -> None:

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import tpusync
+from tests.integration.conftest import BLOCK, SECRET
 from tpusync import Tier
-
-from .conftest import BLOCK, SECRET
 
 POOLED = ["local", "sidecar"]  # the backends with a pool in this process's reach
 ALL = [*POOLED, "data_port"]

@@ -15,15 +15,11 @@ import numpy as np
 import pytest
 
 import tpusync
+from tests.integration.conftest import BLOCK, SECRET, engine
 from tpusync.errors import PreconditionError
 from tpusync.local import sidecars as sidecar_mod
 
-from .conftest import BLOCK, SECRET
 from .wire import ERROR, HELLO, WireClient, frame
-
-
-def engine(s) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
 
 
 def idle_connections(port: int, sources: list[str], per_source: int) -> list[socket.socket]:

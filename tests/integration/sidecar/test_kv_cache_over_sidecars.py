@@ -8,17 +8,12 @@ import numpy as np
 import pytest
 
 import tpusync
+from tests.integration.conftest import BLOCK, engine
 from tpusync import TransferStatus
 from tpusync.kv.cache import PageMover, PrefixStore
 from tpusync.kv.pages import save_pages
 
-from .conftest import BLOCK
-
 SHAPE = (2, 8, 16, 4, 128)  # layers, pages, page_size, kv_heads, head_dim: 64 KiB f32 per K/V page
-
-
-def engine(s) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{s.control_socket}")
 
 
 def test_save_pushes_to_a_peer_and_read_remote_pulls_back(launch):

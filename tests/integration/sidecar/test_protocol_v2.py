@@ -25,12 +25,12 @@ import pytest
 
 import tpusync
 from harness.polling import wait_for
+from tests.integration.conftest import BLOCK, SECRET, engine
 from tpusync import Tier
 from tpusync.errors import CapacityError, InvalidArgumentError, PreconditionError, TpuSyncError, UnavailableError
 
-from .conftest import BLOCK, SECRET
 from .netfault import Relay
-from .support import assert_holds, blocks, engine, metric
+from .support import assert_holds, blocks, metric
 from .wire import (
     AUTH_OK,
     CHALLENGE,

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import tpusync
+from tests.integration.conftest import BLOCK, SECRET, engine
 from tpusync import Tier
 from tpusync.errors import UnavailableError
 
-from .conftest import BLOCK, SECRET
 from .netfault import Relay
-from .support import assert_holds, blocks, engine, metric
+from .support import assert_holds, blocks, metric
 from .wire import BLOCK as BLOCK_OP
 from .wire import ERROR, EXISTS, HEADER, HELLO, PULL, PUSH, TIERS, WireClient, frame, keys_body
 

@@ -15,9 +15,8 @@ import threading
 import numpy as np
 
 import tpusync
+from tests.integration.conftest import BLOCK, SECRET
 from tpusync import errors
-
-from .conftest import BLOCK, SECRET
 
 KEYS = 64
 EVICTABLE = 48  # keys >= this may be evicted by the clients

@@ -2,55 +2,33 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-import tpusync
 from harness.processes import free_port
-from tpusync.local import sidecars as sidecar_mod
-from tpusync.local.sidecars import write_secret
+from tests.integration.conftest import engine
 from tpusync.weights import VersionedWeights, WeightDistributor
 
 from .model import params
 
-SECRET = b"weights-integration-secret-0123456789"
-BLOCK = 256 << 10
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def hosts(tmp_path):
-    """hosts(n) starts n sidecars (host 0 is the trainer's); all are killed afterwards."""
-    secret = tmp_path / "secret"
-    write_secret(secret, SECRET + b"\n")
-    started = []
+def hosts(launch):
+    """hosts(n) starts n more sidecars, h0, h1, ... (host 0 is the trainer's); all are killed afterwards."""
+    numbers = itertools.count()
 
     def _start(n: int, dram_bytes: int = 64 << 20):
-        out = []
-        for _ in range(n):
-            i = len(started)
-            pool = f"/dev/shm/tpusync-wt-{os.getpid()}-{i}-{uuid.uuid4().hex[:6]}"
-            s = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=dram_bytes, block_bytes=BLOCK,
-                                   control_socket=str(tmp_path / f"h{i}.sock"), stderr=subprocess.DEVNULL)
-            s.pool_path = pool
-            started.append(s)
-            out.append(s)
-        return out
+        return [launch(f"h{next(numbers)}", dram_bytes=dram_bytes, stderr=subprocess.DEVNULL) for _ in range(n)]
 
-    yield _start
-    for s in started:
-        if s.process.poll() is None:
-            s.kill()
-        if os.path.exists(s.pool_path):
-            os.unlink(s.pool_path)
-        shutil.rmtree(s.pool_path + ".weights", ignore_errors=True)
+    return _start
 
 
 @pytest.fixture
@@ -105,10 +83,6 @@ def line(p: subprocess.Popen) -> str:
 
 def sampler_result(p: subprocess.Popen) -> dict:
     return json.loads(line(p))
-
-
-def engine(host) -> tpusync.KVStore:
-    return tpusync.KVStore.connect(f"unix://{host.control_socket}")
 
 
 def manager_for(trainer_host, sampler_hosts, **kw) -> WeightDistributor:

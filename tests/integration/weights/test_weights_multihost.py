@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.conftest import engine
 from tpusync import errors
 from tpusync.weights import WeightDistributor
 from tpusync.weights.head import read_head
 from tpusync.weights.manifest import merge_parts
 from tpusync.weights.storage import read_manifest
 
-from .conftest import engine, line, sampler_result
+from .conftest import line, sampler_result
 from .model import digest, params
 from .test_weights_sidecars import pulled_out
 

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.integration.conftest import engine
 from tpusync.errors import InvalidArgumentError, UnavailableError
 from tpusync.weights import VersionedWeights, WeightDistributor
 from tpusync.weights.head import read_head
 from tpusync.weights.storage import read_commit, read_manifest, version_keys
 
-from .conftest import engine, line, manager_for, publish, sampler_result
+from .conftest import line, manager_for, publish, sampler_result
 from .model import digest, params
 
 

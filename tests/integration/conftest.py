@@ -1,17 +1,25 @@
-"""Fixtures that start real tpusync-sidecar processes on 127.0.0.1."""
+"""What the integration tiers share: a secret file, real tpusync-sidecar processes on 127.0.0.1,
+and an engine's connection to a sidecar."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 import pytest
 
+import tpusync
 from tpusync.local import sidecars as sidecar_mod
 from tpusync.local.sidecars import write_secret
 
 SECRET = b"integration-test-secret-0123456789"
 BLOCK = 256 << 10
+
+
+def engine(car) -> tpusync.KVStore:
+    """An engine's store on `car`, over its control socket."""
+    return tpusync.KVStore.connect(f"unix://{car.control_socket}")
 
 
 @pytest.fixture
@@ -45,3 +53,4 @@ def launch(tmp_path, secret_file):
     for p in pools:
         if os.path.exists(p):
             os.unlink(p)
+        shutil.rmtree(p + ".weights", ignore_errors=True)  # where a sidecar keeps the weights it received
