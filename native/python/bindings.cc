@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <type_traits>
+#include <vector>
 
 #include "convert.h"
 #include "tpusync/block_store.h"
@@ -154,6 +156,39 @@ struct PyReadLease : PyLease {
   using PyLease::PyLease;
 };
 
+// Most methods share one shape: parse the keys, run one call of the store on them with the
+// GIL released, then raise its error or convert its value. OnKeys is the first two.
+template <auto Call, typename... Args>
+auto OnKeys(PyBlockStore& s, const pb::handle& keys, const Args&... args) {
+  std::vector<BlockKey> k = ParseKeys(keys);
+  return NoGil([&] { return ((*s).*Call)(k, args...); });
+}
+
+// The methods that return nothing but the call's error.
+template <auto Call, typename... Args>
+void KeysCall(PyBlockStore& s, const pb::handle& keys, Args... args) {
+  ThrowIfError(OnKeys<Call>(s, keys, args...));
+}
+
+// reserve (writable views) and acquire (read-only ones).
+template <auto Call, bool kReadonly>
+pb::typing::List<pb::typing::Optional<pb::memoryview>> KeysViews(PyBlockStore& s, const pb::handle& keys) {
+  return SlotViews(Take(OnKeys<Call>(s, keys)), kReadonly);
+}
+
+// reserve_lease and acquire_lease: one key's slot as a lease object, refused without a slot.
+template <typename Lease>
+std::unique_ptr<Lease> OneLease(PyBlockStore& s, const pb::handle& key) {
+  constexpr bool kWrite = std::is_same_v<Lease, PyWriteLease>;
+  BlockKey k = ParseKey(key);
+  std::vector<BlockSlot> slots = Take(NoGil([&] { return kWrite ? s->Reserve({&k, 1}) : s->Acquire({&k, 1}); }));
+  if (slots[0].data == nullptr) {
+    Raise(kWrite ? FailedPrecondition("reserve: block " + k.ToHex() + " is already stored")
+                 : NotFound("acquire: block " + k.ToHex() + " is not stored"));
+  }
+  return std::make_unique<Lease>(&s, k, slots[0], kWrite);
+}
+
 std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t block_bytes, uint64_t num_slots,
                                         std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
                                         bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
@@ -294,18 +329,13 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "lookup",
           [](S& s, const pb::handle& keys, bool pin) -> pb::typing::Tuple<size_t, pb::array_t<uint8_t>> {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            LookupResult r = Take(NoGil([&] { return s->Lookup(k, pin); }));
+            LookupResult r = Take(OnKeys<&BlockStore::Lookup>(s, keys, pin));
             return pb::make_tuple(r.prefix_len, TierArray(r.tiers));
           },
           pb::arg("keys"), pb::kw_only(), pb::arg("pin") = false,
           "Returns (prefix_len, tiers as uint8 codes); pins the present prefix when pin=True.")
       .def(
-          "where",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            return TierArray(Take(NoGil([&] { return s->Where(k); })));
-          },
+          "where", [](S& s, const pb::handle& keys) { return TierArray(Take(OnKeys<&BlockStore::Where>(s, keys))); },
           pb::arg("keys"), "The tier of every key (uint8 codes), the shared tier asked about each.")
       .def(
           "describe",
@@ -319,8 +349,7 @@ PYBIND11_MODULE(_native, m) {
           "records",
           [](S& s, const pb::handle& keys,
              uint32_t max_keys) -> pb::typing::Tuple<pb::typing::List<pb::int_>, pb::typing::List<pb::bytes>> {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            SharedRecords r = Take(NoGil([&] { return s->Records(k, max_keys); }));
+            SharedRecords r = Take(OnKeys<&BlockStore::Records>(s, keys, max_keys));
             pb::typing::List<pb::int_> out_keys(r.keys.size());
             pb::typing::List<pb::bytes> out_records(r.keys.size());
             for (size_t i = 0; i < r.keys.size(); ++i) {
@@ -331,27 +360,11 @@ PYBIND11_MODULE(_native, m) {
           },
           pb::arg("keys"), pb::kw_only(), pb::arg("max_keys") = 65536,
           "(keys, records) of the shared tier: of these keys, or with none the catalog (b'': no record).")
-      .def(
-          "pin",
-          [](S& s, const pb::handle& keys, bool for_host) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Pin(k, for_host); }));
-          },
-          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
-      .def(
-          "release",
-          [](S& s, const pb::handle& keys, bool for_host) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Release(k, for_host); }));
-          },
-          pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
-      .def(
-          "evict",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Evict(k); }));
-          },
-          pb::arg("keys"), "Moves blocks one tier down: DRAM to disk (or out), disk out.")
+      .def("pin", &KeysCall<&BlockStore::Pin, bool>, pb::arg("keys"), pb::kw_only(), pb::arg("for_host") = false)
+      .def("release", &KeysCall<&BlockStore::Release, bool>, pb::arg("keys"), pb::kw_only(),
+           pb::arg("for_host") = false)
+      .def("evict", &KeysCall<&BlockStore::Evict>, pb::arg("keys"),
+           "Moves blocks one tier down: DRAM to disk (or out), disk out.")
       .def(
           "flush", [](S& s) { ThrowIfError(NoGil([&] { return s->Flush(); })); },
           "Waits for queued write-behind; raises the first demotion error since the last flush.")
@@ -367,60 +380,20 @@ PYBIND11_MODULE(_native, m) {
           },
           pb::arg("epoch"), pb::arg("seq"), pb::kw_only(), pb::arg("wait_ms"), pb::arg("max_keys") = 65536,
           "Keys whose tier changed after the cursor: (epoch, seq, lost, keys) for the next call.")
-      .def(
-          "reserve",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            return SlotViews(Take(NoGil([&] { return s->Reserve(k); })), false);
-          },
-          pb::arg("keys"),
-          "Writable views of freshly reserved slots (None where the block is stored); all or nothing.")
-      .def(
-          "commit",
-          [](S& s, const pb::handle& keys, const std::vector<uint64_t>& lengths) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Commit(k, lengths); }));
-          },
-          pb::arg("keys"), pb::arg("lengths"), "Publishes reserved slots as blocks of the given lengths.")
-      .def(
-          "abort",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Abort(k); }));
-          },
-          pb::arg("keys"), "Gives back reserved slots without committing them.")
-      .def(
-          "acquire",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            return SlotViews(Take(NoGil([&] { return s->Acquire(k); })), true);
-          },
-          pb::arg("keys"), "Read-only views of present blocks held in DRAM (None where absent).")
-      .def(
-          "unacquire",
-          [](S& s, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            ThrowIfError(NoGil([&] { return s->Unacquire(k); }));
-          },
-          pb::arg("keys"), "Releases blocks held by acquire, once per key.")
-      .def(
-          "reserve_lease",
-          [](S& s, const pb::handle& key) {
-            BlockKey k = ParseKey(key);
-            std::vector<BlockSlot> slots = Take(NoGil([&] { return s->Reserve({&k, 1}); }));
-            if (slots[0].data == nullptr) Raise(FailedPrecondition("reserve: block " + k.ToHex() + " is already stored"));
-            return std::make_unique<PyWriteLease>(&s, k, slots[0], true);
-          },
-          pb::arg("key"), pb::keep_alive<0, 1>(), "Reserves one slot as a lease object, to be written in place.")
-      .def(
-          "acquire_lease",
-          [](S& s, const pb::handle& key) {
-            BlockKey k = ParseKey(key);
-            std::vector<BlockSlot> slots = Take(NoGil([&] { return s->Acquire({&k, 1}); }));
-            if (slots[0].data == nullptr) Raise(NotFound("acquire: block " + k.ToHex() + " is not stored"));
-            return std::make_unique<PyReadLease>(&s, k, slots[0], false);
-          },
-          pb::arg("key"), pb::keep_alive<0, 1>(), "Holds one block in DRAM as a lease object, readable in place.")
+      .def("reserve", &KeysViews<&BlockStore::Reserve, false>, pb::arg("keys"),
+           "Writable views of freshly reserved slots (None where the block is stored); all or nothing.")
+      .def("commit", &KeysCall<&BlockStore::Commit, const std::vector<uint64_t>&>, pb::arg("keys"), pb::arg("lengths"),
+           "Publishes reserved slots as blocks of the given lengths.")
+      .def("abort", &KeysCall<&BlockStore::Abort>, pb::arg("keys"),
+           "Gives back reserved slots without committing them.")
+      .def("acquire", &KeysViews<&BlockStore::Acquire, true>, pb::arg("keys"),
+           "Read-only views of present blocks held in DRAM (None where absent).")
+      .def("unacquire", &KeysCall<&BlockStore::Unacquire>, pb::arg("keys"),
+           "Releases blocks held by acquire, once per key.")
+      .def("reserve_lease", &OneLease<PyWriteLease>, pb::arg("key"), pb::keep_alive<0, 1>(),
+           "Reserves one slot as a lease object, to be written in place.")
+      .def("acquire_lease", &OneLease<PyReadLease>, pb::arg("key"), pb::keep_alive<0, 1>(),
+           "Holds one block in DRAM as a lease object, readable in place.")
       .def(
           "pull_from",
           [](S& s, const std::string& peer, const pb::handle& keys, bool digests) {
