@@ -17,6 +17,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/versions.env"
 # shellcheck source=/dev/null
 source "$here/controlplane/goenv.sh"
+# shellcheck source=/dev/null
+source "$here/reuse-or-lock.sh"
 
 if [ "${1:-}" = "--regen" ]; then
   c="$here/nodes/containerd"
@@ -49,12 +51,7 @@ root="$TPUSYNC_CACHE/nodes"
 out="$root/$key"
 
 if [ "${1:-}" = "--print" ]; then echo "$out"; exit 0; fi
-if [ -f "$out/.complete" ]; then echo "nodes: up to date ($out)"; echo "$out"; exit 0; fi
-
-mkdir -p "$root"
-exec 9>"$root/.lock"
-flock 9
-if [ -f "$out/.complete" ]; then echo "nodes: built by another process"; echo "$out"; exit 0; fi
+reuse_or_lock nodes "$root" "$out" test -f "$out/.complete"
 rm -rf "$root"/.tmp-*
 tmp="$(mktemp -d "$root/.tmp-$key-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT

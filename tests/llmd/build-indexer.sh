@@ -13,18 +13,16 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=/dev/null
 source "$here/../../e2e/controlplane/goenv.sh"
+# shellcheck source=/dev/null
+source "$here/../../e2e/reuse-or-lock.sh"
 src="$here/indexer"
 key="$( { "$GO" version; cat "$here/build-indexer.sh" "$src/go.mod" "$src/go.sum" "$src"/*.go; } | sha256sum | cut -c1-16)"
 root="$TPUSYNC_CACHE/llmd-indexer"
 bin="$root/$key/llmd-indexer"
 
 if [ "${1:-}" = "--print" ]; then echo "$bin"; exit 0; fi
-if [ -x "$bin" ]; then echo "llmd-indexer: up to date"; echo "$bin"; exit 0; fi
-
+reuse_or_lock llmd-indexer "$root" "$bin" test -x "$bin"
 mkdir -p "$root/$key"
-exec 9>"$root/.lock"
-flock 9   # one builder at a time; a second waits, then finds the result
-if [ -x "$bin" ]; then echo "llmd-indexer: built by another process"; echo "$bin"; exit 0; fi
 t0=$SECONDS
 echo "llmd-indexer: building key $key with $("$GO" version)"
 tmp="$(mktemp "$root/$key/.tmp-XXXXXX")"
