@@ -164,6 +164,13 @@ auto OnKeys(PyBlockStore& s, const pb::handle& keys, const Args&... args) {
   return NoGil([&] { return ((*s).*Call)(k, args...); });
 }
 
+// The same for the calls on a peer's blocks.
+template <auto Call, typename... Args>
+auto OnPeerKeys(PyBlockStore& s, const std::string& peer, const pb::handle& keys, const Args&... args) {
+  std::vector<BlockKey> k = ParseKeys(keys);
+  return NoGil([&] { return ((*s).*Call)(peer, k, args...); });
+}
+
 // The methods that return nothing but the call's error.
 template <auto Call, typename... Args>
 void KeysCall(PyBlockStore& s, const pb::handle& keys, Args... args) {
@@ -397,8 +404,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "pull_from",
           [](S& s, const std::string& peer, const pb::handle& keys, bool digests) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            PullReport r = Take(NoGil([&] { return s->PullFrom(peer, k, digests); }));
+            PullReport r = Take(OnPeerKeys<&BlockStore::PullFrom>(s, peer, keys, digests));
             return LandedDigests(r.held, r.digests);
           },
           pb::arg("peer"), pb::arg("keys"), pb::arg("digests") = false,
@@ -407,15 +413,13 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "push_to",
           [](S& s, const std::string& peer, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            return Flags(Take(NoGil([&] { return s->PushTo(peer, k); })));
+            return Flags(Take(OnPeerKeys<&BlockStore::PushTo>(s, peer, keys)));
           },
           pb::arg("peer"), pb::arg("keys"), "Pushes stored blocks to a peer; returns which the peer holds.")
       .def(
           "exists_at",
           [](S& s, const std::string& peer, const pb::handle& keys) {
-            std::vector<BlockKey> k = ParseKeys(keys);
-            return TierArray(Take(NoGil([&] { return s->ExistsAt(peer, k); })));
+            return TierArray(Take(OnPeerKeys<&BlockStore::ExistsAt>(s, peer, keys)));
           },
           pb::arg("peer"), pb::arg("keys"), "The peer's tier of each block (uint8 codes); nothing moves.")
       .def("close", &S::close, "Ends the session or closes the store; refused while leases are held.")
