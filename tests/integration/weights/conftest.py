@@ -32,19 +32,18 @@ def hosts(launch):
 
 
 @pytest.fixture
-def procs():
-    """proc(role, host, version, seed, *extra) starts a trainer/sampler process; killed afterwards."""
-    started = []
+def run_module():
+    """run_module(module, *args, env=None) starts `python -m module args` in the repository root, its
+    stdin and stdout piped; all are killed afterwards."""
+    started: list[subprocess.Popen] = []
 
-    def _proc(role: str, host, version: int, seed: int = 0, *extra: str) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": str(ROOT)}
-        p = subprocess.Popen([sys.executable, "-m", "tests.integration.weights.proc", role, host.control_socket,
-                              "m", str(version), str(seed), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def _run(module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env=env, cwd=ROOT)
         started.append(p)
         return p
 
-    yield _proc
+    yield _run
     for p in started:
         if p.poll() is None:
             p.kill()
@@ -52,27 +51,28 @@ def procs():
 
 
 @pytest.fixture
-def trainer():
+def procs(run_module):
+    """proc(role, host, version, seed, *extra) starts a trainer/sampler process; killed afterwards."""
+
+    def _proc(role: str, host, version: int, seed: int = 0, *extra: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": str(ROOT)}
+        return run_module("tests.integration.weights.proc", role, host.control_socket, "m", str(version), str(seed),
+                          *extra, env=env)
+
+    return _proc
+
+
+@pytest.fixture
+def trainer(run_module):
     """trainer(hosts, version, seed, stop_at=None) starts both processes of the JAX job."""
-    started = []
 
     def _start(trainer_hosts, version: int, seed: int, stop_at: dict[int, int] | None = None):
         port = free_port()
-        procs = []
-        for pid, host in enumerate(trainer_hosts):
-            extra = [str(stop_at[pid])] if stop_at and pid in stop_at else []
-            p = subprocess.Popen([sys.executable, "-m", "tests.integration.weights.trainer_mp", host.control_socket,
-                                  f"127.0.0.1:{port}", str(pid), str(version), str(seed), *extra],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-            started.append(p)
-            procs.append(p)
-        return procs
+        return [run_module("tests.integration.weights.trainer_mp", host.control_socket, f"127.0.0.1:{port}", str(pid),
+                           str(version), str(seed), *([str(stop_at[pid])] if stop_at and pid in stop_at else []))
+                for pid, host in enumerate(trainer_hosts)]
 
-    yield _start
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+    return _start
 
 
 def line(p: subprocess.Popen) -> str:
