@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.integration.conftest import engine
+from tests.torn_reads import TornReadWatcher
 from tpusync.errors import InvalidArgumentError, UnavailableError
 from tpusync.weights import VersionedWeights, WeightDistributor
 from tpusync.weights.head import read_head
@@ -54,34 +55,13 @@ def test_atomic_swap_across_hosts(hosts):
     sampler = VersionedWeights(engine(host), "m")
     sampler.bind_weights({k: jnp.zeros(s, jnp.float32) for k, s in shapes.items()})
     trainer_sync = VersionedWeights(engine(trainer), "m", blocks_per_chunk=3)
-    torn, seen, stop = [], set(), threading.Event()
-    cond = threading.Condition()
-
-    def reader():
-        while not stop.is_set():
-            v, p = sampler.current()
-            if p is None:
-                continue
-            values = {float(x[0]) for x in p.values()} | {float(x[-1]) for x in p.values()}
-            if values != {float(v)}:
-                torn.append((v, values))
-            with cond:
-                seen.add(v)
-                cond.notify_all()
-
-    t = threading.Thread(target=reader)
-    t.start()
-    try:
+    with TornReadWatcher(sampler) as reader:
         for v in range(1, 6):
             trainer_sync.publish({k: jnp.full(s, v, jnp.float32) for k, s in shapes.items()}, v)
             assert mgr.transfer(["trainer"], None, "m").ok
             assert sampler.poll() == v
-            with cond:
-                assert cond.wait_for(lambda v=v: v in seen or torn, timeout=30)
-    finally:
-        stop.set()
-        t.join()
-    assert not torn and seen == {1, 2, 3, 4, 5}
+            assert reader.saw(v)
+    assert not reader.torn and reader.seen == {1, 2, 3, 4, 5}
 
 
 @pytest.mark.parametrize("in_flight", [1, 2, 4])

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import tpusync
+from tests.torn_reads import TornReadWatcher
 from tpusync.weights import TemplateMismatchError, VersionedWeights
 from tpusync.weights.codec import decode_manifest, encode_manifest, manifest_blocks
 from tpusync.weights.head import advance_head, read_head
@@ -173,34 +173,13 @@ def test_a_reader_never_sees_a_torn_version(store):
         return {k: jnp.full(s, v, jnp.float32) for k, s in shapes.items()}
 
     sampler.bind_weights(version(0))
-    seen, torn, stop = set(), [], threading.Event()
-    seen_cond = threading.Condition()
-
-    def reader():
-        while not stop.is_set():
-            v, p = sampler.current()
-            if p is None:
-                continue
-            values = {float(leaf[0]) for leaf in p.values()} | {float(leaf[-1]) for leaf in p.values()}
-            if values != {float(v)}:
-                torn.append((v, values))
-            with seen_cond:
-                seen.add(v)
-                seen_cond.notify_all()
-
-    t = threading.Thread(target=reader)
-    t.start()
-    try:
+    with TornReadWatcher(sampler) as reader:
         for v in range(1, 9):
             trainer.publish(version(v), v)
             sampler.wait_for_version(v, timeout=10)
-            with seen_cond:  # the reader observed this version before the next swap
-                assert seen_cond.wait_for(lambda v=v: v in seen or torn, timeout=30)
-    finally:
-        stop.set()
-        t.join()
-    assert not torn
-    assert seen == set(range(1, 9))
+            assert reader.saw(v)  # the reader observed this version before the next swap
+    assert not reader.torn
+    assert reader.seen == set(range(1, 9))
 
 
 def test_resharding_between_meshes_through_host_buffers(tmp_path):
