@@ -5,7 +5,6 @@ the hosts meet only through the sidecars' data ports over the shaped fabric."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from harness import REPO as ROOT
 from harness import fabric as fab
 from tests.integration.conftest import engine
+from tests.integration.weights.receive import committed, receive_command
 from tpusync.weights import VersionedWeights, plan
 from tpusync.weights.head import read_head
 
@@ -33,18 +33,8 @@ def receivers(trainer, cars, *, topology: str = plan.CHAIN, stall: float = 30.0)
     """Starts `receive` inside each destination host; returns {address: process}."""
     args = [f"--source={trainer.address}", *(f"--destination={c.address}" for c in cars),
             f"--topology={topology}", "--fanout=2"]
-    return {c.address: c.host.popen(
-        [sys.executable, "-m", "tpusync.weights", "receive", f"--control-socket={c.control_socket}",
-         f"--host={c.address}", "--model=m", "--version=1", f"--stall-seconds={stall}", "--timeout-seconds=60", *args],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT) for c in cars}
-
-
-def committed(p: subprocess.Popen) -> str:
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 0, out
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("committed version 1"), out
-    return last
+    return {c.address: c.host.popen(receive_command(c, *args, stall=stall), stdout=subprocess.PIPE, text=True,
+                                    cwd=ROOT) for c in cars}
 
 
 def loaded(car, template: dict) -> dict:

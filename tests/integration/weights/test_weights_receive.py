@@ -13,25 +13,16 @@ from tpusync.weights.head import read_head
 
 from .conftest import ROOT, line, publish, sampler_result
 from .model import digest, params
+from .receive import committed, receive_command
 from .test_weights_sidecars import pulled_out
 
 
 def receivers(sources, destinations, *, version: int = 1, only=None, stall: float = 30.0) -> dict:
     """Starts `receive` on each destination (or those in `only`); returns {host: process}."""
     args = [f"--source={s.address}" for s in sources] + [f"--destination={d.address}" for d in destinations]
-    return {d.address: subprocess.Popen(
-        [sys.executable, "-m", "tpusync.weights", "receive", f"--control-socket={d.control_socket}",
-         f"--host={d.address}", "--model=m", f"--version={version}", f"--stall-seconds={stall}", "--timeout-seconds=60",
-         *args], stdout=subprocess.PIPE, text=True, cwd=ROOT) for d in destinations if only is None or d in only}
-
-
-def committed(p: subprocess.Popen) -> str:
-    """The receiver's final line (it prints one line per chunk before it)."""
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 0, out
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("committed version"), out
-    return last
+    return {d.address: subprocess.Popen(receive_command(d, *args, version=version, stall=stall),
+                                        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            for d in destinations if only is None or d in only}
 
 
 def test_each_host_receives_on_its_own(hosts, procs):
