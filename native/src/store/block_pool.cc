@@ -159,7 +159,8 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& o) 
   if (o.mlock) pool->mlocked_ = ::mlock(base, h.file_bytes) == 0;
   if (!attach) ::pwrite(fd.get(), &h, sizeof(h), 0);
 
-  pool->free_.reserve(pool->num_slots_);
+  std::vector<uint32_t> free;
+  free.reserve(pool->num_slots_);
   for (uint32_t s = pool->num_slots_; s-- > 0;) {
     SlotMeta* m = pool->meta(s);
     uint32_t state = std::atomic_ref<uint32_t>(m->state).load(std::memory_order_acquire);
@@ -168,9 +169,10 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& o) 
     } else {
       // Never committed, or torn by a writer that died mid-copy: the slot is free.
       std::atomic_ref<uint32_t>(m->state).store(kFree, std::memory_order_relaxed);
-      pool->free_.push_back(s);
+      free.push_back(s);
     }
   }
+  pool->free_.Assign(std::move(free));
   std::sort(pool->recovered_.begin(), pool->recovered_.end(),
             [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.tick < b.tick; });
   pool->fd_ = std::move(fd);  // the pool keeps the fd, and so the flock, until it closes
@@ -184,21 +186,14 @@ BlockPool::~BlockPool() {
 }
 
 std::optional<uint32_t> BlockPool::Allocate() {
-  uint32_t slot;
-  {
-    std::lock_guard lock(mu_);
-    if (free_.empty()) return std::nullopt;
-    slot = free_.back();
-    free_.pop_back();
-  }
-  std::atomic_ref<uint32_t>(meta(slot)->state).store(kWriting, std::memory_order_release);
+  std::optional<uint32_t> slot = free_.Take();
+  if (slot) std::atomic_ref<uint32_t>(meta(*slot)->state).store(kWriting, std::memory_order_release);
   return slot;
 }
 
 void BlockPool::Free(uint32_t slot) {
   std::atomic_ref<uint32_t>(meta(slot)->state).store(kFree, std::memory_order_release);
-  std::lock_guard lock(mu_);
-  free_.push_back(slot);
+  free_.Give(slot);
 }
 
 void BlockPool::Commit(uint32_t slot, const BlockKey& key, uint64_t length, uint64_t tick) {
@@ -212,9 +207,5 @@ void BlockPool::Commit(uint32_t slot, const BlockKey& key, uint64_t length, uint
 
 void BlockPool::Touch(uint32_t slot, uint64_t tick) { meta(slot)->tick = tick; }
 
-uint32_t BlockPool::free_slots() const {
-  std::lock_guard lock(mu_);
-  return static_cast<uint32_t>(free_.size());
-}
 
 }  // namespace tpusync

@@ -114,6 +114,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
   // Recovery: scan every header. Unwritten extents read as zeros and are simply free.
   AlignedBuffer hdr(kHeaderBytes);
   std::vector<RecoveredExtent> found;
+  std::vector<uint32_t> free;
   for (uint32_t e = 0; e < t->num_extents_; ++e) {
     ssize_t r = ::pread(t->fd_.get(), hdr.data(), kHeaderBytes, static_cast<off_t>(t->offset(e)));
     const auto* h = reinterpret_cast<const ExtentHeader*>(hdr.data());
@@ -121,10 +122,11 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
       found.push_back({e, {h->key_hi, h->key_lo}, h->length, h->seq});
     } else {
       if (r == static_cast<ssize_t>(kHeaderBytes) && h->magic == kMagic) ++t->damaged_at_open_;
-      t->free_.push_back(e);
+      free.push_back(e);
     }
   }
-  std::reverse(t->free_.begin(), t->free_.end());  // hand out low extents first
+  std::reverse(free.begin(), free.end());  // hand out low extents first
+  t->free_.Assign(std::move(free));
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.seq < b.seq; });
   // The same key in two extents (an old copy whose slot was later reused for it): keep the newest.
   std::vector<RecoveredExtent> unique;
@@ -135,7 +137,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
       if (inserted) {
         unique.push_back(r);
       } else {
-        t->free_.push_back(unique[it->second].extent);
+        t->free_.Give(unique[it->second].extent);
         unique[it->second] = r;
       }
     }
@@ -148,11 +150,7 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& o) {
 DiskTier::~DiskTier() = default;
 
 std::optional<uint32_t> DiskTier::Allocate() {
-  std::lock_guard lock(mu_);
-  if (free_.empty()) return std::nullopt;
-  uint32_t e = free_.back();
-  free_.pop_back();
-  return e;
+  return free_.Take();
 }
 
 // The header is erased before the extent is reused, so a block that was evicted (or failed
@@ -163,13 +161,7 @@ void DiskTier::Free(uint32_t extent) {
   struct iovec iov = {hdr.data(), kHeaderBytes};
   Status st = PwritevFull(fd_.get(), &iov, 1, offset(extent), path_);
   if (!st.ok()) Log(LogLevel::kWarning, "disk", "erasing a freed extent's header: " + st.ToString());
-  std::lock_guard lock(mu_);
-  free_.push_back(extent);
-}
-
-uint32_t DiskTier::free_extents() const {
-  std::lock_guard lock(mu_);
-  return static_cast<uint32_t>(free_.size());
+  free_.Give(extent);
 }
 
 Status DiskTier::Write(uint32_t extent, const BlockKey& key, const std::byte* src, uint64_t length, uint64_t seq) {

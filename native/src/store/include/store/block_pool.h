@@ -9,12 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/posix_io.h"
+#include "store/free_list.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
 #include "tpusync/types.h"
@@ -52,7 +52,7 @@ class BlockPool {
   uint64_t file_offset(uint32_t slot) const { return data_offset_ + uint64_t{slot} * block_bytes_; }
   uint64_t block_bytes() const { return block_bytes_; }
   uint32_t num_slots() const { return num_slots_; }
-  uint32_t free_slots() const;
+  uint32_t free_slots() const { return free_.size(); }
   const std::string& path() const { return path_; }
   bool hugepages() const { return hugepages_; }
   bool mlocked() const { return mlocked_; }
@@ -76,9 +76,7 @@ class BlockPool {
   bool hugepages_ = false;
   bool mlocked_ = false;
   std::vector<RecoveredSlot> recovered_;
-
-  mutable std::mutex mu_;
-  std::vector<uint32_t> free_;  // guarded by mu_
+  FreeList free_;
 };
 
 }  // namespace tpusync

@@ -10,12 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/posix_io.h"
+#include "store/free_list.h"
 #include "tpusync/block_key.h"
 #include "tpusync/status.h"
 #include "tpusync/types.h"
@@ -52,7 +52,7 @@ class DiskTier {
   Status Read(uint32_t extent, const BlockKey& key, uint64_t length, std::byte* dst);
 
   uint32_t num_extents() const { return num_extents_; }
-  uint32_t free_extents() const;
+  uint32_t free_extents() const { return free_.size(); }
   uint64_t block_bytes() const { return block_bytes_; }
   bool direct_io() const { return direct_io_; }
   const std::string& path() const { return path_; }
@@ -72,9 +72,7 @@ class DiskTier {
   bool direct_io_ = false;
   std::vector<RecoveredExtent> recovered_;
   uint32_t damaged_at_open_ = 0;
-
-  mutable std::mutex mu_;
-  std::vector<uint32_t> free_;  // guarded by mu_
+  FreeList free_;
 };
 
 }  // namespace tpusync
