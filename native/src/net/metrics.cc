@@ -76,70 +76,67 @@ std::string Metrics::Render(const StoreStats& s) const {
     Line(out, "tpusync_request_errors_total", std::string("op=\"") + kOpNames[op] + "\"",
          static_cast<double>(errors_[op].load()));
   }
-  auto counter = [&](const char* name, const char* help, double v) {
-    Meta(out, name, "counter", help);
-    Line(out, name, "", v);
+  // One unlabelled sample each; `v` a count (converted here) or seconds.
+  auto sample = [&](const char* type, const char* name, const char* help, auto v) {
+    Meta(out, name, type, help);
+    Line(out, name, "", static_cast<double>(v));
   };
-  auto gauge = [&](const char* name, const char* help, double v) {
-    Meta(out, name, "gauge", help);
-    Line(out, name, "", v);
-  };
-  counter("tpusync_auth_failures_total", "Peers that failed the handshake.", static_cast<double>(auth_failures.load()));
-  counter("tpusync_bad_frames_total", "Frames rejected by validation.", static_cast<double>(bad_frames.load()));
-  counter("tpusync_deadline_exceeded_total", "Operations that passed their deadline.",
-          static_cast<double>(deadline_exceeded.load()));
-  counter("tpusync_connections_total", "Connections accepted.", static_cast<double>(connections_total.load()));
-  gauge("tpusync_connections_active", "Connections being served.", static_cast<double>(connections_active.load()));
+  auto counter = [&](const char* name, const char* help, auto v) { sample("counter", name, help, v); };
+  auto gauge = [&](const char* name, const char* help, auto v) { sample("gauge", name, help, v); };
+  counter("tpusync_auth_failures_total", "Peers that failed the handshake.", auth_failures.load());
+  counter("tpusync_bad_frames_total", "Frames rejected by validation.", bad_frames.load());
+  counter("tpusync_deadline_exceeded_total", "Operations that passed their deadline.", deadline_exceeded.load());
+  counter("tpusync_connections_total", "Connections accepted.", connections_total.load());
+  gauge("tpusync_connections_active", "Connections being served.", connections_active.load());
   counter("tpusync_connections_refused_total",
           "Data connections closed unserved: over --max-connections, or over the unauthenticated budgets.",
-          static_cast<double>(connections_refused.load()));
+          connections_refused.load());
   counter("tpusync_connections_cut_pending_total",
           "Unauthenticated data connections cut off to make room for new ones (--max-unauthenticated).",
-          static_cast<double>(connections_cut_pending.load()));
-  gauge("tpusync_pool_block_bytes", "Block size.", static_cast<double>(s.block_bytes));
-  gauge("tpusync_pool_dram_slots", "DRAM slots.", static_cast<double>(s.dram_slots));
-  gauge("tpusync_pool_dram_used_slots", "DRAM slots holding blocks.", static_cast<double>(s.dram_used));
-  gauge("tpusync_pool_disk_extents", "Disk extents.", static_cast<double>(s.disk_extents));
-  gauge("tpusync_pool_disk_used_extents", "Disk extents holding blocks.", static_cast<double>(s.disk_used));
-  gauge("tpusync_pool_pinned_blocks", "Pinned blocks.", static_cast<double>(s.pinned));
-  counter("tpusync_evictions_total", "Blocks evicted from DRAM.", static_cast<double>(s.evictions));
-  counter("tpusync_demotions_total", "Blocks written behind to disk.", static_cast<double>(s.demotions));
-  counter("tpusync_promotions_total", "Blocks read back from disk into DRAM.", static_cast<double>(s.promotions));
-  counter("tpusync_disk_evictions_total", "Blocks evicted from disk.", static_cast<double>(s.disk_evictions));
-  counter("tpusync_corruptions_total", "Stored blocks that failed their checksum.", static_cast<double>(s.corruptions));
-  counter("tpusync_disk_errors_total", "Disk reads and writes that failed.",
-          static_cast<double>(s.disk_write_errors + s.disk_read_errors));
+          connections_cut_pending.load());
+  gauge("tpusync_pool_block_bytes", "Block size.", s.block_bytes);
+  gauge("tpusync_pool_dram_slots", "DRAM slots.", s.dram_slots);
+  gauge("tpusync_pool_dram_used_slots", "DRAM slots holding blocks.", s.dram_used);
+  gauge("tpusync_pool_disk_extents", "Disk extents.", s.disk_extents);
+  gauge("tpusync_pool_disk_used_extents", "Disk extents holding blocks.", s.disk_used);
+  gauge("tpusync_pool_pinned_blocks", "Pinned blocks.", s.pinned);
+  counter("tpusync_evictions_total", "Blocks evicted from DRAM.", s.evictions);
+  counter("tpusync_demotions_total", "Blocks written behind to disk.", s.demotions);
+  counter("tpusync_promotions_total", "Blocks read back from disk into DRAM.", s.promotions);
+  counter("tpusync_disk_evictions_total", "Blocks evicted from disk.", s.disk_evictions);
+  counter("tpusync_corruptions_total", "Stored blocks that failed their checksum.", s.corruptions);
+  counter("tpusync_disk_errors_total", "Disk reads and writes that failed.", s.disk_write_errors + s.disk_read_errors);
   counter("tpusync_blocks_dropped_total", "Blocks that left DRAM without reaching disk (write-behind failed or disk full of pinned blocks).",
-          static_cast<double>(s.dropped));
+          s.dropped);
   counter("tpusync_hits_total", "Blocks found by get (dram + disk + shared).",
-          static_cast<double>(s.hits_dram + s.hits_disk + s.hits_shared));
+          s.hits_dram + s.hits_disk + s.hits_shared);
   if (s.shared_enabled) {
     const SharedTierStats& sh = s.shared;
-    gauge("tpusync_shared_capacity_bytes", "The shared tier's capacity.", static_cast<double>(sh.capacity_bytes));
-    gauge("tpusync_shared_used_bytes", "Bytes of blocks on the shared tier, every host's.", static_cast<double>(sh.used_bytes));
+    gauge("tpusync_shared_capacity_bytes", "The shared tier's capacity.", sh.capacity_bytes);
+    gauge("tpusync_shared_used_bytes", "Bytes of blocks on the shared tier, every host's.", sh.used_bytes);
     gauge("tpusync_shared_blocks", "Blocks of this layout on the shared tier at the last scan, every host's.",
-          static_cast<double>(sh.blocks));
-    counter("tpusync_shared_hits_total", "Blocks read from the shared tier.", static_cast<double>(sh.hits));
-    counter("tpusync_shared_misses_total", "Shared-tier reads of absent blocks.", static_cast<double>(sh.misses));
-    counter("tpusync_shared_written_total", "Blocks this host wrote to the shared tier.", static_cast<double>(sh.writes));
-    counter("tpusync_shared_read_bytes_total", "Bytes read from the shared tier.", static_cast<double>(sh.bytes_read));
-    counter("tpusync_shared_written_bytes_total", "Bytes written to the shared tier.", static_cast<double>(sh.bytes_written));
-    counter("tpusync_shared_evictions_total", "Shared-tier files this host's evictor deleted.", static_cast<double>(sh.evictions));
+          sh.blocks);
+    counter("tpusync_shared_hits_total", "Blocks read from the shared tier.", sh.hits);
+    counter("tpusync_shared_misses_total", "Shared-tier reads of absent blocks.", sh.misses);
+    counter("tpusync_shared_written_total", "Blocks this host wrote to the shared tier.", sh.writes);
+    counter("tpusync_shared_read_bytes_total", "Bytes read from the shared tier.", sh.bytes_read);
+    counter("tpusync_shared_written_bytes_total", "Bytes written to the shared tier.", sh.bytes_written);
+    counter("tpusync_shared_evictions_total", "Shared-tier files this host's evictor deleted.", sh.evictions);
     counter("tpusync_shared_corrupt_files_total",
             "Shared-tier files that failed verification (removed): damaged, or written without the pool's secret.",
-            static_cast<double>(sh.corruptions));
+            sh.corruptions);
     counter("tpusync_shared_skipped_total",
             "Entries of the shared directory that scans and reads passed over: links (never followed), other "
             "types, sizes or headers that do not verify.",
-            static_cast<double>(sh.skipped));
+            sh.skipped);
     counter("tpusync_shared_refused_total", "Shared-tier writes refused: the tier or its filesystem was full.",
-            static_cast<double>(sh.refused_full));
+            sh.refused_full);
     counter("tpusync_shared_errors_total", "Shared-tier reads and writes that failed.",
-            static_cast<double>(sh.read_errors + sh.write_errors));
+            sh.read_errors + sh.write_errors);
     counter("tpusync_shared_read_seconds_total", "Time in shared-tier reads that succeeded.", sh.read_ns / 1e9);
     counter("tpusync_shared_write_seconds_total", "Time in shared-tier writes that succeeded.", sh.write_ns / 1e9);
   }
-  counter("tpusync_misses_total", "Blocks not found by get.", static_cast<double>(s.misses));
+  counter("tpusync_misses_total", "Blocks not found by get.", s.misses);
   return out;
 }
 
