@@ -67,6 +67,30 @@ class Publisher(Protocol):
     def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict: ...
 
 
+class PublisherAt:
+    """A Publisher's pod, events endpoint and completions from where it listens: `ip`, its
+    serving `port` and its KV-events `events_port` (the subclass's fields or properties)."""
+
+    ip: str
+    port: int
+    events_port: int
+
+    @property
+    def pod(self) -> str:
+        return f"{self.ip}:{self.port}"  # the topic's pod: the address the router sends requests to
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.pod}"
+
+    @property
+    def events_endpoint(self) -> str:
+        return f"tcp://{self.ip}:{self.events_port}"
+
+    def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
+        return post(self.url + "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **extra})
+
+
 class Indexer:
     """llmd-indexer: llm-d's indexer wired as the router's precise-prefix-cache-producer."""
 
@@ -112,9 +136,10 @@ class Indexer:
 
 
 @dataclass
-class Engine:
+class Engine(PublisherAt):
     """A reference server (python -m tpusync.serving) publishing KV events on 127.0.0.1."""
 
+    ip = "127.0.0.1"  # a class attribute, not a field
     role: str
     page_size: int
     control_socket: str | None = None
@@ -145,21 +170,6 @@ class Engine:
         ready = json.loads(line)
         self.events_port = int(ready["kv_events_endpoint"].rsplit(":", 1)[1])
         return self
-
-    @property
-    def pod(self) -> str:
-        return f"127.0.0.1:{self.port}"  # the topic's pod: the address the router sends requests to
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def events_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
-
-    def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
-        return post(self.url + "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **extra})
 
     def stop(self) -> None:
         if self.process is not None:

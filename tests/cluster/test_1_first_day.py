@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.llmd_fleet import Indexer, connect, parameters, served
-from harness.llmd_fleet import post as fleet_post
+from harness.llmd_fleet import Indexer, PublisherAt, connect, parameters, served
 from harness.llmd_indexer import indexer_binary
 from harness.nodes import RealCluster
 
@@ -121,7 +120,7 @@ def test_pd_through_the_services_equals_a_monolithic_engine(real: RealCluster, s
 
 
 @dataclass
-class ServingPod:
+class ServingPod(PublisherAt):
     """A serving pod as llm-d's indexer knows it: the topic's pod (its address and the serving
     port), its engine's KV-event endpoint at the pod address (llm_fleet.Publisher)."""
 
@@ -134,17 +133,6 @@ class ServingPod:
     def of(cls, pod: dict[str, Any]) -> ServingPod:
         return cls(pod["status"]["podIP"], port_named(pod, ENGINE, "http"), port_named(pod, ENGINE, "kv-events"),
                    MODEL.page_size)
-
-    @property
-    def pod(self) -> str:
-        return f"{self.ip}:{self.port}"
-
-    @property
-    def events_endpoint(self) -> str:
-        return f"tcp://{self.ip}:{self.events_port}"
-
-    def complete(self, prompt: list[int], max_tokens: int = 1, **extra: Any) -> dict[str, Any]:
-        return fleet_post(f"http://{self.pod}/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **extra})
 
 
 def test_llmd_indexer_scores_the_pod_holding_the_prefix(real: RealCluster, serving: dict[str, Any]) -> None:

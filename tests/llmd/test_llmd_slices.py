@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.llmd_fleet import MODEL_NAME, Host, connect, eventually, model_config, post, served
+from harness.llmd_fleet import MODEL_NAME, Host, PublisherAt, connect, eventually, model_config, served
 from harness.processes import free_port
 from tpusync import KVStore
 from tpusync.kv.keys import BlockHasher, shard_key
@@ -22,9 +22,10 @@ PARAMETERS = {"tokenProcessorConfig": {"blockSizeTokens": PAGE},
 
 
 @dataclass
-class SliceEngine:
+class SliceEngine(PublisherAt):
     """A slice as the tier's helpers see an engine: its leader's pod and KV-events endpoint."""
 
+    ip = "127.0.0.1"  # a class attribute, not a field
     processes: SliceProcesses
     events_port: int
     page_size: int = PAGE
@@ -41,15 +42,8 @@ class SliceEngine:
         return cls(processes, events_port)
 
     @property
-    def pod(self) -> str:
-        return f"127.0.0.1:{self.processes.leader.port}"
-
-    @property
-    def events_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
-
-    def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
-        return post(self.processes.url + "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **extra})
+    def port(self) -> int:  # the leader serves HTTP
+        return self.processes.leader.port
 
 
 def test_a_slice_announces_a_block_while_every_host_holds_its_part(cluster, monkeypatch):
