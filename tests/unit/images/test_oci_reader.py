@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def oci():
-    spec = importlib.util.spec_from_file_location("image_oci", ROOT / "tests/images/oci.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["image_oci"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.images import oci
 
 
 def tar_bytes(files: dict[str, bytes | None]) -> bytes:
@@ -75,7 +64,7 @@ LAYERS = [
 ]
 
 
-def test_reads_and_unpacks_with_whiteouts(oci, tmp_path):
+def test_reads_and_unpacks_with_whiteouts(tmp_path):
     img = oci.read(layout(tmp_path / "x.oci.tar", LAYERS))
     assert img.ref_name == "0.1.0" and img.runtime["User"] == "65532:65532" and img.env == {"A": "1"}
     root = img.unpack(tmp_path / "rootfs")
@@ -84,6 +73,6 @@ def test_reads_and_unpacks_with_whiteouts(oci, tmp_path):
     assert (root / "etc/keep").read_bytes() == b"K"
 
 
-def test_a_blob_that_does_not_match_its_digest_is_refused(oci, tmp_path):
+def test_a_blob_that_does_not_match_its_digest_is_refused(tmp_path):
     with pytest.raises(AssertionError, match="does not match its digest"):
         oci.read(layout(tmp_path / "x.oci.tar", LAYERS, tamper=True))
