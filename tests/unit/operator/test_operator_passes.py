@@ -155,26 +155,34 @@ def waits_logged(records) -> list[str]:
             if "touching it failed" in r.getMessage()]
 
 
+async def failing_touches(failures: int, *, retry_delay: float, error_delay: float,
+                          touch_backoff: float) -> tuple[Calls, PassQueue]:
+    """A pass that always asks to be retried after `retry_delay`, and a touch (which carries the
+    retry) that fails `failures` times: returns once the touch has been tried once more."""
+    attempts = Calls()
+
+    async def run(key):
+        raise kopf.TemporaryError("later", delay=retry_delay)
+
+    async def touch(key):
+        attempts.append(len(attempts) + 1)
+        if len(attempts) <= failures:
+            raise RuntimeError(f"API 500 #{len(attempts)}")
+
+    q = PassQueue(run, touch, error_delay=error_delay)
+    q.touch_backoff = touch_backoff
+    q.request("a")
+    await q.drain()
+    await attempts.reach(failures + 1)
+    return attempts, q
+
+
 def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
     """Issue 14, item 14: the touch that carries a retry fails too (the API server that
     failed the pass is often still failing). It must not be dropped: it is tried again, the
     waits doubling, and logged each time, until it is written."""
     async def main():
-        attempts = Calls()
-
-        async def run(key):
-            raise kopf.TemporaryError("later", delay=0.01)
-
-        async def touch(key):
-            attempts.append(len(attempts) + 1)
-            if len(attempts) <= 3:
-                raise RuntimeError(f"API 500 #{len(attempts)}")
-
-        q = PassQueue(run, touch, error_delay=1.0)
-        q.touch_backoff = 0.02
-        q.request("a")
-        await q.drain()
-        await attempts.reach(4)
+        attempts, q = await failing_touches(3, retry_delay=0.01, error_delay=1.0, touch_backoff=0.02)
         await q.settle()                    # the retry that wrote it finishes, and none follows
         return list(attempts), q.retrying()
 
@@ -186,25 +194,8 @@ def test_a_failed_touch_is_tried_again_with_backoff_until_it_is_written(caplog):
 
 
 def test_the_touch_backoff_is_capped_by_the_error_delay(caplog):
-    async def main():
-        attempts = Calls()
-
-        async def run(key):
-            raise kopf.TemporaryError("later", delay=0)
-
-        async def touch(key):
-            attempts.append(len(attempts) + 1)
-            if len(attempts) <= 5:
-                raise RuntimeError("down")
-
-        q = PassQueue(run, touch, error_delay=0.03)
-        q.touch_backoff = 0.01
-        q.request("a")
-        await q.drain()
-        await attempts.reach(6)
-
     with caplog.at_level("WARNING", logger="tpusync_operator.passes"):
-        asyncio.run(main())
+        asyncio.run(failing_touches(5, retry_delay=0, error_delay=0.03, touch_backoff=0.01))
     assert waits_logged(caplog.records) == ["0.01 s", "0.02 s", "0.03 s", "0.03 s", "0.03 s"]
 
 
