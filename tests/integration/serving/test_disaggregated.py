@@ -7,20 +7,17 @@ tokens of the monolithic run.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import urllib.error
 import urllib.request
-import uuid
 
 import pytest
 
 from tests.integration.serving.requests import pd, post, prompt, tokens
+from tests.integration.serving.stack import ServingStack
 from tpusync.engines.reference import codec
 from tpusync.engines.reference.model import ModelConfig
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
-from tpusync.local.sidecars import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -30,44 +27,24 @@ BLOCK = -(-CFG.page_bytes // 4096) * 4096
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    work = tmp_path_factory.mktemp("pd")
-    secret = work / "secret"
-    write_secret(secret, uuid.uuid4().hex * 2)
-    pools = [f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    started = []
-    running: dict = {}
+    stack = ServingStack(tmp_path_factory.mktemp("pd"), BLOCK)
     try:
-        p_side, d_side = (sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
-                                         block_bytes=BLOCK, control_socket=str(work / f"{i}.sock"),
-                                         stderr=subprocess.DEVNULL) for i, pool in enumerate(pools))
-        started += [p_side, d_side]
-        started.append(start_server("both", model_config=MODEL, prefix_cache=False))
-        started.append(start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
-                                    data_address=p_side.address))
-        started.append(start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
-                                    data_address=d_side.address, peers=[p_side.address]))
+        p_side, d_side = stack.sidecar("p_side"), stack.sidecar("d_side")
+        stack.add("mono", start_server("both", model_config=MODEL, prefix_cache=False))
+        stack.add("prefill", start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
+                                          data_address=p_side.address))
+        stack.add("decode", start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
+                                         data_address=d_side.address, peers=[p_side.address]))
         # Engines of 16-token pages, each on a sidecar of its own: the prefill of the 32-token
         # decode engine above, and a decode engine of the 32-token prefill.
-        for name in ("p16_side", "d16_side"):
-            pools.append(f"/dev/shm/tpusync-pd-{uuid.uuid4().hex[:8]}")
-            started.append(sidecar.launch(pool_path=pools[-1], secret_file=str(secret), dram_bytes=64 << 20,
-                                          block_bytes=BLOCK, control_socket=str(work / f"{name}.sock"),
-                                          stderr=subprocess.DEVNULL))
-        p16, d16 = started[-2:]
-        started.append(start_server("prefill", model_config=MODEL16, control_socket=p16.control_socket,
-                                    data_address=p16.address))
-        started.append(start_server("decode", model_config=MODEL16, control_socket=d16.control_socket,
-                                    data_address=d16.address))
-        running.update(zip(("p_side", "d_side", "mono", "prefill", "decode", "p16_side", "d16_side", "prefill16",
-                            "decode16"), started))
-        yield running
+        p16, d16 = stack.sidecar("p16_side"), stack.sidecar("d16_side")
+        stack.add("prefill16", start_server("prefill", model_config=MODEL16, control_socket=p16.control_socket,
+                                            data_address=p16.address))
+        stack.add("decode16", start_server("decode", model_config=MODEL16, control_socket=d16.control_socket,
+                                           data_address=d16.address))
+        yield stack.running
     finally:
-        for s in reversed(started + [running.get("p_side")]):  # a sidecar a test restarted, too
-            if s is not None:
-                s.stop()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
+        stack.close()
 
 
 def test_disaggregated_and_cached_runs_match_the_monolithic_run(cluster):
@@ -108,6 +85,40 @@ def test_metrics_and_errors(cluster):
         with pytest.raises(urllib.error.HTTPError) as e:
             post(cluster["mono"].url, body)
         assert e.value.code == 400 and message in json.load(e.value)["error"]["message"]
+
+
+def kv_path(url: str) -> dict[str, float]:
+    """The engine's KV-path counters from its /metrics, parsed by Prometheus' own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    return {s.name + (f"/{s.labels['reason']}" if "reason" in s.labels else ""): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith("tpusync_kv_")}
+
+
+def test_the_kv_path_counts_what_a_hand_off_did(cluster):
+    """What the operator reads to tell whether P/D really works (tpusync.kv.path_metrics)."""
+    before = {role: kv_path(cluster[role].url) for role in ("prefill", "decode")}
+    p = prompt(21, 200)
+    pd(cluster["mono"].url, cluster["prefill"].url, cluster["decode"].url, p, 4)
+    after = {role: kv_path(cluster[role].url) for role in ("prefill", "decode")}
+    delta = {role: {k: after[role][k] - before[role].get(k, 0) for k in after[role]} for role in after}
+    pages = len(p) // CFG.page_size
+    assert delta["decode"]["tpusync_kv_requests_total"] == 1 and delta["decode"]["tpusync_kv_handoffs_total"] == 1
+    assert delta["decode"]["tpusync_kv_pulled_blocks_total"] == pages
+    assert delta["decode"]["tpusync_kv_loaded_blocks_total"] == pages
+    assert delta["decode"]["tpusync_kv_refused_handoffs_total"] == 0
+    assert delta["decode"]["tpusync_kv_pull_failures_total"] == 0
+    assert delta["prefill"]["tpusync_kv_saved_blocks_total"] == pages
+    assert delta["prefill"]["tpusync_kv_handoffs_total"] == 0
+    assert after["decode"]["tpusync_kv_connector_off/unsupported-config"] == 0
+    # A hand-off naming a prefill that keyed the prompt otherwise is refused, counted, recomputed.
+    first = post(cluster["prefill"].url, {"prompt": p, "max_tokens": 1})
+    params = {**first["kv_transfer_params"], "tpusync_last_key": "0" * 32}
+    post(cluster["decode"].url, {"prompt": p + prompt(22, 10), "max_tokens": 2, "kv_transfer_params": params})
+    assert kv_path(cluster["decode"].url)["tpusync_kv_refused_handoffs_total"] == \
+        after["decode"]["tpusync_kv_refused_handoffs_total"] + 1
 
 
 def test_text_prompts_round_trip(cluster):

@@ -20,8 +20,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from tpusync.engines.connector.common import TPUSyncConnectorMetadata, TPUSyncStats, TPUSyncWorkerMetadata, log
+from tpusync.engines.connector.common import (
+    COUNTERS,
+    TPUSyncConnectorMetadata,
+    TPUSyncStats,
+    TPUSyncWorkerMetadata,
+    log,
+    off_stats,
+)
 from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.prom import PathPromMetrics
 from tpusync.engines.connector.scheduler import SchedulerSide
 from tpusync.kv.keys import BlockScope
 
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
 
     from vllm.config import KVEventsConfig, ParallelConfig, VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -71,6 +80,7 @@ class ConnectorBase(KVConnectorBase_V1):
         self._worker: WorkerHalf | None = None
         reason = self._unsupported(self._cfg, vllm_config, role, kv_cache_config)
         if reason is not None:
+            COUNTERS.switch_off("unsupported-config")
             log.warning("%s passes requests through untouched: %s is not supported", type(self).__name__, reason)
             return
         if role == KVConnectorRole.SCHEDULER:
@@ -148,11 +158,24 @@ class ConnectorBase(KVConnectorBase_V1):
         return self._worker.take_worker_meta() if self._worker is not None else None
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self._worker.take_stats() if self._worker is not None else None
+        """This half's counts since the last step (vLLM aggregates the scheduler's and the
+        workers'), with the reasons a connector of this process is off."""
+        if self._worker is not None:
+            return self._worker.take_stats()
+        if self._sched is not None:
+            return self._sched.interval.take()
+        return off_stats()
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return TPUSyncStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVConnectorPromMetrics | None:
+        """The KV path's counters on vLLM's /metrics (tpusync.kv.path_metrics' names)."""
+        return PathPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -16,6 +16,7 @@ from vllm.logger import init_logger
 
 from tpusync import errors
 from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.kv.path_metrics import OFF_REASONS
 from tpusync.store import KVStore
 
 log = init_logger("vllm.tpusync")  # under vLLM's logging configuration, beside the engine's own lines
@@ -24,16 +25,19 @@ log = init_logger("vllm.tpusync")  # under vLLM's logging configuration, beside 
 # -- counters ---------------------------------------------------------------------------------
 
 class Counters:
-    """Totals of what the connectors of this process did (for tests and debugging; the
-    worker's share also reaches vLLM's metrics log through get_kv_connector_stats)."""
+    """Totals of what the connectors of this process did (for tests and debugging; each half's
+    share also reaches vLLM's metrics through get_kv_connector_stats: its log, and on /metrics
+    under the KV path's names, tpusync.engines.connector.prom), and why a connector of this
+    process switched itself off."""
 
-    FIELDS = ("lookups", "matched_requests", "matched_tokens", "pulled_blocks", "peer_errors",
-              "store_errors", "loaded_blocks", "load_error_blocks", "saved_blocks", "save_errors",
+    FIELDS = ("requests", "handoffs", "lookups", "matched_requests", "matched_tokens", "pulled_blocks",
+              "peer_errors", "store_errors", "loaded_blocks", "load_error_blocks", "saved_blocks", "save_errors",
               "refused_prefills")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(self.FIELDS, 0)
+        self._off: set[str] = set()
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -44,6 +48,18 @@ class Counters:
         with self._lock:
             return dict(self._values)
 
+    def switch_off(self, reason: str) -> None:
+        """A connector of this process passes everything through from now on (reason: one of
+        tpusync.kv.path_metrics.OFF_REASONS)."""
+        if reason not in OFF_REASONS:
+            raise ValueError(f"not a connector-off reason: {reason!r}")
+        with self._lock:
+            self._off.add(reason)
+
+    def off(self) -> set[str]:
+        with self._lock:
+            return set(self._off)
+
 
 COUNTERS = Counters()
 
@@ -51,6 +67,35 @@ COUNTERS = Counters()
 def stats() -> dict[str, int]:
     """This process's connector totals (see Counters.FIELDS)."""
     return COUNTERS.snapshot()
+
+
+class Interval:
+    """One half's counts since vLLM last took them (each step), also added to the process's
+    totals. Thread-safe (the scheduler half counts from its pull threads too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, int] = {}
+
+    def count(self, **counts: int) -> None:
+        COUNTERS.add(**counts)
+        with self._lock:
+            for name, n in counts.items():
+                self._data[name] = self._data.get(name, 0) + n
+
+    def take(self) -> TPUSyncStats | None:
+        """The interval's counts, and `off:<reason>` = 1 while a connector here is off; None when all are 0."""
+        with self._lock:
+            out, self._data = self._data, {}
+        return off_stats(out)
+
+
+def off_stats(data: dict[str, int] | None = None) -> TPUSyncStats | None:
+    out = dict(data or {}) | {f"{OFF_KEY}{reason}": 1 for reason in sorted(COUNTERS.off())}
+    return TPUSyncStats(data=out) if any(out.values()) else None
+
+
+OFF_KEY = "off:"  # a stats entry off:<reason> = 1: the connector switched itself off for that reason
 
 
 @dataclass
@@ -182,12 +227,10 @@ class WorkerResults:
         self.failed: dict[str, list[int]] = {}
         self.probed: dict[str, SliceAnswer] = {}
         self.host_info: dict[int, tuple[str | None, list[int]]] = {}  # a multi-host slice's hosts
-        self.interval: dict[str, int] = {}
+        self.interval = Interval()
 
     def _count(self, **counts: int) -> None:
-        COUNTERS.add(**counts)
-        for name, n in counts.items():
-            self.interval[name] = self.interval.get(name, 0) + n
+        self.interval.count(**counts)
 
     def take_errors(self) -> set[int]:
         out, self.errors = self.errors, set()
@@ -202,10 +245,7 @@ class WorkerResults:
         return meta
 
     def take_stats(self) -> TPUSyncStats | None:
-        if not any(self.interval.values()):
-            return None
-        out, self.interval = self.interval, {}
-        return TPUSyncStats(data=out)
+        return self.interval.take()
 
 
 # -- the store -----------------------------------------------------------------------------
@@ -251,6 +291,7 @@ class StoreLink:
                 self._down_until = time.monotonic() + self._cfg.retry_s
                 return None
             if store.block_bytes < self._block_bytes:
+                COUNTERS.switch_off("store-blocks-too-small")
                 log.error("tpusync store blocks hold %d bytes, a vLLM block needs %d: the connector stays off "
                           "(start the sidecar with a larger --block-bytes)", store.block_bytes, self._block_bytes)
                 self._close(store)

@@ -12,7 +12,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tpusync import errors
 from tpusync.engines.connector.common import (
-    COUNTERS,
+    Interval,
     Pins,
     Probe,
     SliceAnswer,
@@ -118,6 +118,8 @@ class SchedulerSide:
         self.awaiting_load: dict[str, Pins] = {}
         self.kv_cache_manager: Any = None
         self._warned_no_address = False
+        self.interval = Interval()  # this half's counts, taken by vLLM each step (get_kv_connector_stats)
+        self._count = self.interval.count
         # Blocks are keyed under the weights the engine serves (tpusync.kv.served_weights).
         served_weights.forget(engine_id)
         self.served = ServedWeights(engine_id)
@@ -142,6 +144,7 @@ class SchedulerSide:
         st = _Request(req_id=request.request_id, tokens=tokens, extra=scope.extra(extra),
                       keys=scope.keys(tokens, extra), usable=(len(tokens) - 1) // self.block_size,
                       remote=self._remote(request) if self.pull else None, plain=plain)
+        self._count(requests=1, handoffs=1 if st.remote is not None else 0)
         self.reqs[request.request_id] = st
         return st
 
@@ -152,7 +155,7 @@ class SchedulerSide:
         try:
             return vllm_prefill(request.kv_transfer_params)
         except MalformedParams as e:
-            COUNTERS.add(refused_prefills=1)
+            self._count(refused_prefills=1, handoffs=1)  # offered, refused
             log_refusal(log, request.request_id, e)
             return None
 
@@ -192,7 +195,7 @@ class SchedulerSide:
         except errors.TpuSyncError as e:
             self.link.failed(e)
             return 0, False
-        COUNTERS.add(lookups=1)
+        self._count(lookups=1)
         old, st.pins = st.pins, Pins(store, keys[:held], st.shards)
         release_pins(self.link, old)
         st.load = (start, found) if found else None
@@ -225,7 +228,7 @@ class SchedulerSide:
             held = min(st.usable - at, st.src.whole(self.block_size, at, first, held))
         found = max(0, at + held - start)
         st.pulled = st.answer.pulled
-        COUNTERS.add(lookups=1)
+        self._count(lookups=1)
         st.load = (start, found) if found else None
         return found * self.block_size, False
 
@@ -237,16 +240,18 @@ class SchedulerSide:
         if remote is not None and remote.peer:
             theirs = remote.block_size or bs
             if theirs != bs and not self._regroups(remote):
+                self._count(refused_prefills=1)
                 log.warning("the prefill engine at %s used blocks of %d tokens, this engine %d: recomputing",
                             remote.peer, theirs, bs)
             elif (refused := layout_refusal(remote.layout, self.layout, reshards=self.link.reshards)) is not None:
-                COUNTERS.add(refused_prefills=1)
+                self._count(refused_prefills=1)
                 log.warning("the prefill engine at %s holds other KV (%s): recomputing", remote.peer, refused)
             else:
                 src = None if theirs == bs else _Source(theirs, self.scope.hasher(theirs).keys(
                     st.tokens, st.extra))
                 stored = stored_blocks(remote, st.keys if src is None else src.keys, theirs)
                 if stored is None:
+                    self._count(refused_prefills=1)
                     log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or "
                                 "prompt?): recomputing", remote.peer)
                 else:
@@ -293,7 +298,7 @@ class SchedulerSide:
                     store.read_remote(peer, keys[first:])
 
             def failed(peer: str, missing: int, e: errors.TpuSyncError) -> None:
-                COUNTERS.add(peer_errors=1)
+                self._count(peer_errors=1)
                 log.warning("pulling %d blocks from %s failed (%s); recomputing what is missing", missing, peer, e)
 
             try:
@@ -301,7 +306,7 @@ class SchedulerSide:
             except errors.TpuSyncError as e:  # this host's sidecar
                 self.pull_link.failed(e)
                 return 0
-            COUNTERS.add(pulled_blocks=arrived)
+            self._count(pulled_blocks=arrived)
             return arrived
         except Exception:  # noqa: BLE001 - never let a pull take the scheduler down
             log.exception("tpusync pull failed")
@@ -352,7 +357,7 @@ class SchedulerSide:
             self.saves.append(Transfer(req_id, st.keys[st.saved:start], block_ids[st.saved:start]))
         if st.src is None:  # else the store holds them under the prefill's keys: saved under ours after the step
             st.saved = max(st.saved, start + n)
-        COUNTERS.add(matched_requests=1, matched_tokens=n * self.block_size)
+        self._count(matched_requests=1, matched_tokens=n * self.block_size)
 
     def hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
         st = self.reqs.get(request.request_id)
@@ -441,7 +446,7 @@ class SchedulerSide:
             if not wants_decode(request.kv_transfer_params):
                 return None
         except MalformedParams as e:  # any client may set them: refused, never raised into the scheduler
-            COUNTERS.add(refused_prefills=1)
+            self._count(refused_prefills=1)
             log_refusal(log, request.request_id, e)
             return None
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):

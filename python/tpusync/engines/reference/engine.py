@@ -58,6 +58,7 @@ from tpusync.kv.pages import (
     save_pages,
     source_parts,
 )
+from tpusync.kv.path_metrics import PathCounters
 from tpusync.store import KVStore
 
 log = logging.getLogger("tpusync.serving")
@@ -157,6 +158,7 @@ class Engine:
                                 shards=self.shards, seed=hash_seed)
         self.hasher, self.layout = self.scope.hasher(), self.scope.layout()
         self.lock = threading.Lock()
+        self.kv_path = PathCounters()  # what the KV path did, on /metrics (tpusync.kv.path_metrics)
         self.running = 0
         self.waiting = 0
         self.pages_in_use = 0
@@ -270,7 +272,7 @@ class Engine:
         keys = [key_of(d) for d in digests]
         self.pages_in_use = -(-(len(prompt) + max_tokens) // cfg.page_size)
 
-        cached_pages, own_pages = self._bring_prefix(prompt, keys, handoff(kv_params, request_id), st)
+        cached_pages, own_pages = self._bring_prefix(prompt, keys, self._handoff(kv_params, request_id), st)
         # Resume at a chunk boundary, and always compute the chunk holding the last prompt token:
         # its logits give the first token.
         start = min(cached_pages * cfg.page_size, len(prompt) - 1) // cfg.chunk * cfg.chunk
@@ -343,6 +345,7 @@ class Engine:
             else:
                 src_keys = keys
             if remote is not None and stored_blocks(remote, src_keys, src_page) is None:
+                self.kv_path.add(refused_handoffs=1)
                 log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or prompt?): "
                             "not pulling its KV", remote.peer)
                 remote = None
@@ -363,6 +366,7 @@ class Engine:
 
             def failed(peer: str, missing: int, e: errors.TpuSyncError) -> None:
                 st.store_error = str(e)
+                self.kv_path.add(pull_failures=1)
                 log.warning("peer %s unavailable: %s", peer, e)
 
             t0 = time.perf_counter()
@@ -383,6 +387,8 @@ class Engine:
                 (self.k, self.v), loaded = load_pages(self.store, keys[:local], [self.k, self.v], list(range(local)),
                                                       page_axis=KV_PAGE_AXIS)
             st.load_seconds = time.perf_counter() - t0
+            self.kv_path.add(pulled_blocks=sum(p.blocks for p in got.pulled), loaded_blocks=loaded,
+                             recomputed_blocks=max(0, local - loaded))
             if loaded < local and not resharded:  # a block held, but not as a page of this model (or gone since)
                 self._evict_unloadable(host_keys[loaded * per:(loaded + 1) * per], st)
             return loaded, 0 if resharded else loaded
@@ -391,6 +397,22 @@ class Engine:
             log.warning("prefix cache unavailable, recomputing: %s", e)
             self.k, self.v = self._empty_cache() if self.k.is_deleted() else (self.k, self.v)
             return 0, 0
+
+    def _handoff(self, kv_params: object, request_id: str) -> RemotePrefill | None:
+        """The prefill a request's kv_transfer_params name (tpusync.kv.handoff, vLLM's dialect). A
+        client sends them, and the sidecar is asked to pull from the addresses in them: a malformed
+        field refuses them whole (logged once, naming the field; the prompt is computed here), never
+        passed on. None for none (or {}), as for a refused one."""
+        remote = None
+        try:
+            remote = vllm_prefill(kv_params) if kv_params else None
+        except MalformedParams as e:
+            self.kv_path.add(handoffs=1, refused_handoffs=1)
+            log_refusal(log, request_id, e)
+        else:
+            self.kv_path.add(handoffs=1 if remote is not None else 0)
+        self.kv_path.add(requests=1)
+        return remote
 
     def _prefill_blocks(self, remote: RemotePrefill | None) -> tuple[RemotePrefill | None, int, int]:
         """(the hand-off to pull from, the parts and the tokens of each of its blocks): its layout's
@@ -404,6 +426,7 @@ class Engine:
         if refused is None and page > cfg.max_seq:
             refused = f"blocks of {page} tokens, this model's max_seq is {cfg.max_seq}"
         if refused is not None:  # never loaded: only this host's own cache and peers
+            self.kv_path.add(refused_handoffs=1)
             log.warning("not pulling the prefill's KV: %s", refused)
             return None, self.shards, cfg.page_size
         return remote, int(remote.layout["shards"]), page
@@ -435,6 +458,7 @@ class Engine:
             try:
                 save_pages(self.store, keys[cached_pages:], [self.k, self.v], list(range(cached_pages, len(keys))),
                            page_axis=KV_PAGE_AXIS)
+                self.kv_path.add(saved_blocks=max(0, len(keys) - cached_pages))
                 break
             except errors.TpuSyncError as e:
                 if attempt == 0 and self._reconnected():  # once more, on the restarted sidecar
@@ -558,20 +582,6 @@ class Engine:
             span = min(span * 2, self.cfg.max_seq)
         self.k, self.v = compile_loads([self.k, self.v], page_axis=KV_PAGE_AXIS)
         jax.block_until_ready(self.k)
-
-
-def handoff(kv_params: object, request_id: str) -> RemotePrefill | None:
-    """The prefill a request's kv_transfer_params name (tpusync.kv.handoff, vLLM's dialect). A
-    client sends them, and the sidecar is asked to pull from the addresses in them: a malformed
-    field refuses them whole (logged once, naming the field; the prompt is computed here), never
-    passed on. None for none (or {}), as for a refused one."""
-    if not kv_params:
-        return None
-    try:
-        return vllm_prefill(kv_params)
-    except MalformedParams as e:
-        log_refusal(log, request_id, e)
-        return None
 
 
 @functools.cache

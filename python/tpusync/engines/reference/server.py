@@ -278,7 +278,8 @@ class CompletionServer(ThreadingHTTPServer):
         }
 
     def metrics_text(self) -> str:
-        """The gauges an llm-d endpoint picker scrapes, under vLLM's metric names."""
+        """The gauges an llm-d endpoint picker scrapes, under vLLM's metric names, and the KV
+        path's counters (tpusync.kv.path_metrics), which the operator reads."""
         e = self.engine
         labels = f'model_name="{self.model_name}"'
         lines = []
@@ -289,4 +290,4 @@ class CompletionServer(ThreadingHTTPServer):
             ("vllm:gpu_cache_usage_perc", "Same as kv_cache_usage_perc (older name).", e.kv_cache_usage()),
         ):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {value}"]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + e.kv_path.prometheus({"model_name": self.model_name})

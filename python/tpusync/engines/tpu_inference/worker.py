@@ -24,7 +24,7 @@ import jax
 
 from tpusync import errors
 from tpusync.engines.connector.common import (
-    COUNTERS,
+    Interval,
     Pins,
     Probe,
     SliceAnswer,
@@ -74,7 +74,7 @@ class JaxWorkerSide(WorkerResults):
         self.local_shards = len(own)
         self.link = StoreLink(self.cfg, self.block_bytes, "loads and saves")
         if self.hosts > 1:
-            self.slice = SliceHost(self.cfg, self.block_bytes, runner, own)
+            self.slice = SliceHost(self.cfg, self.block_bytes, runner, own, self.interval)
             self.host_info = self.slice.info  # sent with every answer
         log.info("tpusync connector (tpu-inference): %d layers of %s %s in %d shards (%s), %d bytes per shard "
                  "of a block", len(runner.kv_caches), runner.kv_caches[0].shape, runner.kv_caches[0].dtype, shards,
@@ -188,8 +188,10 @@ class SliceHost:
     the request or its load ran here. Every probe still wanted is answered, 0 on any failure, so
     the scheduler never waits for a host that cannot answer better."""
 
-    def __init__(self, cfg: ConnectorConfig, block_bytes: int, runner: Any, own: list[int]) -> None:
+    def __init__(self, cfg: ConnectorConfig, block_bytes: int, runner: Any, own: list[int],
+                 interval: Interval) -> None:
         self.runner, self.own = runner, own
+        self._count = interval.count  # the worker's: its pulls reach vLLM's metrics with the worker's stats
         self.index, self.count = jax.process_index(), jax.process_count()
         self.shards = pages.host_shards(runner.kv_caches)[0]
         self.info = {self.index: (host_data_address(), own)}
@@ -262,14 +264,14 @@ class SliceHost:
                     store.read_remote(peer, parts(p.keys[first:p.pull], shards))
 
                 def failed(peer: str, missing: int, e: errors.TpuSyncError) -> None:
-                    COUNTERS.add(peer_errors=1)
+                    self._count(peer_errors=1)
                     log.warning("pulling %d blocks from %s failed (%s)", missing, peer, e)
 
                 plan = pull_plan(p.remote, p.remote_hosts, needed, self.index, p.peers) if p.remote else \
                     [(peer, needed) for peer in p.peers]
                 pulled = pull(plan, p.pull, lambda: store.lookup(parts(p.keys[:p.pull], needed)).prefix_len // per,
                               fetch, failed).blocks
-                COUNTERS.add(pulled_blocks=pulled)
+                self._count(pulled_blocks=pulled)
             keys = parts(p.keys, needed)
             found = store.lookup(keys, pin=True).prefix_len
             blocks = found // per

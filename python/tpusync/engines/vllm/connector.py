@@ -50,7 +50,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tpusync.engines.connector.base import ConnectorBase, WorkerHalf
-from tpusync.engines.connector.common import log, stats
+from tpusync.engines.connector.common import COUNTERS, log, stats
 from tpusync.engines.connector.config import ConnectorConfig, flag
 from tpusync.engines.vllm.worker import WorkerSide
 from tpusync.kv.handoff import FORMAT_VLLM
@@ -100,6 +100,7 @@ class TPUSyncConnector(ConnectorBase):
         try:
             worker.register(kv_caches)
         except Exception as e:  # noqa: BLE001 - e.g. caches that are not torch tensors with blocks along dim 0
+            COUNTERS.switch_off("kv-caches-unreachable")
             log.warning("TPUSyncConnector cannot reach these KV caches (%s): it loads and saves nothing, and "
                         "vLLM recomputes what its scheduler side offered", e)
             worker.layers, worker.index = [], {}
