@@ -4,7 +4,8 @@ on watch events of what its status and children depend on; probes; operator sett
 What triggers a pass of an object, besides its own spec changes:
 - an event of one of its children (drift: a child edited or deleted, a workload's readiness);
 - for a pool: its pods (sidecar readiness) and the nodes its node selector picks;
-- for a serving: its pool (spec or Ready) and the optional CRDs it uses (installed later).
+- for a serving: its pool (spec or Ready) and the optional CRDs it uses (installed later), and
+  every KV_PATH_INTERVAL, to read its engines' KV-path counters.
 A triggered pass that must come back is retried through a `RETRY_ANNOTATION` touch (see
 passes.py), which the object's own event handler turns into a pass.
 Only pools in mode gke carry the finalizer FINALIZER: they own a cloud node pool, deleted by
@@ -38,6 +39,7 @@ from .serving_plan import OPTIONAL_KINDS
 from .versions import DISAGGREGATEDSET_API, image_registry
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
+KV_PATH_INTERVAL = float(os.environ.get("TPUSYNC_KV_PATH_SECONDS", "30"))
 FINALIZER = "tpusync.dev/operator"
 STATUS_RETRY_SECONDS = 5.0
 RETRY_ANNOTATION = "tpusync.dev/retry"
@@ -80,13 +82,28 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # whether the timer has exited after this many seconds (default 60) before it releases the
     # finalizer. A pass takes seconds, so poll often rather than hold deletions for a minute.
     settings.background.cancellation_polling = 1
+    memo.kv_path_task = asyncio.create_task(_observe_kv_paths(memo), name="tpusync-kv-path")
     metrics_port = int(os.environ.get("TPUSYNC_METRICS_PORT", "0") or 0)
     if metrics_port:
         metrics.serve(metrics_port, os.environ.get("TPUSYNC_METRICS_ADDRESS", "0.0.0.0"))
 
 
+async def _observe_kv_paths(memo: kopf.Memo) -> None:
+    """A pass of every serving each KV_PATH_INTERVAL: the engines' KV-path counters change with
+    traffic, which no watch event announces (status.kvPath, the KVPath condition). No timer:
+    kopf's timers need a finalizer, and deleting a serving never waits for the operator."""
+    while True:
+        await asyncio.sleep(KV_PATH_INTERVAL)
+        for key in list(memo.objects):
+            if key[0] == "DisaggregatedServing":
+                memo.passes.request(key)
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "kv_path_task", None)
+    if task is not None:
+        task.cancel()
     if getattr(memo, "passes", None) is not None:
         memo.passes.close()
     api = getattr(memo, "api", None)

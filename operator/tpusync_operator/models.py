@@ -807,6 +807,27 @@ class RolloutStatus(Model):
                                           "a rollout drains the older ones.")
 
 
+class KVCounters(Model):
+    """A role's KV-path counters, summed over its serving pods (tpusync_kv_*_total on each engine's /metrics)."""
+    requests: int = 0
+    handoffs: int = Field(0, description="Requests that came with a prefill engine's kv_transfer_params.")
+    refused_handoffs: int = 0
+    pulled_blocks: int = 0
+    pull_failures: int = 0
+    loaded_blocks: int = Field(0, description="Blocks loaded from the store instead of computed.")
+    recomputed_blocks: int = Field(0, description="Blocks whose load failed, computed again.")
+    saved_blocks: int = 0
+
+
+class KVPathStatus(Model):
+    """What the serving's engines say their KV path did; the KVPath condition judges the change
+    between two passes."""
+    prefill: KVCounters | None = None
+    decode: KVCounters | None = None
+    engines_read: int = Field(0, description="Serving pods whose counters were read at the last pass.")
+    engines_unread: int = Field(0, description="Serving pods that could not be read.")
+
+
 class DisaggregatedServingStatus(Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_LIST)
@@ -819,3 +840,4 @@ class DisaggregatedServingStatus(Model):
                                                    "pod per unit, the serving pods of the role with fewer replicas "
                                                    "per unit (decode on a tie).")
     rollout: RolloutStatus | None = None
+    kv_path: KVPathStatus | None = Field(None, description="The KV path's counters, read from the engines.")

@@ -17,10 +17,11 @@ observed before, Ready and Progressing as they were, and Degraded names the fail
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
+import aiohttp
 import kopf
 from pydantic import BaseModel, ValidationError
 
@@ -43,6 +44,22 @@ def _token() -> bytes:
     return secrets.token_bytes(32)
 
 
+ReadText = Callable[[str], Awaitable[str]]   # an http:// URL -> the body of a 200 response; raises OSError otherwise
+ENGINE_READ_SECONDS = 3.0
+
+
+async def _read_text(url: str) -> str:
+    """GET url (an engine's /metrics): its body, or OSError naming what went wrong."""
+    timeout = aiohttp.ClientTimeout(total=ENGINE_READ_SECONDS)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+            if response.status != 200:
+                raise OSError(f"HTTP {response.status}")
+            return await response.text()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise OSError(str(e) or type(e).__name__) from e
+
+
 @dataclass
 class Deps:
     """Everything a reconcile pass talks to, injected (tests pass fakes)."""
@@ -51,6 +68,7 @@ class Deps:
     now: Clock = utc_now
     token: Callable[[], bytes] = _token
     emit: Emit = _kopf_emit
+    read_text: ReadText = _read_text   # the engines' /metrics (their KV-path counters)
 
 
 

@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import ValidationError
 
 from . import versions
 from .builders import names, sglang_pd
-from .builders.common import SERVING_LABEL, Owner
+from .builders.common import LLMD_SERVING_LABEL, SERVING_LABEL, Owner
 from .builders.llmd import lockstep
-from .builders.serving import PoolInfo, unit_pod_labels
+from .builders.serving import PoolInfo, role_selector, unit_pod_labels
 from .kube import Kube, KubeError, selector_string
-from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, TPUSyncPoolSpec
+from .kv_path import CONDITION, EngineReading, KVPathObservation, kv_path_condition, parse_metrics, role_totals
+from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, KVCounters, KVPathStatus, TPUSyncPoolSpec
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .pool_plan import PlanError, check_pool
 from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, read_wanted, stored_status, validation_message
 from .serving_plan import OPTIONAL_KINDS, capacity_shortfall, missing_crd_message, plan_serving, pool_refs, role_pools
 from .status import (
     NAME_CONFLICT,
+    Cond,
     RevisionObservation,
     RoleObservation,
     ServingObservation,
     held_conditions,
     merge_conditions,
+    pod_ready,
     revisions_of,
     serving_conditions,
     workload_ready_replicas,
@@ -56,7 +60,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         conds = held_conditions(held.get("conditions"), p.failures + p.issues, gen, deps.now())
         return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
             **kept(held, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector",
-                   "rollout"),
+                   "rollout", "kvPath"),
             "conditions": conds})
 
     pools: dict[str, PoolInfo] = {}
@@ -127,6 +131,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
             bootstrap_ready = await _available(kube, owner.namespace, names.pd_bootstrap(owner.name))
     except KubeError as e:
         return await finish_held(e)
+    try:
+        readings = await _read_engines(kube, deps, owner, spec, roles)
+    except KubeError as e:
+        return await finish_held(e)
     if plan.missing_kinds:
         p.again(60, missing_crd_message(plan.missing_kinds))
     routing_ready = spec.routing.enabled and epp_ready and "InferencePool" not in plan.missing_kinds
@@ -135,7 +143,12 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                              missing_kinds_message=(missing_crd_message(plan.missing_kinds)
                                                     if plan.missing_kinds else ""),
                              issues=p.issues, pd_bootstrap_ready=bootstrap_ready, revisions=revisions)
-    conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
+    kv = KVPathObservation(disaggregated=len(roles) == 2 and all(r.replicas > 0 for r in roles),
+                           observable=spec.engine.type != "sglang-jax", readings=readings,
+                           previous=_kv_totals(old), previous_condition=_condition(old, CONDITION))
+    kv_totals = role_totals(readings)
+    conds = merge_conditions(old.get("conditions"), [*serving_conditions(obs), kv_path_condition(kv)], gen,
+                             deps.now())
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
     return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
         "observedGeneration": gen, "conditions": conds,
@@ -143,7 +156,56 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
         "replicas": spec.replicas, "selector": selector_string(unit_pod_labels(owner, spec)),
         "rollout": _rollout(spec, revisions),
+        "kvPath": KVPathStatus(
+            prefill=KVCounters(**kv_totals["prefill"]) if "prefill" in kv_totals else None,
+            decode=KVCounters(**kv_totals["decode"]) if "decode" in kv_totals else None,
+            engines_read=sum(1 for r in readings if not r.error), engines_unread=sum(1 for r in readings if r.error),
+        ).dump(),
     })
+
+
+async def _read_engines(kube: Kube, deps: Deps, owner: Owner, spec: DisaggregatedServingSpec,
+                        roles: list[RoleObservation]) -> list[EngineReading]:
+    """Every ready serving pod's KV-path counters, read from its engine's /metrics at once (the
+    port clients reach: the serving's NetworkPolicy admits it). A pod that cannot be read is a
+    reading with its error; a KubeError of the pod list stops the pass."""
+    if spec.engine.type == "sglang-jax":
+        return []
+    pods = []
+    for r in roles:
+        for pod in await kube.list("v1", "Pod", owner.namespace,
+                                   {**role_selector(owner, r.role), LLMD_SERVING_LABEL: "true"}):
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+                pods.append((r.role, pod["metadata"]["name"], ip))
+
+    async def read(role: str, name: str, ip: str) -> EngineReading:
+        host = f"[{ip}]" if ":" in ip else ip
+        try:
+            parsed = parse_metrics(await deps.read_text(f"http://{host}:{spec.port}/metrics"))
+        except (OSError, ValueError) as e:
+            return EngineReading(name, role, error=str(e) or type(e).__name__)
+        return EngineReading(name, role) if parsed is None else EngineReading(name, role, *parsed)
+    return list(await asyncio.gather(*(read(*p) for p in pods)))
+
+
+def _kv_totals(status: dict[str, Any]) -> dict[str, dict[str, int]] | None:
+    kv = status.get("kvPath") or {}
+    try:
+        parsed = KVPathStatus.model_validate(kv)
+    except ValidationError:
+        return None
+    return {role: counters.model_dump() for role, counters in (("prefill", parsed.prefill),
+                                                               ("decode", parsed.decode)) if counters is not None}
+
+
+def _condition(status: dict[str, Any], type_: str) -> Cond | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == type_:
+            value = c.get("status")
+            return Cond(type_, None if value == "Unknown" else value == "True", c.get("reason", ""),
+                        c.get("message", ""))
+    return None
 
 
 async def _available(kube: Kube, namespace: str, deployment: str) -> bool:

@@ -99,6 +99,12 @@ def node_ready(node: dict[str, Any]) -> bool:
     return False
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True (every container ready: it receives Service traffic)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def sidecar_ready(pod: dict[str, Any]) -> bool:
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return False

@@ -333,7 +333,7 @@ def test_serving_full(kube, clock):
     d = deps(kube, clock)
     status = run(reconcile_serving, stored(kube, body), d)
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "True", "Progressing": "False", "Degraded": "False"}
+        "Ready": "True", "Progressing": "False", "Degraded": "False", "KVPath": "Unknown"}
     assert ("Normal", "Ready") in [e[:2] for e in d.emit.events]
 
 
@@ -359,7 +359,7 @@ def test_serving_lockstep_status_follows_the_sets_revisions(clock):
     status = run(reconcile_serving, stored(kube, body), deps(kube, clock))
     assert status["prefill"] == {"kind": "LeaderWorkerSet", "replicas": 1, "readyReplicas": 1}
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "True", "Progressing": "False", "Degraded": "False"}
+        "Ready": "True", "Progressing": "False", "Degraded": "False", "KVPath": "Unknown"}
     for role in ("prefill", "decode"):          # a rollout: the new revision's surge is not ready yet
         kube.put(revision_set(role, "bbbb2222", 1, 0, "2026-01-02T00:00:00Z"))
     status = run(reconcile_serving, stored(kube, body), deps(kube, clock))
