@@ -8,22 +8,20 @@ from __future__ import annotations
 import http.client
 import io
 import json
-import os
 import socket
 import subprocess
 import urllib.error
 import urllib.request
-import uuid
 
 import numpy as np
 import pytest
 
 import tpusync
+from tests.integration.serving.requests import post
+from tests.integration.serving.stack import ServingStack
 from tpusync.engines.reference.model import ModelConfig
 from tpusync.kv.keys import BlockHasher
-from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server
-from tpusync.local.sidecars import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256}
 CFG = ModelConfig(**MODEL)
@@ -34,37 +32,19 @@ BLOCK = -(-CFG.page_bytes // 4096) * 4096
 def servers(tmp_path_factory):
     """A server without a store (`mono`, the reference tokens), one over a sidecar (`cached`)
     whose log the tests read, and a prefill server on a sidecar of its own (`prefill`)."""
-    work = tmp_path_factory.mktemp("hardening")
-    secret = work / "secret"
-    write_secret(secret, uuid.uuid4().hex * 2)
-    pools = [f"/dev/shm/tpusync-hardening-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    log_path = work / "cached.log"
-    started = []
+    stack = ServingStack(tmp_path_factory.mktemp("hardening"), BLOCK)
+    log_path = stack.work / "cached.log"
     try:
         with open(log_path, "w") as log:
-            side, p_side = (sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
-                                           block_bytes=BLOCK, control_socket=str(work / f"side{i}.sock"),
-                                           stderr=subprocess.DEVNULL) for i, pool in enumerate(pools))
-            started += [side, p_side]
-            started.append(start_server("both", model_config=MODEL, prefix_cache=False))
-            started.append(start_server("both", model_config=MODEL, control_socket=side.control_socket,
-                                        data_address=side.address, stderr=log))
-            started.append(start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
-                                        data_address=p_side.address, stderr=subprocess.DEVNULL))
-        yield dict(zip(("side", "p_side", "mono", "cached", "prefill"), started)) | {"log": log_path}
+            side, p_side = stack.sidecar("side"), stack.sidecar("p_side")
+            stack.add("mono", start_server("both", model_config=MODEL, prefix_cache=False))
+            stack.add("cached", start_server("both", model_config=MODEL, control_socket=side.control_socket,
+                                             data_address=side.address, stderr=log))
+            stack.add("prefill", start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
+                                              data_address=p_side.address, stderr=subprocess.DEVNULL))
+        yield stack.running | {"log": log_path}
     finally:
-        for s in reversed(started):
-            s.stop()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
-
-
-def post(url: str, body: object, path: str = "/v1/completions") -> dict:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
+        stack.close()
 
 
 def post_raw(url: str, data: bytes, path: str = "/v1/completions") -> urllib.error.HTTPError:

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 
 import pytest
 
 from harness.processes import free_port
 from tests.integration.serving.requests import pd, post, prompt, tokens
+from tests.integration.serving.stack import ServingStack
 from tpusync import KVStore
 from tpusync.engines.reference.model import ModelConfig
 from tpusync.kv.keys import BlockHasher, shard_key
 from tpusync.local import sidecars as sidecar
 from tpusync.local.servers import start_server, start_slice
-from tpusync.local.sidecars import write_secret
 
 MODEL = {"max_seq": 1024, "layers": 2, "d_model": 128, "mlp": 256, "heads": 4, "kv_heads": 4, "head_dim": 32}
 CFG = ModelConfig(**MODEL)
@@ -44,38 +43,23 @@ def cluster(tmp_path_factory):
     """A sidecar per host of each slice (p0, p1 of the prefill slice, d0, d1 of the decode slice,
     q0, q1 and e0, e1 of the tensor-parallel-2 ones), the slices, and a monolithic engine on one
     device as the reference."""
-    work = tmp_path_factory.mktemp("mh")
-    secret = work / "secret"
-    write_secret(secret, uuid.uuid4().hex * 2)
-    names = [h for _, hosts, _ in SLICES.values() for h in hosts]
-    pools = [f"/dev/shm/tpusync-mh-{uuid.uuid4().hex[:8]}" for _ in names]
-    started: list = []
+    stack = ServingStack(tmp_path_factory.mktemp("mh"), BLOCK)
     env = {"JAX_PLATFORMS": "cpu"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    running: dict = {}
+    running = stack.running
     try:
-        for name, pool in zip(names, pools):
-            running[name] = sidecar.launch(pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20,
-                                           block_bytes=BLOCK, control_socket=str(work / f"{name}.sock"),
-                                           stderr=subprocess.DEVNULL)
-            started.append(running[name])
-        running["mono"] = start_server("both", model_config=MODEL, prefix_cache=False)
-        started.append(running["mono"])
+        for _, hosts, _ in SLICES.values():
+            for name in hosts:
+                stack.sidecar(name)
+        stack.add("mono", start_server("both", model_config=MODEL, prefix_cache=False))
         for name, (role, hosts, devices) in SLICES.items():
-            running[name] = start_slice(role, [(running[h].control_socket, running[h].address) for h in hosts],
+            stack.add(name, start_slice(role, [(running[h].control_socket, running[h].address) for h in hosts],
                                         model_config=MODEL, coordinator=f"127.0.0.1:{free_port()}",
-                                        cpu_devices=devices, stderr=subprocess.DEVNULL)
-            started.append(running[name])
+                                        cpu_devices=devices, stderr=subprocess.DEVNULL))
         yield running
     finally:
-        for s in reversed(started + [running.get(h) for h in names]):  # and sidecars a test restarted
-            if s is not None:
-                s.stop()
-        for pool in pools:
-            for path in (pool, pool + ".lock"):
-                if os.path.exists(path):
-                    os.unlink(path)
+        stack.close()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
