@@ -14,7 +14,9 @@ order, with every pod a real container started by a kubelet from the release's i
    `kv_transfer_params` it answered): the tokens equal a monolithic engine's on this machine;
    the decode pod's sidecar pulled the prefill's blocks over the pod network (its /metrics say
    how many bytes), and the same prompt again is a DRAM hit.
-5. The pods' KV events, read by llm-d's own indexer (v0.9.0) at the pods' addresses: it scores
+5. The operator pod reads both engines' KV-path counters over the pod network: the serving's
+   status.kvPath holds the blocks decode pulled, its KVPath condition says Pulling.
+6. The pods' KV events, read by llm-d's own indexer (v0.9.0) at the pods' addresses: it scores
    the pod holding a prefix highest.
 
 What is not run here, and why (docs/e2e.md): llm-d's endpoint picker and P/D proxy, whose
@@ -37,6 +39,7 @@ import pytest
 from harness.llmd_fleet import Indexer, PublisherAt, connect, parameters, served
 from harness.llmd_indexer import indexer_binary
 from harness.nodes import RealCluster
+from harness.polling import wait_for
 
 from .kube import (
     CPU_NODE,
@@ -51,6 +54,8 @@ from .kube import (
     ROLE,
     SERVING,
     SIDECAR,
+    condition,
+    diagnosis,
     get_text,
     kubectl_json,
     metric,
@@ -117,6 +122,24 @@ def test_pd_through_the_services_equals_a_monolithic_engine(real: RealCluster, s
     pulled = pulled_bytes() - pulled_before
     assert pulled >= d_stats["pulled_bytes"], (pulled, d_stats)
     assert r_stats["pulled_bytes"] == 0 and r_stats["computed_tokens"] < PROMPT_TOKENS, r_stats
+
+
+def test_the_serving_says_its_kv_path_pulls(real: RealCluster, serving: dict[str, Any]) -> None:
+    """The operator pod read both engine pods' KV-path counters over the pod network, after the
+    P/D requests above: status.kvPath holds the blocks decode pulled, and KVPath says Pulling."""
+    def pulling() -> dict[str, Any] | None:
+        obj = kubectl_json(real, "get", "disaggregatedserving", SERVING, "-n", NS)
+        return obj if condition(obj, "KVPath").get("reason") == "Pulling" else None
+
+    def detail() -> str:
+        obj = kubectl_json(real, "get", "disaggregatedserving", SERVING, "-n", NS)
+        return f"\n{json.dumps(obj.get('status'), indent=1)}{diagnosis(real)}"
+    obj = wait_for("KVPath Pulling", pulling, 120, interval=2.0, on_timeout=detail)
+    kv = obj["status"]["kvPath"]
+    assert kv["enginesRead"] == 2 and kv["enginesUnread"] == 0, kv
+    assert kv["decode"]["handoffs"] >= 1 and kv["decode"]["pulledBlocks"] >= PROMPT_TOKENS // MODEL.page_size, kv
+    assert kv["prefill"]["savedBlocks"] >= PROMPT_TOKENS // MODEL.page_size, kv
+    assert kv["decode"]["pullFailures"] == 0 and kv["decode"]["refusedHandoffs"] == 0, kv
 
 
 @dataclass

@@ -23,6 +23,7 @@ from tpusync.local import sidecars as sidecar_mod
 from tpusync.local.sidecars import write_secret
 
 HITS = "vllm:external_prefix_cache_hits_total"  # prompt tokens a KV connector supplied
+REFUSED = "tpusync_kv_refused_handoffs_total"  # tpusync.kv.path_metrics
 TOKENS = 300  # 9 full blocks
 SECRET = b"vllm-hostile-params-secret-0123456789"
 
@@ -92,9 +93,11 @@ def test_a_malformed_field_is_refused_and_the_prompt_computed(pd, change, field)
     server = pd["server"]
     p, want, params = _prefilled(pd, 900 + MALFORMED.index((change, field)))
     hits, logged = server.metric(HITS), _mentions(server, f"kv_transfer_params.{field} is ")
+    refused = server.metric(REFUSED)
     resp = server.complete(p, max_tokens=16, kv_transfer_params={**params, **change})
     assert resp["choices"][0]["token_ids"] == want
     assert server.metric(HITS) == hits  # nothing loaded from what the request named
+    assert server.metric(REFUSED) == refused + 1  # counted where the operator reads it (status.kvPath)
     assert _mentions(server, f"kv_transfer_params.{field} is ") == logged + 1, server.log_tail()
 
 
