@@ -4,8 +4,6 @@ receive_version's hosts before the manifest wait."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -22,11 +20,8 @@ BAD_VERSIONS = [0, -1, True, 1.0, "1", np.float32(2)]
 
 
 @pytest.fixture
-def store(shm_path):
-    s = tpusync.KVStore.local(dram_bytes=16 << 20, block_bytes=BLOCK, pool_path=shm_path)
-    yield s
-    s.close()
-    shutil.rmtree(shm_path + ".weights", ignore_errors=True)
+def store(local_store):
+    return local_store(16 << 20, BLOCK)
 
 
 def params(seed: int) -> dict[str, np.ndarray]:

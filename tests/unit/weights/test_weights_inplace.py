@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tpusync
 from tpusync import errors
 from tpusync.kv import served_weights
 from tpusync.weights import Shard, VersionedWeights
@@ -19,13 +18,8 @@ BLOCK = 4096
 
 
 @pytest.fixture
-def store(shm_path):
-    import shutil
-
-    s = tpusync.KVStore.local(dram_bytes=8 << 20, block_bytes=BLOCK, pool_path=shm_path)
-    yield s
-    s.close()
-    shutil.rmtree(shm_path + ".weights", ignore_errors=True)
+def store(local_store):
+    return local_store(8 << 20, BLOCK)
 
 
 def pushed(store, model: str, versions: list[int]) -> None:

@@ -26,16 +26,8 @@ BLOCK = 64 << 10
 
 
 @pytest.fixture
-def store(shm_path):
-    s = tpusync.KVStore.local(dram_bytes=64 << 20, block_bytes=BLOCK, pool_path=shm_path)
-    yield s
-    import gc
-    import shutil
-
-    gc.collect()  # zero-copy leaves hold read leases until their arrays are collected
-    s.close()
-
-    shutil.rmtree(shm_path + ".weights", ignore_errors=True)
+def store(local_store):
+    return local_store(64 << 20, BLOCK)
 
 
 def params(seed: int):

@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-import tpusync
 from tpusync import errors
 from tpusync.weights import VersionedWeights
 from tpusync.weights.checksums import checksum
@@ -108,16 +107,8 @@ def test_parts_that_overlap_each_other_are_refused():
 # -- on a store: every reader refuses such a version ------------------------------------------
 
 @pytest.fixture
-def store(shm_path):
-    import shutil
-
-    s = tpusync.KVStore.local(dram_bytes=16 << 20, block_bytes=64 << 10, pool_path=shm_path)
-    yield s
-    import gc
-
-    gc.collect()
-    s.close()
-    shutil.rmtree(shm_path + ".weights", ignore_errors=True)
+def store(local_store):
+    return local_store(16 << 20, 64 << 10)
 
 
 W1 = np.arange(8, dtype=np.float32).reshape(4, 2)
