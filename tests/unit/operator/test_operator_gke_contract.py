@@ -56,6 +56,19 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def one_call(url, call, token=None, **client_kw):
+    """`call(client)` on a GKEClient of its own (token "good", no real sleeps unless given),
+    closed afterwards; returns what the call returned."""
+    async def scenario():
+        client = GKEClient(token or StaticToken("good"), url, **{"sleep": Sleeps(), **client_kw})
+        try:
+            return await call(client)
+        finally:
+            await client.aclose()
+
+    return run(scenario())
+
+
 def test_create_poll_get_delete(gke_server):
     state, url = gke_server
 
@@ -92,14 +105,8 @@ def test_transient_errors_are_retried(gke_server, code, status):
     state.faults = [(code, status, {"Retry-After": "7"}), (code, status, {})]
     sleeps = Sleeps()
 
-    async def scenario():
-        client = GKEClient(StaticToken("good"), url, sleep=sleeps, retries=3)
-        try:
-            return await client.get_node_pool(CLUSTER, "absent")
-        finally:
-            await client.aclose()
-
-    assert run(scenario()) is None          # third attempt reaches the server: 404 -> None
+    # the third attempt reaches the server: 404 -> None
+    assert one_call(url, lambda client: client.get_node_pool(CLUSTER, "absent"), sleep=sleeps, retries=3) is None
     assert sleeps.delays == [7.0, 2.0]      # Retry-After honoured, then exponential backoff
     assert len(state.requests) == 3
 
@@ -108,15 +115,8 @@ def test_transient_errors_give_up(gke_server):
     state, url = gke_server
     state.faults = [(503, "UNAVAILABLE", {})] * 3
 
-    async def scenario():
-        client = GKEClient(StaticToken("good"), url, sleep=Sleeps(), retries=2)
-        try:
-            await client.create_node_pool(CLUSTER, request_body())
-        finally:
-            await client.aclose()
-
     with pytest.raises(GKETransientError) as e:
-        run(scenario())
+        one_call(url, lambda client: client.create_node_pool(CLUSTER, request_body()), retries=2)
     assert e.value.status == 503 and state.pools == {}
 
 
@@ -125,15 +125,8 @@ def test_forbidden_is_an_auth_error_without_retry(gke_server):
     state.faults = [(403, "PERMISSION_DENIED", {})]
     sleeps = Sleeps()
 
-    async def scenario():
-        client = GKEClient(StaticToken("good"), url, sleep=sleeps)
-        try:
-            await client.create_node_pool(CLUSTER, request_body())
-        finally:
-            await client.aclose()
-
     with pytest.raises(GKEAuthError) as e:
-        run(scenario())
+        one_call(url, lambda client: client.create_node_pool(CLUSTER, request_body()), sleep=sleeps)
     assert e.value.status == 403 and e.value.reason == "PERMISSION_DENIED" and sleeps.delays == []
 
 
@@ -153,14 +146,7 @@ def test_401_refreshes_the_token_once(gke_server):
     state, url = gke_server
     tokens = RotatingToken()
 
-    async def scenario():
-        client = GKEClient(tokens, url, sleep=Sleeps())
-        try:
-            return await client.get_node_pool(CLUSTER, "absent")
-        finally:
-            await client.aclose()
-
-    assert run(scenario()) is None
+    assert one_call(url, lambda client: client.get_node_pool(CLUSTER, "absent"), token=tokens) is None
     assert tokens.refreshes == 1
     assert [a for _, _, a in state.requests] == ["Bearer stale", "Bearer good"]
 
@@ -169,30 +155,16 @@ def test_401_twice_is_an_auth_error(gke_server):
     state, url = gke_server
     state.tokens = set()
 
-    async def scenario():
-        client = GKEClient(StaticToken("nope"), url, sleep=Sleeps())
-        try:
-            await client.get_node_pool(CLUSTER, "x")
-        finally:
-            await client.aclose()
-
     with pytest.raises(GKEAuthError) as e:
-        run(scenario())
+        one_call(url, lambda client: client.get_node_pool(CLUSTER, "x"), token=StaticToken("nope"))
     assert e.value.status == 401 and len(state.requests) == 2
 
 
 def test_bad_request_is_not_retried(gke_server):
     state, url = gke_server
 
-    async def scenario():
-        client = GKEClient(StaticToken("good"), url, sleep=Sleeps())
-        try:
-            await client.create_node_pool(CLUSTER, {"nodePool": {"name": "x", "config": {}}})
-        finally:
-            await client.aclose()
-
     with pytest.raises(GKEError) as e:
-        run(scenario())
+        one_call(url, lambda client: client.create_node_pool(CLUSTER, {"nodePool": {"name": "x", "config": {}}}))
     assert e.value.status == 400 and not isinstance(e.value, (GKETransientError, GKEAuthError))
     assert len(state.requests) == 1
 
