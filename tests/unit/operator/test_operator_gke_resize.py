@@ -127,13 +127,19 @@ def test_resize_is_applied_once(gke_server, kube, clock):
     operate(gke_server, kube, clock, PoolBody().gke().spec(capacity={"hosts": 3}).build(), scenario)
 
 
+async def autoscaling_set(op: Operator, state, max_hosts: int) -> None:
+    """From a settled pool to autoscaling 0..max_hosts: one setAutoscaling call, with GKE's body
+    for it; settled again."""
+    await op.settle()
+    op.edit(capacity={"autoscaling": {"minHosts": 0, "maxHosts": max_hosts}})
+    assert await op.reconcile() == [SET_AUTOSCALING]
+    assert state.bodies[-1] == {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": max_hosts}}
+    await op.settle()
+
+
 def test_autoscaling_enabled_changed_disabled(gke_server, kube, clock):
     async def scenario(op: Operator, state):
-        await op.settle()
-        op.edit(capacity={"autoscaling": {"minHosts": 0, "maxHosts": 4}})
-        assert await op.reconcile() == [SET_AUTOSCALING]
-        assert state.bodies[-1] == {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4}}
-        await op.settle()
+        await autoscaling_set(op, state, max_hosts=4)
         # GKE's JSON: minNodeCount 0 left out, its default locationPolicy added; no change seen.
         assert state.pools["pool"]["autoscaling"]["locationPolicy"] == "BALANCED"
         assert "nodeCount" not in op.status["nodePool"]   # null in the merge patch: removed
@@ -222,11 +228,7 @@ def test_multi_host_slice_may_be_autoscaled(gke_server, kube, clock):
     body = PoolBody().v7x("2x2x2").gke(workloadPolicy="wp").build()
 
     async def scenario(op: Operator, state):
-        await op.settle()
-        op.edit(capacity={"autoscaling": {"minHosts": 0, "maxHosts": 2}})
-        assert await op.reconcile() == [SET_AUTOSCALING]
-        assert state.bodies[-1] == {"autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 2}}
-        await op.settle()
+        await autoscaling_set(op, state, max_hosts=2)
         assert SET_SIZE not in state.mutations()
 
     operate(gke_server, kube, clock, body, scenario)
