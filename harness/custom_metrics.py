@@ -22,12 +22,13 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from harness.cluster import FRONT_PROXY_CLIENT, Cluster
+from harness.json_http import JsonHandler
 from harness.polling import wait_for
 from harness.processes import LOOPBACK
 
@@ -134,15 +135,15 @@ class CustomMetricsServer:
         self.httpd.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     owner: CustomMetricsServer
 
     def do_GET(self) -> None:
         cert = self.request.getpeercert() if isinstance(self.request, ssl.SSLSocket) else None
         subject = dict(item for rdn in (cert or {}).get("subject", ()) for item in rdn)
         if subject.get("commonName") != FRONT_PROXY_CLIENT:
-            self._reply(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
-                              "message": "only the aggregation layer's front proxy may ask"})
+            self.reply_json(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                                  "message": "only the aggregation layer's front proxy may ask"})
             return
         url = urlsplit(self.path)
         path = unquote(url.path)    # the aggregator forwards the client's escaping: pods/%2A/...
@@ -154,21 +155,11 @@ class _Handler(BaseHTTPRequestHandler):
             selector = parse_qs(url.query).get("labelSelector", [""])[0]
             body = self.owner.pod_metrics(m["ns"], m["name"], m["metric"], selector)
         if body is None:
-            self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
-                              "reason": "NotFound", "message": f"{path} not found"})
+            self.reply_json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                                  "reason": "NotFound", "message": f"{path} not found"})
         else:
-            self._reply(200, body)
+            self.reply_json(200, body)
 
-    def _reply(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass   # quiet: the test reads `requests`
 
 
 @contextlib.contextmanager

@@ -29,10 +29,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from harness.gke_schema import problems, schemas
+from harness.json_http import JsonHandler
 
 PARENT = "/v1/projects/my-project/locations/us-central1/clusters/c1"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
@@ -103,22 +104,9 @@ def _multi_host(pool: dict) -> bool:
 
 
 def make_handler(state: FakeGKEState):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):   # keep pytest output clean
-            pass
-
-        def _send(self, code: int, body: dict, headers: dict | None = None):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def _error(self, code: int, status: str, message: str, headers: dict | None = None):
-            self._send(code, {"error": {"code": code, "message": message, "status": status}}, headers)
+            self.reply_json(code, {"error": {"code": code, "message": message, "status": status}}, headers)
 
         def _body(self) -> dict:
             length = int(self.headers.get("Content-Length", "0"))
@@ -147,7 +135,7 @@ def make_handler(state: FakeGKEState):
                 if self.path == TOKEN_PATH and method == "GET":
                     if self.headers.get("Metadata-Flavor") != "Google":
                         return self._error(403, "PERMISSION_DENIED", "Missing Metadata-Flavor: Google")
-                    return self._send(200, {"access_token": "good", "expires_in": 3600, "token_type": "Bearer"})
+                    return self.reply_json(200, {"access_token": "good", "expires_in": 3600, "token_type": "Bearer"})
                 fault = self._fault()
                 if fault:
                     code, status, headers = fault[:3]
@@ -171,10 +159,10 @@ def make_handler(state: FakeGKEState):
                     return self._error(404, "NOT_FOUND", f"Not found: {name}")
                 target = f"{PARENT}/nodePools/{name}"
                 if method == "GET" and not verb:
-                    return self._send(200, proto_json(state.pools[name]))
+                    return self.reply_json(200, proto_json(state.pools[name]))
                 if method == "DELETE" and not verb:
                     state.pools[name]["status"] = "STOPPING"
-                    return self._send(200, state.start(
+                    return self.reply_json(200, state.start(
                         "DELETE_NODE_POOL", target, lambda: (state.pools.pop(name, None), state.sizes.pop(name, None))))
                 if method == "POST" and verb == "setSize":
                     body = self._body()
@@ -193,7 +181,7 @@ def make_handler(state: FakeGKEState):
             op["_polls"] += 1
             if op["_polls"] >= state.polls_until_done and op["status"] != "DONE":
                 state.finish(op)
-            return self._send(200, public(op))
+            return self.reply_json(200, public(op))
 
         def _create(self, body: dict):
             np = body.get("nodePool") or {}
@@ -207,7 +195,7 @@ def make_handler(state: FakeGKEState):
 
             def done():
                 state.pools[name]["status"] = "RUNNING"
-            return self._send(200, state.start("CREATE_NODE_POOL", f"{PARENT}/nodePools/{name}", done))
+            return self.reply_json(200, state.start("CREATE_NODE_POOL", f"{PARENT}/nodePools/{name}", done))
 
         def _set_size(self, name: str, target: str, body: dict):
             count = body.get("nodeCount")
@@ -219,7 +207,7 @@ def make_handler(state: FakeGKEState):
 
             def done():
                 state.sizes[name] = count
-            return self._send(200, state.start("SET_NODE_POOL_SIZE", target, done))
+            return self.reply_json(200, state.start("SET_NODE_POOL_SIZE", target, done))
 
         def _set_autoscaling(self, name: str, target: str, body: dict):
             a = body.get("autoscaling")
@@ -235,7 +223,7 @@ def make_handler(state: FakeGKEState):
 
             def done():
                 state.pools[name]["autoscaling"] = applied
-            return self._send(200, state.start("UPDATE_CLUSTER", target, done))
+            return self.reply_json(200, state.start("UPDATE_CLUSTER", target, done))
 
         def do_GET(self):
             self._handle("GET")

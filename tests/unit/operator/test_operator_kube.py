@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from harness.json_http import JsonHandler
 from tpusync_operator.kube import ApiKube, KubeError, path
 from tpusync_operator.serving_plan import OPTIONAL_KINDS
 
@@ -24,10 +25,7 @@ class Server:
 
 
 def start(server: Server):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
+    class Handler(JsonHandler):
         def _do(self, method):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
@@ -39,12 +37,7 @@ def start(server: Server):
                 return
             not_found = (404, {"kind": "Status", "message": "nope"})
             status, payload = self.server_state.routes.get((method, route), not_found)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply_json(status, payload)
 
         def do_GET(self):
             self._do("GET")
