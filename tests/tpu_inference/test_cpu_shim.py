@@ -41,16 +41,22 @@ def _real_tokens() -> int:
     return sum(q for q, _ in SEQS)
 
 
+def assert_equals_reference(got_out, got_cache, want_out, want_cache, head_dim: int) -> None:
+    """The shim's attention output equals upstream's reference on the real tokens (the padding
+    rows are undefined), and its updated cache bit for bit."""
+    n = _real_tokens()
+    assert got_out.shape == (TOKENS, 4, head_dim)
+    np.testing.assert_allclose(np.asarray(got_out)[:n], np.asarray(want_out)[:n], rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(got_cache), np.asarray(want_cache))
+
+
 @pytest.mark.parametrize("sliding_window", [None, 24])
 def test_attention_equals_upstream_reference(sliding_window):
     args = _inputs(128, rpa.get_kv_cache_shape)
     want_out, want_cache = rpa.ref_ragged_paged_attention(*args, sm_scale=0.1, sliding_window=sliding_window)
     got_out, got_cache = jax.jit(lambda *a: attention.ragged_paged_attention(
         *a, sm_scale=0.1, sliding_window=sliding_window))(*args)
-    n = _real_tokens()
-    assert got_out.shape == (TOKENS, 4, 128)
-    np.testing.assert_allclose(np.asarray(got_out)[:n], np.asarray(want_out)[:n], rtol=2e-5, atol=2e-5)
-    np.testing.assert_array_equal(np.asarray(got_cache), np.asarray(want_cache))
+    assert_equals_reference(got_out, got_cache, want_out, want_cache, head_dim=128)
 
 
 def test_attention_hd64_equals_upstream_reference():
@@ -59,10 +65,7 @@ def test_attention_hd64_equals_upstream_reference():
     for s in (None, sink):
         want_out, want_cache = rpa_hd64.ref_ragged_paged_attention_hd64(*args, s, sm_scale=0.125)
         got_out, got_cache = jax.jit(lambda *a: attention.ragged_paged_attention_hd64(*a, sm_scale=0.125))(*args, s)
-        n = _real_tokens()
-        assert got_out.shape == (TOKENS, 4, 64)
-        np.testing.assert_allclose(np.asarray(got_out)[:n], np.asarray(want_out)[:n], rtol=2e-5, atol=2e-5)
-        np.testing.assert_array_equal(np.asarray(got_cache), np.asarray(want_cache))
+        assert_equals_reference(got_out, got_cache, want_out, want_cache, head_dim=64)
 
 
 def test_attention_without_cache_update_reads_the_cache_as_is():
