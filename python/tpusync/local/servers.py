@@ -37,10 +37,12 @@ def interrupt(process: subprocess.Popen[Any], grace: float) -> None:
 
 def start_server(role: str, *, model_config: dict[str, Any], control_socket: str | None = None,
                  data_address: str | None = None, peers: list[str] | None = None, prefix_cache: bool = True,
-                 stderr: int | IO[str] | None = None, extra_args: Sequence[str] = ()) -> ServerProcess:
+                 stderr: int | IO[str] | None = None, extra_args: Sequence[str] = (),
+                 python: str = sys.executable) -> ServerProcess:
     """Starts `python -m tpusync.serving` on 127.0.0.1 and returns once it is warmed up and listening.
-    `extra_args`: more of its flags (`python -m tpusync.serving --help`)."""
-    args = [sys.executable, "-m", "tpusync.serving", "--role", role, "--port", "0",
+    `extra_args`: more of its flags (`python -m tpusync.serving --help`); `python`: an interpreter
+    with JAX (another environment's, beside an engine's that has none)."""
+    args = [python, "-m", "tpusync.serving", "--role", role, "--port", "0",
             "--model-config", json.dumps(model_config)]
     if control_socket:
         args += ["--control-socket", control_socket]
