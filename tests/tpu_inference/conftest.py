@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import not_collected
-from tpusync.local.sidecars import write_secret
 
 _spec = importlib.util.find_spec("tpu_inference")
 if _spec is None or _spec.origin is None:  # tests/tpu_inference itself can pass for a namespace package
@@ -69,22 +68,11 @@ def model_b(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def weights_host(tmp_path_factory):
     """A sidecar for weight versions (the engine host's, in a pod)."""
-    import os
-    import shutil
-    import uuid
+    from harness.sidecar_pools import lone_sidecar
 
-    from tpusync.local import sidecars as sidecar_mod
-
-    work = tmp_path_factory.mktemp("tpu-inference-weights")
-    write_secret(work / "secret", b"tpu-inference-weights-0123456789\n")
-    pool = f"/dev/shm/tpusync-tpuw-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    s = sidecar_mod.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=16 << 20,
-                           block_bytes=64 << 10, control_socket=str(work / "control.sock"), peers=[])
-    yield s
-    s.stop()
-    if os.path.exists(pool):
-        os.unlink(pool)
-    shutil.rmtree(pool + ".weights", ignore_errors=True)
+    with lone_sidecar(tmp_path_factory.mktemp("tpu-inference-weights"), "tpuw", b"tpu-inference-weights-0123456789\n",
+                      dram_bytes=16 << 20, block_bytes=64 << 10) as host:
+        yield host
 
 
 # tpu-inference's TPUConnector: ports inside the P/D pair's own network namespace.

@@ -11,16 +11,15 @@ bytes of the prefill engine's pages."""
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import threading
-import uuid
 
 import numpy as np
 import pytest
 
 from harness.engines import delta, prompt
 from harness.polling import wait_for
+from harness.sidecar_pools import kill_and_remove, pool_path
 from tpusync import errors
 from tpusync.engines.tpu_inference.shards import ShardedStore
 from tpusync.kv.events import BlockAnnouncer, follow
@@ -47,7 +46,7 @@ def tp_cluster(model_dir, tmp_path_factory):
     sidecars, pools, engines = {}, [], {}
     try:
         for name in ("p", "d"):
-            pool = f"/dev/shm/tpusync-tpuinf-tp-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pool = pool_path("tpuinf-tp", name)
             pools.append(pool)
             sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(secret), dram_bytes=32 << 20,
                                                 block_bytes=BLOCK_BYTES, control_socket=str(work / f"{name}.sock"),
@@ -62,12 +61,7 @@ def tp_cluster(model_dir, tmp_path_factory):
     finally:
         for e in engines.values():
             e.stop()
-        for s in sidecars.values():
-            if s.process.poll() is None:
-                s.kill()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
+        kill_and_remove(sidecars.values(), pools)
 
 
 def test_prefill_decode_pair_with_a_sharded_cache(tp_cluster, reference):

@@ -9,9 +9,7 @@ helpers of harness/llmd_indexer.py) has its blocks at the tier the sidecar holds
 
 from __future__ import annotations
 
-import os
 import subprocess
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pytest
 
 from harness.engines import delta, prompt
 from harness.llmd_indexer import MODEL, Indexer, connect, eventually, held, indexer_binary
+from harness.sidecar_pools import kill_and_remove, pool_path
 from harness.tpu_engine_proc import BLOCK_SIZE
 from tpusync.kv.keys import BlockHasher
 from tpusync.local.sidecars import write_secret
@@ -45,7 +44,7 @@ class Cluster:
         from harness.tinymodel import BLOCK_BYTES
         from tpusync.local import sidecars as sidecar_mod
 
-        pool = self.pools.setdefault(name, f"/dev/shm/tpusync-tpuinf-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
+        pool = self.pools.setdefault(name, pool_path("tpuinf", name))
         self.sidecars[name] = sidecar_mod.launch(
             pool_path=pool, secret_file=str(self.work / "secret"), dram_bytes=32 << 20, block_bytes=BLOCK_BYTES,
             control_socket=str(self.work / f"{name}.sock"), disk_dir=str(self.work / f"disk-{name}") if disk else None,
@@ -109,12 +108,7 @@ def cluster(model_dir, tmp_path_factory):
             e.stop()
         if c.indexer is not None:
             c.indexer.stop()
-        for s in c.sidecars.values():
-            if s.process.poll() is None:
-                s.kill()
-        for pool in c.pools.values():
-            if os.path.exists(pool):
-                os.unlink(pool)
+        kill_and_remove(c.sidecars.values(), c.pools.values())
 
 
 def announced_at(c: Cluster, tokens: list[int]) -> dict[str, int]:

@@ -21,15 +21,13 @@ Sidecar `t` is the trainer's host, which pushes versions to `w`.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import subprocess
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from harness.sidecar_pools import kill_and_remove, pool_path
 from tests.conftest import not_collected
 from tpusync.local.sidecars import write_secret
 
@@ -65,7 +63,7 @@ class Cluster:
         from harness.tinymodel import BLOCK_BYTES
         from tpusync.local import sidecars as sidecar_mod
 
-        pool = self.pools.setdefault(name, f"/dev/shm/tpusync-vllm-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}")
+        pool = self.pools.setdefault(name, pool_path("vllm", name))
         self.sidecars[name] = sidecar_mod.launch(pool_path=pool, secret_file=str(self.secret), dram_bytes=32 << 20,
                                                  block_bytes=BLOCK_BYTES,
                                                  control_socket=str(self.work / f"{name}.sock"),
@@ -130,10 +128,4 @@ def cluster(tmp_path_factory):
     finally:
         for engine in c.engines.values():
             engine.stop()
-        for s in c.sidecars.values():
-            if s.process.poll() is None:
-                s.kill()
-        for pool in c.pools.values():
-            if os.path.exists(pool):
-                os.unlink(pool)
-            shutil.rmtree(pool + ".weights", ignore_errors=True)  # weight versions' head files
+        kill_and_remove(c.sidecars.values(), c.pools.values())

@@ -16,7 +16,6 @@ steps.
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import time
 import uuid
@@ -29,6 +28,7 @@ import pytest
 from harness.engines import EngineSpec, delta, prompt
 from harness.llmd_indexer import Indexer, Pod, connect, eventually, held, indexer_binary
 from harness.polling import wait_for
+from harness.sidecar_pools import kill_and_remove, pool_path, remove_pools
 from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE, build
 from tpusync.kv.keys import BlockHasher
 from tpusync.local.sidecars import write_secret
@@ -46,7 +46,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     sidecars, pools, pods, indexers = {}, [], {}, {}
     try:
         for name, disk in (("s", True), ("d", False)):
-            pool = f"/dev/shm/tpusync-vllm-llmd-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pool = pool_path("vllm-llmd", name)
             pools.append(pool)
             sidecars[name] = sidecar_mod.launch(
                 pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK_BYTES,
@@ -70,12 +70,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
             p.engine.stop()
         for ix in indexers.values():
             ix.stop()
-        for sc in sidecars.values():
-            if sc.process.poll() is None:
-                sc.kill()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
+        kill_and_remove(sidecars.values(), pools)
 
 
 def sidecar_keys(tokens: list[int]) -> list[int]:
@@ -239,7 +234,7 @@ def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_bloc
     ix = None
     try:
         for name in ("t", "u"):
-            pool = f"/dev/shm/tpusync-vllm-shared-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
+            pool = pool_path("vllm-shared", name)
             pools.append(pool)
             cars.append(sidecar_mod.launch(
                 pool_path=pool, secret_file=str(secret), dram_bytes=64 << 20, block_bytes=BLOCK_BYTES,
@@ -270,6 +265,4 @@ def test_a_vllm_engine_on_another_host_of_the_shared_tier_is_scored_for_its_bloc
             ix.stop()
         for car in cars:
             car.stop()
-        for pool in pools:
-            if os.path.exists(pool):
-                os.unlink(pool)
+        remove_pools(pools)

@@ -15,7 +15,6 @@ import os
 import re
 import select
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,12 +22,12 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
 from harness.engines import ApiServer, EngineError, prompt
+from harness.sidecar_pools import lone_sidecar
 from harness.tinymodel import BLOCK_BYTES, BLOCK_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,26 +94,17 @@ class DocServer(ApiServer):
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     from harness.tinymodel import build
-    from tpusync.local import sidecars as sidecar_mod
-    from tpusync.local.sidecars import write_secret
 
     work = tmp_path_factory.mktemp("weight-pause")
-    write_secret(work / "secret", b"weight-pause-secret-0123456789abc\n")
-    pool = f"/dev/shm/tpusync-pause-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    sidecar = sidecar_mod.launch(pool_path=pool, secret_file=str(work / "secret"), dram_bytes=32 << 20,
-                                 block_bytes=BLOCK_BYTES, control_socket=str(work / "w.sock"), peers=[],
-                                 stderr=subprocess.DEVNULL)
-    a, b = build(work / "model_a"), build(work / "model_b", seed=1)
-    server = DocServer("pause", str(a), work, {"TPUSYNC_PAUSE_LEASE_S": str(LEASE_S)})
-    try:
-        server.wait_ready()
-        yield server, sidecar, {"a": str(a), "b": str(b)}, work
-    finally:
-        server.stop()
-        sidecar.stop()
-        if os.path.exists(pool):
-            os.unlink(pool)
-        shutil.rmtree(pool + ".weights", ignore_errors=True)
+    with lone_sidecar(work, "pause", b"weight-pause-secret-0123456789abc\n", dram_bytes=32 << 20,
+                      block_bytes=BLOCK_BYTES, control_socket="w.sock", stderr=subprocess.DEVNULL) as sidecar:
+        a, b = build(work / "model_a"), build(work / "model_b", seed=1)
+        server = DocServer("pause", str(a), work, {"TPUSYNC_PAUSE_LEASE_S": str(LEASE_S)})
+        try:
+            server.wait_ready()
+            yield server, sidecar, {"a": str(a), "b": str(b)}, work
+        finally:
+            server.stop()
 
 
 def trainer(host, checkpoint: str):
