@@ -120,6 +120,21 @@ def announced_at(c: Cluster, tokens: list[int]) -> dict[str, int]:
     return {name: want for name, bit in (("cpu", 1), ("disk", 2)) if all(t & bit for t in tiers)}
 
 
+def remote_decode_params(c: Cluster, p: list[int]) -> dict[str, Any]:
+    """The kv_transfer_params the prefill engine answers for prompt p, prefilled for a remote
+    decode: what a P/D router hands the decode engine."""
+    out = c.engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+    params: dict[str, Any] = out["kv_transfer_params"]
+    return params
+
+
+def decoded(c: Cluster, p: list[int], params: dict[str, Any] | None) -> tuple[list[int], dict[str, int]]:
+    """The decode engine's 16 tokens for prompt p given `params`, and what its counters did meanwhile."""
+    before = c.engines["decode"].stats()
+    got = c.engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
+    return got["token_ids"], delta(c.engines["decode"].stats(), before)
+
+
 def test_prefill_decode_pair_over_sidecars(cluster, reference):
     engines = cluster.engines
     before = engines["prefill"].stats()
@@ -127,11 +142,9 @@ def test_prefill_decode_pair_over_sidecars(cluster, reference):
     assert delta(engines["prefill"].stats(), before)["saved_blocks"] == 9
     params = out["kv_transfer_params"]
     assert params["remote_num_tokens"] == 288 and params["remote_port"]
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(PROMPT, max_tokens=16, kv_transfer_params=params)
-    d = delta(engines["decode"].stats(), before)
+    tokens, d = decoded(cluster, PROMPT, params)
     assert d["pulled_blocks"] == 9 and d["loaded_blocks"] == 9 and d["load_error_blocks"] == 0
-    assert got["token_ids"] == reference(PROMPT)
+    assert tokens == reference(PROMPT)
 
 
 def fresh_engine_loads(cluster, reference, p, blocks: int, tier: str) -> None:
@@ -183,31 +196,23 @@ def test_partial_prefix_hit(cluster, reference):
 def test_dead_prefill_peer_means_recompute(cluster, reference):
     import socket
 
-    engines = cluster.engines
     p = prompt(23, 150)
-    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
-        "kv_transfer_params"]
+    params = remote_decode_params(cluster, p)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         params["remote_port"] = s.getsockname()[1]
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
-    d = delta(engines["decode"].stats(), before)
+    tokens, d = decoded(cluster, p, params)
     assert d["peer_errors"] == 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
-    assert got["token_ids"] == reference(p)
+    assert tokens == reference(p)
 
 
 def test_params_from_an_engine_that_keyed_differently_mean_recompute(cluster, reference):
-    engines = cluster.engines
     p = prompt(24, 150)
-    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
-        "kv_transfer_params"]
+    params = remote_decode_params(cluster, p)
     params["tpusync_last_key"] = f"{int(params['tpusync_last_key'], 16) ^ 1:032x}"  # another hash seed's key
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
-    d = delta(engines["decode"].stats(), before)
+    tokens, d = decoded(cluster, p, params)
     assert d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
-    assert got["token_ids"] == reference(p)
+    assert tokens == reference(p)
 
 
 # kv_transfer_params any client may send, on top of the prefill's well-formed ones, and the field
@@ -227,33 +232,25 @@ MALFORMED = [
 def test_malformed_params_are_refused_and_the_prompt_computed(cluster, reference, change, field):
     """Refused (one warning naming the field, counted), never raised into vLLM's scheduler: the
     engine computes the prompt and keeps serving."""
-    engines = cluster.engines
+    log = cluster.engines["decode"].log_path
     p = prompt(60 + MALFORMED.index((change, field)), 150)
-    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
-        "kv_transfer_params"]
+    params = remote_decode_params(cluster, p)
     sent = {**params, **change}
     if "tpusync_kv_layout" in change:
         sent["tpusync_kv_layout"] = {**params["tpusync_kv_layout"], **change["tpusync_kv_layout"]}
     line = f"kv_transfer_params.{field} is "
-    logged = engines["decode"].log_path.read_text(errors="replace").count(line)
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=sent)
-    d = delta(engines["decode"].stats(), before)
+    logged = log.read_text(errors="replace").count(line)
+    tokens, d = decoded(cluster, p, sent)
     assert d["refused_prefills"] == 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0, d
-    assert got["token_ids"] == reference(p)
-    assert engines["decode"].log_path.read_text(errors="replace").count(line) == logged + 1
+    assert tokens == reference(p)
+    assert log.read_text(errors="replace").count(line) == logged + 1
 
 
 def test_after_malformed_params_the_next_well_formed_request_pulls(cluster, reference):
-    engines = cluster.engines
     p = prompt(69, 150)
-    params = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params={"do_remote_decode": True})[
-        "kv_transfer_params"]
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params)
-    d = delta(engines["decode"].stats(), before)
+    tokens, d = decoded(cluster, p, remote_decode_params(cluster, p))
     assert d["pulled_blocks"] == 150 // BLOCK_SIZE and d["loaded_blocks"] == 150 // BLOCK_SIZE, d
-    assert got["token_ids"] == reference(p)
+    assert tokens == reference(p)
 
 
 def test_a_block_that_cannot_be_loaded_is_recomputed_and_stored_again(cluster, reference):
@@ -288,30 +285,21 @@ def test_decode_engine_outlives_its_sidecar_restarted_mid_run(cluster, reference
     """The decode pod's sidecar dies under the running engine: a P/D request is computed without
     it; restarted (on the same pool and socket), it serves P/D to the same engine again, and what
     it pulled before it died is still in its pool."""
-    engines = cluster.engines
     p, q = prompt(29, 300), prompt(30, 150)
-    pd = {"do_remote_decode": True}
-    params_p = engines["prefill"].generate(p, max_tokens=1, kv_transfer_params=pd)["kv_transfer_params"]
-    params_q = engines["prefill"].generate(q, max_tokens=1, kv_transfer_params=pd)["kv_transfer_params"]
-    got = engines["decode"].generate(p, max_tokens=16, kv_transfer_params=params_p)  # into d's pool
-    assert got["token_ids"] == reference(p)
+    params_p, params_q = remote_decode_params(cluster, p), remote_decode_params(cluster, q)
+    tokens, _ = decoded(cluster, p, params_p)  # into d's pool
+    assert tokens == reference(p)
 
     cluster.sidecars["d"].kill()
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(q, max_tokens=16, kv_transfer_params=params_q)
-    d = delta(engines["decode"].stats(), before)
+    tokens, d = decoded(cluster, q, params_q)
     assert d["store_errors"] >= 1 and d["pulled_blocks"] == 0 and d["loaded_blocks"] == 0
-    assert got["token_ids"] == reference(q)
+    assert tokens == reference(q)
 
     cluster.launch("d")
-    engines["decode"].call("reset_prefix_cache")
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(q, max_tokens=16, kv_transfer_params=params_q)
-    d = delta(engines["decode"].stats(), before)
+    cluster.engines["decode"].call("reset_prefix_cache")
+    tokens, d = decoded(cluster, q, params_q)
     assert d["pulled_blocks"] == 4 and d["loaded_blocks"] == 4 and d["load_error_blocks"] == 0
-    assert got["token_ids"] == reference(q)
-    before = engines["decode"].stats()
-    got = engines["decode"].generate(p, max_tokens=16)  # pulled before the restart: in the pool still
-    d = delta(engines["decode"].stats(), before)
+    assert tokens == reference(q)
+    tokens, d = decoded(cluster, p, None)  # pulled before the restart: in the pool still
     assert d["pulled_blocks"] == 0 and d["loaded_blocks"] == 9 and d["load_error_blocks"] == 0
-    assert got["token_ids"] == reference(p)
+    assert tokens == reference(p)
