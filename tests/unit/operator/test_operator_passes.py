@@ -88,14 +88,30 @@ def test_failing_passes_touch_their_object_after_the_delay_and_do_not_stop_the_q
     assert pending == set()
 
 
+class FailingPass:
+    """A pass that asks to be retried after `delay` until `fixed` is set."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.fixed = delay, False
+
+    async def __call__(self, key: object) -> None:
+        if not self.fixed:
+            raise kopf.TemporaryError("later", delay=self.delay)
+
+
+async def pass_once_fixed(q: PassQueue, run: FailingPass, key: object) -> set[object]:
+    """Fixes the pass and runs it for `key`: returns what still waits for a retry right after it
+    (nothing, where the pass cancelled the retry)."""
+    run.fixed = True
+    q.request(key)
+    await q.drain()
+    return q.retrying()
+
+
 def test_a_pass_before_the_delay_cancels_the_retry():
     async def main():
         touched: list[str] = []
-        fail = True
-
-        async def run(key):
-            if fail:
-                raise kopf.TemporaryError("later", delay=3600)
+        run = FailingPass(delay=3600)
 
         async def touch(key):
             touched.append(key)
@@ -104,11 +120,9 @@ def test_a_pass_before_the_delay_cancels_the_retry():
         q.request("a")
         await q.drain()
         assert q.retrying() == {"a"}
-        fail = False
-        q.request("a")          # e.g. the CRD it waited for was installed: this pass succeeds
-        await q.drain()
-        pending = q.retrying()  # cancelled by the pass: no touch can come any more
-        await q.settle()
+        # e.g. the CRD it waited for was installed: this pass succeeds and cancels the retry
+        pending = await pass_once_fixed(q, run, "a")
+        await q.settle()        # no touch can come any more
         return touched, pending
 
     assert asyncio.run(main()) == ([], set())
@@ -203,11 +217,7 @@ def test_a_pass_ends_a_failing_touch_retry():
     """While the touch keeps failing, a pass of the object (any other event) makes it moot."""
     async def main():
         attempts = Calls()
-        fail = True
-
-        async def run(key):
-            if fail:
-                raise kopf.TemporaryError("later", delay=0)
+        run = FailingPass(delay=0)
 
         async def touch(key):
             attempts.append(key)
@@ -218,10 +228,8 @@ def test_a_pass_ends_a_failing_touch_retry():
         q.request("a")
         await q.drain()
         await attempts.reach(2)
-        fail = False
-        q.request("a")
-        await q.drain()
-        seen, pending = len(attempts), q.retrying()   # the pass cancelled the retry
+        pending = await pass_once_fixed(q, run, "a")
+        seen = len(attempts)   # the touches tried until the pass cancelled the retry (nothing awaited since)
         await q.settle()
         return seen, len(attempts), pending
 
