@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 15
 
 all: test
 
-include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk tests/sglang/sglang.mk
+include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/overlay.mk tests/vllm/vllm.mk tests/tpu_inference/tpu_inference.mk tests/llmd/llmd.mk tests/sglang/sglang.mk
 
 # Debian packages, per target: each installs what it needs when missing, and nothing else (make
 # demo needs the native build only: no SSH server, no clang, no firewall tools).

@@ -26,15 +26,8 @@ $(SGLANG_ENV)/.complete: $(SGLANG_REQUIREMENTS) $(VLLM_ENV)/.complete
 sglang-env: $(SGLANG_ENV)/.complete
 
 $(SGLANG_OVERLAY)/.ready: $(SGLANG_ENV)/.complete $(VENV)/.installed
-	rm -rf $(SGLANG_OVERLAY)
-	$(PYTHON) -m venv --without-pip $(SGLANG_OVERLAY)
-	@lib=lib/$$($(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages; \
-	set -e; here=$(SGLANG_OVERLAY)/$$lib; \
-	echo "import site; site.addsitedir('$(SGLANG_ENV)/$$lib')" > $$here/00-sglang.pth; \
-	cp $(VENV)/$$lib/_tpusync_editable.py $(VENV)/$$lib/_tpusync_editable.pth $$here/; \
-	cp -r $(VENV)/$$lib/tpusync-*.dist-info $$here/; \
-	mkdir -p $$here/tpusync && cp $(VENV)/$$lib/tpusync/_native*.so $$here/tpusync/; \
-	cp $(VENV)/bin/tpusync-sidecar $(SGLANG_OVERLAY)/bin/
+	$(call overlay-venv,$(SGLANG_OVERLAY),$(PYTHON),$(SGLANG_ENV),00-sglang.pth,--without-pip)
+	$(call overlay-tpusync,$(SGLANG_OVERLAY))
 	touch $@
 
 # test_hicache_events.py reads the backend's KV events with llm-d's own indexer (tests/llmd).

