@@ -525,8 +525,17 @@ GKE_TPU = Pin(
     values={"engine_uid": frozenset({"0"})},
 )
 
+# The engine pods' preStop sleep action (builders.serving.ENGINE_DRAIN_SECONDS): beta and on by
+# default from Kubernetes 1.30, GA in 1.34 (KEP-3960). Native sidecars already need 1.29.
+GKE_KUBERNETES = Pin(
+    name="GKE (Kubernetes)", version="1.30",
+    proof=(Source("kubernetes/kubernetes", "v1.30.0", "pkg/features/kube_features.go",
+                  note="PodLifecycleSleepAction: {Default: true, PreRelease: featuregate.Beta}"),),
+)
+
 ALL: tuple[Pin, ...] = (TPUSYNC, EPP, ROUTING_PROXY, GATEWAY_API_INFERENCE_EXTENSION, INFERENCE_OBJECTIVE,
-                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, RAY, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP, GKE_TPU)
+                        GKE_GATEWAY_POLICIES, LWS, VLLM, TPU_INFERENCE, RAY, SGLANG_JAX, SGLANG_JAX_BOOTSTRAP, GKE_TPU,
+                        GKE_KUBERNETES)
 
 
 def table() -> list[tuple[str, str, str, str]]:

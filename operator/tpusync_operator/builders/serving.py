@@ -47,6 +47,12 @@ LWS_API = versions.LWS_API
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 PROXY_NAME = "routing-proxy"
+# A terminating engine keeps serving this long before its SIGTERM: the time the pod's Services
+# (kube-proxy's rules) and the endpoint picker take to stop sending it new requests, which they
+# start doing when the pod is deleted, not when it exits. Without it a rollout's or a scale-down's
+# requests of the next second meet a closed port. The sleep action (no sleep binary needed in
+# the engine's image) needs Kubernetes 1.30: versions.GKE_KUBERNETES.
+ENGINE_DRAIN_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -205,7 +211,8 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RoleP
             "startupProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
                              "periodSeconds": 10, "failureThreshold": 360},
             "readinessProbe": {"httpGet": {"path": engine_probe_path(spec), "port": port},
-                               "periodSeconds": 5, "failureThreshold": 3}}),
+                               "periodSeconds": 5, "failureThreshold": 3},
+            "lifecycle": {"preStop": {"sleep": {"seconds": ENGINE_DRAIN_SECONDS}}}}),
         "securityContext": engine_security_context(spec, tpu=plan.chips_per_host > 0),
         "volumeMounts": [
             {"name": "tpusync-shm", "mountPath": "/dev/shm"},

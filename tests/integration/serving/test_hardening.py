@@ -291,3 +291,30 @@ def test_after_malformed_params_a_well_formed_hand_off_still_pulls(servers):
     params = post(servers["prefill"].url, {"prompt": p, "max_tokens": 1})["kv_transfer_params"]
     r = post(servers["cached"].url, {"prompt": p, "max_tokens": 6, "kv_transfer_params": params})
     assert tokens(r) == want and r["tpusync"]["pulled_blocks"] == 300 // CFG.page_size
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits():
+    """SIGTERM (the kubelet's stop, after the pod's preStop drain): the server takes no new
+    connection, answers the request it is streaming to its end, then exits 0. Before, the
+    default SIGTERM cut the stream (outside a container), or was ignored by the container's
+    PID 1 until the grace period's SIGKILL cut it."""
+    server = start_server("both", model_config=MODEL, prefix_cache=False, stderr=subprocess.DEVNULL)
+    try:
+        max_tokens = 96
+        body = json.dumps({"prompt": prompt(40, 64), "max_tokens": max_tokens, "stream": True}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = resp.readline()
+        assert first.startswith(b"data: "), first
+        server.process.terminate()                 # SIGTERM while the answer streams
+        rest = resp.read().decode()
+        chunks = [json.loads(line[6:]) for line in [first.decode().strip(), *rest.splitlines()]
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        tokens = [t for c in chunks for t in c["choices"][0].get("token_ids") or []]
+        assert len(tokens) == max_tokens and rest.rstrip().endswith("data: [DONE]"), rest[-500:]
+        assert server.process.wait(timeout=60) == 0
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    finally:
+        server.stop()

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -15,6 +16,11 @@ from tpusync.engines.reference.model import ModelConfig
 from tpusync.engines.reference.server import BODY_BYTES_PER_TOKEN, DEFAULT_MAX_BODY_BYTES, CompletionServer
 from tpusync.engines.reference.slice import Slice, SliceConfig
 from tpusync.store import KVStore
+
+log = logging.getLogger("tpusync.serving")
+# How long a stopping server lets its requests in flight finish: within the 60 s grace period the
+# operator gives engine pods, after their 5 s preStop drain.
+STOP_DRAIN_SECONDS = 50.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -109,6 +115,10 @@ def _main(argv: list[str]) -> int:
             host = os.environ.get("POD_IP", args.host)
             events.topic = f"kv@{host}:{port}@{args.served_model_name or args.model}".encode()
         ready["kv_events_endpoint"] = events.endpoint
+    # SIGTERM (the kubelet's stop, after the pod's preStop drain took it out of its Services):
+    # no new connection, the requests in flight finish, then exit 0. As a container's PID 1 the
+    # process would otherwise ignore SIGTERM and be killed at the end of the grace period.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, name="stop").start())
     print(json.dumps(ready), flush=True)
     try:
         server.serve_forever()
@@ -116,6 +126,8 @@ def _main(argv: list[str]) -> int:
         pass
     finally:
         server.server_close()
+        if not server.drain(STOP_DRAIN_SECONDS):
+            log.warning("stopping with requests still being answered after %ss", STOP_DRAIN_SECONDS)
         if group is not None:
             engine.stop_slice()
     return 0

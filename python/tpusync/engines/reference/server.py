@@ -6,15 +6,21 @@ the body cap) before the request is routed, so no body is ever parsed as the nex
 kept-alive connection, and a body of bad, unknown or too great a length is refused and the
 connection closed. A prompt longer than the prompt cap is refused before it is tokenised, on
 every route. A client never sees an exception's text or a peer's error: the server logs them.
+
+Stopping: after shutdown() and server_close() no connection is taken; drain() waits for the
+requests being answered to end (the process's SIGTERM does both: __main__).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -114,6 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routes ------------------------------------------------------------------------------
 
     def do_GET(self) -> None:
+        with self.server.answering():
+            self._get()
+
+    def do_POST(self) -> None:
+        with self.server.answering():
+            self._post()
+
+    def _get(self) -> None:
         if self._body() is None:  # a GET's body is read too: else it would be parsed as the next request
             return
         engine = self.server.engine
@@ -128,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route {self.path}")
 
-    def do_POST(self) -> None:
+    def _post(self) -> None:
         body = self._body()  # read before routing: an unread body would be parsed as the next request
         if body is None:
             return
@@ -267,6 +281,25 @@ class CompletionServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.engine = engine
         self.model_name = model_name
+        self._answering = 0
+        self._idle = threading.Condition()
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one request's answer: what drain() waits for (an idle kept-alive connection is not)."""
+        with self._idle:
+            self._answering += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._answering -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Waits until no request is being answered; False if some still are after `timeout` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._answering == 0, timeout)
 
     def completion(self, rid: str, tokens: list[int], prompt_tokens: int) -> dict[str, Any]:
         return {
