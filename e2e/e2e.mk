@@ -52,8 +52,9 @@ nodes: node-deps
 cluster-test: image-archives
 	$(MAKE) cluster-tier
 
-cluster-tier: controlplane nodes llmd-indexer install
+cluster-tier: controlplane lws nodes llmd-indexer install
 	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) TPUSYNC_IMAGES=$(IMAGE_OUT) \
+	  TPUSYNC_LWS_DIR=$(shell bash e2e/build-lws.sh --print) \
 	  TPUSYNC_LLMD_INDEXER=$$(bash tests/llmd/build-indexer.sh --print) $(PY) -m pytest -q -p no:cacheprovider tests/cluster
 
 # make test's last step: the e2e suite and the real-node tier side by side (both mostly wait on
@@ -62,6 +63,7 @@ cluster-tier: controlplane nodes llmd-indexer install
 cluster-tiers: controlplane lws nodes llmd-indexer install
 	$(MAKE) -j2 --output-sync=target e2e cluster-tier
 
-# The same cluster by hand (two TPU nodes, the registry empty): Ctrl-C tears it down.
-cluster: controlplane nodes install
-	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) $(PY) -m harness.nodes
+# The same cluster by hand (four TPU nodes, LWS, the registry empty): Ctrl-C tears it down.
+cluster: controlplane lws nodes install
+	TPUSYNC_CONTROLPLANE_DIR=$(CONTROLPLANE_DIR) TPUSYNC_LWS_DIR=$(shell bash e2e/build-lws.sh --print) \
+	  $(PY) -m harness.nodes

@@ -14,7 +14,8 @@ import base64
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -49,8 +50,8 @@ def lws_binary() -> Path:
     return path
 
 
-def _serving_certificate(pki: Path) -> bytes:
-    """A CA and a certificate for 127.0.0.1 signed by it (tls.crt/tls.key, where
+def _serving_certificate(pki: Path, host: str) -> bytes:
+    """A CA and a certificate for `host` (an IP address) signed by it (tls.crt/tls.key, where
     controller-runtime looks). Returns the CA in PEM, the webhooks' caBundle."""
     openssl = shutil.which("openssl")
     if not openssl:
@@ -62,9 +63,9 @@ def _serving_certificate(pki: Path) -> bytes:
 
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=lws-webhook-ca",
         "-keyout", "ca.key", "-out", "ca.crt")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={LOOPBACK}", "-keyout", "tls.key",
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", "tls.key",
         "-out", "tls.csr")
-    (pki / "san.ext").write_text(f"subjectAltName=IP:{LOOPBACK}\n")
+    (pki / "san.ext").write_text(f"subjectAltName=IP:{host}\n")
     run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
         "-days", "2", "-extfile", "san.ext", "-out", "tls.crt")
     return (pki / "ca.crt").read_bytes()
@@ -72,30 +73,37 @@ def _serving_certificate(pki: Path) -> bytes:
 
 @dataclass
 class LWSController:
+    """`host` is the address its webhooks and health port listen on, one the API server and
+    this process both reach; `wrap` runs the controller where that address is (the real-node
+    tier: the control plane's network namespace)."""
+
     cluster: Cluster
     workdir: Path
+    host: str = LOOPBACK
+    wrap: Callable[[list[str]], list[str]] = field(default=list)
     component: Component | None = None
 
     def start(self, timeout: float = 90) -> None:
-        ca = _serving_certificate(self.workdir / "pki")
+        ca = _serving_certificate(self.workdir / "pki", self.host)
         webhook_port, health_port = free_port(), free_port()
         config = {
             "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
-            "webhook": {"host": LOOPBACK, "port": webhook_port, "certDir": str(self.workdir / "pki")},
+            "webhook": {"host": self.host, "port": webhook_port, "certDir": str(self.workdir / "pki")},
             "metrics": {"bindAddress": "0"},
-            "health": {"healthProbeBindAddress": f"{LOOPBACK}:{health_port}"},
+            "health": {"healthProbeBindAddress": f"{self.host}:{health_port}"},
         }
         (self.workdir / "config.yaml").write_text(yaml.safe_dump(config))
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        component = Component("lws-controller", [str(lws_binary()), f"--config={self.workdir / 'config.yaml'}"],
+        argv = self.wrap([str(lws_binary()), f"--config={self.workdir / 'config.yaml'}"])
+        component = Component("lws-controller", argv,
                               self.workdir / "logs" / "lws-controller.log", env=env)
         self.component = component
         component.start()
         self.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
-            _webhook_configurations(f"https://{LOOPBACK}:{webhook_port}", ca)))
-        self.cluster.wait_http(component, f"http://{LOOPBACK}:{health_port}/readyz", timeout)
+            _webhook_configurations(f"https://{self.host}:{webhook_port}", ca)))
+        self.cluster.wait_http(component, f"http://{self.host}:{health_port}/readyz", timeout)
         # The webhooks answer once the certificate is loaded: a dry-run LWS goes through both.
         probe = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
                  "metadata": {"name": "lws-webhook-probe", "namespace": "default"},

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -49,6 +49,7 @@ from harness import REPO
 from harness.cluster import Cluster
 from harness.controlplane import ControlPlaneError, controlplane_dir
 from harness.fabric import alive, kill_namespace
+from harness.lws import LWSController
 from harness.polling import wait_for
 from harness.processes import Component
 
@@ -657,9 +658,38 @@ state = "{d / 'containerd/state'}"
         """argv on the node as a client there: its network namespace (Service IPs through
         kube-proxy's rules, pod addresses through the node's routes) and the cluster's DNS
         server in its resolv.conf; no proxy from this machine's environment."""
-        env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
         return subprocess.run(["ip", "netns", "exec", node.netns, *argv], capture_output=True, text=True,
-                              timeout=timeout, check=False, env={**env, "no_proxy": "*", "NO_PROXY": "*"})
+                              timeout=timeout, check=False, env=_client_env())
+
+    def node_process(self, node: Node, argv: Sequence[str], stdout: IO[bytes]) -> subprocess.Popen[bytes]:
+        """node_command's client left running (stderr into stdout); the caller stops it."""
+        return subprocess.Popen(["ip", "netns", "exec", node.netns, *argv], stdin=subprocess.DEVNULL,
+                                stdout=stdout, stderr=subprocess.STDOUT, env=_client_env())
+
+    def start_lws(self) -> LWSController:
+        """LeaderWorkerSet's CRDs and controller, as docs/gke.md installs them before the chart.
+        The controller runs as a process in the control plane's network namespace, its webhooks
+        on CTL_ADDRESS, not as the pod of LWS's manifests.yaml: no reachable registry holds its
+        image. The caller stops it."""
+        assert self.cluster is not None
+        crds = [f for f in self.cluster.crd_files()
+                if f.name.startswith(("leaderworkerset.x-k8s.io_", "disaggregatedset.x-k8s.io_"))]
+        if len(crds) != 2:
+            raise ControlPlaneError(f"LWS's two CRDs are not in {self.cluster.crd_dir}: {crds}")
+        self.cluster.install_crds(crds)
+        controller = LWSController(self.cluster, self.workdir / "lws", host=CTL_ADDRESS,
+                                   wrap=lambda argv: _in_net(self.ctl_netns, argv))
+        try:
+            controller.start()
+        except BaseException:
+            controller.stop()
+            raise
+        return controller
+
+
+def _client_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    return {**env, "no_proxy": "*", "NO_PROXY": "*"}
 
 
 @contextlib.contextmanager
@@ -670,19 +700,22 @@ def real_cluster(specs: Sequence[NodeSpec], workdir: Path) -> Iterator[RealClust
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m harness.nodes` (`make cluster`): a CPU node and two TPU nodes of one pool, as
-    tests/cluster runs them, until SIGINT."""
+    """`python -m harness.nodes` (`make cluster`): a CPU node and four TPU nodes of one pool and
+    LWS's controller, as tests/cluster runs them, until SIGINT."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     import tempfile
     workdir = Path(tempfile.mkdtemp(prefix="tpusync-cluster-"))
-    specs = [default_node("gke-default-pool-0"), tpu_node("gke-tpu-pool-0", "tpu-pool"),
-             tpu_node("gke-tpu-pool-1", "tpu-pool")]
+    specs = [default_node("gke-default-pool-0"), *(tpu_node(f"gke-tpu-pool-{i}", "tpu-pool") for i in range(4))]
     try:
         with RealCluster(specs, workdir) as rc:
             assert rc.cluster is not None
-            print(f"cluster up in {rc.startup_seconds:.1f}s\n  export KUBECONFIG={rc.cluster.kubeconfig}\n"
-                  f"  registry: {rc.registry}\n  logs: {workdir / 'logs'}", flush=True)
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            lws = rc.start_lws()
+            try:
+                print(f"cluster up in {rc.startup_seconds:.1f}s\n  export KUBECONFIG={rc.cluster.kubeconfig}\n"
+                      f"  registry: {rc.registry}\n  logs: {workdir / 'logs'}", flush=True)
+                signal.sigwait({signal.SIGINT, signal.SIGTERM})
+            finally:
+                lws.stop()
     except (ControlPlaneError, NodesUnavailable) as err:
         print(err)
         return 1

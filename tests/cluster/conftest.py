@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from harness.controlplane import ControlPlaneError
+from harness.lws import LWSController
 from harness.nodes import NodesUnavailable, RealCluster, default_node, tpu_node
 from harness.polling import WaitTimeout
 from harness.processes import ProcessExited
@@ -55,7 +56,7 @@ def archives() -> Path:
 
 @pytest.fixture(scope="session")
 def real() -> Iterator[RealCluster]:
-    """A CPU node and two v6e 2x2 hosts of one GKE TPU node pool, each a real node."""
+    """A CPU node and four v6e 2x2 hosts of one GKE TPU node pool, each a real node."""
     workdir = Path(tempfile.mkdtemp(prefix="tpusync-cluster-"))
     rc = RealCluster([default_node(CPU_NODE), *(tpu_node(n, NODE_POOL) for n in NODES)], workdir)
     try:
@@ -88,7 +89,19 @@ def released(real: RealCluster, archives: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def installed(real: RealCluster, released: dict[str, str]) -> Iterator[dict[str, Any]]:
+def lws(real: RealCluster) -> Iterator[LWSController]:
+    """LeaderWorkerSet v0.9.0, the prerequisite docs/gke.md installs before the chart (Lockstep
+    rollouts): its CRDs, and its controller beside the control plane (RealCluster.start_lws)."""
+    try:
+        controller = real.start_lws()
+    except (ControlPlaneError, ProcessExited, WaitTimeout) as err:
+        pytest.fail(f"the LWS controller did not start: {err}", pytrace=False)
+    yield controller
+    controller.stop()
+
+
+@pytest.fixture(scope="session")
+def installed(real: RealCluster, released: dict[str, str], lws: LWSController) -> Iterator[dict[str, Any]]:
     """`helm install oci://...` from the registry, as docs/gke.md says; the operator's pod."""
     assert real.cluster is not None
     chart = f"oci://{real.registry}/charts/tpusync-operator"

@@ -16,7 +16,9 @@ from tpusync.local.servers import start_server
 from tpusync_operator import versions
 
 NODE_POOL = "tpu-pool"
-NODES = ("gke-tpu-pool-0", "gke-tpu-pool-1")
+# Four v6e 2x2 hosts: a prefill and a decode, and one slice of surge per role for a Lockstep
+# rollout that keeps serving (docs/gke.md: "give TPU-scarce servings one spare slice per role").
+NODES = tuple(f"gke-tpu-pool-{i}" for i in range(4))
 CPU_NODE = "gke-default-pool-0"   # GKE's default pool: the operator's pods (they tolerate no TPU taint)
 VERSION = versions.TPUSYNC_VERSION
 RELEASE, OPERATOR_NS, NS = "tpusync-operator", "tpusync-system", "inference"

@@ -8,8 +8,7 @@
    recomputes the prompt and answers the client with the monolithic engine's tokens; the
    Deployment puts a new prefill pod in its place and the serving is Ready again.
 
-A Lockstep rollout is not run here: it needs the LeaderWorkerSet controller on these nodes
-(it runs on the control-plane tier, e2e/test_operator_topologies.py).
+A Lockstep rollout to a new engine image under traffic: test_2_lockstep.py.
 """
 
 from __future__ import annotations
