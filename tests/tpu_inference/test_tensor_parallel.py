@@ -128,17 +128,20 @@ def test_pipeline_and_data_parallelism_stay_off_and_multi_host_slices_do_not(mon
 
     from tpusync.engines.tpu_inference.connector import TPUSyncConnector
 
+    # The checks read only the configuration and the environment: a connector not yet started.
+    connector = object.__new__(TPUSyncConnector)
+
     def reason(pp: int = 1, dp: int = 1) -> str | None:
         config = SimpleNamespace(parallel_config=SimpleNamespace(pipeline_parallel_size=pp, data_parallel_size=dp))
-        return TPUSyncConnector._unsupported(None, None, config, KVConnectorRole.WORKER, None)  # type: ignore[arg-type]
+        return connector._unsupported(None, config, KVConnectorRole.WORKER, None)  # type: ignore[arg-type]
 
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0")
     assert reason() is None  # one host: tensor parallelism is fine
     assert reason(pp=2) == reason(dp=2) == "pipeline or data parallelism"
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0,host-1")
-    assert reason() is None and TPUSyncConnector._hosts(None) == 2  # type: ignore[arg-type]
+    assert reason() is None and connector._hosts() == 2
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "")
-    assert TPUSyncConnector._hosts(None) == 1  # type: ignore[arg-type]
+    assert connector._hosts() == 1
 
 
 def test_an_eviction_of_a_sharded_block_is_announced_from_the_change_feed(tmp_path):
