@@ -170,8 +170,12 @@ def test_pages_in_the_sidecar_reach_llmd_and_leave_it_with_the_sidecar(pod, back
     until(ix, prompt, {"cpu": 3})
 
     # SGLang computes the prefix again (its own events map the pages again: llm-d forgot the
-    # evicted ones with their last tier) and backs it up: every page is announced again.
+    # evicted ones with their last tier) and backs it up: every page is announced again. As at
+    # the start, the backup follows the engine's events into the index: the two streams are not
+    # ordered with each other, and llm-d drops a tier event of a page it has not mapped yet (in
+    # SGLang the write-back follows the step's events by the host copy's time).
     engine.stored(node)
+    until(ix, prompt, {"gpu": 6, "cpu": 3})
     assert storage.batch_set_v1(keys, fill(pool, 6, seed=3)) == [True] * 6
     until(ix, prompt, {"gpu": 6, "cpu": 6})
 
