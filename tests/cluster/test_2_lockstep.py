@@ -105,7 +105,7 @@ def test_lockstep_rollout_on_real_pods_keeps_serving(real: RealCluster, serving:
                             f"app.kubernetes.io/instance={SERVING}")["items"], "the Independent Deployments stay"
     old_pods = lockstep_pods(real, first)
     assert old_pods is not None
-    image = container_status(old_pods[0], ENGINE)["image"]
+    (image,) = {c["image"] for p in old_pods for c in p["spec"]["containers"] if c["name"] == ENGINE}
     assert image.startswith(f"{real.registry}/"), image
     for p in old_pods:
         for s in p["status"].get("initContainerStatuses", []) + p["status"]["containerStatuses"]:
@@ -172,7 +172,11 @@ def test_lockstep_rollout_on_real_pods_keeps_serving(real: RealCluster, serving:
     second = now["status"]["rollout"]["revision"]
     new_pods = lockstep_pods(real, second)
     assert new_pods is not None
-    assert {container_status(p, ENGINE)["image"] for p in new_pods} == {new_image}
+    # The new pods run the new tag; the runtime reports the image by the first tag it pulled of
+    # those bytes (status.image), so the tag is read from the spec and the bytes from the status.
+    assert {c["image"] for p in new_pods for c in p["spec"]["containers"] if c["name"] == ENGINE} == {new_image}
+    old_bytes = container_status(old_pods[0], ENGINE)["imageID"]
+    assert {container_status(p, ENGINE)["imageID"] for p in new_pods} == {old_bytes}
     assert {p["spec"]["nodeName"] for p in new_pods} <= set(NODES)
     wait_for("the old revision's LeaderWorkerSets deleted", lambda: sorted(
         s["metadata"]["name"] for s in kubectl_json(real, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "-n", NS,
