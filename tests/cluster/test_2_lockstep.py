@@ -9,9 +9,10 @@ new engine image while a client keeps sending P/D requests through its Services.
    rollout sees is a new pod template) while a client on a node sends llm-d's P/D proxy's two
    requests through the Services' DNS names, one exchange after another: the DisaggregatedSet
    grows the new revision's prefill and decode together on the spare hosts, drains the old
-   ones together, and deletes the old LeaderWorkerSets. Every exchange of the client answers
-   the monolithic engine's tokens, some of them while both revisions' pods are up; the serving
-   reports the rollout (Progressing LockstepRollout, two revisions) and stays Ready throughout.
+   ones together, and deletes the old LeaderWorkerSets. At every look both roles have a Ready
+   pod; every exchange of the client answers the monolithic engine's tokens, some of them while
+   the new revision's pods start beside the old ones; the serving reports the rollout
+   (Progressing LockstepRollout, two revisions) and stays Ready throughout.
 
 Without llm-d's router (docs/e2e.md) the Services pick a pod per request, so an exchange may
 pair a prefill of one revision with a decode of the other: the same model and KV layout here,
@@ -130,18 +131,24 @@ def test_lockstep_rollout_on_real_pods_keeps_serving(real: RealCluster, serving:
         rollout_start = time.time()
         patch_serving(real, {"engine": {"image": new_image}})
         looks: list[tuple[str, str, int]] = []   # (Ready, Progressing reason, revisions in status)
-        both_up = 0                              # looks at which both revisions had Ready pods
+        surged = 0     # looks at which the new revision had pods while the old one still served both roles
+        gaps: list[list[str]] = []   # looks at which a role had no Ready pod (maxUnavailable 0: never)
 
         def rolled() -> dict[str, Any] | None:
-            nonlocal both_up
+            nonlocal surged
             assert client.poll() is None, out.read_text()[-3000:]
             now = kubectl_json(real, "get", "disaggregatedserving", SERVING, "-n", NS)
             if now["status"].get("observedGeneration") == now["metadata"]["generation"]:
                 revisions = (now["status"].get("rollout") or {}).get("revisions") or []
                 looks.append((condition(now, "Ready").get("status", ""),
                               condition(now, "Progressing").get("reason", ""), len(revisions)))
-            live = {p["metadata"]["labels"].get(REVISION) for p in serving_pods(real) if is_ready(p)}
-            both_up += len(live) > 1
+            pods = serving_pods(real)     # one listing: a consistent view of the roles
+            ready_roles = {(p["metadata"]["labels"].get("llm-d.ai/role"), p["metadata"]["labels"].get(REVISION))
+                           for p in pods if is_ready(p)}
+            if {role for role, _ in ready_roles} != {"prefill", "decode"}:
+                gaps.append([f"{p['metadata']['name']} ready={is_ready(p)}" for p in pods])
+            old_serving = {role for role, rev in ready_roles if rev == first} == {"prefill", "decode"}
+            surged += old_serving and any(p["metadata"]["labels"].get(REVISION) not in (None, first) for p in pods)
             revision = (now["status"].get("rollout") or {}).get("revision")
             done = (revision not in (None, first) and condition(now, "Progressing").get("reason") == "Stable"
                     and lockstep_pods(real, revision))
@@ -165,7 +172,8 @@ def test_lockstep_rollout_on_real_pods_keeps_serving(real: RealCluster, serving:
     assert all(e["tokens"] == expected for e in exchanges), "an exchange differs from the monolithic engine"
     during = [e for e in exchanges if e["start"] >= rollout_start and e["end"] <= rollout_end]
     assert len(during) >= 3, (len(during), rollout_end - rollout_start)
-    assert both_up > 0, "the two revisions' pods were never Ready at once: nothing was served while rolling"
+    assert not gaps, gaps
+    assert surged > 0, "the new revision's pods never ran beside the old ones: the rollout replaced in place"
     assert all(ready == "True" for ready, _, _ in looks), looks
     assert ("True", "LockstepRollout", 2) in looks, looks
 
