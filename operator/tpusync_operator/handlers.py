@@ -26,6 +26,7 @@ import kopf
 from . import GROUP, VERSION, metrics
 from .builders.common import MANAGED_BY, POOL_LABEL, SERVING_LABEL
 from .builders.pool import pool_node_selector
+from .events import EventPoster
 from .gke import GKEClient, MetadataServerToken, configured_endpoint, configured_metadata_url
 from .kube import ApiKube, KubeError
 from .models import TPUSyncPoolSpec
@@ -36,6 +37,7 @@ from .reconcile import Deps
 from .reconcile_pool import reconcile_pool
 from .reconcile_serving import reconcile_serving
 from .serving_plan import OPTIONAL_KINDS
+from .status import utc_now
 from .versions import DISAGGREGATEDSET_API, image_registry
 
 TIMER_INTERVAL = float(os.environ.get("TPUSYNC_RESYNC_SECONDS", "30"))
@@ -61,7 +63,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # carries never goes where a TPUSyncPool says.
     tokens = MetadataServerToken(configured_metadata_url(os.environ))
     gke = GKEClient(tokens, configured_endpoint(os.environ))
-    memo.deps = Deps(kube=ApiKube(api), gke=gke)
+    kube = ApiKube(api)
+    memo.events = EventPoster(kube, utc_now)
+    memo.deps = Deps(kube=kube, emit=memo.events.emit, gke=gke)
     memo.api = api
     memo.gke = (gke, tokens)
     memo.locks = {}
@@ -106,6 +110,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
     if getattr(memo, "passes", None) is not None:
         memo.passes.close()
+    if getattr(memo, "events", None) is not None:
+        await memo.events.drain()     # the last passes' events, before the client closes
     api = getattr(memo, "api", None)
     if api is not None:
         await api.close()

@@ -20,6 +20,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "Pod"): ("pods", True),
+    ("v1", "Event"): ("events", True),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
     ("v1", "Node"): ("nodes", False),
     ("apps/v1", "Deployment"): ("deployments", True),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import aiohttp
 import kopf
@@ -33,11 +33,6 @@ from .pool_plan import Child, Ref
 from .status import API_ERROR, REJECTED, Clock, Cond, merge_conditions, transitions, utc_now
 
 Emit = Callable[[dict[str, Any], str, str, str], None]   # (body, type, reason, message)
-
-
-def _kopf_emit(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    # The handlers pass kopf's Body (a mapping view of the object) as the dict the passes read.
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
 def _token() -> bytes:
@@ -64,10 +59,10 @@ async def _read_text(url: str) -> str:
 class Deps:
     """Everything a reconcile pass talks to, injected (tests pass fakes)."""
     kube: Kube
+    emit: Emit                        # events.EventPoster.emit: any task may post
     gke: GKEClient | None = None      # on the endpoint of the operator's configuration
     now: Clock = utc_now
     token: Callable[[], bytes] = _token
-    emit: Emit = _kopf_emit
     read_text: ReadText = _read_text   # the engines' /metrics (their KV-path counters)
 
 
