@@ -76,7 +76,7 @@ def pss_namespaces(cluster):
 def test_golden_pods_meet_their_pod_security_standard(cluster, pss_namespaces, case: Path) -> None:
     """The API server's PodSecurity admission on the goldens' pods: every pod fits baseline; every
     pod fits restricted but those of TPU engines, which run as root (not privileged), as GKE
-    documents TPU access (builders.common.tpu_engine_security_context)."""
+    documents TPU access (builders.security.tpu_engine_security_context)."""
     docs = [d for d in yaml.safe_load_all(case.read_text()) if d]
     checked = 0
     for name, template in _pod_templates(docs):

@@ -1,6 +1,7 @@
 """A reconcile pass, as every kind's reconcile runs it: what it talks to (`Deps`, injected),
 its record (`Pass`: events, issues, failed requests, when to come back) and its end, the one
-status write (`finish`).
+status write (`Pass.finish`; `Pass.invalid` for a spec that cannot be realised, `Pass.finish_held`
+for a pass a failed request stopped).
 
 Every pass (create, update, resume, timer) does: parse -> plan -> act on the cloud (GKE) ->
 server-side apply children, delete stale ones (touching only what it owns: apply_all) ->
@@ -19,7 +20,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import aiohttp
 import kopf
@@ -30,8 +31,9 @@ from .gke import GKEClient
 from .kube import Kube, KubeError
 from .ownership import Conflict, conflict, owned
 from .pool_plan import Child, Ref
-from .status import API_ERROR, REJECTED, Clock, Cond, merge_conditions, transitions, utc_now
+from .status import API_ERROR, REJECTED, Clock, Cond, held_conditions, merge_conditions, transitions, utc_now
 
+SpecT = TypeVar("SpecT", bound=BaseModel)
 Emit = Callable[[dict[str, Any], str, str, str], None]   # (body, type, reason, message)
 
 
@@ -69,12 +71,22 @@ class Deps:
 
 @dataclass
 class Pass:
-    """Per-pass accumulator: events are held until the status write has succeeded."""
+    """Per-pass accumulator: events are held until the status write has succeeded. Made from the
+    object's body and the status model its one status write fills."""
     body: dict[str, Any]
+    status_model: type[BaseModel]
     events: list[tuple[str, str, str]] = field(default_factory=list)
     issues: list[Cond] = field(default_factory=list)
     failures: list[Cond] = field(default_factory=list)   # requests that failed: what it could not observe
     retry: tuple[float, str] | None = None
+    owner: Owner = field(init=False)
+    generation: int | None = field(init=False)
+    old: dict[str, Any] = field(init=False)           # the status the pass started from
+
+    def __post_init__(self) -> None:
+        self.owner = Owner.from_body(self.body)
+        self.generation = self.body["metadata"].get("generation")
+        self.old = self.body.get("status") or {}
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
@@ -99,50 +111,62 @@ class Pass:
             self.again(10, str(e))
             self.failures.append(Cond("Degraded", True, API_ERROR, f"{e}; the status shows what was observed before"))
 
+    def conditions(self, deps: Deps, observed: Sequence[Cond]) -> list[dict[str, Any]]:
+        """The conditions observed, merged into those the pass started from."""
+        return merge_conditions(self.old.get("conditions"), list(observed), self.generation, deps.now())
+
+    async def spec(self, deps: Deps, model: type[SpecT]) -> SpecT:
+        """The spec parsed, or the pass ended as InvalidSpec naming the field."""
+        try:
+            return model.model_validate(self.body.get("spec") or {})
+        except ValidationError as e:
+            await self.invalid(deps, validation_message(e))
+
+    async def finish(self, deps: Deps, values: dict[str, Any]) -> dict[str, Any]:
+        """Writes the status (once), then emits the pass's events and the condition transitions'
+        events; raises kopf.TemporaryError if the pass asked to come back. Returns the status."""
+        meta = self.body["metadata"]
+        old = (self.body.get("status") or {}).get("conditions")
+        status = _full_status(self.status_model, values)
+        await deps.kube.patch_status(self.owner.api_version, self.owner.kind, meta["namespace"], meta["name"], status)
+        was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in old or [])
+        for c in transitions(old, status["conditions"]):
+            if c["type"] == "Ready" and c["status"] == "True":
+                self.event("Normal", "Ready", c["message"])
+            elif c["type"] == "Ready" and was_ready:
+                self.event("Warning", "NotReady", f"{c['reason']}: {c['message']}")
+            elif c["type"] == "Degraded" and c["status"] == "True":
+                self.event("Warning", c["reason"], c["message"])
+        for type_, reason, message in self.events:
+            deps.emit(self.body, type_, reason, message)
+        if self.retry is not None:
+            raise kopf.TemporaryError(self.retry[1], delay=self.retry[0])
+        return status
+
+    async def invalid(self, deps: Deps, message: str) -> NoReturn:
+        """Ends a pass over a spec that cannot be realised: InvalidSpec, and kopf.PermanentError."""
+        status = self.body.get("status") or {}
+        conds = merge_conditions(status.get("conditions"), [Cond("Ready", False, "InvalidSpec", message),
+                                                            Cond("Progressing", False, "InvalidSpec", message),
+                                                            Cond("Degraded", True, "InvalidSpec", message)],
+                                 self.generation, deps.now())
+        await self.finish(deps, {**status, "observedGeneration": self.generation, "conditions": conds})
+        raise kopf.PermanentError(message)
+
+    async def finish_held(self, deps: Deps, e: KubeError, keep: Sequence[str], **values: Any) -> dict[str, Any]:
+        """Ends a pass that a failed request stopped: the status fields `keep` as last written,
+        Degraded naming the request (held_conditions), and `values` (what this pass did observe)."""
+        self.request_failed(e)
+        held = await stored_status(deps.kube, self)
+        conds = held_conditions(held.get("conditions"), self.failures + self.issues, self.generation, deps.now())
+        return await self.finish(deps, {**kept(held, *keep), "conditions": conds, **values})
+
 
 def _full_status(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
     """Every status field, None included, so a merge patch also clears stale fields."""
     out: dict[str, Any] = {f.alias or k: None for k, f in model.model_fields.items()}
     out.update(values)
     return out
-
-
-async def finish(deps: Deps, p: Pass, api_version: str, kind: str, status_model: type[BaseModel],
-                 values: dict[str, Any]) -> dict[str, Any]:
-    """Writes the status (once), then emits the pass's events and the condition transitions'
-    events; raises kopf.TemporaryError if the pass asked to come back. Returns the status."""
-    meta = p.body["metadata"]
-    old = (p.body.get("status") or {}).get("conditions")
-    status = _full_status(status_model, values)
-    await deps.kube.patch_status(api_version, kind, meta["namespace"], meta["name"], status)
-    was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in old or [])
-    for c in transitions(old, status["conditions"]):
-        if c["type"] == "Ready" and c["status"] == "True":
-            p.event("Normal", "Ready", c["message"])
-        elif c["type"] == "Ready" and was_ready:
-            p.event("Warning", "NotReady", f"{c['reason']}: {c['message']}")
-        elif c["type"] == "Degraded" and c["status"] == "True":
-            p.event("Warning", c["reason"], c["message"])
-    for type_, reason, message in p.events:
-        deps.emit(p.body, type_, reason, message)
-    if p.retry is not None:
-        raise kopf.TemporaryError(p.retry[1], delay=p.retry[0])
-    return status
-
-
-async def invalid(deps: Deps, p: Pass, api_version: str, kind: str, status_model: type[BaseModel],
-                  message: str) -> NoReturn:
-    """Ends a pass over a spec that cannot be realised: InvalidSpec, and kopf.PermanentError."""
-    now = deps.now()
-    meta = p.body["metadata"]
-    old = (p.body.get("status") or {}).get("conditions")
-    conds = merge_conditions(old, [Cond("Ready", False, "InvalidSpec", message),
-                                   Cond("Progressing", False, "InvalidSpec", message),
-                                   Cond("Degraded", True, "InvalidSpec", message)], meta.get("generation"), now)
-    await finish(deps, p, api_version, kind, status_model,
-                 {**dict((p.body.get("status") or {}).items()),
-                  "observedGeneration": meta.get("generation"), "conditions": conds})
-    raise kopf.PermanentError(message)
 
 
 def validation_message(e: ValidationError, root: str = "spec") -> str:
@@ -217,13 +241,13 @@ def kept(old: dict[str, Any], *names: str) -> dict[str, Any]:
     return {n: old.get(n) for n in names}
 
 
-async def stored_status(kube: Kube, p: Pass, owner: Owner) -> dict[str, Any]:
+async def stored_status(kube: Kube, p: Pass) -> dict[str, Any]:
     """The status as the API server holds it now, for a pass that could not observe and so
     holds what was last written: the body the pass started from may predate the last status
     write (its watch event can lag), and holding that would take back what was observed since.
     The pass's body takes it, so the condition events compare with it too."""
     try:
-        body = await kube.get(owner.api_version, owner.kind, owner.namespace, owner.name)
+        body = await kube.get(p.owner.api_version, p.owner.kind, p.owner.namespace, p.owner.name)
     except KubeError:
         body = None
     if body is not None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from .builders import names
 from .builders.common import COMPONENT_LABEL, POOL_LABEL, Owner
 from .builders.pool import build_auth_secret
@@ -14,13 +12,12 @@ from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
 from .nodepools import reconcile_node_pools
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .pool_plan import SHARED_CAPACITY_BEYOND_CLAIM, PlanError, plan_pool, shared_claim_problem
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, read_wanted, stored_status, validation_message
+from .reconcile import Deps, Pass, apply_all, read_wanted
 from .status import (
     NAME_CONFLICT,
     Capacity,
     PoolObservation,
     held_conditions,
-    merge_conditions,
     node_ready,
     pool_capacity,
     pool_conditions,
@@ -30,18 +27,13 @@ from .status import (
 
 async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     """Reconcile one TPUSyncPool; returns the status written."""
-    p = Pass(body)
-    owner = Owner.from_body(body)
-    gen = body["metadata"].get("generation")
-    old = body.get("status") or {}
+    p = Pass(body, TPUSyncPoolStatus)
+    owner, old, kube = p.owner, p.old, deps.kube
+    spec = await p.spec(deps, TPUSyncPoolSpec)
     try:
-        spec = TPUSyncPoolSpec.model_validate(body.get("spec") or {})
         plan = plan_pool(owner, spec)
-    except ValidationError as e:
-        await invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, validation_message(e))
     except PlanError as e:
-        await invalid(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, str(e))
-    kube = deps.kube
+        await p.invalid(deps, str(e))
 
     node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
     node_pools: list[dict[str, Any]] | None = None
@@ -88,15 +80,10 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         else:
             store_ready, store_desired = await _store_nodes(kube, owner, spec, plan.store_replicas)
     except KubeError as e:
-        p.request_failed(e)
-        old = await stored_status(kube, p, owner)
         # Node pool entries are written even so: they record GKE operations started this pass.
-        return await finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
-            **kept(old, "observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars", "dramBytes",
-                   "diskBytes", "peersService"),
-            "conditions": held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now()),
-            "nodePool": node_pool, "nodePools": node_pools,
-        })
+        return await p.finish_held(deps, e, ("observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars",
+                                             "dramBytes", "diskBytes", "peersService"),
+                                   nodePool=node_pool, nodePools=node_pools)
     ready_hosts = sum(1 for n in nodes if node_ready(n))
     cap: Capacity = pool_capacity(pods)
     # The workload's count and the pods were read at different moments: a store pod counts as
@@ -110,11 +97,11 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                           node_pool_message=node_pool_message, node_pool_updating=node_pool_updating,
                           issues=p.issues)
     if p.failures:      # GKE did not answer: whether its node pools are ready is not known
-        conds = held_conditions(old.get("conditions"), p.failures + p.issues, gen, deps.now())
+        conds = held_conditions(old.get("conditions"), p.failures + p.issues, p.generation, deps.now())
     else:
-        conds = merge_conditions(old.get("conditions"), pool_conditions(obs), gen, deps.now())
-    return await finish(deps, p, owner.api_version, owner.kind, TPUSyncPoolStatus, {
-        "observedGeneration": old.get("observedGeneration") if p.failures else gen, "conditions": conds,
+        conds = p.conditions(deps, pool_conditions(obs))
+    return await p.finish(deps, {
+        "observedGeneration": old.get("observedGeneration") if p.failures else p.generation, "conditions": conds,
         "nodePool": node_pool, "nodePools": node_pools,
         "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
         "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,

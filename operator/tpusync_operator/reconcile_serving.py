@@ -17,7 +17,7 @@ from .kv_path import CONDITION, EngineReading, KVPathObservation, kv_path_condit
 from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, KVCounters, KVPathStatus, TPUSyncPoolSpec
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .pool_plan import PlanError, check_pool
-from .reconcile import Deps, Pass, apply_all, finish, invalid, kept, read_wanted, stored_status, validation_message
+from .reconcile import Deps, Pass, apply_all, read_wanted
 from .serving_plan import OPTIONAL_KINDS, capacity_shortfall, missing_crd_message, plan_serving, pool_refs, role_pools
 from .status import (
     NAME_CONFLICT,
@@ -25,8 +25,6 @@ from .status import (
     RevisionObservation,
     RoleObservation,
     ServingObservation,
-    held_conditions,
-    merge_conditions,
     pod_ready,
     revisions_of,
     serving_conditions,
@@ -36,32 +34,20 @@ from .status import (
 
 async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     """Reconcile one DisaggregatedServing; returns the status written."""
-    p = Pass(body)
-    owner = Owner.from_body(body)
-    gen = body["metadata"].get("generation")
-    old = body.get("status") or {}
-    kube = deps.kube
-    try:
-        spec = DisaggregatedServingSpec.model_validate(body.get("spec") or {})
-    except ValidationError as e:
-        await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, validation_message(e))
+    p = Pass(body, DisaggregatedServingStatus)
+    owner, old, kube = p.owner, p.old, deps.kube
+    spec = await p.spec(deps, DisaggregatedServingSpec)
 
     async def finish_blocked(reason: str, message: str, delay: float, pool_ready: bool = False) -> dict[str, Any]:
         p.issue(reason, message, retry=delay, first=True)
         obs = ServingObservation(roles=[], routing_enabled=spec.routing.enabled, routing_ready=False,
                                  pool_ready=pool_ready, issues=p.issues)
-        conds = merge_conditions(old.get("conditions"), serving_conditions(obs), gen, deps.now())
-        return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus,
-                            {"observedGeneration": gen, "conditions": conds, "routingReady": False})
+        conds = p.conditions(deps, serving_conditions(obs))
+        return await p.finish(deps, {"observedGeneration": p.generation, "conditions": conds, "routingReady": False})
 
     async def finish_held(e: KubeError) -> dict[str, Any]:
-        p.request_failed(e)
-        held = await stored_status(kube, p, owner)
-        conds = held_conditions(held.get("conditions"), p.failures + p.issues, gen, deps.now())
-        return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
-            **kept(held, "observedGeneration", "prefill", "decode", "endpoint", "routingReady", "replicas", "selector",
-                   "rollout", "kvPath"),
-            "conditions": conds})
+        return await p.finish_held(deps, e, ("observedGeneration", "prefill", "decode", "endpoint", "routingReady",
+                                             "replicas", "selector", "rollout", "kvPath"))
 
     pools: dict[str, PoolInfo] = {}
     pool_ready = True
@@ -88,7 +74,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     try:
         plan = plan_serving(owner, spec, pools[spec.pool_ref.name], available, role_pools(spec, pools))
     except PlanError as e:
-        await invalid(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, str(e))
+        await p.invalid(deps, str(e))
     shortfall = capacity_shortfall(plan.roles)
     if shortfall:
         p.issue("InsufficientCapacity", shortfall)
@@ -147,11 +133,10 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                            observable=spec.engine.type != "sglang-jax", readings=readings,
                            previous=_kv_totals(old), previous_condition=_condition(old, CONDITION))
     kv_totals = role_totals(readings)
-    conds = merge_conditions(old.get("conditions"), [*serving_conditions(obs), kv_path_condition(kv)], gen,
-                             deps.now())
+    conds = p.conditions(deps, [*serving_conditions(obs), kv_path_condition(kv)])
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
-    return await finish(deps, p, owner.api_version, owner.kind, DisaggregatedServingStatus, {
-        "observedGeneration": gen, "conditions": conds,
+    return await p.finish(deps, {
+        "observedGeneration": p.generation, "conditions": conds,
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
         "replicas": spec.replicas, "selector": selector_string(unit_pod_labels(owner, spec)),

@@ -502,7 +502,7 @@ RAY = Pin(
 )
 
 
-# How a TPU engine container runs on GKE (builders.common.tpu_engine_security_context). GKE gives a
+# How a TPU engine container runs on GKE (builders.security.tpu_engine_security_context). GKE gives a
 # container the TPU devices of its google.com/tpu request without privileged mode from 1.28 on:
 # GKE's own TPU manifest carries "securityContext: privileged: true # Required for GKE versions
 # earlier than 1.28 to access TPUs" (docs.cloud.google.com/kubernetes-engine/docs/concepts/

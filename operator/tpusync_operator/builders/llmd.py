@@ -18,15 +18,8 @@ import yaml
 from .. import versions
 from ..models import DisaggregatedServingSpec
 from . import names
-from .common import (
-    LLMD_SERVING_LABEL,
-    SERVING_LABEL,
-    Owner,
-    base_labels,
-    container_security_context,
-    metadata,
-    pod_security_context,
-)
+from .common import LLMD_SERVING_LABEL, SERVING_LABEL, Owner, base_labels, metadata
+from .security import container_security_context, pod_security_context
 
 EPP_GRPC_PORT = 9002
 # How llm-d weighs a prefix block by the tier an engine holds it on: the accelerator's own

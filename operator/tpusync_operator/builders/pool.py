@@ -10,17 +10,8 @@ from ..models import TPUSyncPoolSpec
 from ..quantity import to_bytes
 from ..tpu import ACCELERATOR_LABEL, NODEPOOL_LABEL, TOPOLOGY_LABEL, Slice
 from . import names
-from .common import (
-    DISK_ANNOTATION,
-    DRAM_ANNOTATION,
-    MANAGED_BY,
-    POOL_LABEL,
-    Owner,
-    base_labels,
-    metadata,
-    pod_security_context,
-    resources,
-)
+from .common import DISK_ANNOTATION, DRAM_ANNOTATION, MANAGED_BY, POOL_LABEL, Owner, base_labels, metadata, resources
+from .security import pod_security_context
 from .sidecar import build_sidecar_container, build_sidecar_volumes, pool_file_bytes
 
 

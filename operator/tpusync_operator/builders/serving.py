@@ -21,11 +21,8 @@ from .common import (
     SERVING_LABEL,
     Owner,
     base_labels,
-    container_security_context,
     metadata,
-    pod_security_context,
     resources,
-    tpu_engine_security_context,
     verbatim,
 )
 from .engine import (
@@ -41,6 +38,7 @@ from .engine import (
     proxy_kv_connector,
 )
 from .pool import pool_node_selector, tpu_node_labels
+from .security import container_security_context, pod_security_context, tpu_engine_security_context
 from .sidecar import build_sidecar_container, build_sidecar_volumes
 
 LWS_API = versions.LWS_API

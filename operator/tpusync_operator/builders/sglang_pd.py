@@ -23,15 +23,8 @@ from typing import Any
 from .. import versions
 from ..models import DisaggregatedServingSpec
 from . import names
-from .common import (
-    COMPONENT_LABEL,
-    SERVING_LABEL,
-    Owner,
-    base_labels,
-    container_security_context,
-    metadata,
-    pod_security_context,
-)
+from .common import COMPONENT_LABEL, SERVING_LABEL, Owner, base_labels, metadata
+from .security import container_security_context, pod_security_context
 
 BOOTSTRAP_PORT = 8998
 PORTS = {"pd-transfer": 30001, "pd-side": 9600}

@@ -8,7 +8,8 @@ from .. import versions
 from ..models import DiskTier, SharedTier, TPUSyncPoolSpec
 from ..quantity import to_bytes
 from . import names
-from .common import container_security_context, env_from_fields, resources
+from .common import env_from_fields, resources
+from .security import container_security_context
 
 SHM_DIR = "/dev/shm"
 POOL_PATH = "/dev/shm/tpusync-pool"
