@@ -20,15 +20,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from tpusync.engines.connector.common import (
-    COUNTERS,
-    TPUSyncConnectorMetadata,
-    TPUSyncStats,
-    TPUSyncWorkerMetadata,
-    log,
-    off_stats,
-)
+from tpusync.engines.connector.common import COUNTERS, TPUSyncStats, log, off_stats
 from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.messages import TPUSyncConnectorMetadata, TPUSyncWorkerMetadata
 from tpusync.engines.connector.prom import PathPromMetrics
 from tpusync.engines.connector.scheduler import SchedulerSide
 from tpusync.kv.keys import BlockScope

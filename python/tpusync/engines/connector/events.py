@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 from tpusync import errors
-from tpusync.engines.connector.common import StoreLink, log
+from tpusync.engines.connector.common import log
+from tpusync.engines.connector.link import StoreLink
 from tpusync.engines.connector.relay import relay_for
 from tpusync.kv.events import BlockAnnouncer, Event, as_structs, event_hash, follow, tiers_of
 

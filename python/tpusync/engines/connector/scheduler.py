@@ -11,20 +11,17 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tpusync import errors
-from tpusync.engines.connector.common import (
-    Interval,
-    Pins,
+from tpusync.engines.connector.common import Interval, log
+from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.events import ConnectorEvents
+from tpusync.engines.connector.link import Pins, StoreLink, release_pins
+from tpusync.engines.connector.messages import (
     Probe,
     SliceAnswer,
-    StoreLink,
     TPUSyncConnectorMetadata,
     TPUSyncWorkerMetadata,
     Transfer,
-    log,
-    release_pins,
 )
-from tpusync.engines.connector.config import ConnectorConfig
-from tpusync.engines.connector.events import ConnectorEvents
 from tpusync.kv import served_weights
 from tpusync.kv.handoff import (
     MalformedParams,

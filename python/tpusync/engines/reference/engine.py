@@ -34,19 +34,8 @@ import numpy as np
 from tpusync import errors
 from tpusync.engines.reference.model import ModelConfig, empty_cache, forward, init_params, span_for
 from tpusync.engines.reference.slice import Slice
+from tpusync.kv import handoff
 from tpusync.kv.events import BlockAnnouncer, EventSink, block_tier, follow, tiers_of
-from tpusync.kv.handoff import (
-    FORMAT_REFERENCE,
-    MalformedParams,
-    RemotePrefill,
-    layout_refusal,
-    log_refusal,
-    producer_params,
-    pull,
-    split_literal,
-    stored_blocks,
-    vllm_prefill,
-)
 from tpusync.kv.keys import BlockScope, event_hash_of, key_of, shard_key
 from tpusync.kv.pages import (
     KV_HEAD_AXIS,
@@ -114,7 +103,7 @@ class Engine:
                                                   "every host's sidecar in lockstep (kv_events_audit_s)")
         if store is not None and store.block_bytes < cfg.page_bytes:
             raise ValueError(f"store blocks of {store.block_bytes} bytes cannot hold a page of {cfg.page_bytes}")
-        if data_address and split_literal(data_address) is None:
+        if data_address and handoff.split_literal(data_address) is None:
             # Decode servers refuse a hand-off naming anything else (tpusync.kv.handoff): say so now.
             raise errors.InvalidArgumentError(f"data_address must be a literal ip:port, not {data_address!r}")
         self.cfg, self.role, self.store = cfg, role, store
@@ -154,7 +143,7 @@ class Engine:
         # Everything the bytes of this engine's blocks depend on (tpusync.kv.keys.BlockScope): its keys
         # and the layout kv_transfer_params tell derive from it.
         self.scope = BlockScope(model=model, dtype=cfg.dtype, layers=cfg.layers, kv_heads=cfg.kv_heads,
-                                head_size=cfg.head_dim, page_tokens=cfg.page_size, format=FORMAT_REFERENCE,
+                                head_size=cfg.head_dim, page_tokens=cfg.page_size, format=handoff.FORMAT_REFERENCE,
                                 shards=self.shards, seed=hash_seed)
         self.hasher, self.layout = self.scope.hasher(), self.scope.layout()
         self.lock = threading.Lock()
@@ -311,7 +300,7 @@ class Engine:
                 on_token(token)
         return Result(out, None, st)
 
-    def _bring_prefix(self, prompt: list[int], keys: list[int], remote: RemotePrefill | None,
+    def _bring_prefix(self, prompt: list[int], keys: list[int], remote: handoff.RemotePrefill | None,
                       st: RequestStats) -> tuple[int, int]:
         """Makes the longest available prefix of `keys` local and loads it (on a slice, the pages
         every host loaded its shards of). Returns its pages, and how many of them the store holds
@@ -330,7 +319,7 @@ class Engine:
             st.transfer_seconds = -slowest / 1e6  # the hosts pull in parallel: the slice waits for the last
         return loaded, own
 
-    def _bring_shards(self, prompt: list[int], keys: list[int], remote: RemotePrefill | None,
+    def _bring_shards(self, prompt: list[int], keys: list[int], remote: handoff.RemotePrefill | None,
                       st: RequestStats) -> tuple[int, int]:
         """This host's part of _bring_prefix: the parts of each block its shards need (its own
         shards' blocks, or the prefill's parts they overlap when the prefill split its heads
@@ -344,7 +333,7 @@ class Engine:
                 src_keys = [key_of(d) for d in self.scope.hasher(src_page).digests(prompt)]
             else:
                 src_keys = keys
-            if remote is not None and stored_blocks(remote, src_keys, src_page) is None:
+            if remote is not None and handoff.stored_blocks(remote, src_keys, src_page) is None:
                 self.kv_path.add(refused_handoffs=1)
                 log.warning("the prefill engine at %s keyed this prompt differently (another hash_seed or prompt?): "
                             "not pulling its KV", remote.peer)
@@ -371,7 +360,10 @@ class Engine:
 
             t0 = time.perf_counter()
             try:
-                got = pull(plan, len(src_keys), lambda: store.lookup(host_keys).prefix_len // per, fetch, failed)
+                def present() -> int:
+                    return store.lookup(host_keys).prefix_len // per
+
+                got = handoff.pull(plan, len(src_keys), present, fetch, failed)
             finally:
                 st.transfer_seconds += time.perf_counter() - t0
             local = got.local
@@ -398,30 +390,30 @@ class Engine:
             self.k, self.v = self._empty_cache() if self.k.is_deleted() else (self.k, self.v)
             return 0, 0
 
-    def _handoff(self, kv_params: object, request_id: str) -> RemotePrefill | None:
+    def _handoff(self, kv_params: object, request_id: str) -> handoff.RemotePrefill | None:
         """The prefill a request's kv_transfer_params name (tpusync.kv.handoff, vLLM's dialect). A
         client sends them, and the sidecar is asked to pull from the addresses in them: a malformed
         field refuses them whole (logged once, naming the field; the prompt is computed here), never
         passed on. None for none (or {}), as for a refused one."""
         remote = None
         try:
-            remote = vllm_prefill(kv_params) if kv_params else None
-        except MalformedParams as e:
+            remote = handoff.vllm_prefill(kv_params) if kv_params else None
+        except handoff.MalformedParams as e:
             self.kv_path.add(handoffs=1, refused_handoffs=1)
-            log_refusal(log, request_id, e)
+            handoff.log_refusal(log, request_id, e)
         else:
             self.kv_path.add(handoffs=1 if remote is not None else 0)
         self.kv_path.add(requests=1)
         return remote
 
-    def _prefill_blocks(self, remote: RemotePrefill | None) -> tuple[RemotePrefill | None, int, int]:
+    def _prefill_blocks(self, remote: handoff.RemotePrefill | None) -> tuple[handoff.RemotePrefill | None, int, int]:
         """(the hand-off to pull from, the parts and the tokens of each of its blocks): its layout's
         split and block size where it told its layout and the contract's layout check lets this
         engine load them (regrouped where they differ), else this engine's own (None: no pull)."""
         cfg = self.cfg
         if remote is None or remote.layout is None:
             return remote, self.shards, cfg.page_size
-        refused = layout_refusal(remote.layout, self.layout, reshards=True)
+        refused = handoff.layout_refusal(remote.layout, self.layout, reshards=True)
         page = remote.block_size or cfg.page_size
         if refused is None and page > cfg.max_seq:
             refused = f"blocks of {page} tokens, this model's max_seq is {cfg.max_seq}"
@@ -558,7 +550,7 @@ class Engine:
         """The kv_transfer_params of a prefill (the contract's producer, vLLM's dialect): on a slice,
         each decode host pulls its shards from the host that holds them."""
         hosts = list(zip(self.slice_addresses, self.host_shards)) if self.slice is not None else None
-        return producer_params(data_address=self.data_address, engine_id=self.engine_id, request_id=request_id,
+        return handoff.producer_params(data_address=self.data_address, engine_id=self.engine_id, request_id=request_id,
                                num_tokens=len(keys) * self.cfg.page_size, block_size=self.cfg.page_size,
                                last_key=keys[-1] if keys else None, layout=self.layout,
                                hosts=[(a or None, h) for a, h in hosts] if hosts is not None else None)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from tpusync import errors
-from tpusync.engines.connector.common import StoreLink
 from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.link import StoreLink
 from tpusync.kv.events import block_tier
 from tpusync.kv.keys import shard_key
 from tpusync.store import Changes, KVStore, LookupResult

@@ -23,19 +23,16 @@ from typing import Any
 import jax
 
 from tpusync import errors
-from tpusync.engines.connector.common import (
-    Interval,
-    Pins,
+from tpusync.engines.connector.common import Interval, log
+from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.link import Pins, StoreLink, release_pins
+from tpusync.engines.connector.messages import (
     Probe,
     SliceAnswer,
-    StoreLink,
     TPUSyncConnectorMetadata,
     TPUSyncWorkerMetadata,
     WorkerResults,
-    log,
-    release_pins,
 )
-from tpusync.engines.connector.config import ConnectorConfig
 from tpusync.kv import pages
 from tpusync.kv.handoff import pull, pull_plan
 from tpusync.kv.keys import shard_key

@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from tpusync import errors
-from tpusync.engines.connector.common import StoreLink, TPUSyncConnectorMetadata, Transfer, WorkerResults, log
+from tpusync.engines.connector.common import log
 from tpusync.engines.connector.config import ConnectorConfig
+from tpusync.engines.connector.link import StoreLink
+from tpusync.engines.connector.messages import TPUSyncConnectorMetadata, Transfer, WorkerResults
 
 # Pool views of present blocks are read-only; torch warns when it wraps one (we only read them).
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
