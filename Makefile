@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace performance-doc clean system-deps caches \
+.PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace profile performance-doc clean system-deps caches \
   native-deps native-test-deps fuzz-deps lint-deps pytest-deps
 FUZZ_SECONDS ?= 15
 
@@ -188,6 +188,12 @@ bench: install
 	$(PY) bench/routing_bench.py
 	$(PY) bench/router_lag_bench.py
 	$(MAKE) bench-inplace performance-doc
+
+# Where the loopback transfers' time goes: both ends under perf record -a, bucket by bucket
+# (bench/profile_bench.py; it needs perf, Debian's linux-perf, and root). Not in make bench.
+profile: install
+	$(PY) bench/profile_bench.py
+	$(MAKE) performance-doc
 
 # In-place weight updates of real engines: runs on the vLLM tier's interpreter (and drives
 # tpu-inference engines on that tier's, when it is built).

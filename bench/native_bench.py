@@ -55,10 +55,6 @@ def filled(nbytes: int) -> np.ndarray:
     return a.view(np.uint8)
 
 
-def memcpy_gbps(src: np.ndarray, dst: np.ndarray, reps: int) -> float:
-    return src.nbytes / median_time(lambda _: np.copyto(dst, src), reps) / 1e9
-
-
 def odirect_gbps(path: str, total: int, block: int, reps: int) -> tuple[float, float]:
     """Sequential O_DIRECT pwrite then pread of `total` bytes in `block`-sized requests.
 
@@ -87,11 +83,18 @@ def odirect_gbps(path: str, total: int, block: int, reps: int) -> tuple[float, f
     return total / statistics.median(write_s) / 1e9, total / statistics.median(read_s) / 1e9
 
 
-def case(name: str, nbytes: int, seconds: float, baseline_gbps: float | None) -> dict:
+def case(name: str, nbytes: int, seconds: float, baseline_gbps: float | None,
+         paired: list[tuple[float, float]] | None = None) -> dict:
+    """`paired`: each rep's (seconds, baseline seconds), run one just after the other."""
     gbps = nbytes / seconds / 1e9 if nbytes else None
     ratio = gbps / baseline_gbps if gbps and baseline_gbps else None
-    return {"case": name, "bytes": nbytes, "seconds": seconds, "gbps": gbps,
-            "baseline_gbps": baseline_gbps, "ratio": ratio}
+    out = {"case": name, "bytes": nbytes, "seconds": seconds, "gbps": gbps,
+           "baseline_gbps": baseline_gbps, "ratio": ratio}
+    if paired:
+        ratios = sorted(b / t for t, b in paired)
+        out |= {"reps": len(paired), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+                "ratio_range": f"{ratios[0]:.2f}-{ratios[-1]:.2f}"}
+    return out
 
 
 def bench_block_size(block: int, total: int, scratch: str, reps: int) -> list[dict]:
@@ -102,13 +105,19 @@ def bench_block_size(block: int, total: int, scratch: str, reps: int) -> list[di
     label = f"{block // MIB}m" if block >= MIB else f"{block // KIB}k"
     cases = []
 
-    base_mem = memcpy_gbps(src, dst, reps)
+    # Each rep: a memcpy of the same bytes, then the put, then the get, so this shared machine's
+    # drifts hit the baseline and the case alike.
+    memcpys, puts, gets = [], [], []
     with tpusync.KVStore.local(dram_bytes=total, block_bytes=block) as s:
-        t_put = median_time(lambda r: s.put(keys_for(r, n), srcs), reps)
-        last = keys_for(reps - 1, n)
-        t_get = median_time(lambda _: s.get(last, dsts), reps)
-        assert np.array_equal(src, dst), "DRAM get returned other bytes"
-    cases += [case(f"dram-put-{label}", total, t_put, base_mem), case(f"dram-get-{label}", total, t_get, base_mem)]
+        for r in range(reps):
+            memcpys.append(median_time(lambda _: np.copyto(dst, src), 1))
+            puts.append(median_time(lambda _, r=r: s.put(keys_for(r, n), srcs), 1))
+            dst.fill(0)
+            gets.append(median_time(lambda _, r=r: s.get(keys_for(r, n), dsts), 1))
+            assert np.array_equal(src, dst), "DRAM get returned other bytes"
+    base_mem = total / statistics.median(memcpys) / 1e9
+    cases += [case(f"dram-put-{label}", total, statistics.median(puts), base_mem, list(zip(puts, memcpys))),
+              case(f"dram-get-{label}", total, statistics.median(gets), base_mem, list(zip(gets, memcpys)))]
 
     base_w, base_r = odirect_gbps(os.path.join(scratch, "baseline.dat"), total, block, reps)
     small_dram = max(64 * MIB, 8 * block)
@@ -170,7 +179,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, default=GIB, help="bytes moved per case (default 1 GiB)")
     ap.add_argument("--block-sizes", default="256k,2m,16m")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--scratch", default="/var/tmp", help="directory for the disk tier (a real disk)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "native.json"))
     args = ap.parse_args()
@@ -190,7 +199,7 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     report(console, f"tpusync native engine ({args.bytes / GIB:g} GiB per case, median of {args.reps})", results,
-           RATE_COLUMNS, args.out,
+           [*RATE_COLUMNS, ("ratio range", "ratio_range", "")], args.out,
            "baselines: single-thread memcpy (dram-*), O_DIRECT pwrite/pread of the same block size "
            f"(disk-*); lookup ratio = seconds / {LOOKUP_TARGET_S * 1e3:g} ms target")
     return 0

@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 COLUMNS = [
     ("case", "case", ""), ("tokens", "tokens", "d"), ("bytes", "MiB", "mib"), ("seconds", "s", ".3f"),
     ("baseline_seconds", "baseline s", ".3f"), ("gbps", "GB/s", ".2f"), ("baseline_gbps", "baseline GB/s", ".2f"),
-    ("ratio", "ratio", ".2f"), ("baseline", "baseline", ""), ("line_rate_gbps", "line rate GB/s", ".3f"),
+    ("ratio", "ratio", ".2f"), ("ratio_range", "ratio range (per rep)", ""), ("reps", "reps", "d"),
+    ("baseline", "baseline", ""), ("line_rate_gbps", "line rate GB/s", ".3f"),
     ("vs_line_rate", "vs line rate", ".2f"), ("floor_seconds", "floor s", ".3f"), ("vs_floor", "vs floor", ".2f"),
     ("cores_busy", "cores busy", ".2f"), ("cpu_s_per_gb", "CPU s/GB", ".2f"),
     ("baseline_cpu_s_per_gb", "baseline CPU s/GB", ".2f"), ("raw_cpu_s_per_gb", "raw TCP CPU s/GB", ".2f"),
@@ -39,7 +40,26 @@ COLUMNS = [
     ("recomputed_vs_random", "recomputed vs random", ".3f"), ("ttft_p50_s", "TTFT p50 s", ".4f"),
     ("ttft_p90_s", "TTFT p90 s", ".4f"), ("ttft_p50_vs_recompute", "TTFT p50 vs recompute", ".2f"),
     ("load_avg_1m", "load avg", ".1f"),
+    # where the time goes (profile): CPU seconds per GB in each bucket
+    ("kernel_copy_cpu_s_per_gb", "kernel copy", ".3f"), ("kernel_other_cpu_s_per_gb", "kernel other", ".3f"),
+    ("gcm_cpu_s_per_gb", "AES-GCM / GMAC", ".3f"), ("libc_copy_cpu_s_per_gb", "libc copy", ".3f"),
+    ("tpusync_cpu_s_per_gb", "tpusync", ".3f"), ("other_cpu_s_per_gb", "other", ".3f"),
+    ("idle_cpu_s_per_gb", "idle", ".3f"), ("busy_cpu_s_per_gb", "busy", ".3f"), ("wall_s_per_gb", "wall s/GB", ".3f"),
 ]
+
+PROFILE_PROSE = (
+    "Each loopback path of the table above, and its baseline, run again under `perf record -a` (both "
+    "cores, 1 kHz): every sample goes to one bucket, shown as CPU seconds per GB moved; idle is what the "
+    "timed reps left of the two cores (raw TCP: its processes' start and first touch of their buffers are "
+    "inside, spread over every rep). Both ends of a loopback transfer share these two cores, so a CPU second "
+    "either end spends beyond the baseline's is a second the other end waits for. What it shows: the kernel "
+    "spends on a pull what it spends on raw TCP of the same bytes (its copies to and from the socket "
+    "buffers, its TCP stack); the sidecars' own code (framing, the store) is a few milliseconds per GB; what "
+    "a pull adds is the frames' authentication, GMAC over every byte on both ends (AES-GCM with --encrypt), "
+    "about a fifth of raw TCP's CPU per GB on these cores, which is the gap between the pulls and raw TCP in "
+    "the table above. On two hosts each end has its own cores and that tag costs one end about 0.05 CPU "
+    "seconds per GB (some 20 GB/s a core, intel-ipsec-mb's VAES/AVX-512 GMAC). The engine's gets through the "
+    "pool (shm-get, dram-get) run at memcpy's rate: their time is the streaming copy itself.")
 
 SECTIONS = [
     ("native", "Native engine", "bench/native_bench.py",
@@ -61,6 +81,7 @@ SECTIONS = [
      "fabric-*: a pull between two simulated hosts over one shaped "
      "link (harness/fabric.py) against raw TCP over the same link; dc is 1 Gbit/s with a 100 us RTT, "
      "cross-zone a 2 ms RTT with scaled-down socket buffers, where one stream is window-limited."),
+    ("profile", "Where the transfer time goes", "bench/profile_bench.py (make profile)", PROFILE_PROSE),
     ("serving", "Serving", "bench/serving_bench.py, bench/multihost_bench.py",
      "Time to first token with a prefix hit from DRAM, from disk and from a peer, against recomputing the "
      "whole prompt; pd-transfer: the P/D KV transfer against the prefill compute. The reference model is small, "
@@ -150,6 +171,8 @@ def fmt(value, spec: str) -> str:
 
 def table(rows: list[dict]) -> str:
     keys = {k for r in rows for k in r}
+    if "ratio_range" in keys:  # the range says both ends
+        keys -= {"ratio_min", "ratio_max"}
     cols = [c for c in COLUMNS if c[0] in keys] + [(k, k, "") for k in sorted(keys - {c[0] for c in COLUMNS})]
     out = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + " --- |" * len(cols)]
     out += ["| " + " | ".join(fmt(r.get(k), spec) for k, _, spec in cols) + " |" for r in rows]
@@ -174,13 +197,20 @@ def targets(res: dict) -> list[Target]:
             shown = rows if len(rows) <= 4 else missed[:4]  # many cases: the misses only
             measured = "; ".join(f"{r['case']}: {show(r)}" for r in shown)
             if len(shown) < len(rows):
-                measured += f"{'; ' if shown else ''}({len(rows) - len(shown)} more, met: see the tables)"
+                unshown_misses = len(missed) - len(shown) if missed else 0
+                more = f"{unshown_misses} more not met, " if unshown_misses else ""
+                measured += f"{'; ' if shown else ''}({more}{len(rows) - len(missed)} met: see the tables)"
             out.append((name, measured, verdict))
 
     ratio = lambda r: f"{r['ratio']:.2f}"  # noqa: E731
-    check("loopback pull >= 0.85 x N raw TCP streams", cases(res, "transfer", r"pull-.*"),
-          lambda r: r["ratio"] >= 0.85, ratio)
-    check("engine <-> sidecar through the pool >= 0.8 x memcpy", cases(res, "transfer", r"shm-.*"),
+    check("loopback pull and push >= 0.9 x N raw TCP streams (the median of its reps)",
+          cases(res, "transfer", r"(pull|push)-\d+[km]-\ds-\d+g"), lambda r: r["ratio"] >= 0.9, ratio)
+    check("encrypted pull and push >= 0.85 x N raw TCP streams",
+          cases(res, "transfer", r"(pull|push)-.*-encrypted"), lambda r: r["ratio"] >= 0.85, ratio)
+    check("DRAM tier and engine <-> sidecar gets >= 0.9 x memcpy",
+          cases(res, "native", r"dram-get-.*") + cases(res, "transfer", r"shm-get-.*"),
+          lambda r: r["ratio"] >= 0.9, ratio)
+    check("engine <-> sidecar puts through the pool >= 0.8 x memcpy", cases(res, "transfer", r"shm-put-.*"),
           lambda r: r["ratio"] >= 0.8, ratio)
     check("disk tier writes >= 0.7 x O_DIRECT (2 MiB, 16 MiB blocks)", cases(res, "native", r"disk-put-(2m|16m)"),
           lambda r: r["ratio"] >= 0.7, ratio)

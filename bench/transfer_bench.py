@@ -43,7 +43,8 @@ from harness import fabric as fab
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 QWEN3_235B_TOKEN_BYTES = 94 * 2 * 4 * 128 * 2
-COLUMNS = RATE_COLUMNS + [("cpu s/GB", "cpu_s_per_gb", ".2f"), ("raw cpu s/GB", "baseline_cpu_s_per_gb", ".2f"),
+COLUMNS = RATE_COLUMNS + [("ratio range", "ratio_range", ""), ("cpu s/GB", "cpu_s_per_gb", ".2f"),
+                          ("raw cpu s/GB", "baseline_cpu_s_per_gb", ".2f"),
                           ("put s", "put_seconds", ".3f"), ("pull s", "pull_seconds", ".3f"),
                           ("get s", "get_seconds", ".3f"), ("raw TCP s", "raw_tcp_seconds", ".3f"),
                           ("vs raw TCP", "vs_raw_tcp", ".2f"), ("cold s", "cold_seconds", ".3f")]
@@ -73,14 +74,21 @@ def keys_for(tag: int, n: int) -> np.ndarray:
 
 
 def row(name: str, nbytes: int, seconds: float, baseline_seconds: float, *, cpu: float | None = None,
-        baseline_cpu: float | None = None, baseline: str | None = None) -> dict:
-    """ratio = throughput over the baseline's; CPU as seconds per GB moved (None: not measured)."""
+        baseline_cpu: float | None = None, baseline: str | None = None,
+        paired: list[tuple[float, float]] | None = None) -> dict:
+    """ratio = throughput over the baseline's; CPU as seconds per GB moved (None: not measured).
+    `paired`: each rep's (seconds, baseline seconds), run one just after the other: their ratios'
+    range is the figure's spread on this shared machine."""
     gbps, base = nbytes / seconds / 1e9, nbytes / baseline_seconds / 1e9
     out = {"case": name, "bytes": nbytes, "seconds": seconds, "baseline_seconds": baseline_seconds, "gbps": gbps,
            "baseline_gbps": base, "ratio": gbps / base,
            "load_avg_1m": os.getloadavg()[0]}  # this machine is shared: how busy it was, beside each figure
     if baseline:
         out["baseline"] = baseline
+    if paired:
+        ratios = sorted(b / t for t, b in paired)
+        out |= {"reps": len(paired), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+                "ratio_range": f"{ratios[0]:.2f}-{ratios[-1]:.2f}"}
     if cpu is not None:
         out["cpu_s_per_gb"] = cpu / (nbytes / 1e9)
     if baseline_cpu is not None:
@@ -153,9 +161,11 @@ def bench_network(workdir, secret_file, total, block, streams_list, reps, encryp
             base = f"raw-tcp-{streams}s"
             out.append(row(f"pull-{label}-{streams}s-{total // GIB}g{suffix}", total, median(pulls),
                            median([r.seconds for r in raw_pull]), cpu=median(cpus),
-                           baseline_cpu=median([r.cpu_seconds for r in raw_pull]), baseline=base))
+                           baseline_cpu=median([r.cpu_seconds for r in raw_pull]), baseline=base,
+                           paired=[(t, r.seconds) for t, r in zip(pulls, raw_pull)]))
             out.append(row(f"push-{label}-{streams}s-{total // GIB}g{suffix}", total, median(pushes),
-                           median([r.seconds for r in raw_push]), baseline=base))
+                           median([r.seconds for r in raw_push]), baseline=base,
+                           paired=[(t, r.seconds) for t, r in zip(pushes, raw_push)]))
         finally:
             pair.close()
     return out
@@ -166,21 +176,25 @@ def bench_shm(workdir, secret_file, total, block, reps) -> list[dict]:
     src, dst = np.ones(total, np.uint8), np.full(total, 2, np.uint8)
     bufs = [src[i * block:(i + 1) * block] for i in range(n)]
     outs = [dst[i * block:(i + 1) * block] for i in range(n)]
-    memcpy = median([_timed(lambda: np.copyto(dst, src)) for _ in range(reps)])
     pair = Pair(workdir, secret_file, total + 64 * block, block, 1)
     try:
-        puts, gets = [], []
-        for r in range(reps):
+        puts, gets, memcpys = [], [], []
+        for r in range(reps):  # each rep's memcpy just before its put and get
+            memcpys.append(_timed(lambda: np.copyto(dst, src)))
             keys = keys_for(10 + r, n)
             puts.append(_timed(partial(pair.ea.put, keys, bufs)))
+            dst.fill(2)
             gets.append(_timed(partial(pair.ea.get, keys, outs)))
             assert np.array_equal(src, dst)
             pair.ea.evict(keys)
     finally:
         pair.close()
     label = f"{block // MIB}m"
-    return [row(f"shm-put-{label}", total, median(puts), memcpy, baseline="memcpy-1-thread"),
-            row(f"shm-get-{label}", total, median(gets), memcpy, baseline="memcpy-1-thread")]
+    memcpy = median(memcpys)
+    return [row(f"shm-put-{label}", total, median(puts), memcpy, baseline="memcpy-1-thread",
+                paired=list(zip(puts, memcpys))),
+            row(f"shm-get-{label}", total, median(gets), memcpy, baseline="memcpy-1-thread",
+                paired=list(zip(gets, memcpys)))]
 
 
 def bench_qwen(workdir, secret_file, tokens, block, streams, reps) -> dict:
@@ -283,7 +297,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1g", help="comma list of transfer sizes in GiB, e.g. 1g,4g")
     ap.add_argument("--block-sizes", default="256k,2m,16m")
     ap.add_argument("--streams", default="1,2,3,4")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fabric-profiles", default="dc,cross-zone", help="comma list of fabric profiles; '' for none")
     ap.add_argument("--fabric-mib", type=int, default=128)
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of parts to run, of {','.join(PARTS)}")
