@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from report import RATE_COLUMNS, report
+from report import RATE_COLUMNS, report, spread, timed
 from rich.console import Console
 
 import tpusync
@@ -91,9 +91,7 @@ def case(name: str, nbytes: int, seconds: float, baseline_gbps: float | None,
     out = {"case": name, "bytes": nbytes, "seconds": seconds, "gbps": gbps,
            "baseline_gbps": baseline_gbps, "ratio": ratio}
     if paired:
-        ratios = sorted(b / t for t, b in paired)
-        out |= {"reps": len(paired), "ratio_min": ratios[0], "ratio_max": ratios[-1],
-                "ratio_range": f"{ratios[0]:.2f}-{ratios[-1]:.2f}"}
+        out |= spread(paired)
     return out
 
 
@@ -110,10 +108,10 @@ def bench_block_size(block: int, total: int, scratch: str, reps: int) -> list[di
     memcpys, puts, gets = [], [], []
     with tpusync.KVStore.local(dram_bytes=total, block_bytes=block) as s:
         for r in range(reps):
-            memcpys.append(median_time(lambda _: np.copyto(dst, src), 1))
-            puts.append(median_time(lambda _, r=r: s.put(keys_for(r, n), srcs), 1))
+            memcpys.append(timed(lambda: np.copyto(dst, src)))
+            puts.append(timed(lambda r=r: s.put(keys_for(r, n), srcs)))
             dst.fill(0)
-            gets.append(median_time(lambda _, r=r: s.get(keys_for(r, n), dsts), 1))
+            gets.append(timed(lambda r=r: s.get(keys_for(r, n), dsts)))
             assert np.array_equal(src, dst), "DRAM get returned other bytes"
     base_mem = total / statistics.median(memcpys) / 1e9
     cases += [case(f"dram-put-{label}", total, statistics.median(puts), base_mem, list(zip(puts, memcpys))),

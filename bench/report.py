@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -31,6 +33,21 @@ def merged(path: str, fresh: list[dict]) -> list[dict]:
     by_case = {r["case"]: r for r in fresh}
     out = [by_case.pop(r["case"], r) for r in old]
     return out + list(by_case.values())
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of fn takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def spread(paired: list[tuple[float, float]]) -> dict:
+    """A case's spread on this shared machine, from each rep's (seconds, baseline seconds) run
+    one just after the other: the range of the reps' ratios (baseline / case)."""
+    ratios = sorted(b / t for t, b in paired)
+    return {"reps": len(paired), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "ratio_range": f"{ratios[0]:.2f}-{ratios[-1]:.2f}"}
 
 
 RATE_COLUMNS = [("case", "case", ""), ("seconds", "seconds", ".4f"), ("GB/s", "gbps", ".2f"),

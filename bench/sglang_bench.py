@@ -28,13 +28,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
-from report import RATE_COLUMNS, report
+from report import RATE_COLUMNS, report, timed
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -52,12 +51,6 @@ CASES = [("page_first", False), ("page_first_direct", False), ("layer_first", Fa
          ("layer_first", True)]
 COLUMNS = [*RATE_COLUMNS, ("memcpy s", "baseline_seconds", ".4f"), ("pages", "pages", "d"),
            ("load", "load_avg_1m", ".1f")]
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _memcpy_pages(ptrs: list[int], sizes: list[int], staging: np.ndarray, *, into_pool: bool) -> None:
@@ -85,10 +78,10 @@ def bench_case(host_socket: str, client: KVStore, layout: str, mla: bool, pages:
     sets, gets, copies_out, copies_in = [], [], [], []
     for r in range(reps + 1):
         keys = [f"{uuid.uuid4().hex}{i:04d}" for i in range(pages)]
-        t_set = _timed(lambda keys=keys: assert_all(backend.batch_set_v1(keys, src)))
-        t_get = _timed(lambda keys=keys: assert_all(backend.batch_get_v1(keys, dst)))
-        t_out = _timed(lambda: _memcpy_pages(src_ptrs, src_sizes, staging, into_pool=False))
-        t_in = _timed(lambda: _memcpy_pages(dst_ptrs, dst_sizes, staging, into_pool=True))
+        t_set = timed(lambda keys=keys: assert_all(backend.batch_set_v1(keys, src)))
+        t_get = timed(lambda keys=keys: assert_all(backend.batch_get_v1(keys, dst)))
+        t_out = timed(lambda: _memcpy_pages(src_ptrs, src_sizes, staging, into_pool=False))
+        t_in = timed(lambda: _memcpy_pages(dst_ptrs, dst_sizes, staging, into_pool=True))
         inner = getattr(backend, "_backend", backend)
         client.evict(block_keys(inner._namespace, keys, inner._plan.slots))
         if r:  # the first round faults the pool's pages in: untimed

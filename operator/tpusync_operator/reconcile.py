@@ -145,12 +145,10 @@ class Pass:
 
     async def invalid(self, deps: Deps, message: str) -> NoReturn:
         """Ends a pass over a spec that cannot be realised: InvalidSpec, and kopf.PermanentError."""
-        status = self.body.get("status") or {}
-        conds = merge_conditions(status.get("conditions"), [Cond("Ready", False, "InvalidSpec", message),
-                                                            Cond("Progressing", False, "InvalidSpec", message),
-                                                            Cond("Degraded", True, "InvalidSpec", message)],
-                                 self.generation, deps.now())
-        await self.finish(deps, {**status, "observedGeneration": self.generation, "conditions": conds})
+        conds = self.conditions(deps, [Cond("Ready", False, "InvalidSpec", message),
+                                       Cond("Progressing", False, "InvalidSpec", message),
+                                       Cond("Degraded", True, "InvalidSpec", message)])
+        await self.finish(deps, {**self.old, "observedGeneration": self.generation, "conditions": conds})
         raise kopf.PermanentError(message)
 
     async def finish_held(self, deps: Deps, e: KubeError, keep: Sequence[str], **values: Any) -> dict[str, Any]:
