@@ -421,6 +421,51 @@ TEST(Conn, AMultiChunkBlockArrivesWholeWithTheDigestOfItsBytes) {
   }
 }
 
+// The read that ends a block's payload takes the tag and the start of the next frame with it:
+// frames sent back to back, before the receiver reads any, each still arrive whole, and a next
+// frame read that way counts as input waiting.
+TEST(FramedConn, FramesReadAheadWithABlocksEndArriveWholeAndCountAsInput) {
+  for (bool encrypt : {false, true}) {
+    Pair p;
+    FramedConn tx(p.a, 0), rx(p.b, 1 << 20);
+    SealBoth(tx, rx, encrypt);
+    std::vector<std::byte> one(1000, std::byte{7}), two(5000, std::byte{9});  // all fit the socket buffer
+    ASSERT_TRUE(tx.SendBlock(0, one.data(), one.size(), Soon()).ok());
+    ASSERT_TRUE(tx.SendBlock(1, two.data(), two.size(), Soon()).ok());
+    ASSERT_TRUE(tx.SendAbsent(2, Soon()).ok());
+    ASSERT_TRUE(tx.Send(Op::kEnd, {}, Soon()).ok());
+    for (const auto* want : {&one, &two}) {
+      auto h = rx.RecvBlockHeader(Soon());
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      ASSERT_EQ(h->body_len, want->size());
+      std::vector<std::byte> dst(want->size());
+      ASSERT_TRUE(rx.RecvBlockPayload(dst.data(), dst.size(), Soon()).ok());
+      EXPECT_EQ(dst, *want) << encrypt;
+    }
+    auto absent = rx.RecvBlockHeader(Soon());
+    ASSERT_TRUE(absent.ok());
+    EXPECT_EQ(absent->count, 2u);
+    EXPECT_NE(absent->status, 0);
+    auto end = rx.RecvBlockHeader(Soon());
+    ASSERT_TRUE(end.ok());
+    EXPECT_EQ(end->op, Op::kEnd);
+
+    // A block, then END's header read with its payload's end: the socket has nothing left,
+    // yet the connection has input.
+    ASSERT_TRUE(tx.SendBlock(3, one.data(), one.size(), Soon()).ok());
+    ASSERT_TRUE(tx.Send(Op::kEnd, {}, Soon()).ok());
+    auto h = rx.RecvBlockHeader(Soon());
+    ASSERT_TRUE(h.ok());
+    std::vector<std::byte> dst(one.size());
+    ASSERT_TRUE(rx.RecvBlockPayload(dst.data(), dst.size(), Soon()).ok());
+    const Deadline now = Deadline::After(std::chrono::milliseconds(0));
+    Result<bool> ready = rx.WaitReadable(-1, now);
+    ASSERT_TRUE(ready.ok() && *ready) << "the header read ahead is input waiting";
+    EXPECT_TRUE(rx.RecvBlockHeader(Soon()).ok());
+    EXPECT_EQ(rx.WaitReadable(-1, now).status().code(), StatusCode::kDeadlineExceeded);
+  }
+}
+
 TEST(FramedConn, AnErrorReplyKeepsTheChannelInStepAMalformedFrameDoesNot) {
   Pair p;
   FramedConn a(p.a, 4096), b(p.b, 4096);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "base/checksum.h"
 #include "base/mac.h"
@@ -139,7 +140,9 @@ Result<FrameHeader> FramedConn::RecvHeader(Deadline d) {
   in_step_ = false;  // until a whole ERROR reply says otherwise
   recv_deadline_ = FrameDeadline(d);
   std::byte hdr[kHeaderBytes];
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(hdr, kHeaderBytes, recv_deadline_));
+  const size_t ahead = std::exchange(ahead_len_, 0);
+  std::copy_n(ahead_, ahead, hdr);
+  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(hdr + ahead, kHeaderBytes - ahead, recv_deadline_));
   TPUSYNC_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(hdr, max_block_));
   if (sealed()) {
     if (h.body_sum != 0) return BadFrame("body_sum must be 0 in a sealed session");
@@ -219,12 +222,12 @@ Status FramedConn::SendBlock(uint32_t index, const std::byte* data, uint64_t len
   std::byte hdr[kHeaderBytes];
   EncodeHeader(h, hdr);
   TPUSYNC_RETURN_IF_ERROR(cipher_->BeginSeal(std::span(hdr, kHeaderBytes)));
-  // Authenticated only, each chunk is MACed right after the kernel copied it into the socket,
-  // while it is still in this core's cache: MACing first would pay the read from DRAM a second
-  // time. The tag still covers the bytes that were sent: the block is pinned by its lease and
+  // Authenticated only, each piece is MACed right after the kernel copied it into the socket,
+  // while it is still in this core's cache (the kernel's copy reads memory faster than the MAC
+  // would). The tag still covers the bytes that were sent: the block is pinned by its lease and
   // immutable once committed; were it to change in between, the receiver would refuse the
-  // block, never accept it. Encrypted, each chunk is sealed into a scratch buffer and sent
-  // from there. The header goes out with the first chunk, one syscall fewer per block.
+  // block, never accept it. Encrypted, each piece is sealed into a scratch buffer and sent from
+  // there. The header goes out with the first piece, one syscall fewer per block.
   std::vector<std::byte> scratch(cipher_->encrypts() ? std::min(kChunk, len) : 0);
   uint64_t off = 0;
   do {
@@ -280,18 +283,30 @@ Status FramedConn::RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, ui
   std::optional<StreamingChecksum> sum;
   if (digest != nullptr) sum.emplace();
   std::vector<std::byte> scratch(dst == nullptr ? std::min(kChunk, len) : 0);
-  for (uint64_t off = 0; off < len; off += kChunk) {
-    uint64_t n = std::min(kChunk, len - off);
+  std::byte tag[kTagBytes];
+  uint64_t off = 0;
+  do {
+    const uint64_t n = std::min(kChunk, len - off);
     std::byte* p = dst != nullptr ? dst + off : scratch.data();
-    TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(p, n, rd));
+    if (off + n < len) {
+      TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(p, n, rd));
+    } else {  // the last piece, the tag, and what has come of the next header (none is pending)
+      struct iovec iov[3] = {{p, n}, {tag, kTagBytes}, {ahead_, kHeaderBytes}};
+      TPUSYNC_ASSIGN_OR_RETURN(size_t got, socket_.ReadVAtLeast(iov, 3, n + kTagBytes, rd));
+      ahead_len_ = got - n - kTagBytes;
+    }
     TPUSYNC_RETURN_IF_ERROR(cipher_->OpenPart(p, n));
     if (sum) sum->Update(p, n);
-  }
-  std::byte tag[kTagBytes];
-  TPUSYNC_RETURN_IF_ERROR(socket_.ReadFull(tag, kTagBytes, rd));
+    off += n;
+  } while (off < len);
   TPUSYNC_RETURN_IF_ERROR(cipher_->EndOpen(tag));
   if (digest != nullptr) *digest = sum->Digest();
   return Status::Ok();
+}
+
+Result<bool> FramedConn::WaitReadable(int wake_fd, Deadline d) {
+  if (ahead_len_ > 0) return true;
+  return socket_.WaitReadable(wake_fd, d);
 }
 
 Status ServerHandshake(FramedConn& c, const Secret& secret, const HandshakeOptions& options, Deadline d,

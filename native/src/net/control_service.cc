@@ -103,7 +103,7 @@ void ControlService::Serve(Connection& conn) {
   FramedConn c(conn.socket(), store_.block_bytes());
   Session session(store_);
   for (;;) {
-    Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::Never());
+    Result<bool> readable = c.WaitReadable(stop.fd(), Deadline::Never());
     if (!readable.ok() || !*readable) break;
     Deadline d = Deadline::After(op_timeout_);
     auto start = Clock::now();
@@ -301,7 +301,7 @@ Status ControlService::Changes(Request& r) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
     b = store_.Changes(since, std::clamp(left, std::chrono::milliseconds(0), kSlice), max_keys);
     if (b.lost || !b.keys.empty() || left <= kSlice) break;
-    Result<bool> input = r.c.socket().WaitReadable(r.stop.fd(), Deadline::After(std::chrono::milliseconds(0)));
+    Result<bool> input = r.c.WaitReadable(r.stop.fd(), Deadline::After(std::chrono::milliseconds(0)));
     if (input.ok()) break;  // the client's input or hang-up (true), or the sidecar stopping (false)
   }
   BodyWriter w;

@@ -63,7 +63,7 @@ void PeerService::Serve(Connection& conn) {
     LogRefused(conn.source(), hs);
   } else {
     for (;;) {
-      Result<bool> readable = c.socket().WaitReadable(stop.fd(), Deadline::After(options_.idle_timeout));
+      Result<bool> readable = c.WaitReadable(stop.fd(), Deadline::After(options_.idle_timeout));
       if (!readable.ok() || !*readable) break;  // idle too long, or draining
       Deadline d = Deadline::After(options_.op_timeout);
       auto start = Clock::now();

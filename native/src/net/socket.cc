@@ -29,6 +29,15 @@ Status PeerGone(std::string_view what, int err) {
           std::string(what) + ": " + (err ? ErrnoMessage(err) : "peer closed the connection")};
 }
 
+// Drops the first `done` bytes from iov[*start...], as a partial readv or writev left them.
+void Advance(struct iovec* iov, int iovcnt, int* start, size_t done) {
+  while (*start < iovcnt && done >= iov[*start].iov_len) done -= iov[(*start)++].iov_len;
+  if (*start < iovcnt) {
+    iov[*start].iov_base = static_cast<char*>(iov[*start].iov_base) + done;
+    iov[*start].iov_len -= done;
+  }
+}
+
 }  // namespace
 
 int Deadline::PollMs() const {
@@ -48,11 +57,18 @@ Status Socket::Wait(short events, Deadline deadline) {
 }
 
 Status Socket::ReadFull(void* dst, size_t len, Deadline deadline) {
-  auto* p = static_cast<char*>(dst);
-  while (len > 0) {
-    ssize_t n = ::recv(fd_.get(), p, len, 0);
+  struct iovec iov = {dst, len};
+  return ReadVAtLeast(&iov, 1, len, deadline).status();
+}
+
+Result<size_t> Socket::ReadVAtLeast(struct iovec* iov, int iovcnt, size_t min, Deadline deadline) {
+  size_t got = 0;
+  int start = 0;
+  while (got < min && start < iovcnt) {
+    ssize_t n = ::readv(fd_.get(), iov + start, iovcnt - start);
     if (n > 0) {
-      p += n, len -= static_cast<size_t>(n);
+      got += static_cast<size_t>(n);
+      Advance(iov, iovcnt, &start, static_cast<size_t>(n));
     } else if (n == 0) {
       return PeerGone("read", 0);
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -61,7 +77,7 @@ Status Socket::ReadFull(void* dst, size_t len, Deadline deadline) {
       return PeerGone("read", errno);
     }
   }
-  return Status::Ok();
+  return got;
 }
 
 Status Socket::WriteVFull(struct iovec* iov, int iovcnt, Deadline deadline) {
@@ -79,12 +95,7 @@ Status Socket::WriteVFull(struct iovec* iov, int iovcnt, Deadline deadline) {
       if (errno == EINTR) continue;
       return PeerGone("write", errno);
     }
-    auto done = static_cast<size_t>(n);
-    while (start < iovcnt && done >= iov[start].iov_len) done -= iov[start++].iov_len;
-    if (start < iovcnt) {
-      iov[start].iov_base = static_cast<char*>(iov[start].iov_base) + done;
-      iov[start].iov_len -= done;
-    }
+    Advance(iov, iovcnt, &start, static_cast<size_t>(n));
   }
   return Status::Ok();
 }

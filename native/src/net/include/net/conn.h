@@ -75,7 +75,13 @@ class FramedConn {
   Status AwaitPayload(Deadline d);
   // Reads a payload into dst (or drops it when dst is null) and verifies the tag. With
   // `digest`, the payload's XXH3-64 is computed on the way in, while each piece is in cache.
+  // The read that ends the payload takes the tag, and the start of the next frame's header if
+  // it has arrived (a block's frame is always followed by another: BLOCK, END or ERROR).
   Status RecvBlockPayload(std::byte* dst, uint64_t len, Deadline d, uint64_t* digest = nullptr);
+
+  // Waits for the next frame: true at once when its start was read already (RecvBlockPayload),
+  // false if `wake_fd` fired first.
+  Result<bool> WaitReadable(int wake_fd, Deadline d);
 
   Socket& socket() { return socket_; }
   uint64_t max_block() const { return max_block_; }
@@ -91,6 +97,9 @@ class FramedConn {
   std::unique_ptr<SessionCipher> cipher_;
   std::chrono::milliseconds progress_{0};
   Deadline recv_deadline_ = Deadline::Never();  // the frame being received
+  // The start of the next frame's header, read with the end of a block's payload.
+  std::byte ahead_[kHeaderBytes];
+  size_t ahead_len_ = 0;
   bool in_step_ = true;
 };
 

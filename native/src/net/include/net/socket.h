@@ -42,6 +42,9 @@ class Socket {
   Status ReadFull(void* dst, size_t len, Deadline deadline);
   Status WriteFull(const void* src, size_t len, Deadline deadline);
   Status WriteVFull(struct iovec* iov, int iovcnt, Deadline deadline);
+  // Fills the iovecs in order with at least `min` bytes, and with whatever more has arrived
+  // already, up to their total; returns how many. The iovecs are consumed as they fill.
+  Result<size_t> ReadVAtLeast(struct iovec* iov, int iovcnt, size_t min, Deadline deadline);
   // Waits for input. Returns false if `wake_fd` (an eventfd; -1 for none) fired first.
   Result<bool> WaitReadable(int wake_fd, Deadline deadline);
 
