@@ -1,6 +1,7 @@
 """One vLLM engine (offline LLM API, in-process executor) driven over stdin/stdout.
 
-    python engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null, "kv_events_config": {...}}'
+    python engine_proc.py '{"model": DIR, "kv_transfer_config": {...} or null, "kv_events_config": {...},
+                            "worker_extension_cls": "module.Class" or null}'
 
 Reads one JSON command per line on stdin and answers one JSON line on stdout (vLLM's own
 output goes to stderr):
@@ -86,7 +87,8 @@ def main() -> int:
               max_num_seqs=4, max_num_batched_tokens=1024, enable_prefix_caching=True, seed=0,
               kv_transfer_config=spec.get("kv_transfer_config"),
               kv_events_config=KVEventsConfig(**events) if events else None,
-              weight_transfer_config=spec.get("weight_transfer_config"))
+              weight_transfer_config=spec.get("weight_transfer_config"),
+              worker_extension_cls=spec.get("worker_extension_cls") or "")
 
     def counters() -> dict:
         if not spec.get("kv_transfer_config"):

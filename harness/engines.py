@@ -45,6 +45,7 @@ class EngineSpec:
     kv_events_config: dict[str, Any] | None = None   # vLLM's --kv-events-config (engine processes only)
     weight_transfer_config: dict[str, Any] | None = None  # vLLM's --weight-transfer-config
     kv_cache_bytes: int = 16 << 20  # the offline engines' KV cache (a larger model needs more)
+    worker_extension_cls: str | None = None  # vLLM's worker_extension_cls (engine processes only)
 
     def connector(self, role: str, **extra: Any) -> EngineSpec:
         kv = {"kv_connector": "TPUSyncConnector", "kv_connector_module_path": "tpusync.vllm.connector",
@@ -82,7 +83,8 @@ class Engine:
         arg = json.dumps({"model": self.spec.model, "kv_transfer_config": self.spec.kv_transfer_config,
                           "kv_events_config": self.spec.kv_events_config,
                           "weight_transfer_config": self.spec.weight_transfer_config,
-                          "kv_cache_bytes": self.spec.kv_cache_bytes})
+                          "kv_cache_bytes": self.spec.kv_cache_bytes,
+                          "worker_extension_cls": self.spec.worker_extension_cls})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, str(ENGINE_SCRIPT), arg], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True)

@@ -52,3 +52,25 @@ def test_a_version_that_never_arrives_leaves_the_engine_serving(engines, weights
     with pytest.raises(EngineError, match="did not arrive"):
         update(rl, weights_host, 2, timeout_s=1)
     assert rl.generate(P)["token_ids"] == Reference(model_b)(P)  # still B
+
+
+def test_an_update_after_the_sidecar_restarted_connects_again(engines, model_dir, model_b, reference, tmp_path):
+    """The extension keeps its sidecar connection from update to update (its pool mapping stays
+    warm); one lost to a restart is replaced, and the update goes through."""
+    from harness.sidecar_pools import lone_sidecar
+    from tpusync.local.sidecars import relaunch
+
+    rl = engines["rl"]
+    with lone_sidecar(tmp_path, "tpur", b"tpu-inference-restart-0123456789\n", dram_bytes=16 << 20,
+                      block_bytes=64 << 10) as host:
+        publish(host, model_dir, 1)
+        assert update(rl, host, 1) == [1]
+        assert rl.generate(P)["token_ids"] == reference(P)  # checkpoint A again
+        host.stop()
+        again = relaunch(host)
+        try:
+            publish(again, model_b, 2)
+            assert update(rl, again, 2) == [2]
+            assert rl.generate(P)["token_ids"] == Reference(model_b)(P)
+        finally:
+            again.stop()

@@ -26,6 +26,8 @@ tests/tpu_inference/test_weight_update.py runs it in a real engine.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 from tpusync import errors
@@ -44,21 +46,53 @@ class WeightUpdate:
                                secret_file: str | None = None) -> int:
         """Loads the newest version >= `version` of `model` from this host's sidecar into the
         engine's weights; returns the version loaded."""
-        import jax
-        from vllm.config import set_current_vllm_config
-
-        runner = self.model_runner
-        if not hasattr(runner.model, "load_weights"):
-            raise errors.InvalidArgumentError(f"{type(runner.model).__name__} cannot load weights from an iterator")
-        store = connect_sidecar(control_socket, secret_file=secret_file)
         try:
-            loaded = await_version(store, model, version, timeout_s)
-            with pinned_version(store, model, loaded) as manifest, jax.set_mesh(runner.mesh), \
-                    set_current_vllm_config(self.vllm_config):
-                # Copies: tpu-inference may wrap a CPU tensor as a JAX array without one (DLPack),
-                # and the engine's weights must not live in pool slots that are evicted later.
-                runner.model.load_weights(iter_torch(store, manifest, verify=verify, zero_copy=False))
-            runner.refresh_state_leaves()
-        finally:
-            store.close()
+            return self._tpusync_update(self._tpusync_sidecar(control_socket, secret_file), model, version,
+                                        timeout_s, verify)
+        except errors.UnavailableError:
+            # The connection kept from an earlier update is gone (the sidecar restarted): once
+            # more on a new one.
+            self._tpusync_forget()
+            return self._tpusync_update(self._tpusync_sidecar(control_socket, secret_file), model, version,
+                                        timeout_s, verify)
+
+    def _tpusync_update(self, store: Any, model: str, version: int | None, timeout_s: float, verify: bool) -> int:
+        loaded = await_version(store, model, version, timeout_s)
+        with pinned_version(store, model, loaded) as manifest:
+            # Copies: tpu-inference may wrap a CPU tensor as a JAX array without one (DLPack),
+            # and the engine's weights must not live in pool slots that are evicted later.
+            load_in_place(self.model_runner, self.vllm_config,
+                          iter_torch(store, manifest, verify=verify, zero_copy=False))
         return loaded
+
+    # One connection to the sidecar, kept from update to update: its mapping of the pool is
+    # then warm (a new one would fault in every page of every version it reads).
+    _tpusync_store: Any = None
+    _tpusync_target: tuple[str | None, str | None] | None = None
+
+    def _tpusync_sidecar(self, control_socket: str | None, secret_file: str | None) -> Any:
+        if self._tpusync_store is None or self._tpusync_target != (control_socket, secret_file):
+            self._tpusync_forget()
+            self._tpusync_store = connect_sidecar(control_socket, secret_file=secret_file)
+            self._tpusync_target = (control_socket, secret_file)
+        return self._tpusync_store
+
+    def _tpusync_forget(self) -> None:
+        if self._tpusync_store is not None:
+            with contextlib.suppress(errors.TpuSyncError, OSError):  # a sidecar gone already
+                self._tpusync_store.close()
+        self._tpusync_store = self._tpusync_target = None
+
+
+def load_in_place(runner: Any, vllm_config: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """The engine's own in-place load of (HF name, torch tensor) pairs: its model's `load_weights`
+    on the runner's mesh, then the runner's state refreshed. Whatever feeds it (the pool, or
+    tensors already in memory: the floor bench/inplace_bench.py measures) pays the same."""
+    import jax
+    from vllm.config import set_current_vllm_config
+
+    if not hasattr(runner.model, "load_weights"):
+        raise errors.InvalidArgumentError(f"{type(runner.model).__name__} cannot load weights from an iterator")
+    with jax.set_mesh(runner.mesh), set_current_vllm_config(vllm_config):
+        runner.model.load_weights(weights)
+    runner.refresh_state_leaves()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -110,19 +111,12 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: TpusyncUpdateInfo) -> None:
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
         if self.store is None or self.info is None:
             raise errors.PreconditionError("init_weight_transfer_engine first (the tpusync backend has no sidecar)")
         model, store = self.info.model, self.store
         version = await_version(store, model, update_info.version, update_info.timeout_s)
         with pinned_version(store, model, version) as manifest:
-            initialize_layerwise_reload(self.model)
-            with disable_mtp_completeness_check():
-                loaded = self.model.load_weights(iter_torch(store, manifest, verify=self.info.verify))
-            finalize_layerwise_reload(self.model, self.model_config)
-            _reprocess_tied(self.model)
+            loaded = load_in_place(self.model, self.model_config, iter_torch(store, manifest, verify=self.info.verify))
         self.loaded = version
         if self._engine_id is not None:
             served_weights.record(self._engine_id, f"{model}@{version}:{manifest_digest(manifest)}")
@@ -136,6 +130,21 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def load_in_place(model: torch.nn.Module, model_config: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
+    """The engine's own in-place load of (HF name, tensor) pairs: the model's `load_weights` under
+    vLLM's layerwise reload; returns what load_weights does. Whatever feeds it (the pool, or
+    tensors already in memory: the floor bench/inplace_bench.py measures) pays the same."""
+    from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    initialize_layerwise_reload(model)
+    with disable_mtp_completeness_check():
+        loaded = model.load_weights(weights)
+    finalize_layerwise_reload(model, model_config)
+    _reprocess_tied(model)
+    return loaded
 
 
 def _reprocess_tied(model: torch.nn.Module) -> None:
