@@ -4,7 +4,7 @@
 Measured in one run, each case beside its baseline:
 - onehost-N-samplers: the trainer host sends one copy to one sampler host, where N sampler
   processes load it from the shared pool (time: transfer start -> last sampler swapped in);
-  baseline: the same with 1 sampler;
+  baseline: the same with 1 sampler, rep by rep in turns with it (at least 5);
 - chain-N-hops: N simulated hosts (separate sidecars) in a pipelined chain, each pulling
   chunk c from the previous host as soon as it has it (time: until every host committed);
   baseline: one hop;
@@ -69,12 +69,16 @@ CHUNK_BLOCKS = 2  # 32 MiB chunks
 
 SAMPLER = textwrap.dedent("""
     import sys, time
+    import jax
     import jax.numpy as jnp
     import tpusync
     from tpusync.weights import VersionedWeights
     sock, version, leaves, leaf_elems = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     sync = VersionedWeights(tpusync.KVStore.connect("unix://" + sock), "bench")
-    sync.bind_weights({f"w{i:03d}": jnp.zeros(leaf_elems, jnp.bfloat16) for i in range(leaves)})
+    # The weights it serves now, in memory before the clock starts (JAX fills arrays
+    # asynchronously: four samplers' 1 GiB each would otherwise still be written during the
+    # transfer).
+    sync.bind_weights(jax.block_until_ready({f"w{i:03d}": jnp.zeros(leaf_elems, jnp.bfloat16) for i in range(leaves)}))
     print("READY", flush=True)
     sync.wait_for_version(version, timeout=600)
     done = time.time()
@@ -449,11 +453,18 @@ def main() -> None:
             raw = rawtcp.run(total, 4, reps)
             results.append(case(f"tcp-raw-{tag}", total, raw.seconds, raw.seconds, raw.cpu_seconds))
             if "onehost" in only:
-                one, _ = median_of(reps, partial(onehost, workdir, secret_file, total, 1))
+                # Rep by rep in turns (one sampler, then each N), at least 5: a drift of this shared
+                # machine's load hits every case alike, and each rep's ratio gives the spread.
+                runs: dict[int, list[float]] = {n: [] for n in (1, *args.samplers)}
+                for _ in range(max(reps, 5)):
+                    for n in runs:
+                        runs[n].append(onehost(workdir, secret_file, total, n))
+                one = statistics.median(runs[1])
                 results.append(case(f"onehost-1-samplers-{tag}", total, one, one))
                 for n in args.samplers:
-                    s, _ = median_of(reps, partial(onehost, workdir, secret_file, total, n))
-                    results.append(case(f"onehost-{n}-samplers-{tag}", total, s, one))
+                    per_rep = sorted(s / o for s, o in zip(runs[n], runs[1]))
+                    results.append(case(f"onehost-{n}-samplers-{tag}", total, statistics.median(runs[n]), one)
+                                   | {"reps": len(per_rep), "ratio_range": f"{per_rep[0]:.2f}-{per_rep[-1]:.2f}"})
             # One hop and one plain pull, rep by rep in turns, so a drift of this shared machine's
             # load hits both sides of hop-vs-pull alike.
             paired = [(chain(workdir, secret_file, total, 1), naive(workdir, secret_file, total, 1))
@@ -483,7 +494,8 @@ def main() -> None:
             total = args.fabric_mib * MIB // LEAF * LEAF
             results += fabric_cases(fab.PROFILES[args.fabric_profile], secret_file, total, args.fabric_hosts, reps)
     columns = [("case", "case", ""), ("seconds", "seconds", ".3f"), ("baseline s", "baseline_seconds", ".3f"),
-               ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("vs line rate", "vs_line_rate", ".2f"),
+               ("ratio", "ratio", ".2f"), ("ratio range (per rep)", "ratio_range", ""), ("GB/s", "gbps", ".2f"),
+               ("vs line rate", "vs_line_rate", ".2f"),
                ("cores busy", "cores_busy", ".2f"), ("cpu s/GB", "cpu_s_per_gb", ".2f"),
                ("floor s", "floor_seconds", ".3f"), ("vs floor", "vs_floor", ".2f")]
     gb = 10**9

@@ -196,6 +196,25 @@ std::unique_ptr<Lease> OneLease(PyBlockStore& s, const pb::handle& key) {
   return std::make_unique<Lease>(&s, k, slots[0], kWrite);
 }
 
+// acquire_leases: many keys' blocks as lease objects, in one call of the store (one round trip
+// to a sidecar); None where a block is absent. Each lease keeps the store object alive.
+pb::typing::List<pb::typing::Optional<PyReadLease>> ManyLeases(const pb::object& self, const pb::handle& keys) {
+  auto& s = self.cast<PyBlockStore&>();
+  std::vector<BlockKey> k = ParseKeys(keys);
+  std::vector<BlockSlot> slots = Take(NoGil([&] { return s->Acquire(k); }));
+  pb::typing::List<pb::typing::Optional<PyReadLease>> out(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].data == nullptr) {
+      out[i] = pb::none();
+      continue;
+    }
+    pb::object lease = pb::cast(std::make_unique<PyReadLease>(&s, k[i], slots[i], false));
+    pb::detail::keep_alive_impl(lease, self);  // what keep_alive<0, 1> does for one lease
+    out[i] = lease;
+  }
+  return out;
+}
+
 std::unique_ptr<PyBlockStore> OpenLocal(const std::string& pool_path, uint64_t block_bytes, uint64_t num_slots,
                                         std::optional<std::string> disk_dir, uint64_t disk_bytes, bool hugepages,
                                         bool mlock, bool populate, bool unlink_on_close, uint32_t io_threads,
@@ -401,6 +420,8 @@ PYBIND11_MODULE(_native, m) {
            "Reserves one slot as a lease object, to be written in place.")
       .def("acquire_lease", &OneLease<PyReadLease>, pb::arg("key"), pb::keep_alive<0, 1>(),
            "Holds one block in DRAM as a lease object, readable in place.")
+      .def("acquire_leases", &ManyLeases, pb::arg("keys"),
+           "acquire_lease for many keys in one call (None where a block is absent).")
       .def(
           "pull_from",
           [](S& s, const std::string& peer, const pb::handle& keys, bool digests) {

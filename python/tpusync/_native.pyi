@@ -67,6 +67,10 @@ class BlockStore:
         """
         Holds one block in DRAM as a lease object, readable in place.
         """
+    def acquire_leases(self, keys: typing.Any) -> list[ReadLease | None]:
+        """
+        acquire_lease for many keys in one call (None where a block is absent).
+        """
     def changes(self, epoch: typing.SupportsInt, seq: typing.SupportsInt, *, wait_ms: typing.SupportsInt, max_keys: typing.SupportsInt = 65536) -> tuple[int, int, bool, list[int]]:
         """
         Keys whose tier changed after the cursor: (epoch, seq, lost, keys) for the next call.

@@ -288,6 +288,11 @@ class KVStore:
         """Holds a block in DRAM and exposes it read-only in place; drop the lease to release."""
         return self._backend.acquire_lease(key)
 
+    def acquire_each(self, keys: Sequence[int | bytes]) -> list[_native.ReadLease | None]:
+        """acquire() for many blocks at once (one round trip to a sidecar): a lease each, None
+        where a block is absent; each lease is dropped on its own."""
+        return self._backend.acquire_leases(list(keys))
+
     @contextlib.contextmanager
     def reserve_many(self, keys: Sequence[int | bytes]) -> Iterator[list[_Slot | None]]:
         """Slots to write blocks in place: ``np.frombuffer(slot.view, ...)``, fill, ``slot.commit(n)``.

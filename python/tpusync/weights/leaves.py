@@ -24,14 +24,18 @@ def single_block(entry: LeafEntry) -> bool:
     return len(entry.shards) == 1 and entry.shards[0].shape == entry.shape and len(entry.shards[0].blocks) == 1
 
 
-def leaf_in_place(store: Any, entry: LeafEntry, *, verify: bool) -> np.ndarray:
+def leaf_in_place(store: Any, entry: LeafEntry, *, verify: bool, lease: Any = None) -> np.ndarray:
     """A one-block leaf's bytes on the pool slot itself; the view holds the block's read lease
-    (the store refuses to close while one is held) for as long as it, or an array over it, lives."""
+    (the store refuses to close while one is held) for as long as it, or an array over it, lives.
+    `lease`: the block's, acquired already (store.acquire_each for many leaves at once)."""
     ref = entry.shards[0].blocks[0]
     try:
-        view = np.frombuffer(memoryview(store.acquire(ref.key)), np.uint8, count=ref.length)
+        lease = store.acquire(ref.key) if lease is None else lease
     except errors.NotFoundError:
-        raise VersionGoneError(f"leaf {entry.name!r}: a block is missing from this host's pool") from None
+        lease = None
+    if lease is None:
+        raise VersionGoneError(f"leaf {entry.name!r}: a block is missing from this host's pool")
+    view = np.frombuffer(memoryview(lease), np.uint8, count=ref.length)
     if verify and checksum(view) != ref.checksum:
         raise errors.CorruptionError(f"leaf {entry.name!r}: a block fails its checksum")
     return view

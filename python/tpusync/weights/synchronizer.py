@@ -235,10 +235,14 @@ class VersionedWeights:
         if manifest is None:
             raise VersionGoneError(f"version {version} of {self.model!r} is not committed on this host")
         self.check_template(manifest)
+        entries = [(name, tmpl, manifest.leaf(name)) for name, tmpl in self._template]
+        # The leaves used in place hold their blocks' leases, taken in one round trip.
+        in_place = [entry for _, tmpl, entry in entries if _in_place(entry, tmpl)]
+        leases = dict(zip((e.name for e in in_place),
+                          self.store.acquire_each([e.shards[0].blocks[0].key for e in in_place])))
         host, leaves = {}, []
-        for name, tmpl in self._template:
-            entry = manifest.leaf(name)
-            arr, buf = self._leaf_from_pool(entry, tmpl)
+        for name, tmpl, entry in entries:
+            arr, buf = self._leaf_from_pool(entry, tmpl, leases.pop(name, None))
             host[name] = buf
             leaves.append(arr)
         params = dict(zip(host, leaves)) if self._treedef is None else _unflatten(self._treedef, leaves)
@@ -271,22 +275,21 @@ class VersionedWeights:
             raise TemplateMismatchError(f"leaf {extra[0]!r} is in version {manifest.version} of {self.model!r} "
                                         "but not in the template")
 
-    def _leaf_from_pool(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, Any]:
-        """(the leaf as the template wants it, its host buffer)."""
+    def _leaf_from_pool(self, entry: LeafEntry, tmpl: Any, lease: Any = None) -> tuple[Any, Any]:
+        """(the leaf as the template wants it, its host buffer); `lease`: its block's, when it is
+        used in place (_in_place)."""
         if type(tmpl).__module__.startswith("torch"):
-            return self._torch_leaf(entry, tmpl)
+            return self._torch_leaf(entry, tmpl, lease)
         import jax
         import jax.numpy as jnp
 
         dtype = numpy_dtype(entry.dtype)
         want = numpy_dtype(dtype_name(tmpl))
         sharding = getattr(tmpl, "sharding", None)
-        local_cpu = (isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)) and sharding is not None
-                     and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
-                     and jax.devices()[0].platform == "cpu")
-        if local_cpu and sharding is not None and want == dtype and single_block(entry):
+        local_cpu = _local_cpu(tmpl)
+        if sharding is not None and _in_place(entry, tmpl):
             # The pool slot is the buffer: its read lease (held by the view) lives as long as the array.
-            view = leaf_in_place(self.store, entry, verify=self.verify)
+            view = leaf_in_place(self.store, entry, verify=self.verify, lease=lease)
             host = view.view(dtype).reshape(entry.shape)
             arr = jax.device_put(host, next(iter(sharding.device_set)), may_alias=True)
             weakref.finalize(arr, [view].clear)
@@ -305,11 +308,12 @@ class VersionedWeights:
         # Resharding: each device takes its slice of the global host buffer.
         return jax.make_array_from_callback(entry.shape, sharding, lambda idx: host[idx]), host
 
-    def _torch_leaf(self, entry: LeafEntry, tmpl: Any) -> tuple[Any, Any]:
+    def _torch_leaf(self, entry: LeafEntry, tmpl: Any, lease: Any = None) -> tuple[Any, Any]:
         """A CPU tensor: on the pool slot itself (a lease held while it lives) when the leaf is
         one block in the template's dtype, else on a buffer of its own."""
-        if single_block(entry) and dtype_name(tmpl) == entry.dtype:
-            tensor = as_torch(leaf_in_place(self.store, entry, verify=self.verify), entry.dtype, entry.shape)
+        if _in_place(entry, tmpl):
+            tensor = as_torch(leaf_in_place(self.store, entry, verify=self.verify, lease=lease), entry.dtype,
+                              entry.shape)
             self._metrics["zero_copy_leaves"] += 1
             return tensor, tensor
         tensor = as_torch(leaf_bytes(self.store, entry, verify=self.verify), entry.dtype, entry.shape)
@@ -374,6 +378,25 @@ class VersionedWeights:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _local_cpu(tmpl: Any) -> bool:
+    """A JAX template leaf on this process's CPU device, one device: an array on a pool slot can
+    alias it."""
+    import jax
+
+    sharding = getattr(tmpl, "sharding", None)
+    return (isinstance(tmpl, (jax.Array, jax.ShapeDtypeStruct)) and sharding is not None
+            and len(sharding.device_set) == 1 and next(iter(sharding.device_set)) == jax.devices()[0]
+            and jax.devices()[0].platform == "cpu")
+
+
+def _in_place(entry: LeafEntry, tmpl: Any) -> bool:
+    """The leaf is used on its pool slot: one block, in the template's dtype, for a torch CPU
+    tensor or a JAX array on this process's CPU device."""
+    if not single_block(entry) or numpy_dtype(entry.dtype) != numpy_dtype(dtype_name(tmpl)):
+        return False
+    return type(tmpl).__module__.startswith("torch") or _local_cpu(tmpl)
 
 
 def _check_tiling(leaves: list[HostLeaf], *, whole: bool) -> None:

@@ -185,6 +185,23 @@ def test_close_refuses_while_leases_are_held(store):
     store.close()
 
 
+def test_leases_taken_at_once_are_each_released_on_their_own(store):
+    store.put([1, 2], [pattern(1), pattern(2)])
+    one, absent, two = store.acquire_each([1, 3, 2])
+    assert absent is None
+    assert np.frombuffer(one, np.uint8).tobytes() == pattern(1).tobytes()
+    assert np.frombuffer(two, np.uint8).tobytes() == pattern(2).tobytes()
+    with pytest.raises(tpusync.PreconditionError, match="2 leases"):
+        store.close()
+    del one
+    with pytest.raises(tpusync.PreconditionError, match="1 leases"):
+        store.close()
+    store.evict([1])  # its lease is gone: the block can leave DRAM
+    assert store.lookup([1]).prefix_len == 0
+    del two
+    store.close()
+
+
 def test_uncommitted_write_lease_frees_its_slot(store):
     lease = store.reserve(5)
     assert store.stats()["dram_used"] == 1
