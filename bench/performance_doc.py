@@ -50,15 +50,19 @@ COLUMNS = [
 PROFILE_PROSE = (
     "Each loopback path of the table above, and its baseline, run again under `perf record -a` (both "
     "cores, 1 kHz): every sample goes to one bucket, shown as CPU seconds per GB moved; idle is what the "
-    "timed reps left of the two cores (raw TCP: its processes' start and first touch of their buffers are "
-    "inside, spread over every rep). Both ends of a loopback transfer share these two cores, so a CPU second "
-    "either end spends beyond the baseline's is a second the other end waits for. What it shows: the kernel "
-    "spends on a pull what it spends on raw TCP of the same bytes (its copies to and from the socket "
-    "buffers, its TCP stack); the sidecars' own code (framing, the store) is a few milliseconds per GB; what "
-    "a pull adds is the frames' authentication, GMAC over every byte on both ends (AES-GCM with --encrypt), "
-    "about a fifth of raw TCP's CPU per GB on these cores, which is the gap between the pulls and raw TCP in "
-    "the table above. On two hosts each end has its own cores and that tag costs one end about 0.05 CPU "
-    "seconds per GB (some 20 GB/s a core, intel-ipsec-mb's VAES/AVX-512 GMAC). The engine's gets through the "
+    "timed reps left of the two cores. Raw TCP is the difference between a run of 16 reps and one of 8, "
+    "each in one pair of processes, so their start and their buffers' first touch cancel out. Both ends of a "
+    "loopback transfer share these two cores, so a CPU second either end spends beyond the baseline's is a "
+    "second the other end waits for. What it shows: the kernel spends on a pull about what it spends on raw "
+    "TCP of the same bytes (its copies to and from the socket buffers, its TCP stack); the sidecars' own code "
+    "(framing, the store) is about 0.01 CPU s/GB; what a pull adds is the frames' authentication, GMAC over "
+    "every byte on both ends (AES-GCM with --encrypt), 0.09-0.13. From four streams on, both are CPU-bound "
+    "(idle near 0), so time per GB is busy CPU over the two cores, and an authenticated pull can reach at "
+    "most raw TCP's busy / (raw TCP's busy + GMAC) of raw TCP, 0.8-0.85 here, whatever the framing: the tag "
+    "costs cores that the other end of the transfer needs too. Runs of this table move by 0.05-0.1 CPU s/GB "
+    "(raw TCP's, a difference of two runs, the most). On two hosts each end "
+    "has its own cores and the tag costs one end about 0.05 CPU seconds per GB (some 20 GB/s a core, "
+    "intel-ipsec-mb's VAES/AVX-512 GMAC). The engine's gets through the "
     "pool (shm-get, dram-get) run at memcpy's rate: their time is the streaming copy itself.")
 
 SECTIONS = [

@@ -104,6 +104,19 @@ def profile(name: str, nbytes: int, run: Callable[[], None], reps: int, workdir:
     return row | {f"{key}_cpu_s_per_gb": cpu[name] / gb for name, key in BUCKETS.items()}
 
 
+def difference(long: dict, short: dict) -> dict:
+    """The profile of what `long` did beyond `short` (the same work, more reps): per GB of the
+    extra bytes, bucket by bucket."""
+    extra = long["bytes"] * long["reps"] - short["bytes"] * short["reps"]
+    out = {"case": long["case"], "bytes": extra, "reps": 1}
+    for key in long:
+        if key.endswith("_per_gb"):
+            spent = long[key] * long["bytes"] * long["reps"] - short[key] * short["bytes"] * short["reps"]
+            out[key] = spent / extra
+    out["idle_cpu_s_per_gb"] = max(0.0, out["idle_cpu_s_per_gb"])  # a CPU-bound case's idle is noise around 0
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=4)
@@ -123,9 +136,11 @@ def main() -> int:
         secret = os.path.join(workdir, "secret")
         write_secret(secret, os.urandom(32).hex().encode())
         for streams in (1, 4):
-            # One run of every rep: the processes' start (and their buffers' first touch) once.
-            rows.append(profile(f"raw-tcp-{streams}s", total * args.reps * 2,
-                                lambda s=streams: rawtcp.run(total, s, args.reps * 2), 1, workdir))
+            # Runs of 2n and 4n reps, each in one pair of processes: their difference is 2n reps
+            # without the processes' start and their buffers' first touch, which cancel out.
+            short, long = (profile(f"raw-tcp-{streams}s", total * k, lambda s=streams, k=k: rawtcp.run(total, s, k),
+                                   1, workdir) for k in (args.reps * 2, args.reps * 4))
+            rows.append(difference(long, short))
         for block, streams, encrypt in ((256 * KIB, 1, False), (256 * KIB, 4, False), (16 * MIB, 1, False),
                                         (2 * MIB, 4, False), (2 * MIB, 4, True)):
             n = total // block
