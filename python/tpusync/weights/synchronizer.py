@@ -394,7 +394,7 @@ def _local_cpu(tmpl: Any) -> bool:
 def _in_place(entry: LeafEntry, tmpl: Any) -> bool:
     """The leaf is used on its pool slot: one block, in the template's dtype, for a torch CPU
     tensor or a JAX array on this process's CPU device."""
-    if not single_block(entry) or numpy_dtype(entry.dtype) != numpy_dtype(dtype_name(tmpl)):
+    if not single_block(entry) or dtype_name(tmpl) != entry.dtype:  # names: a torch-only process has no ml_dtypes
         return False
     return type(tmpl).__module__.startswith("torch") or _local_cpu(tmpl)
 
