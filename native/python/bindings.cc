@@ -85,39 +85,9 @@ pb::typing::List<pb::typing::Optional<pb::memoryview>> SlotViews(const std::vect
 
 pb::typing::Dict<pb::str, pb::object> StatsDict(const StoreStats& s) {
   pb::dict d;
-#define TPUSYNC_STAT(name) d[#name] = s.name
-  TPUSYNC_STAT(block_bytes);
-  TPUSYNC_STAT(dram_slots);
-  TPUSYNC_STAT(dram_used);
-  TPUSYNC_STAT(disk_extents);
-  TPUSYNC_STAT(disk_used);
-  TPUSYNC_STAT(blocks);
-  TPUSYNC_STAT(pinned);
-  TPUSYNC_STAT(puts);
-  TPUSYNC_STAT(put_dedup);
-  TPUSYNC_STAT(bytes_put);
-  TPUSYNC_STAT(hits_dram);
-  TPUSYNC_STAT(hits_disk);
-  TPUSYNC_STAT(misses);
-  TPUSYNC_STAT(bytes_got);
-  TPUSYNC_STAT(evictions);
-  TPUSYNC_STAT(demotions);
-  TPUSYNC_STAT(promotions);
-  TPUSYNC_STAT(disk_evictions);
-  TPUSYNC_STAT(corruptions);
-  TPUSYNC_STAT(disk_write_errors);
-  TPUSYNC_STAT(dropped);
-  TPUSYNC_STAT(disk_read_errors);
-  TPUSYNC_STAT(recovered_dram);
-  TPUSYNC_STAT(recovered_disk);
-  TPUSYNC_STAT(waiting_writers);
-  TPUSYNC_STAT(hugepages);
-  TPUSYNC_STAT(mlocked);
-  TPUSYNC_STAT(direct_io);
-  TPUSYNC_STAT(last_error);
-  TPUSYNC_STAT(shared_enabled);
-  TPUSYNC_STAT(hits_shared);
-#undef TPUSYNC_STAT
+  for (const auto& [name, field] : kStoreCounters) d[name] = s.*field;
+  for (const auto& [name, field] : kStoreFlags) d[name] = s.*field;
+  d["last_error"] = s.last_error;
   pb::dict shared;
   for (const auto& [name, field] : kSharedTierCounters) shared[name] = s.shared.*field;
   shared["direct_io"] = s.shared.direct_io;

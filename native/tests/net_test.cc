@@ -329,6 +329,29 @@ TEST_F(ControlTest, ReleasingForTheHostUndoesOnlyHostPins) {
   EXPECT_EQ(store_->Stats().pinned, 0u);
 }
 
+TEST_F(ControlTest, TheClientReadsEveryCounterAndFlagOfTheStoresStats) {
+  for (uint64_t i = 20; i < 24; ++i) PutBlock(i);
+  auto client = Client();
+  std::vector<std::byte> out(kBlock);
+  for (uint64_t i = 22; i < 26; ++i) {  // two hits, two misses
+    BlockKey k = Key(i);
+    MutableBuffer mb{out.data(), out.size()};
+    uint8_t found = 0;
+    ASSERT_TRUE(client->Get({&k, 1}, {&mb, 1}, {&found, 1}).ok());
+  }
+  const StoreStats want = store_->Stats();
+  Result<StoreStats> got = client->Stats();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_GT(want.puts, 0u);
+  EXPECT_GT(want.hits_dram, 0u);
+  EXPECT_GT(want.misses, 0u);
+  for (const auto& [name, field] : kStoreCounters) EXPECT_EQ(got.value().*field, want.*field) << name;
+  for (const auto& [name, field] : kStoreFlags) EXPECT_EQ(got.value().*field, want.*field) << name;
+  for (const auto& [name, field] : kSharedTierCounters) EXPECT_EQ(got.value().shared.*field, want.shared.*field) << name;
+  EXPECT_EQ(got.value().shared.direct_io, want.shared.direct_io);
+  EXPECT_EQ(got.value().last_error, want.last_error);
+}
+
 // A data port that announces every block, sends the first `serve` of them, then hangs up.
 class DyingSource {
  public:

@@ -18,7 +18,15 @@ from .models import DisaggregatedServingSpec, DisaggregatedServingStatus, KVCoun
 from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
 from .pool_plan import PlanError, check_pool
 from .reconcile import Deps, Pass, apply_all, read_wanted
-from .serving_plan import OPTIONAL_KINDS, capacity_shortfall, missing_crd_message, plan_serving, pool_refs, role_pools
+from .serving_plan import (
+    OPTIONAL_KINDS,
+    ServingPlan,
+    capacity_shortfall,
+    missing_crd_message,
+    plan_serving,
+    pool_refs,
+    role_pools,
+)
 from .status import (
     NAME_CONFLICT,
     Cond,
@@ -32,14 +40,23 @@ from .status import (
 )
 
 
+class _Blocked(Exception):
+    """A pass that cannot go on until something outside the serving changes."""
+
+    def __init__(self, reason: str, message: str, delay: float):
+        super().__init__(message)
+        self.reason, self.message, self.delay = reason, message, delay
+
+
 async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
-    """Reconcile one DisaggregatedServing; returns the status written."""
+    """Reconcile one DisaggregatedServing; returns the status written. The pass: its pools, the
+    optional CRDs served, the plan, the children applied, what they show, and the status."""
     p = Pass(body, DisaggregatedServingStatus)
-    owner, old, kube = p.owner, p.old, deps.kube
+    owner, kube = p.owner, deps.kube
     spec = await p.spec(deps, DisaggregatedServingSpec)
 
-    async def finish_blocked(reason: str, message: str, delay: float, pool_ready: bool = False) -> dict[str, Any]:
-        p.issue(reason, message, retry=delay, first=True)
+    async def finish_blocked(b: _Blocked, pool_ready: bool = False) -> dict[str, Any]:
+        p.issue(b.reason, b.message, retry=b.delay, first=True)
         obs = ServingObservation(roles=[], routing_enabled=spec.routing.enabled, routing_ready=False,
                                  pool_ready=pool_ready, issues=p.issues)
         conds = p.conditions(deps, serving_conditions(obs))
@@ -49,26 +66,11 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         return await p.finish_held(deps, e, ("observedGeneration", "prefill", "decode", "endpoint", "routingReady",
                                              "replicas", "selector", "rollout", "kvPath"))
 
-    pools: dict[str, PoolInfo] = {}
-    pool_ready = True
-    for name, field in pool_refs(spec).items():
-        try:
-            pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, name)
-        except KubeError as e:
-            return await finish_held(e)
-        if pool_body is None:
-            return await finish_blocked("PoolNotFound", f"{field}: TPUSyncPool {name} not found in namespace "
-                                        f"{owner.namespace}", 30)
-        try:
-            pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
-            pools[name] = PoolInfo(name, pool_spec, check_pool(pool_spec))
-        except (ValidationError, PlanError) as e:
-            return await finish_blocked("PoolInvalid", f"{field}: TPUSyncPool {name} is invalid: {e}", 60)
-        pool_ready = pool_ready and any(c.get("type") == "Ready" and c.get("status") == "True"
-                                        for c in (pool_body.get("status") or {}).get("conditions", []))
-
     try:
+        pools, pool_ready = await _read_pools(kube, owner, spec)
         available = await kube.served_kinds(OPTIONAL_KINDS)
+    except _Blocked as b:
+        return await finish_blocked(b)
     except KubeError as e:
         return await finish_held(e)
     try:
@@ -78,10 +80,6 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     shortfall = capacity_shortfall(plan.roles)
     if shortfall:
         p.issue("InsufficientCapacity", shortfall)
-    roles: list[RoleObservation] = []
-    revisions: list[RevisionObservation] = []
-    epp_ready = False
-    bootstrap_ready = spec.engine.type != "sglang-jax"
     try:
         # sglang-jax's P/D shared secret is created once, like a pool's auth Secret.
         once = [sglang_pd.build_secret(owner, deps.token().hex())] if spec.engine.type == "sglang-jax" else []
@@ -91,33 +89,13 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     if names.pd_secret(owner.name) in written.created:
         p.event("Normal", "SecretGenerated", f"generated sglang-jax P/D secret {names.pd_secret(owner.name)}")
     if written.conflicts:       # its workloads may be another's: nothing of them is observed
-        return await finish_blocked(NAME_CONFLICT, conflict_message(owner, written.conflicts), CONFLICT_RETRY_SECONDS,
-                                    pool_ready)
+        return await finish_blocked(_Blocked(NAME_CONFLICT, conflict_message(owner, written.conflicts),
+                                             CONFLICT_RETRY_SECONDS), pool_ready)
     try:
-        if lockstep(spec):
-            if "DisaggregatedSet" not in plan.missing_kinds:
-                revisions = revisions_of(
-                    await kube.list(OPTIONAL_KINDS["LeaderWorkerSet"][0], "LeaderWorkerSet", owner.namespace,
-                                    {versions.DS_NAME_LABEL: names.disaggregated_set(owner.name),
-                                     SERVING_LABEL: owner.name}),
-                    versions.DS_REVISION_LABEL, versions.DS_ROLE_LABEL)
-            # The roles' readiness is the newest revision's: the one a rollout is heading for.
-            newest = revisions[0].ready if revisions else {}
-            roles = [RoleObservation(rp.role, rp.kind, rp.replicas, newest.get(rp.role, 0)) for rp in plan.roles]
-        else:
-            for rp in plan.roles:
-                obj = None
-                if rp.kind not in plan.missing_kinds:
-                    api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
-                    obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
-                roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
-        if spec.routing.enabled:
-            epp_ready = await _available(kube, owner.namespace, names.epp(owner.name))
-        if spec.engine.type == "sglang-jax":
-            bootstrap_ready = await _available(kube, owner.namespace, names.pd_bootstrap(owner.name))
-    except KubeError as e:
-        return await finish_held(e)
-    try:
+        roles, revisions = await _observe_roles(kube, owner, spec, plan)
+        epp_ready = spec.routing.enabled and await _available(kube, owner.namespace, names.epp(owner.name))
+        bootstrap_ready = (spec.engine.type != "sglang-jax"
+                           or await _available(kube, owner.namespace, names.pd_bootstrap(owner.name)))
         readings = await _read_engines(kube, deps, owner, spec, roles)
     except KubeError as e:
         return await finish_held(e)
@@ -131,12 +109,63 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
                              issues=p.issues, pd_bootstrap_ready=bootstrap_ready, revisions=revisions)
     kv = KVPathObservation(disaggregated=len(roles) == 2 and all(r.replicas > 0 for r in roles),
                            observable=spec.engine.type != "sglang-jax", readings=readings,
-                           previous=_kv_totals(old), previous_condition=_condition(old, CONDITION))
-    kv_totals = role_totals(readings)
+                           previous=_kv_totals(p.old), previous_condition=_condition(p.old, CONDITION))
     conds = p.conditions(deps, [*serving_conditions(obs), kv_path_condition(kv)])
+    return await p.finish(deps, {"observedGeneration": p.generation, "conditions": conds,
+                                 **_observed_status(owner, spec, roles, revisions, readings, routing_ready)})
+
+
+async def _read_pools(kube: Kube, owner: Owner, spec: DisaggregatedServingSpec) -> tuple[dict[str, PoolInfo], bool]:
+    """The TPUSyncPools the serving names, checked, and whether every one is Ready; _Blocked
+    when one is missing or invalid."""
+    pools: dict[str, PoolInfo] = {}
+    pool_ready = True
+    for name, field in pool_refs(spec).items():
+        pool_body = await kube.get("tpusync.dev/v1alpha1", "TPUSyncPool", owner.namespace, name)
+        if pool_body is None:
+            raise _Blocked("PoolNotFound", f"{field}: TPUSyncPool {name} not found in namespace {owner.namespace}", 30)
+        try:
+            pool_spec = TPUSyncPoolSpec.model_validate(pool_body.get("spec") or {})
+            pools[name] = PoolInfo(name, pool_spec, check_pool(pool_spec))
+        except (ValidationError, PlanError) as e:
+            raise _Blocked("PoolInvalid", f"{field}: TPUSyncPool {name} is invalid: {e}", 60) from e
+        pool_ready = pool_ready and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                        for c in (pool_body.get("status") or {}).get("conditions", []))
+    return pools, pool_ready
+
+
+async def _observe_roles(kube: Kube, owner: Owner, spec: DisaggregatedServingSpec,
+                         plan: ServingPlan) -> tuple[list[RoleObservation], list[RevisionObservation]]:
+    """Each role's workload as the API server shows it; with lockstep rollouts, the revisions of
+    the DisaggregatedSet too, and the roles' readiness is the newest one's (where a rollout heads)."""
+    if lockstep(spec):
+        revisions: list[RevisionObservation] = []
+        if "DisaggregatedSet" not in plan.missing_kinds:
+            revisions = revisions_of(
+                await kube.list(OPTIONAL_KINDS["LeaderWorkerSet"][0], "LeaderWorkerSet", owner.namespace,
+                                {versions.DS_NAME_LABEL: names.disaggregated_set(owner.name),
+                                 SERVING_LABEL: owner.name}),
+                versions.DS_REVISION_LABEL, versions.DS_ROLE_LABEL)
+        newest = revisions[0].ready if revisions else {}
+        return [RoleObservation(rp.role, rp.kind, rp.replicas, newest.get(rp.role, 0)) for rp in plan.roles], revisions
+    roles = []
+    for rp in plan.roles:
+        obj = None
+        if rp.kind not in plan.missing_kinds:
+            api = "apps/v1" if rp.kind == "Deployment" else OPTIONAL_KINDS["LeaderWorkerSet"][0]
+            obj = await kube.get(api, rp.kind, owner.namespace, names.role(owner.name, rp.role))
+        roles.append(RoleObservation(rp.role, rp.kind, rp.replicas, workload_ready_replicas(obj)))
+    return roles, []
+
+
+def _observed_status(owner: Owner, spec: DisaggregatedServingSpec, roles: list[RoleObservation],
+                     revisions: list[RevisionObservation], readings: list[EngineReading],
+                     routing_ready: bool) -> dict[str, Any]:
+    """The status fields besides the conditions: the roles, where clients reach the serving,
+    the scale subresource's replicas and selector, the rollout, and the KV path's counters."""
+    kv_totals = role_totals(readings)
     role_status = {r.role: {"kind": r.kind, "replicas": r.replicas, "readyReplicas": r.ready_replicas} for r in roles}
-    return await p.finish(deps, {
-        "observedGeneration": p.generation, "conditions": conds,
+    return {
         "prefill": role_status.get("prefill"), "decode": role_status.get("decode"),
         "endpoint": _endpoint(owner, spec), "routingReady": routing_ready,
         "replicas": spec.replicas, "selector": selector_string(unit_pod_labels(owner, spec)),
@@ -146,7 +175,7 @@ async def reconcile_serving(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
             decode=KVCounters(**kv_totals["decode"]) if "decode" in kv_totals else None,
             engines_read=sum(1 for r in readings if not r.error), engines_unread=sum(1 for r in readings if r.error),
         ).dump(),
-    })
+    }
 
 
 async def _read_engines(kube: Kube, deps: Deps, owner: Owner, spec: DisaggregatedServingSpec,

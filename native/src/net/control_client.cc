@@ -295,28 +295,11 @@ Result<StoreStats> SidecarClient::Stats() {
   // "name value" lines (ControlService's StatsText); names this client does not know are
   // skipped, so an older client reads a newer sidecar.
   StoreStats s;
-  const std::map<std::string_view, uint64_t*> fields = {
-      {"block_bytes", &s.block_bytes},       {"dram_slots", &s.dram_slots},
-      {"dram_used", &s.dram_used},           {"disk_extents", &s.disk_extents},
-      {"disk_used", &s.disk_used},           {"blocks", &s.blocks},
-      {"pinned", &s.pinned},                 {"puts", &s.puts},
-      {"put_dedup", &s.put_dedup},           {"bytes_put", &s.bytes_put},
-      {"hits_dram", &s.hits_dram},           {"hits_disk", &s.hits_disk},
-      {"misses", &s.misses},                 {"bytes_got", &s.bytes_got},
-      {"evictions", &s.evictions},           {"demotions", &s.demotions},
-      {"promotions", &s.promotions},         {"disk_evictions", &s.disk_evictions},
-      {"corruptions", &s.corruptions},       {"disk_write_errors", &s.disk_write_errors},
-      {"disk_read_errors", &s.disk_read_errors}, {"dropped", &s.dropped},
-      {"recovered_dram", &s.recovered_dram}, {"recovered_disk", &s.recovered_disk},
-      {"hits_shared", &s.hits_shared},       {"waiting_writers", &s.waiting_writers},
-  };
-  std::map<std::string, uint64_t*> shared_fields;
-  for (const auto& [name, field] : kSharedTierCounters) shared_fields["shared_" + std::string(name)] = &(s.shared.*field);
-  const std::map<std::string_view, bool*> flags = {{"hugepages", &s.hugepages},
-                                                   {"mlocked", &s.mlocked},
-                                                   {"direct_io", &s.direct_io},
-                                                   {"shared_enabled", &s.shared_enabled},
-                                                   {"shared_direct_io", &s.shared.direct_io}};
+  std::map<std::string, uint64_t*> fields;
+  for (const auto& [name, field] : kStoreCounters) fields[name] = &(s.*field);
+  for (const auto& [name, field] : kSharedTierCounters) fields["shared_" + std::string(name)] = &(s.shared.*field);
+  std::map<std::string, bool*> flags = {{"shared_direct_io", &s.shared.direct_io}};
+  for (const auto& [name, field] : kStoreFlags) flags[name] = &(s.*field);
   std::istringstream in(std::string(reinterpret_cast<const char*>(f.body.data()), f.body.size()));
   std::string line;
   while (std::getline(in, line)) {
@@ -326,11 +309,9 @@ Result<StoreStats> SidecarClient::Stats() {
     const std::string value = line.substr(space + 1);
     if (name == "last_error") {
       s.last_error = value;
-    } else if (auto it = fields.find(name); it != fields.end()) {
+    } else if (auto it = fields.find(std::string(name)); it != fields.end()) {
       *it->second = std::strtoull(value.c_str(), nullptr, 10);
-    } else if (auto sh = shared_fields.find(std::string(name)); sh != shared_fields.end()) {
-      *sh->second = std::strtoull(value.c_str(), nullptr, 10);
-    } else if (auto fl = flags.find(name); fl != flags.end()) {
+    } else if (auto fl = flags.find(std::string(name)); fl != flags.end()) {
       *fl->second = value == "1";
     }
   }

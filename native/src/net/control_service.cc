@@ -15,18 +15,9 @@ Result<std::vector<BlockKey>> Keys(const Frame& f) { return ParseKeyList(f.body,
 
 std::string StatsText(const StoreStats& s) {
   std::ostringstream o;
-  o << "block_bytes " << s.block_bytes << "\ndram_slots " << s.dram_slots << "\ndram_used " << s.dram_used
-    << "\ndisk_extents " << s.disk_extents << "\ndisk_used " << s.disk_used << "\nblocks " << s.blocks << "\npinned "
-    << s.pinned << "\nputs " << s.puts << "\nput_dedup " << s.put_dedup << "\nbytes_put " << s.bytes_put
-    << "\nhits_dram " << s.hits_dram << "\nhits_disk " << s.hits_disk << "\nmisses " << s.misses << "\nbytes_got "
-    << s.bytes_got << "\nevictions " << s.evictions << "\ndemotions " << s.demotions << "\npromotions "
-    << s.promotions << "\ndisk_evictions " << s.disk_evictions << "\ncorruptions " << s.corruptions
-    << "\ndisk_write_errors " << s.disk_write_errors << "\ndisk_read_errors " << s.disk_read_errors
-    << "\ndropped " << s.dropped
-    << "\nrecovered_dram " << s.recovered_dram << "\nrecovered_disk " << s.recovered_disk
-    << "\nwaiting_writers " << s.waiting_writers << "\nhugepages "
-    << s.hugepages << "\nmlocked " << s.mlocked << "\ndirect_io " << s.direct_io << "\nshared_enabled "
-    << s.shared_enabled << "\nhits_shared " << s.hits_shared << "\nshared_direct_io " << s.shared.direct_io << "\n";
+  for (const auto& [name, field] : kStoreCounters) o << name << " " << s.*field << "\n";
+  for (const auto& [name, field] : kStoreFlags) o << name << " " << s.*field << "\n";
+  o << "shared_direct_io " << s.shared.direct_io << "\n";
   for (const auto& [name, field] : kSharedTierCounters) o << "shared_" << name << " " << s.shared.*field << "\n";
   // Last, and on one line: the rest of the line is the message.
   std::string error = s.last_error;

@@ -122,85 +122,106 @@ uint64_t SharedTier::Excess(uint64_t used) const {
   return excess;
 }
 
-Result<uint64_t> SharedTier::EvictOnce() {
-  std::lock_guard one_pass(scan_mu_);
-  const int64_t now_s =
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const int64_t ttl_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(options_.pin_ttl).count());
-  Scan scan = ScanPool(now_s, ttl_s);
-  const uint64_t excess = Excess(scan.used);
-
-  // "<layout>/<key>" of every block with a live pin marker in `layout`; markers older than
-  // pin_ttl are a dead host's, removed.
-  auto read_pinned = [&](const std::string& layout, std::unordered_set<std::string>& out) {
-    const shared::TierDir& dir = scan.layouts.at(layout);
-    for (const shared::TierDir::Entry& e : dir.List("pins")) {
-      struct stat st{};
-      const std::string name = "pins/" + e.name;
-      if (!dir.Stat(name, &st) || !S_ISREG(st.st_mode)) continue;
-      if (now_s - st.st_mtim.tv_sec > ttl_s) {
-        dir.Unlink(name);
-        continue;
-      }
-      out.insert(layout + "/" + e.name.substr(0, e.name.find('.')));
-    }
-  };
-  auto key_of = [](const Scan::File& file) { return file.layout + "/" + file.name.substr(3); };
-
-  // Choose: the least recently read first, sparing what was pinned when the pass began.
-  std::sort(scan.files.begin(), scan.files.end(), [](const Scan::File& a, const Scan::File& b) { return a.atime < b.atime; });
-  std::unordered_set<std::string> pinned_at_start, read;
-  if (excess > 0) {
-    for (const Scan::File& file : scan.files) {
-      if (read.insert(file.layout).second) read_pinned(file.layout, pinned_at_start);
-    }
-  }
-  // Take aside, round by round: renamed so no reader finds them, then the pins read (after
-  // every rename: a pin made before a rename is seen), pinned victims put back and the rest
-  // deleted, until enough is freed.
+// What taking aside did: counts for the stats, and this layout's blocks it deleted.
+struct SharedTier::Eviction {
   uint64_t freed = 0, evicted = 0, restored = 0, spared = 0;
-  std::unordered_set<BlockKey, BlockKeyHash> gone;  // this layout's blocks evicted here
+  std::unordered_set<BlockKey, BlockKeyHash> gone;
+};
+
+namespace {
+
+// Adds "<layout>/<key>" of every block with a live pin marker in `dir` to `out`; markers older
+// than `ttl_s` are a dead host's, removed.
+void ReadPins(const shared::TierDir& dir, const std::string& layout, int64_t now_s, int64_t ttl_s,
+              std::unordered_set<std::string>& out) {
+  for (const shared::TierDir::Entry& e : dir.List("pins")) {
+    struct stat st{};
+    const std::string name = "pins/" + e.name;
+    if (!dir.Stat(name, &st) || !S_ISREG(st.st_mode)) continue;
+    if (now_s - st.st_mtim.tv_sec > ttl_s) {
+      dir.Unlink(name);
+      continue;
+    }
+    out.insert(layout + "/" + e.name.substr(0, e.name.find('.')));
+  }
+}
+
+std::string PinKeyOf(const std::string& layout, const std::string& name) { return layout + "/" + name.substr(3); }
+
+// The pins of `layouts`, each layout's directory read once.
+std::unordered_set<std::string> PinsOf(const std::unordered_map<std::string, shared::TierDir>& dirs,
+                                       const std::unordered_set<std::string>& layouts, int64_t now_s, int64_t ttl_s) {
+  std::unordered_set<std::string> pinned;
+  for (const std::string& layout : layouts) ReadPins(dirs.at(layout), layout, now_s, ttl_s, pinned);
+  return pinned;
+}
+
+}  // namespace
+
+// Choose: the indices of every file, the least recently read first; none when there is nothing
+// to free.
+std::vector<size_t> SharedTier::Choose(const Scan& scan, uint64_t excess) const {
+  if (excess == 0) return {};
+  std::vector<size_t> order(scan.files.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return scan.files[a].atime < scan.files[b].atime; });
+  return order;
+}
+
+// Take aside, round by round: renamed so no reader finds them, then the pins read (after every
+// rename: a pin made before a rename is seen), pinned victims put back and the rest deleted,
+// until `excess` bytes are freed. What was pinned when the pass began is never taken aside.
+SharedTier::Eviction SharedTier::TakeAside(const Scan& scan, std::span<const size_t> order, uint64_t excess,
+                                           int64_t now_s, int64_t ttl_s) {
+  Eviction ev;
+  std::unordered_set<std::string> chosen_layouts;
+  for (size_t i : order) chosen_layouts.insert(scan.files[i].layout);
+  const std::unordered_set<std::string> pinned_at_start = PinsOf(scan.layouts, chosen_layouts, now_s, ttl_s);
   const std::string own = Hex16(files_->keys.fingerprint());
   size_t next = 0;
-  while (freed < excess && next < scan.files.size()) {
+  while (ev.freed < excess && next < order.size()) {
     std::vector<std::pair<const Scan::File*, std::string>> aside;
-    for (uint64_t round = freed; round < excess && next < scan.files.size(); ++next) {
-      const Scan::File& file = scan.files[next];
-      if (pinned_at_start.count(key_of(file)) != 0) {  // never taken aside
-        ++spared;
+    std::unordered_set<std::string> aside_layouts;
+    for (uint64_t round = ev.freed; round < excess && next < order.size(); ++next) {
+      const Scan::File& file = scan.files[order[next]];
+      if (pinned_at_start.count(PinKeyOf(file.layout, file.name)) != 0) {
+        ++ev.spared;
         continue;
       }
       const shared::TierDir& dir = scan.layouts.at(file.layout);
       const std::string moved = "tmp/" + file.name.substr(3) + ".evict." + instance_;
       if (!dir.RenameTo(file.name, dir, moved)) continue;  // another evictor's
       aside.emplace_back(&file, moved);
+      aside_layouts.insert(file.layout);
       round += file.bytes;
     }
-    std::unordered_set<std::string> pinned, read_now;
-    for (const auto& [file, moved] : aside) {
-      if (read_now.insert(file->layout).second) read_pinned(file->layout, pinned);
-    }
+    const std::unordered_set<std::string> pinned = PinsOf(scan.layouts, aside_layouts, now_s, ttl_s);
     for (const auto& [file, moved] : aside) {
       const shared::TierDir& dir = scan.layouts.at(file->layout);
-      if (pinned.count(key_of(*file)) != 0) {
-        if (dir.RenameTo(moved, dir, file->name)) ++restored;
+      if (pinned.count(PinKeyOf(file->layout, file->name)) != 0) {
+        if (dir.RenameTo(moved, dir, file->name)) ++ev.restored;
       } else if (dir.Unlink(moved)) {
         dir.Unlink("records/" + file->name);
-        ++evicted;
-        freed += file->bytes;
+        ++ev.evicted;
+        ev.freed += file->bytes;
         BlockKey key;
-        if (file->layout == own && shared::KeyFromHex(file->name.substr(3), &key)) gone.insert(key);
+        if (file->layout == own && shared::KeyFromHex(file->name.substr(3), &key)) ev.gone.insert(key);
       }
     }
   }
+  return ev;
+}
 
-  // This layout's catalog, most recently read first, and what changed since the last pass.
+// This layout's catalog, most recently read first, and what changed since the last pass: the
+// blocks evicted here, published since, or removed elsewhere.
+void SharedTier::UpdateCatalog(Scan& scan, const Eviction& ev) {
   std::sort(scan.blocks.begin(), scan.blocks.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<BlockKey> catalog;
   for (const auto& [atime, key] : scan.blocks) {
-    if (gone.count(key) == 0) catalog.push_back(key);
+    if (ev.gone.count(key) == 0) catalog.push_back(key);
   }
-  std::vector<BlockKey> changed(gone.begin(), gone.end());
+  std::vector<BlockKey> changed(ev.gone.begin(), ev.gone.end());
   {
     std::lock_guard lock(mu_);
     if (scanned_) {
@@ -210,21 +231,33 @@ Result<uint64_t> SharedTier::EvictOnce() {
         if (before.count(k) == 0) changed.push_back(k);  // published since
       }
       for (const BlockKey& k : catalog_) {
-        if (after.count(k) == 0 && gone.count(k) == 0) changed.push_back(k);  // removed elsewhere
+        if (after.count(k) == 0 && ev.gone.count(k) == 0) changed.push_back(k);  // removed elsewhere
       }
     }
     scanned_ = true;
     catalog_ = std::move(catalog);
     stats_.blocks = catalog_.size();
-    stats_.used_bytes = scan.used - freed;
-    stats_.evictions += evicted;
-    stats_.evicted_bytes += freed;
-    stats_.pins_restored += restored;
-    stats_.pins_spared += spared;
+    stats_.used_bytes = scan.used - ev.freed;
+    stats_.evictions += ev.evicted;
+    stats_.evicted_bytes += ev.freed;
+    stats_.pins_restored += ev.restored;
+    stats_.pins_spared += ev.spared;
     stats_.stale_files_removed += scan.stale;
   }
   for (const BlockKey& k : changed) Changed(k);
-  return evicted;
+}
+
+Result<uint64_t> SharedTier::EvictOnce() {
+  std::lock_guard one_pass(scan_mu_);
+  const int64_t now_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t ttl_s = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(options_.pin_ttl).count());
+  Scan scan = ScanPool(now_s, ttl_s);
+  const uint64_t excess = Excess(scan.used);
+  const std::vector<size_t> order = Choose(scan, excess);
+  const Eviction ev = TakeAside(scan, order, excess, now_s, ttl_s);
+  UpdateCatalog(scan, ev);
+  return ev.evicted;
 }
 
 }  // namespace tpusync

@@ -163,4 +163,26 @@ struct StoreStats {
   std::string last_error;
 };
 
+// Every counter and flag of StoreStats by name (the shared tier's are kSharedTierCounters):
+// the sidecar's stats text, its client's parser and Python's stats dict.
+inline constexpr std::pair<const char*, uint64_t StoreStats::*> kStoreCounters[] = {
+    {"block_bytes", &StoreStats::block_bytes}, {"dram_slots", &StoreStats::dram_slots},
+    {"dram_used", &StoreStats::dram_used}, {"disk_extents", &StoreStats::disk_extents},
+    {"disk_used", &StoreStats::disk_used}, {"blocks", &StoreStats::blocks},
+    {"pinned", &StoreStats::pinned}, {"puts", &StoreStats::puts},
+    {"put_dedup", &StoreStats::put_dedup}, {"bytes_put", &StoreStats::bytes_put},
+    {"hits_dram", &StoreStats::hits_dram}, {"hits_disk", &StoreStats::hits_disk},
+    {"misses", &StoreStats::misses}, {"bytes_got", &StoreStats::bytes_got},
+    {"evictions", &StoreStats::evictions}, {"demotions", &StoreStats::demotions},
+    {"promotions", &StoreStats::promotions}, {"disk_evictions", &StoreStats::disk_evictions},
+    {"corruptions", &StoreStats::corruptions}, {"disk_write_errors", &StoreStats::disk_write_errors},
+    {"disk_read_errors", &StoreStats::disk_read_errors}, {"dropped", &StoreStats::dropped},
+    {"recovered_dram", &StoreStats::recovered_dram}, {"recovered_disk", &StoreStats::recovered_disk},
+    {"waiting_writers", &StoreStats::waiting_writers}, {"hits_shared", &StoreStats::hits_shared},
+};
+inline constexpr std::pair<const char*, bool StoreStats::*> kStoreFlags[] = {
+    {"hugepages", &StoreStats::hugepages}, {"mlocked", &StoreStats::mlocked},
+    {"direct_io", &StoreStats::direct_io}, {"shared_enabled", &StoreStats::shared_enabled},
+};
+
 }  // namespace tpusync

@@ -113,7 +113,8 @@ class SharedTier {
 
  private:
   struct Files;  // the keys and the directories opened once (store/shared_files.h)
-  struct Scan;   // what one pass found (shared_evict.cc)
+  struct Scan;      // what one pass found (shared_evict.cc)
+  struct Eviction;  // what one pass took aside and deleted (shared_evict.cc)
   struct FileId {  // a file as a header check saw it; any change means check again
     uint64_t ino, size;
     int64_t mtime_ns, ctime_ns;
@@ -135,9 +136,13 @@ class SharedTier {
   void RefreshPins();
   bool PinnedHere(const BlockKey& key) const;
   std::string PinName(const BlockKey& key) const;
-  // The pass, in three steps: what is there, what to take, and taking it.
+  // The pass, in steps: what is there, how much to free, in which order, taking it, and the
+  // catalog that is left.
   Scan ScanPool(int64_t now_s, int64_t ttl_s);
   uint64_t Excess(uint64_t used) const;
+  std::vector<size_t> Choose(const Scan& scan, uint64_t excess) const;
+  Eviction TakeAside(const Scan& scan, std::span<const size_t> order, uint64_t excess, int64_t now_s, int64_t ttl_s);
+  void UpdateCatalog(Scan& scan, const Eviction& ev);
   template <typename T>
   void Count(T SharedTierStats::* field, T by = 1) {
     std::lock_guard lock(mu_);
