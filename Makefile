@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
-.PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace profile performance-doc clean system-deps caches \
+.PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace profile device-carry performance-doc clean system-deps caches \
   native-deps native-test-deps fuzz-deps lint-deps pytest-deps
 FUZZ_SECONDS ?= 15
 
@@ -199,6 +199,12 @@ profile: install
 # tpu-inference engines on that tier's, when it is built).
 bench-inplace: $(VLLM_OVERLAY)/.ready
 	$(VLLM_PY) bench/inplace_bench.py
+
+# The device check (bench/device_check.py) on a lent GPU machine: device-carry fetches here what
+# that machine's image lacks into .device/ (git-ignored, ~4 MiB); there, bench/device/run.sh builds
+# tpusync and runs the check (README, "On a GPU"). make test runs the check's steps on the CPU.
+device-carry:
+	bench/device/prepare.sh
 
 # docs/performance.md and its plots, generated from bench/results/*.json (matplotlib in a
 # small environment of its own, cached).

@@ -149,6 +149,15 @@ SECTIONS = [
      "so; shared-publish and shared-evict, a block another host put on or removed from the shared tier until "
      "this pod is scored for it or not, which waits for this pod's sidecar to scan the tier (scan s; 10 s by "
      "default). ratio = lag / announce lag."),
+    ("device", "On an accelerator", "bench/device_check.py (bench/device/run.sh on a lent GPU)",
+     "tpusync's JAX page paths with the cache in an accelerator's memory. d2h-jax: device -> pool "
+     "(save_pages), h2d-jax: pool -> device (load_pages), blocks of 64 KiB to 64 MiB, contiguous (a block is "
+     "one layer's page) or layer-strided (the pages of 8 layers), each rep beside the framework's own copy of "
+     "the same bytes: JAX's device_put into and out of its pinned_host memory. pd-qwen3-235b-8k: the KV cache of "
+     "an 8K-token Qwen3-235B request device -> pool A -> pull -> pool B -> device, against copy out + 4 raw TCP "
+     "streams + copy in. pd-reference: make demo's P/D with its model servers on the device (tokens equal to "
+     "monolithic serving, then a prefix hit). JAX cannot register memory it did not allocate as page-locked, "
+     "so tpusync's copies go through the pool's pageable shared memory."),
     ("operator", "Operator", "bench/operator_bench.py",
      "One TPUSyncPool and N DisaggregatedServing objects on the e2e control plane, everything on the same "
      "cores: time until all are Ready, reconcile latencies, the operator's CPU and memory. A pass's wall time "
@@ -156,6 +165,11 @@ SECTIONS = [
      "servings' objects as the operator renders them, applied server-side with no operator, until every "
      "Deployment is available; ratio = the operator's all-Ready time over that."),
 ]
+
+# Sections shown even without results: what they are waiting for.
+NOT_RUN = {"device": "Not run on an accelerator yet: no session has been lent a GPU since the check was written "
+                     "(issue 45). make test runs its steps on the CPU with CPU arrays; README, \"On a GPU\", says how "
+                     "to run it on one."}
 
 PLOTS = "performance"  # folder next to the document
 
@@ -256,6 +270,12 @@ def targets(res: dict) -> list[Target]:
                     f"{r['load_seconds']:.2f} s load)")
     check("samplers on one host fed from one copy <= 1.1 x one sampler",
           cases(res, "weight_sync", r"onehost-([2-9]|\d\d+)-samplers-.*"), lambda r: r["ratio"] <= 1.1, secs)
+    check("device <-> pool through tpusync >= 0.9 x the framework's pinned copy (on an accelerator)",
+          [r for r in cases(res, "device", r"(d2h|h2d)-.*") if r.get("device") != "cpu"], lambda r: r["ratio"] >= 0.9,
+          lambda r: f"{ratio(r)} on {r['device']}")
+    check("a request's KV device -> pool -> peer -> pool -> device >= 0.9 x copy out + raw TCP + copy in",
+          [r for r in cases(res, "device", r"pd-qwen3-.*") if r.get("device") != "cpu"], lambda r: r["ratio"] >= 0.9,
+          lambda r: f"{ratio(r)} on {r['device']}")
     check("a pod's own demotions and evictions reach llm-d's index within 100 ms",
           cases(res, "router_lag", r"lag-(demote|evict)"), lambda r: r["max_seconds"] <= 0.1,
           lambda r: f"median {r['seconds'] * 1000:.1f} ms, max {r['max_seconds'] * 1000:.1f} ms")
@@ -357,6 +377,8 @@ def render(res: dict, doc_dir: Path) -> str:
     lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(res)]
     for key, title, script, prose in SECTIONS:
         if key not in res:
+            if key in NOT_RUN:
+                lines += ["", f"## {title} — `{script}`", "", NOT_RUN[key]]
             continue
         lines += ["", f"## {title} — `{script}`", "", prose, ""]
         if plots.get(key):

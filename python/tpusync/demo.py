@@ -66,10 +66,11 @@ def post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float, list[in
     return final, ttft, tokens
 
 
-def model_note(cfg: ModelConfig) -> str:
+def model_note(cfg: ModelConfig, platform: str = "cpu") -> str:
     """What the servers run, said before any number (no allocation: the shapes only)."""
+    where = "the CPU" if platform == "cpu" else platform
     params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(jax.eval_shape(lambda: init_params(cfg))))
-    return (f"The servers run a tiny model on the CPU: {cfg.layers} layers, d_model {cfg.d_model}, "
+    return (f"The servers run a tiny model on {where}: {cfg.layers} layers, d_model {cfg.d_model}, "
             f"{params / 1e6:.1f} M random {cfg.dtype} weights, {cfg.page_size}-token pages. Its times compare the "
             "three ways to serve a prompt with each other; a real model on TPUs takes other times.")
 
@@ -98,12 +99,15 @@ def _main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tpusync.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=cli.positive(int), default=REQUESTS, help="requests sharing the prefix")
+    ap.add_argument("--platform", default="cpu", choices=("cpu", "cuda", "rocm", "tpu"),
+                    help="the JAX platform the model servers run on: cpu (the default, whatever accelerator this "
+                         "machine has), or cuda, rocm or tpu where it has one (bench/device_check.py)")
     cli.add_debug(ap)
     args = ap.parse_args(argv)
-    os.environ["JAX_PLATFORMS"] = "cpu"   # the servers', whatever accelerator this machine has
+    os.environ["JAX_PLATFORMS"] = args.platform   # the servers'
     console = Console(width=max(Console().width, 132))
     cfg = ModelConfig(**MODEL)
-    console.print(model_note(cfg))
+    console.print(model_note(cfg, args.platform))
     block = -(-cfg.page_bytes // 4096) * 4096
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, cfg.vocab, SHARED_PREFIX).tolist()
