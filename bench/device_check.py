@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The device check (issue 45): tpusync's JAX page paths on an accelerator's memory, checked for
-equal bytes and tokens, and measured against the framework's own fastest host copy.
+"""The device check (issue 45): tpusync's JAX and torch page paths on an accelerator's memory,
+checked for equal bytes and tokens, and measured against the framework's own fastest host copy.
 
 On the JAX platform it is given (`--platform gpu` on a machine with a GPU; `cpu` here, where
 make test runs the same steps with CPU arrays, `--quick`), in one process with sidecars started
@@ -19,17 +19,24 @@ on 127.0.0.1:
 4. pd-qwen3-235b-<N>k: the KV cache of an N-token request shaped like Qwen3-235B (94 layers x
    K,V x 4 KV heads x 128 x bf16 a token, 16-token pages) moved device -> pool A -> pull ->
    pool B -> device, against the framework's copy out + raw TCP streams + its copy in.
+5. torch (tpusync.kv.torch_pages, the blocks of vLLM's per-layer caches): pages-torch, a round
+   trip with bytes equal; d2h-torch / h2d-torch as in 3, against torch's copies into and out of
+   pinned host memory (pin_memory); on a CUDA device with the pool registered as page-locked
+   host memory (cudaHostRegister: DMA straight from and into the pool) and, `-pageable`,
+   without (CUDA stages the copies).
 
 ratio = tpusync's throughput / the baseline's (the target is >= 0.9); each case names the
 device. Prints a table and writes JSON (`--out`; make device-check: bench/results/device.json).
 Exits non-zero when bytes or tokens differ. JAX cannot register memory it did not allocate as
-page-locked host memory, so on a GPU tpusync's copies go through pageable memory (the pool's
-shared memory): the figures say what that costs against JAX's pinned copies.
+page-locked host memory, so on a GPU its copies go through pageable memory (the pool's shared
+memory): the figures say what that costs against JAX's pinned copies. `--frameworks` picks the
+steps (make test runs the JAX ones in the main tier, the torch ones in the vLLM tier's torch).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -74,29 +81,44 @@ def configure(platform: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--platform", default="cuda", help="JAX platform: cuda, rocm, tpu or cpu")
-    ap.add_argument("--quick", action="store_true", help="small sizes (the CPU run in make test)")
+    ap.add_argument("--platform", default="cuda", choices=("cuda", "rocm", "tpu", "cpu"),
+                    help="the accelerator: JAX's platform, and torch's cuda device on cuda and rocm")
+    ap.add_argument("--frameworks", default="jax,torch", help="the steps to run: jax, torch or both")
+    ap.add_argument("--quick", action="store_true", help="small sizes (the CPU runs in make test)")
     ap.add_argument("--out", required=True, help="the JSON results file")
     args = ap.parse_args()
+    frameworks = set(args.frameworks.split(","))
+    if not frameworks or frameworks - {"jax", "torch"}:
+        ap.error(f"--frameworks {args.frameworks!r}: jax, torch or jax,torch")
     configure(args.platform)
-    return Check(args.platform, QUICK if args.quick else FULL).run(args.out)
+    return Check(args.platform, QUICK if args.quick else FULL).run(sorted(frameworks), args.out)
 
 
 class Check:
-    def __init__(self, platform: str, sizes: Sizes):
-        import jax
+    """What every step shares: sizes, sidecars, the problems found, the report."""
 
-        self.jax = jax
+    def __init__(self, platform: str, sizes: Sizes):
         self.platform, self.sizes = platform, sizes
-        self.device = jax.devices(platform)[0]
-        self.cpus = jax.devices("cpu")
-        self.name = self.device.device_kind if platform != "cpu" else "cpu"
-        self.pinned = ("pinned_host" in {m.kind for m in self.device.addressable_memories()}
-                       and platform != "cpu")
         self.problems: list[str] = []
         self.work = tempfile.mkdtemp(prefix="tpusync-device-check-")
 
-    # ---- sidecars
+    def run(self, frameworks: list[str], out: str) -> int:
+        from report import RATE_COLUMNS, report
+        from rich.console import Console
+
+        console = Console(width=max(Console().width, 140))
+        results: list[dict] = []
+        for framework in frameworks:
+            steps = JaxSteps(self) if framework == "jax" else TorchSteps(self)
+            results += [r | {"device": steps.name} for r in steps.run()]
+        columns = RATE_COLUMNS + [("ratio range", "ratio_range", ""), ("baseline", "baseline", ""),
+                                  ("device", "device", "")]
+        report(console, "tpusync's page paths on a device against the framework's own copies", results, columns,
+               out, "ratio: tpusync's GB/s over the baseline's, each rep beside its baseline (on the CPU, whose "
+                    "arrays are host memory already, the baseline is a memcpy)")
+        for p in self.problems:
+            console.print(f"[red]FAILED[/red] {p}")
+        return 1 if self.problems else 0
 
     def sidecar(self, block: int, pool_bytes: int) -> tuple[Any, Any]:
         """A sidecar with `pool_bytes` of `block`-byte slots, and an engine's store on it."""
@@ -112,66 +134,150 @@ class Check:
                                stderr=subprocess.DEVNULL)
         return side, tpusync.KVStore.connect(f"unix://{side.control_socket}")
 
-    # ---- the framework's own copies (the baselines)
-
-    def to_host(self, layers: list[Any]) -> list[Any]:
-        """The framework's fastest copy of these arrays into host memory."""
-        jax = self.jax
-        if self.pinned:
-            sharding = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
-            return jax.block_until_ready([jax.device_put(x, sharding) for x in layers])
+    def expect_equal(self, what: str, got: list, want: list, pages: int) -> None:
+        """The first `pages` pages of every layer equal byte for byte (numpy arrays, or arrays numpy reads)."""
         import numpy as np
-        return [np.array(x, copy=True) for x in layers]  # CPU arrays are host memory: a memcpy
+        for i, (g, w) in enumerate(zip(got, want)):
+            g_bytes, w_bytes = (np.ascontiguousarray(np.asarray(x)[:pages]).view(np.uint8) for x in (g, w))
+            if not np.array_equal(g_bytes, w_bytes):
+                self.problems.append(f"{what}: layer {i}: the loaded pages differ from the saved ones")
+                return
 
-    def landing(self, layers: list[Any]) -> list[Any]:
-        """Where to_device copies to on the CPU (allocated and touched untimed); nothing on a device."""
-        import numpy as np
-        return [] if self.pinned else [np.ones(x.shape, x.dtype) for x in layers]
 
-    def to_device(self, host: list[Any], landing: list[Any]) -> None:
-        """The framework's fastest copy of to_host's arrays into device memory (on the CPU: a
-        memcpy into `landing`)."""
-        jax = self.jax
-        if self.pinned:
-            sharding = jax.sharding.SingleDeviceSharding(self.device, memory_kind="device")
-            jax.block_until_ready([jax.device_put(x, sharding) for x in host])
-            return
-        import numpy as np
-        for src, dst in zip(host, landing):
-            np.copyto(dst, src)
+class Steps:
+    """One framework's steps: its device, its copies (the baselines) and tpusync's path."""
 
-    # ---- the steps
+    framework: str  # jax or torch: in the cases' names
+    name: str       # the device
+    baseline: str   # the framework's copy the cases are measured against
 
-    def run(self, out: str) -> int:
-        from report import RATE_COLUMNS, report
-        from rich.console import Console
+    def __init__(self, check: Check):
+        self.check = check
+        self.sizes = check.sizes
 
-        console = Console(width=max(Console().width, 140))
+    def run(self) -> list[dict]:
+        raise NotImplementedError
+
+    def cache(self, pages: int, page_shape: tuple[int, ...], layers: int, *, seed: int) -> list:
+        raise NotImplementedError
+
+    def landing(self, layers: list) -> list:
+        raise NotImplementedError
+
+    def copies(self, src: list, landing: list) -> tuple[float, float]:
+        """The framework's own copies of the same bytes: seconds out to host memory and back in."""
+        raise NotImplementedError
+
+    def move(self, src: list, keys: list[int], source: Any, dest: Any, *, peer: str | None, what: str,
+             check: bool) -> tuple[float, float, float]:
+        """One round of tpusync's path: src's pages saved into `source`'s pool, pulled from `peer`
+        (that pool's sidecar) by `dest` when given, loaded from `dest`'s pool into zeroed arrays on
+        the device, then evicted from both. Seconds of the save, the pull and the load; `check`:
+        the loaded bytes against src's."""
+        raise NotImplementedError
+
+    def pulled(self, dest: Any, peer: str | None, keys: list[int], what: str) -> float:
+        """Seconds of `dest`'s pull of `keys` from `peer` (none: 0)."""
+        t0 = time.perf_counter()
+        if peer is not None and not all(dest.read_remote(peer, keys)):
+            self.check.problems.append(f"{what}: blocks missing after the pull")
+        return time.perf_counter() - t0
+
+    def loaded(self, loaded: int, pages: int, what: str, source: Any, dest: Any, keys: list[int]) -> None:
+        if loaded != pages:
+            self.check.problems.append(f"{what}: {loaded} of {pages} pages loaded")
+        for store in {id(source): source, id(dest): dest}.values():
+            store.evict(keys)
+
+    def d2h_h2d(self, block: int, layers: int, tag: str = "") -> list[dict]:
+        """device -> pool and pool -> device of `case_bytes` in `block`-byte blocks of `layers` layers' pages."""
+        pages = max(2, self.sizes.case_bytes // block)
+        label = f"{block // KIB}k" if block < MIB else f"{block // MIB}m"
+        layout = "contiguous" if layers == 1 else f"{layers}-layers"
+        side, store = self.check.sidecar(block, (pages + 8) * block)
+        saves, loads, outs, ins = [], [], [], []
+        try:
+            with self.registered(store, tag):
+                src = self.cache(pages, (block // layers // 2,), layers, seed=block + layers)
+                landing = self.landing(src)
+                for rep in range(self.sizes.reps + 1):  # rep 0: untimed (compiles, first touches)
+                    keys = [((rep + 1) << 32) + i for i in range(pages)]
+                    save, _, load = self.move(src, keys, store, store, peer=None, what=f"{label} {layout}{tag}",
+                                              check=rep == 0)
+                    out, back = self.copies(src, landing)
+                    if rep:
+                        saves.append(save)
+                        loads.append(load)
+                        outs.append(out)
+                        ins.append(back)
+        finally:
+            store.close()
+            side.stop()
+        return [rate(f"d2h-{self.framework}-{label}-{layout}{tag}", pages * block, saves, outs, self.baseline),
+                rate(f"h2d-{self.framework}-{label}-{layout}{tag}", pages * block, loads, ins, self.baseline)]
+
+    def registered(self, store: Any, tag: str) -> Any:
+        """The pool registered with the device runtime for the case (where the framework can)."""
+        return contextlib.nullcontext()
+
+
+class JaxSteps(Steps):
+    framework = "jax"
+
+    def __init__(self, check: Check):
+        super().__init__(check)
+        import jax
+
+        self.jax = jax
+        self.device = jax.devices(check.platform)[0]
+        self.cpus = jax.devices("cpu")
+        self.name = self.device.device_kind if check.platform != "cpu" else "cpu"
+        self.pinned = check.platform != "cpu" and "pinned_host" in {m.kind for m in self.device.addressable_memories()}
+        self.baseline = "jax pinned_host copy" if self.pinned else "memcpy"
+
+    def run(self) -> list[dict]:
         results = [self.pd_reference(), self.pages()]
         for block in self.sizes.blocks:
             for layers in (1, STRIDED_LAYERS):
                 results += self.d2h_h2d(block, layers)
         results.append(self.pd_qwen())
-        for r in results:
-            r["device"] = self.name
-        columns = RATE_COLUMNS + [("ratio range", "ratio_range", ""), ("baseline", "baseline", ""),
-                                  ("device", "device", "")]
-        report(console, f"tpusync on {self.name}: page paths against the framework's copies", results, columns,
-               out, "ratio: tpusync's GB/s over the baseline's, each rep beside its baseline "
-                    f"({'JAX pinned_host copies' if self.pinned else 'memcpy: the CPU has no device copy'})")
-        for p in self.problems:
-            console.print(f"[red]FAILED[/red] {p}")
-        return 1 if self.problems else 0
+        return results
+
+    # ---- the framework's own copies (the baselines)
+
+    def landing(self, layers: list) -> list:
+        """Where the copy in lands on the CPU (allocated and touched untimed); nothing on a device."""
+        import numpy as np
+        return [] if self.pinned else [np.ones(x.shape, x.dtype) for x in layers]
+
+    def copies(self, src: list, landing: list) -> tuple[float, float]:
+        jax = self.jax
+        t0 = time.perf_counter()
+        if self.pinned:
+            pinned = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
+            host = jax.block_until_ready([jax.device_put(x, pinned) for x in src])
+            t1 = time.perf_counter()
+            device = jax.sharding.SingleDeviceSharding(self.device, memory_kind="device")
+            jax.block_until_ready([jax.device_put(x, device) for x in host])
+        else:
+            import numpy as np
+            host = [np.array(x, copy=True) for x in src]  # CPU arrays are host memory: a memcpy
+            t1 = time.perf_counter()
+            for h, dst in zip(host, landing):
+                np.copyto(dst, h)
+        return t1 - t0, time.perf_counter() - t1
+
+    # ---- the steps
 
     def pd_reference(self) -> dict:
         """make demo's P/D on this platform: tokens equal to monolithic serving, and a prefix hit."""
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "tpusync.demo", "--requests", str(self.sizes.demo_requests),
-                               "--platform", self.platform], capture_output=True, text=True, timeout=600)
+                               "--platform", self.check.platform], capture_output=True, text=True, timeout=600)
         seconds = time.perf_counter() - t0
         if done.returncode:
-            self.problems.append(f"pd-reference: the demo exited {done.returncode}:\n{done.stdout[-3000:]}"
-                                 f"{done.stderr[-3000:]}")
+            self.check.problems.append(f"pd-reference: the demo exited {done.returncode}:\n{done.stdout[-3000:]}"
+                                       f"{done.stderr[-3000:]}")
         return {"case": "pd-reference", "seconds": seconds, "tokens_equal": done.returncode == 0,
                 "requests": self.sizes.demo_requests}
 
@@ -182,14 +288,6 @@ class Check:
         return [jax.device_put(jax.random.uniform(k, (pages, *page_shape), jnp.float32).astype(jnp.bfloat16),
                                device or self.device) for k in keys]
 
-    def expect_equal(self, what: str, got: list, want: list, pages: int) -> None:
-        import numpy as np
-        for i, (g, w) in enumerate(zip(got, want)):
-            g_bytes, w_bytes = (np.ascontiguousarray(np.asarray(x)[:pages]).view(np.uint8) for x in (g, w))
-            if not np.array_equal(g_bytes, w_bytes):
-                self.problems.append(f"{what}: layer {i}: the loaded pages differ from the saved ones")
-                return
-
     def pages(self) -> dict:
         """Save and load on the device; saved from a cache split over two CPU devices, loaded resharded."""
         jax = self.jax
@@ -197,16 +295,16 @@ class Check:
 
         pages, page_shape, layers = 8, (16, 4, 64), 4  # [tokens, kv heads, head dim]
         block = layers * 16 * 4 * 64 * 2
-        side, store = self.sidecar(block, 4 * pages * block)
-        before = len(self.problems)
+        side, store = self.check.sidecar(block, 4 * pages * block)
+        before = len(self.check.problems)
         try:
             src = self.cache(pages, page_shape, layers, seed=1)
             keys = list(range(1000, 1000 + pages))
             save_pages(store, keys, src, range(pages))
-            got, loaded = load_pages(store, keys, [self.jax.numpy.zeros_like(x) for x in src], range(pages))
+            got, loaded = load_pages(store, keys, [jax.numpy.zeros_like(x) for x in src], range(pages))
             if loaded != pages:
-                self.problems.append(f"pages: {loaded} of {pages} pages loaded")
-            self.expect_equal("pages", got, src, pages)
+                self.check.problems.append(f"pages: {loaded} of {pages} pages loaded")
+            self.check.expect_equal("pages", got, src, pages)
 
             mesh = jax.sharding.Mesh(self.cpus[:2], ("heads",))
             split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "heads"))
@@ -214,77 +312,35 @@ class Check:
                                                                      device=self.cpus[0])]
             keys = list(range(2000, 2000 + pages))
             save_pages(store, keys, halves, range(pages))
-            got, loaded = load_pages_resharded(store, keys, [self.jax.numpy.zeros_like(x) for x in src], range(pages),
+            got, loaded = load_pages_resharded(store, keys, [jax.numpy.zeros_like(x) for x in src], range(pages),
                                                src_shards=2, axis=2)
             if loaded != pages:
-                self.problems.append(f"pages resharded: {loaded} of {pages} pages loaded")
-            self.expect_equal("pages resharded (2 -> 1)", got, halves, pages)
+                self.check.problems.append(f"pages resharded: {loaded} of {pages} pages loaded")
+            self.check.expect_equal("pages resharded (2 -> 1)", got, halves, pages)
         finally:
             store.close()
             side.stop()
-        return {"case": "pages-jax", "bytes_equal": len(self.problems) == before, "pages": pages, "layers": layers}
+        return {"case": "pages-jax", "bytes_equal": len(self.check.problems) == before, "pages": pages,
+                "layers": layers}
 
     def move(self, src: list, keys: list[int], source: Any, dest: Any, *, peer: str | None, what: str,
              check: bool) -> tuple[float, float, float]:
-        """One round of tpusync's path: src's pages saved into `source`'s pool, pulled from `peer` (that
-        pool's sidecar) by `dest` when given, loaded from `dest`'s pool into zeroed arrays on the
-        device, then evicted from both. Seconds of the save, the pull and the load; `check`: the
-        loaded bytes against src's."""
         from tpusync.kv.pages import load_pages, save_pages
 
         pages = len(keys)
         dst = self.jax.block_until_ready([self.jax.numpy.zeros_like(x) for x in src])
         t0 = time.perf_counter()
         save_pages(source, keys, src, range(pages))
-        t1 = time.perf_counter()
-        if peer is not None and not all(dest.read_remote(peer, keys)):
-            self.problems.append(f"{what}: blocks missing after the pull")
-        t2 = time.perf_counter()
+        save = time.perf_counter() - t0
+        pull = self.pulled(dest, peer, keys, what)
+        t0 = time.perf_counter()
         dst, loaded = load_pages(dest, keys, dst, range(pages))
         self.jax.block_until_ready(dst)
-        t3 = time.perf_counter()
-        if loaded != pages:
-            self.problems.append(f"{what}: {loaded} of {pages} pages loaded")
+        load = time.perf_counter() - t0
         if check:
-            self.expect_equal(what, dst, src, pages)
-        for store in {id(source): source, id(dest): dest}.values():
-            store.evict(keys)
-        return t1 - t0, t2 - t1, t3 - t2
-
-    def copies(self, src: list, landing: list) -> tuple[float, float]:
-        """The framework's own copies of the same bytes: seconds out to host memory and back in."""
-        t0 = time.perf_counter()
-        host = self.to_host(src)
-        t1 = time.perf_counter()
-        self.to_device(host, landing)
-        return t1 - t0, time.perf_counter() - t1
-
-    def d2h_h2d(self, block: int, layers: int) -> list[dict]:
-        """device -> pool and pool -> device of `case_bytes` in `block`-byte blocks of `layers` layers' pages."""
-        pages = max(2, self.sizes.case_bytes // block)
-        label = f"{block // KIB}k" if block < MIB else f"{block // MIB}m"
-        layout = "contiguous" if layers == 1 else f"{layers}-layers"
-        side, store = self.sidecar(block, (pages + 8) * block)
-        saves, loads, outs, ins = [], [], [], []
-        try:
-            src = self.cache(pages, (block // layers // 2,), layers, seed=block + layers)
-            landing = self.landing(src)
-            for rep in range(self.sizes.reps + 1):  # rep 0: untimed (compiles the load's update)
-                keys = [((rep + 1) << 32) + i for i in range(pages)]
-                save, _, load = self.move(src, keys, store, store, peer=None, what=f"{label} {layout}",
-                                          check=rep == 0)
-                out, back = self.copies(src, landing)
-                if rep:
-                    saves.append(save)
-                    loads.append(load)
-                    outs.append(out)
-                    ins.append(back)
-        finally:
-            store.close()
-            side.stop()
-        baseline = "jax pinned_host copy" if self.pinned else "memcpy"
-        return [rate(f"d2h-jax-{label}-{layout}", pages * block, saves, outs, baseline),
-                rate(f"h2d-jax-{label}-{layout}", pages * block, loads, ins, baseline)]
+            self.check.expect_equal(what, dst, src, pages)
+        self.loaded(loaded, pages, what, source, dest, keys)
+        return save, pull, load
 
     def pd_qwen(self) -> dict:
         """A Qwen3-235B KV cache device -> pool A -> pull -> pool B -> device, against copy out + raw TCP + copy in."""
@@ -293,8 +349,8 @@ class Check:
         tokens, streams = self.sizes.qwen_tokens, 4
         pages = tokens // QWEN_PAGE_TOKENS
         block = QWEN3_235B_LAYERS * QWEN_PAGE_TOKENS * QWEN3_235B_LAYER_TOKEN_BYTES
-        a, ea = self.sidecar(block, (pages + 8) * block)
-        b, eb = self.sidecar(block, (pages + 8) * block)
+        a, ea = self.check.sidecar(block, (pages + 8) * block)
+        b, eb = self.check.sidecar(block, (pages + 8) * block)
         moves, physical = [], []
         try:
             src = self.cache(pages, (QWEN_PAGE_TOKENS, QWEN3_235B_LAYER_TOKEN_BYTES // 2), QWEN3_235B_LAYERS, seed=3)
@@ -313,6 +369,116 @@ class Check:
                 side.stop()
         size = f"{tokens // 1024}k" if tokens >= 1024 else f"{tokens}t"
         return rate(f"pd-qwen3-235b-{size}", pages * block, moves, physical, f"copy out + raw-tcp-{streams}s + copy in")
+
+
+class TorchSteps(Steps):
+    framework = "torch"
+
+    def __init__(self, check: Check):
+        super().__init__(check)
+        import torch
+
+        self.torch = torch
+        cuda = check.platform in ("cuda", "rocm")
+        if cuda and not torch.cuda.is_available():
+            raise SystemExit(f"--platform {check.platform}: torch sees no CUDA device")
+        self.device = torch.device("cuda" if cuda else "cpu")
+        self.name = torch.cuda.get_device_name(self.device) if cuda else "cpu"
+        self.baseline = "torch pinned copy" if cuda else "memcpy"
+
+    def run(self) -> list[dict]:
+        results = [self.pages()]
+        for block in self.sizes.blocks:
+            for layers in (1, STRIDED_LAYERS):
+                results += self.d2h_h2d(block, layers)
+                if self.device.type == "cuda":  # the fallback: the pool not registered
+                    results += self.d2h_h2d(block, layers, tag="-pageable")
+        return results
+
+    def registered(self, store: Any, tag: str) -> Any:
+        from tpusync.kv.torch_pages import register_pool
+        return contextlib.nullcontext() if tag == "-pageable" else register_pool(store)
+
+    def cache(self, pages: int, page_shape: tuple[int, ...], layers: int, *, seed: int) -> list:
+        """`layers` tensors [pages, *page_shape] of random bf16 on the device."""
+        torch = self.torch
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return [torch.rand((pages, *page_shape), generator=gen, device=self.device).to(torch.bfloat16)
+                for _ in range(layers)]
+
+    def landing(self, layers: list) -> list:
+        """Host tensors the copy out lands in (page-locked beside a CUDA device), then the
+        device tensors the copy in lands in, allocated and touched untimed."""
+        torch = self.torch
+        pin = self.device.type == "cuda"
+        host = [torch.ones(x.shape, dtype=x.dtype, pin_memory=pin) for x in layers]
+        return host + [torch.ones_like(x) for x in layers]
+
+    def copies(self, src: list, landing: list) -> tuple[float, float]:
+        host, back = landing[:len(src)], landing[len(src):]
+        t0 = time.perf_counter()
+        for h, x in zip(host, src):
+            h.copy_(x, non_blocking=True)
+        self.sync()
+        t1 = time.perf_counter()
+        for d, h in zip(back, host):
+            d.copy_(h, non_blocking=True)
+        self.sync()
+        return t1 - t0, time.perf_counter() - t1
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def numpy(self, layers: list) -> list:
+        """Host numpy bytes of tensors (numpy has no bfloat16: their bytes as uint8)."""
+        return [x.view(self.torch.uint8).cpu().numpy() for x in layers]
+
+    def pages(self) -> dict:
+        """A round trip of a cache's blocks through the pool, the pool registered where it can be."""
+        from tpusync.kv.torch_pages import load_blocks, register_pool, save_blocks
+
+        pages, layers = 8, 4
+        src = self.cache(pages, (2, 16, 4, 64), layers, seed=1)  # [K/V, tokens, kv heads, head dim]
+        block = layers * src[0][0].numel() * 2
+        side, store = self.check.sidecar(block, 4 * pages * block)
+        before = len(self.check.problems)
+        try:
+            with register_pool(store) as registered:
+                keys = list(range(1000, 1000 + pages))
+                order = list(reversed(range(pages)))  # blocks land where they are told, not in order
+                save_blocks(store, keys, src, order)
+                dst = [self.torch.zeros_like(x) for x in src]
+                loaded = load_blocks(store, keys, dst, order)
+                if loaded != pages:
+                    self.check.problems.append(f"pages-torch: {loaded} of {pages} blocks loaded")
+                self.check.expect_equal("pages-torch", self.numpy(dst), self.numpy(src), pages)
+                del dst
+        finally:
+            store.close()
+            side.stop()
+        return {"case": "pages-torch", "bytes_equal": len(self.check.problems) == before, "pages": pages,
+                "layers": layers, "pool_registered": registered}
+
+    def move(self, src: list, keys: list[int], source: Any, dest: Any, *, peer: str | None, what: str,
+             check: bool) -> tuple[float, float, float]:
+        from tpusync.kv.torch_pages import load_blocks, save_blocks
+
+        pages = len(keys)
+        dst = [self.torch.zeros_like(x) for x in src]
+        self.sync()
+        t0 = time.perf_counter()
+        save_blocks(source, keys, src, range(pages))
+        save = time.perf_counter() - t0
+        pull = self.pulled(dest, peer, keys, what)
+        t0 = time.perf_counter()
+        loaded = load_blocks(dest, keys, dst, range(pages))
+        self.sync()
+        load = time.perf_counter() - t0
+        if check:
+            self.check.expect_equal(what, self.numpy(dst), self.numpy(src), pages)
+        self.loaded(loaded, pages, what, source, dest, keys)
+        return save, pull, load
 
 
 def rate(case: str, nbytes: int, times: list[float], baselines: list[float], baseline: str) -> dict:

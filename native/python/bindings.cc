@@ -421,7 +421,16 @@ PYBIND11_MODULE(_native, m) {
             if (s->pool_path().empty()) return std::nullopt;
             return s->pool_path();
           },
-          "The shared-memory pool file, or None for a data port.");
+          "The shared-memory pool file, or None for a data port.")
+      .def(
+          "pool_region",
+          [](S& s) -> std::optional<std::pair<uintptr_t, size_t>> {
+            std::span<std::byte> m = s->pool_memory();
+            if (m.empty()) return std::nullopt;
+            return std::pair{reinterpret_cast<uintptr_t>(m.data()), m.size()};
+          },
+          "The pool as mapped in this process, (address, bytes), every slot's view within it: to register it "
+          "with a device runtime as page-locked host memory (cudaHostRegister). None for a data port.");
 }
 
 }  // namespace tpusync::py

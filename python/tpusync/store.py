@@ -336,6 +336,12 @@ class KVStore:
         """The shared-memory pool file behind the store ("" for a data port: it has none here)."""
         return self._backend.pool_path or ""
 
+    def pool_region(self) -> tuple[int, int] | None:
+        """The pool as mapped in this process, (address, bytes), every slot's view within it: what
+        to register with a device runtime as page-locked host memory (tpusync.kv.torch_pages does
+        for CUDA). None for a data port."""
+        return self._backend.pool_region()
+
     def close(self) -> None:
         """Unmaps the pool. A store opened with pool_path keeps its blocks for the next open."""
         self._backend.close()

@@ -121,6 +121,7 @@ class DataPortStore final : public BlockStore {
   }
   uint64_t block_bytes() const override { return block_bytes_; }
   const std::string& pool_path() const override { return no_pool_; }
+  std::span<std::byte> pool_memory() const override { return {}; }
   void Close() override {
     std::unique_lock closing(close_mu_);
     client_.reset();

@@ -163,5 +163,6 @@ Result<ReadLease> Store::Acquire(const BlockKey& key) { return impl_->Acquire(ke
 uint64_t Store::block_bytes() const { return impl_->pool().block_bytes(); }
 uint32_t Store::num_slots() const { return impl_->pool().num_slots(); }
 const std::string& Store::pool_path() const { return impl_->pool().path(); }
+std::span<std::byte> Store::pool_memory() const { return impl_->pool().memory(); }
 
 }  // namespace tpusync

@@ -1,5 +1,6 @@
-"""bench/device_check.py (make device-check on a lent GPU machine) run here on the CPU, the same
-steps with CPU arrays (`--quick` sizes), so it does not rot between loans: the demo's P/D with
+"""bench/device_check.py (bench/device/run.sh on a lent GPU machine) run here on the CPU, the same
+steps with CPU arrays (`--quick` sizes), so it does not rot between loans (its torch steps run in
+the vLLM tier, tests/vllm/test_torch_pages.py, where torch is): the demo's P/D with
 its servers on the given platform, the page round trips (the resharded one from a cache split
 over two CPU devices), the device <-> pool cases and the Qwen3-235B move, each with its
 baseline and the device named. Its comparison of pages is held to fail on a flipped byte."""
@@ -23,7 +24,8 @@ SCRIPT = ROOT / "bench" / "device_check.py"
 def test_the_device_check_runs_its_steps_on_the_cpu(tmp_path):
     out = tmp_path / "device.json"
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--platform", "cpu", "--quick", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(SCRIPT), "--platform", "cpu", "--frameworks", "jax", "--quick",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=850, env=env)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
     results = {r["case"]: r for r in json.loads(out.read_text())}
@@ -46,8 +48,7 @@ def test_the_page_comparison_fails_on_one_flipped_byte(monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import device_check
 
-    check = device_check.Check.__new__(device_check.Check)
-    check.problems = []
+    check = device_check.Check("cpu", device_check.QUICK)
     want = [np.arange(64, dtype=np.uint16).reshape(4, 16).view(np.float16)]
     got = [want[0].copy()]
     check.expect_equal("same", got, want, 4)

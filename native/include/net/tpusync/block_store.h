@@ -97,6 +97,9 @@ class BlockStore {
   virtual uint64_t block_bytes() const = 0;
   // The shared-memory pool file behind the store; empty for the data-port client.
   virtual const std::string& pool_path() const = 0;
+  // That pool as mapped in this process (every slot's view lies in it), to register it with a
+  // device runtime as page-locked host memory; empty for the data-port client.
+  virtual std::span<std::byte> pool_memory() const = 0;
   // Ends the session: the sidecar drops this client's pins and leases, the local store gives
   // back slots still reserved or acquired and stops its write-behind threads. Later calls
   // return kUnavailable or kFailedPrecondition. Idempotent. The caller must not run other

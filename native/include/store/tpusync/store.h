@@ -140,6 +140,8 @@ class Store {
   uint64_t block_bytes() const;
   uint32_t num_slots() const;
   const std::string& pool_path() const;
+  // The pool file as mapped in this process (header and slots).
+  std::span<std::byte> pool_memory() const;
 
  private:
   explicit Store(std::unique_ptr<StoreImpl> impl);

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,9 +17,7 @@ from tpusync.engines.connector.common import log
 from tpusync.engines.connector.config import ConnectorConfig
 from tpusync.engines.connector.link import StoreLink
 from tpusync.engines.connector.messages import TPUSyncConnectorMetadata, Transfer, WorkerResults
-
-# Pool views of present blocks are read-only; torch warns when it wraps one (we only read them).
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+from tpusync.kv.torch_pages import block_view
 
 
 @dataclass
@@ -32,16 +29,6 @@ class _Layer:
     @property
     def nbytes(self) -> int:
         return int(self.blocks.shape[1])
-
-
-def _block_view(kv: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, bytes] over a per-layer KV cache whose dim 0 is the block and whose blocks
-    are contiguous (vLLM's standard [B, H, N, C] view on CPU)."""
-    if kv.dim() < 2 or not kv[0].is_contiguous() or (kv.shape[0] > 1 and kv.stride(0) < kv[0].numel()):
-        raise errors.InvalidArgumentError(
-            f"KV cache of shape {tuple(kv.shape)}, strides {kv.stride()}: blocks are not contiguous along dim 0")
-    flat = kv.as_strided((kv.shape[0], kv[0].numel()), (kv.stride(0), 1))
-    return flat.view(torch.uint8)
 
 
 class WorkerSide(WorkerResults):
@@ -69,7 +56,7 @@ class WorkerSide(WorkerResults):
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         offset = 0
         for name, kv in kv_caches.items():
-            view = _block_view(kv)
+            view = block_view(kv)
             self.index[name] = len(self.layers)
             self.layers.append(_Layer(name, view, offset))
             offset += view.shape[1]

@@ -45,6 +45,7 @@ class SidecarClient final : public BlockStore {
   Result<std::vector<Tier>> ExistsAt(const std::string& peer, std::span<const BlockKey> keys) override;
   uint64_t block_bytes() const override { return block_bytes_; }
   const std::string& pool_path() const override { return pool_path_; }
+  std::span<std::byte> pool_memory() const override { return {pool_.data(), pool_.size()}; }
   // Returns once the sidecar has dropped this client's pins and leases. The pool stays mapped
   // until the client is destroyed, so earlier views remain valid memory.
   void Close() override;

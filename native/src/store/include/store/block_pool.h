@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ class BlockPool {
   uint32_t num_slots() const { return num_slots_; }
   uint32_t free_slots() const { return free_.size(); }
   const std::string& path() const { return path_; }
+  // The whole mapping of the pool file: header and slots.
+  std::span<std::byte> memory() const { return {static_cast<std::byte*>(base_), file_bytes_}; }
   bool hugepages() const { return hugepages_; }
   bool mlocked() const { return mlocked_; }
   // Committed slots found at open (empty for a new file). Owned by the pool.

@@ -1,0 +1,129 @@
+"""Copy blocks of a torch paged KV cache between its tensors and store blocks, on the CPU or a
+CUDA device.
+
+A cache is a list of layers, each a tensor whose dim 0 is the block and whose blocks are each
+contiguous (vLLM's per-layer KV caches); one store block holds one block of every layer, layer
+after layer (`block_view`: a layer as `[blocks, bytes]`). Copies run on the current stream and
+are waited for once per group of blocks, before a slot is committed or given back.
+
+With the pool registered as page-locked host memory (`register_pool`, CUDA), a device's copies
+are DMA straight between its memory and the pool's shared memory; without it, CUDA stages them
+through its own pinned buffers (the fallback; bench/device_check.py measures both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+import torch
+
+from tpusync import errors
+from tpusync.store import KVStore
+
+_GROUP = 64  # blocks whose slots are held at once
+CUDA_HOST_REGISTER_DEFAULT = 0  # cudaHostRegisterDefault (cuda_runtime_api.h)
+
+# Pool views of present blocks are read-only; torch warns when it wraps one (they are only read).
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
+def block_view(kv: torch.Tensor) -> torch.Tensor:
+    """[blocks, bytes] over a per-layer KV cache whose dim 0 is the block and whose blocks are
+    contiguous (vLLM's standard [B, H, N, C] view)."""
+    if kv.dim() < 2 or not kv[0].is_contiguous() or (kv.shape[0] > 1 and kv.stride(0) < kv[0].numel()):
+        raise errors.InvalidArgumentError(
+            f"KV cache of shape {tuple(kv.shape)}, strides {kv.stride()}: blocks are not contiguous along dim 0")
+    flat = kv.as_strided((kv.shape[0], kv[0].numel()), (kv.stride(0), 1))
+    return flat.view(torch.uint8)
+
+
+def _views(store: KVStore, layers: Sequence[torch.Tensor], keys: Sequence[int],
+           block_ids: Sequence[int]) -> tuple[list[torch.Tensor], list[int], int]:
+    """The layers' block views, each layer's bytes in a block, and a block's bytes."""
+    if len(keys) != len(block_ids):
+        raise ValueError(f"{len(keys)} keys for {len(block_ids)} blocks")
+    views = [block_view(layer) for layer in layers]
+    sizes = [int(v.shape[1]) for v in views]
+    if sum(sizes) > store.block_bytes:
+        raise errors.InvalidArgumentError(f"a block of this cache is {sum(sizes)} bytes, the store's blocks hold "
+                                          f"{store.block_bytes}")
+    return views, sizes, sum(sizes)
+
+
+def _copy_block(slot: memoryview, views: list[torch.Tensor], sizes: list[int], block_id: int, *,
+                into_slot: bool) -> None:
+    """Block `block_id` of every layer into a slot's memory, layer after layer, or back out."""
+    pool = torch.frombuffer(slot, dtype=torch.uint8, count=sum(sizes))  # freed on return, before the slot's view
+    offset = 0
+    for v, size in zip(views, sizes):
+        part = pool[offset:offset + size]
+        if into_slot:
+            part.copy_(v[block_id], non_blocking=True)
+        else:
+            v[block_id].copy_(part, non_blocking=True)
+        offset += size
+
+
+def _wait(device: torch.device) -> None:
+    """The copies queued on the current stream have finished (before a slot is handed over)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+@contextlib.contextmanager
+def register_pool(store: KVStore) -> Iterator[bool]:
+    """The store's pool registered with CUDA as page-locked host memory for the block's duration;
+    yields whether it is (False without a CUDA device, or for a data port, which maps no pool).
+    The store must stay open until the block exits."""
+    region = store.pool_region()
+    if region is None or not torch.cuda.is_available():
+        yield False
+        return
+    address, size = region
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(address, size, CUDA_HOST_REGISTER_DEFAULT)
+    if int(err) != 0:
+        raise errors.UnavailableError(f"cudaHostRegister of the pool ({size} bytes at {address:#x}) failed: CUDA "
+                                      f"error {int(err)}")
+    try:
+        yield True
+    finally:
+        cudart.cudaHostUnregister(address)
+
+
+def save_blocks(store: KVStore, keys: Sequence[int], layers: Sequence[torch.Tensor], block_ids: Sequence[int]) -> int:
+    """Stores block block_ids[i] of every layer under keys[i] (blocks already stored are
+    skipped). Returns the bytes written."""
+    views, sizes, nbytes = _views(store, layers, keys, block_ids)
+    written = 0
+    for g in range(0, len(keys), _GROUP):
+        with store.reserve_many(keys[g:g + _GROUP]) as slots:
+            filled = [(slot, block_ids[g + j]) for j, slot in enumerate(slots) if slot is not None]
+            for slot, block_id in filled:  # a stored key has no slot: content-addressed, skipped
+                _copy_block(slot.view, views, sizes, block_id, into_slot=True)
+            _wait(views[0].device)
+            for slot, _ in filled:
+                slot.commit(nbytes)
+            written += nbytes * len(filled)
+    return written
+
+
+def load_blocks(store: KVStore, keys: Sequence[int], layers: Sequence[torch.Tensor], block_ids: Sequence[int]) -> int:
+    """Loads stored blocks into block block_ids[i] of every layer; returns how many leading
+    blocks loaded: loading stops at the first block the store lacks, or holds with another
+    length than a block of this cache's (never loaded in part)."""
+    views, sizes, nbytes = _views(store, layers, keys, block_ids)
+    loaded = 0
+    for g in range(0, len(keys), _GROUP):
+        with store.acquire_many(keys[g:g + _GROUP]) as stored:
+            present = next((i for i, s in enumerate(stored) if s is None or len(s) != nbytes), len(stored))
+            for i in range(present):
+                _copy_block(cast(memoryview, stored[i]), views, sizes, block_ids[g + i], into_slot=False)
+            _wait(views[0].device)  # the slots are read before they are given back
+        loaded += present
+        if present < len(stored):
+            break
+    return loaded
