@@ -109,6 +109,10 @@ class BlockStore:
         """
     def pin(self, keys: typing.Any, *, for_host: bool = False) -> None:
         ...
+    def pool_region(self) -> tuple[int, int] | None:
+        """
+        The pool as mapped in this process, (address, bytes), every slot's view within it: to register it with a device runtime as page-locked host memory (cudaHostRegister). None for a data port.
+        """
     def pull_from(self, peer: str, keys: typing.Any, digests: bool = False) -> tuple[list[bool], list[bool], numpy.typing.NDArray[numpy.uint64]]:
         """
         Pulls the blocks this store lacks from a peer's data port; returns (held, landed, digests): with digests=True, the XXH3-64 of each block that landed in this pull (computed as it arrived), else 0.

@@ -77,7 +77,7 @@ def test_caches_it_cannot_take_are_refused(store):
     strided = torch.zeros((4, 8, 2))[:, ::2]  # a block is not contiguous
     with pytest.raises(errors.InvalidArgumentError, match="not contiguous"):
         block_view(strided)
-    too_big = [torch.zeros((2, BLOCK), dtype=torch.uint8)]  # a block over the store's
+    too_big = [torch.zeros((2, BLOCK + 1), dtype=torch.uint8)]  # a block over the store's
     with pytest.raises(errors.InvalidArgumentError, match="blocks hold"):
         save_blocks(store, keys(3, 1), too_big, [0])
     with pytest.raises(ValueError, match="2 keys for 1 blocks"):

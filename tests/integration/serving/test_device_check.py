@@ -53,7 +53,7 @@ def test_the_page_comparison_fails_on_one_flipped_byte(monkeypatch):
     got = [want[0].copy()]
     check.expect_equal("same", got, want, 4)
     assert check.problems == []
-    got[0].view(np.uint8)[3 * 32 + 5] ^= 1  # page 3
+    got[0].view(np.uint8).reshape(-1)[3 * 32 + 5] ^= 1  # page 3
     check.expect_equal("flipped", got, want, 4)
     assert check.problems == ["flipped: layer 0: the loaded pages differ from the saved ones"]
     check.problems = []
