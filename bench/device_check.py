@@ -2,9 +2,9 @@
 """The device check (issue 45): tpusync's JAX and torch page paths on an accelerator's memory,
 checked for equal bytes and tokens, and measured against the framework's own fastest host copy.
 
-On the JAX platform it is given (`--platform gpu` on a machine with a GPU; `cpu` here, where
-make test runs the same steps with CPU arrays, `--quick`), in one process with sidecars started
-on 127.0.0.1:
+On the platform it is given (`--platform cuda` on a machine with a GPU, bench/device/run.sh;
+`cpu` here, where make test runs the same steps with CPU arrays, `--quick`), in one process with
+sidecars started on 127.0.0.1:
 1. pd-reference: `make demo`'s disaggregated serving with its model servers on that platform:
    prefill and decode through two sidecars, tokens equal to a monolithic server's, then a
    prefix-cache hit (the demo exits non-zero on any mismatch).
@@ -26,7 +26,7 @@ on 127.0.0.1:
    without (CUDA stages the copies).
 
 ratio = tpusync's throughput / the baseline's (the target is >= 0.9); each case names the
-device. Prints a table and writes JSON (`--out`; make device-check: bench/results/device.json).
+device. Prints a table and writes JSON (`--out`; a device run's goes to bench/results/device.json).
 Exits non-zero when bytes or tokens differ. JAX cannot register memory it did not allocate as
 page-locked host memory, so on a GPU its copies go through pageable memory (the pool's shared
 memory): the figures say what that costs against JAX's pinned copies. `--frameworks` picks the
@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class Check:
     def __init__(self, platform: str, sizes: Sizes):
         self.platform, self.sizes = platform, sizes
         self.problems: list[str] = []
-        self.work = tempfile.mkdtemp(prefix="tpusync-device-check-")
+        self.work = ""  # the run's sockets and secret, removed at its end
 
     def run(self, frameworks: list[str], out: str) -> int:
         from report import RATE_COLUMNS, report
@@ -108,9 +109,10 @@ class Check:
 
         console = Console(width=max(Console().width, 140))
         results: list[dict] = []
-        for framework in frameworks:
-            steps = JaxSteps(self) if framework == "jax" else TorchSteps(self)
-            results += [r | {"device": steps.name} for r in steps.run()]
+        with tempfile.TemporaryDirectory(prefix="tpusync-device-check-") as self.work:
+            for framework in frameworks:
+                steps = JaxSteps(self) if framework == "jax" else TorchSteps(self)
+                results += [r | {"device": steps.name} for r in steps.run()]
         columns = RATE_COLUMNS + [("ratio range", "ratio_range", ""), ("baseline", "baseline", ""),
                                   ("device", "device", "")]
         report(console, "tpusync's page paths on a device against the framework's own copies", results, columns,
@@ -120,19 +122,27 @@ class Check:
             console.print(f"[red]FAILED[/red] {p}")
         return 1 if self.problems else 0
 
-    def sidecar(self, block: int, pool_bytes: int) -> tuple[Any, Any]:
-        """A sidecar with `pool_bytes` of `block`-byte slots, and an engine's store on it."""
+    @contextlib.contextmanager
+    def sidecar(self, block: int, pool_bytes: int) -> Iterator[tuple[Any, Any]]:
+        """A sidecar with `pool_bytes` of `block`-byte slots and an engine's store on it; both
+        closed, and the pool file removed, when the block exits."""
         import tpusync
         from tpusync.local import sidecars
 
         secret = os.path.join(self.work, "secret")
         if not os.path.exists(secret):
             sidecars.write_secret(secret, uuid.uuid4().hex * 2)
-        side = sidecars.launch(pool_path=f"/dev/shm/tpusync-device-{uuid.uuid4().hex[:8]}", secret_file=secret,
-                               dram_bytes=pool_bytes, block_bytes=block,
+        pool = f"/dev/shm/tpusync-device-{uuid.uuid4().hex[:8]}"
+        side = sidecars.launch(pool_path=pool, secret_file=secret, dram_bytes=pool_bytes, block_bytes=block,
                                control_socket=os.path.join(self.work, f"{uuid.uuid4().hex[:8]}.sock"),
                                stderr=subprocess.DEVNULL)
-        return side, tpusync.KVStore.connect(f"unix://{side.control_socket}")
+        try:
+            with tpusync.KVStore.connect(f"unix://{side.control_socket}") as store:
+                yield side, store
+        finally:
+            side.stop()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pool)
 
     def expect_equal(self, what: str, got: list, want: list, pages: int) -> None:
         """The first `pages` pages of every layer equal byte for byte (numpy arrays, or arrays numpy reads)."""
@@ -183,10 +193,11 @@ class Steps:
             self.check.problems.append(f"{what}: blocks missing after the pull")
         return time.perf_counter() - t0
 
-    def loaded(self, loaded: int, pages: int, what: str, source: Any, dest: Any, keys: list[int]) -> None:
+    def end_round(self, loaded: int, pages: int, what: str, source: Any, dest: Any, keys: list[int]) -> None:
+        """Every page loaded, then the round's blocks evicted from both pools (the next round's fit)."""
         if loaded != pages:
             self.check.problems.append(f"{what}: {loaded} of {pages} pages loaded")
-        for store in {id(source): source, id(dest): dest}.values():
+        for store in (source,) if source is dest else (source, dest):
             store.evict(keys)
 
     def d2h_h2d(self, block: int, layers: int, tag: str = "") -> list[dict]:
@@ -194,25 +205,20 @@ class Steps:
         pages = max(2, self.sizes.case_bytes // block)
         label = f"{block // KIB}k" if block < MIB else f"{block // MIB}m"
         layout = "contiguous" if layers == 1 else f"{layers}-layers"
-        side, store = self.check.sidecar(block, (pages + 8) * block)
         saves, loads, outs, ins = [], [], [], []
-        try:
-            with self.registered(store, tag):
-                src = self.cache(pages, (block // layers // 2,), layers, seed=block + layers)
-                landing = self.landing(src)
-                for rep in range(self.sizes.reps + 1):  # rep 0: untimed (compiles, first touches)
-                    keys = [((rep + 1) << 32) + i for i in range(pages)]
-                    save, _, load = self.move(src, keys, store, store, peer=None, what=f"{label} {layout}{tag}",
-                                              check=rep == 0)
-                    out, back = self.copies(src, landing)
-                    if rep:
-                        saves.append(save)
-                        loads.append(load)
-                        outs.append(out)
-                        ins.append(back)
-        finally:
-            store.close()
-            side.stop()
+        with self.check.sidecar(block, (pages + 8) * block) as (_, store), self.registered(store, tag):
+            src = self.cache(pages, (block // layers // 2,), layers, seed=block + layers)
+            landing = self.landing(src)
+            for rep in range(self.sizes.reps + 1):  # rep 0: untimed (compiles, first touches)
+                keys = [((rep + 1) << 32) + i for i in range(pages)]
+                save, _, load = self.move(src, keys, store, store, peer=None, what=f"{label} {layout}{tag}",
+                                          check=rep == 0)
+                out, back = self.copies(src, landing)
+                if rep:
+                    saves.append(save)
+                    loads.append(load)
+                    outs.append(out)
+                    ins.append(back)
         return [rate(f"d2h-{self.framework}-{label}-{layout}{tag}", pages * block, saves, outs, self.baseline),
                 rate(f"h2d-{self.framework}-{label}-{layout}{tag}", pages * block, loads, ins, self.baseline)]
 
@@ -295,9 +301,8 @@ class JaxSteps(Steps):
 
         pages, page_shape, layers = 8, (16, 4, 64), 4  # [tokens, kv heads, head dim]
         block = layers * 16 * 4 * 64 * 2
-        side, store = self.check.sidecar(block, 4 * pages * block)
         before = len(self.check.problems)
-        try:
+        with self.check.sidecar(block, 4 * pages * block) as (_, store):
             src = self.cache(pages, page_shape, layers, seed=1)
             keys = list(range(1000, 1000 + pages))
             save_pages(store, keys, src, range(pages))
@@ -317,9 +322,6 @@ class JaxSteps(Steps):
             if loaded != pages:
                 self.check.problems.append(f"pages resharded: {loaded} of {pages} pages loaded")
             self.check.expect_equal("pages resharded (2 -> 1)", got, halves, pages)
-        finally:
-            store.close()
-            side.stop()
         return {"case": "pages-jax", "bytes_equal": len(self.check.problems) == before, "pages": pages,
                 "layers": layers}
 
@@ -339,7 +341,7 @@ class JaxSteps(Steps):
         load = time.perf_counter() - t0
         if check:
             self.check.expect_equal(what, dst, src, pages)
-        self.loaded(loaded, pages, what, source, dest, keys)
+        self.end_round(loaded, pages, what, source, dest, keys)
         return save, pull, load
 
     def pd_qwen(self) -> dict:
@@ -349,10 +351,9 @@ class JaxSteps(Steps):
         tokens, streams = self.sizes.qwen_tokens, 4
         pages = tokens // QWEN_PAGE_TOKENS
         block = QWEN3_235B_LAYERS * QWEN_PAGE_TOKENS * QWEN3_235B_LAYER_TOKEN_BYTES
-        a, ea = self.check.sidecar(block, (pages + 8) * block)
-        b, eb = self.check.sidecar(block, (pages + 8) * block)
         moves, physical = [], []
-        try:
+        with self.check.sidecar(block, (pages + 8) * block) as (a, ea), \
+                self.check.sidecar(block, (pages + 8) * block) as (_, eb):
             src = self.cache(pages, (QWEN_PAGE_TOKENS, QWEN3_235B_LAYER_TOKEN_BYTES // 2), QWEN3_235B_LAYERS, seed=3)
             landing = self.landing(src)
             for rep in range(self.sizes.reps + 1):
@@ -363,10 +364,6 @@ class JaxSteps(Steps):
                 if rep:
                     moves.append(sum(phases))
                     physical.append(out + raw + back)
-        finally:
-            for store, side in ((ea, a), (eb, b)):
-                store.close()
-                side.stop()
         size = f"{tokens // 1024}k" if tokens >= 1024 else f"{tokens}t"
         return rate(f"pd-qwen3-235b-{size}", pages * block, moves, physical, f"copy out + raw-tcp-{streams}s + copy in")
 
@@ -441,22 +438,16 @@ class TorchSteps(Steps):
         pages, layers = 8, 4
         src = self.cache(pages, (2, 16, 4, 64), layers, seed=1)  # [K/V, tokens, kv heads, head dim]
         block = layers * src[0][0].numel() * 2
-        side, store = self.check.sidecar(block, 4 * pages * block)
         before = len(self.check.problems)
-        try:
-            with register_pool(store) as registered:
-                keys = list(range(1000, 1000 + pages))
-                order = list(reversed(range(pages)))  # blocks land where they are told, not in order
-                save_blocks(store, keys, src, order)
-                dst = [self.torch.zeros_like(x) for x in src]
-                loaded = load_blocks(store, keys, dst, order)
-                if loaded != pages:
-                    self.check.problems.append(f"pages-torch: {loaded} of {pages} blocks loaded")
-                self.check.expect_equal("pages-torch", self.numpy(dst), self.numpy(src), pages)
-                del dst
-        finally:
-            store.close()
-            side.stop()
+        with self.check.sidecar(block, 4 * pages * block) as (_, store), register_pool(store) as registered:
+            keys = list(range(1000, 1000 + pages))
+            order = list(reversed(range(pages)))  # blocks land where they are told, not in order
+            save_blocks(store, keys, src, order)
+            dst = [self.torch.zeros_like(x) for x in src]
+            loaded = load_blocks(store, keys, dst, order)
+            if loaded != pages:
+                self.check.problems.append(f"pages-torch: {loaded} of {pages} blocks loaded")
+            self.check.expect_equal("pages-torch", self.numpy(dst), self.numpy(src), pages)
         return {"case": "pages-torch", "bytes_equal": len(self.check.problems) == before, "pages": pages,
                 "layers": layers, "pool_registered": registered}
 
@@ -477,7 +468,7 @@ class TorchSteps(Steps):
         load = time.perf_counter() - t0
         if check:
             self.check.expect_equal(what, self.numpy(dst), self.numpy(src), pages)
-        self.loaded(loaded, pages, what, source, dest, keys)
+        self.end_round(loaded, pages, what, source, dest, keys)
         return save, pull, load
 
 

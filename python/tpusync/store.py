@@ -339,7 +339,7 @@ class KVStore:
     def pool_region(self) -> tuple[int, int] | None:
         """The pool as mapped in this process, (address, bytes), every slot's view within it: what
         to register with a device runtime as page-locked host memory (tpusync.kv.torch_pages does
-        for CUDA). None for a data port."""
+        for CUDA). None for a data port, and for a local store once it is closed."""
         return self._backend.pool_region()
 
     def close(self) -> None:

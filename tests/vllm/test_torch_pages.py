@@ -37,6 +37,8 @@ def store(tmp_path_factory):
     yield s
     s.close()
     side.stop()
+    if os.path.exists(pool):
+        os.unlink(pool)
 
 
 def cache(seed: int) -> list[torch.Tensor]:
@@ -80,6 +82,8 @@ def test_caches_it_cannot_take_are_refused(store):
     too_big = [torch.zeros((2, BLOCK + 1), dtype=torch.uint8)]  # a block over the store's
     with pytest.raises(errors.InvalidArgumentError, match="blocks hold"):
         save_blocks(store, keys(3, 1), too_big, [0])
+    with pytest.raises(errors.InvalidArgumentError, match="no layers"):
+        save_blocks(store, keys(3, 1), [], [0])
     with pytest.raises(ValueError, match="2 keys for 1 blocks"):
         load_blocks(store, keys(3, 2), cache(3), [0])
 

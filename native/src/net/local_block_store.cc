@@ -19,7 +19,6 @@ class LocalBlockStore final : public BlockStore {
   LocalBlockStore(std::unique_ptr<Store> store, PeerOptions options)
       : store_(std::move(store)),
         pool_path_(store_->pool_path()),
-        pool_memory_(store_->pool_memory()),
         block_bytes_(store_->block_bytes()),
         options_(std::move(options)) {
     if (!options_.secret.empty()) {
@@ -105,7 +104,8 @@ class LocalBlockStore final : public BlockStore {
 
   uint64_t block_bytes() const override { return block_bytes_; }
   const std::string& pool_path() const override { return pool_path_; }
-  std::span<std::byte> pool_memory() const override { return pool_memory_; }
+  // Empty once closed: the Store's mapping goes with it.
+  std::span<std::byte> pool_memory() const override { return store_ ? store_->pool_memory() : std::span<std::byte>{}; }
 
   // Waits for calls in flight (they hold close_mu_ shared), gives back the slots this object
   // still holds, then closes the Store.
@@ -138,7 +138,6 @@ class LocalBlockStore final : public BlockStore {
   std::shared_mutex close_mu_;
   std::unique_ptr<Store> store_;  // null after Close
   const std::string pool_path_;
-  const std::span<std::byte> pool_memory_;  // the Store's mapping, valid until Close
   const uint64_t block_bytes_;
   const PeerOptions options_;
   std::optional<PeerPool> peers_;  // none without a secret

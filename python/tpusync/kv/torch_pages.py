@@ -45,6 +45,8 @@ def _views(store: KVStore, layers: Sequence[torch.Tensor], keys: Sequence[int],
     """The layers' block views, each layer's bytes in a block, and a block's bytes."""
     if len(keys) != len(block_ids):
         raise ValueError(f"{len(keys)} keys for {len(block_ids)} blocks")
+    if not layers:
+        raise errors.InvalidArgumentError("a cache of no layers")
     views = [block_view(layer) for layer in layers]
     sizes = [int(v.shape[1]) for v in views]
     if sum(sizes) > store.block_bytes:

@@ -391,3 +391,15 @@ def test_a_control_socket_that_answers_garbage_raises_protocol_error(tmp_path):
     finally:
         t.join()
         server.close()
+
+
+def test_the_pool_region_holds_every_slot_and_goes_with_the_store():
+    s = tpusync.KVStore.local(dram_bytes=16 * BLOCK, block_bytes=BLOCK)
+    address, size = s.pool_region()
+    assert size >= 16 * BLOCK and size == os.path.getsize(s.pool_path)
+    s.put([1], [pattern(1)])
+    with s.acquire_many([1]) as views:
+        slot = np.frombuffer(views[0], np.uint8).ctypes.data
+        assert address <= slot and slot + BLOCK <= address + size
+    s.close()
+    assert s.pool_region() is None  # unmapped with the store: nothing left to register
