@@ -24,6 +24,11 @@ sidecars started on 127.0.0.1:
    pinned host memory (pin_memory); on a CUDA device with the pool registered as page-locked
    host memory (cudaHostRegister: DMA straight from and into the pool) and, `-pageable`,
    without (CUDA stages the copies).
+6. stall-torch-unpaced / -paced: matmul kernels on the compute stream while a 1 GiB load from
+   the pool runs on a side stream, whole or paced (torch_pages.Pace: 16 MiB chunks, 64 MiB in
+   flight, as upstream TPU Sync paces because one 1 GiB copy held TPU7x kernels up for 19 ms);
+   ratio = the kernels' median time alone / beside the load, with the longest kernel beside it.
+   On the CPU the kernels run on a thread beside the loading one.
 
 ratio = tpusync's throughput / the baseline's (the target is >= 0.9); each case names the
 device. Prints a table and writes JSON (`--out`; a device run's goes to bench/results/device.json).
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import subprocess
@@ -62,11 +68,16 @@ class Sizes:
     qwen_tokens: int
     reps: int
     demo_requests: int
+    stall_bytes: int         # the load beside the kernels of the stall cases
+    stall_matrix: int        # their kernels: a matmul of two square matrices this wide
 
 
 FULL = Sizes(blocks=(64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB), case_bytes=256 * MIB,
-             qwen_tokens=8192, reps=5, demo_requests=2)
-QUICK = Sizes(blocks=(64 * KIB, MIB), case_bytes=8 * MIB, qwen_tokens=256, reps=2, demo_requests=1)
+             qwen_tokens=8192, reps=5, demo_requests=2, stall_bytes=1 << 30, stall_matrix=4096)
+QUICK = Sizes(blocks=(64 * KIB, MIB), case_bytes=8 * MIB, qwen_tokens=256, reps=2, demo_requests=1,
+              stall_bytes=8 * MIB, stall_matrix=256)
+STALL_BLOCK = 4 * MIB
+WEIGHT_LEAVES = 16  # the weights case's tensors, stall_bytes in all, one pool block each
 
 
 def configure(platform: str) -> None:
@@ -390,7 +401,148 @@ class TorchSteps(Steps):
                 results += self.d2h_h2d(block, layers)
                 if self.device.type == "cuda":  # the fallback: the pool not registered
                     results += self.d2h_h2d(block, layers, tag="-pageable")
+        results += self.weights()
+        if self.device.type == "cuda":
+            results += self.weights(tag="-pageable")
+        return results + self.stall()
+
+    def weights(self, tag: str = "") -> list[dict]:
+        """A torch state dict on the device published as a version, then landed in place in
+        parameters on the device the way the vLLM backend feeds load_weights: each leaf read off
+        its pool slot (iter_torch) and copied into its parameter, against torch's pinned copies of
+        the same tensors; bytes equal."""
+        from tpusync import VersionedWeights
+        from tpusync.kv.torch_pages import register_pool
+        from tpusync.weights.inplace import iter_torch, pinned_version
+
+        def land(store: Any, params: dict) -> None:
+            """The version into `params` (each leaf's lease on its slot ends with this call)."""
+            with pinned_version(store, "device-check", 1) as manifest:
+                for name, tensor in iter_torch(store, manifest):
+                    params[name].copy_(tensor)
+
+        torch, leaves = self.torch, WEIGHT_LEAVES
+        leaf = self.sizes.stall_bytes // leaves
+        source = {f"layers.{i}.weight": t for i, t in enumerate(self.cache(leaves, (leaf // 2,), 1, seed=11)[0])}
+        params = {name: torch.zeros_like(t) for name, t in source.items()}
+        pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self.device.type == "cuda") for t in source.values()]
+        back = [torch.zeros_like(t) for t in source.values()]  # the baseline's landing
+        times, baselines = [], []
+        with self.check.sidecar(leaf, (2 * leaves + 8) * leaf) as (_, store), \
+                (contextlib.nullcontext() if tag else register_pool(store)):
+            VersionedWeights(store, "device-check").publish(source, 1)
+            for rep in range(self.sizes.reps + 1):  # rep 0: untimed, its landing checked
+                for p in params.values():
+                    p.zero_()
+                self.sync()
+                t0 = time.perf_counter()
+                land(store, params)
+                self.sync()
+                landed = time.perf_counter() - t0
+                if rep == 0:
+                    self.check.expect_equal(f"weights-torch{tag}", self.numpy(list(params.values())),
+                                            self.numpy(list(source.values())), leaf)
+                for h, t in zip(pinned, source.values()):
+                    h.copy_(t)
+                self.sync()
+                t0 = time.perf_counter()
+                for b, h in zip(back, pinned):
+                    b.copy_(h, non_blocking=True)
+                self.sync()
+                if rep:
+                    times.append(landed)
+                    baselines.append(time.perf_counter() - t0)
+        return [rate(f"weights-torch{tag}", leaves * leaf, times, baselines, self.baseline)]
+
+    def stall(self) -> list[dict]:
+        """Kernels beside a load from the pool, unpaced and paced: whether a large load holds the
+        device's compute up (the evidence for pacing by default, or not)."""
+        from tpusync.kv.torch_pages import Pace, load_blocks, register_pool, save_blocks
+
+        torch, n = self.torch, self.sizes.stall_matrix
+        pages = self.sizes.stall_bytes // STALL_BLOCK
+        kernel_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32  # the CPU has no fast bf16
+        a = torch.rand((n, n), device=self.device).to(kernel_dtype)
+        src = self.cache(pages, (STALL_BLOCK // 2,), 1, seed=7)
+        keys = [(7 << 32) + i for i in range(pages)]
+        results = []
+        with self.check.sidecar(STALL_BLOCK, (pages + 8) * STALL_BLOCK) as (_, store), register_pool(store):
+            save_blocks(store, keys, src, range(pages))
+            alone = self.kernels_beside(a, 50, None)[0]
+            for name, pace in (("unpaced", None), ("paced", Pace())):
+                dst = [torch.zeros_like(src[0])]
+                self.sync()
+                load = functools.partial(load_blocks, store, keys, dst, range(pages), pace=pace)
+                load()  # untimed: first touches
+                count = max(20, int(3 * self.load_seconds(load) / (statistics.median(alone) / 1e3)))
+                dst[0].zero_()
+                times, starts, load_end_ms, seconds = self.kernels_beside(a, min(count, 20000), load)
+                beside = [t for t, start in zip(times, starts) if start < load_end_ms]
+                self.check.expect_equal(f"stall-torch-{name}", self.numpy(dst), self.numpy(src), pages)
+                if not beside:
+                    self.check.problems.append(f"stall-torch-{name}: no kernel ran beside the load")
+                    beside = times
+                results.append({
+                    "case": f"stall-torch-{name}", "bytes": pages * STALL_BLOCK, "seconds": seconds,
+                    "gbps": pages * STALL_BLOCK / seconds / 1e9, "baseline": "kernels alone",
+                    "ratio": statistics.median(alone) / statistics.median(beside),
+                    "kernel_ms": statistics.median(alone), "kernel_ms_beside": statistics.median(beside),
+                    "kernel_ms_beside_max": max(beside), "kernels_beside": len(beside)})
         return results
+
+    def load_seconds(self, load: Any) -> float:
+        t0 = time.perf_counter()
+        load()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def kernels_beside(self, a: Any, count: int, load: Any) -> tuple[list[float], list[float], float, float]:
+        """`count` matmuls on the compute stream (CUDA) or a thread (CPU), and `load` (if any) on a
+        side stream or the calling thread once they are queued or started: each kernel's ms, its
+        start in ms from the first's, when the load ended in the same ms, and the load's seconds."""
+        torch = self.torch
+        out = torch.empty_like(a)
+        if self.device.type == "cuda":
+            timing = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(count)]
+            for begin, end in timing:
+                begin.record()
+                torch.mm(a, a, out=out)
+                end.record()
+            side, done = torch.cuda.Stream(self.device), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            with torch.cuda.stream(side):
+                if load is not None:
+                    load()  # returns once its copies are done (it waits for its stream per group)
+                done.record(side)
+            seconds = time.perf_counter() - t0
+            torch.cuda.synchronize(self.device)
+            first = timing[0][0]
+            return ([b.elapsed_time(e) for b, e in timing], [first.elapsed_time(b) for b, _ in timing],
+                    first.elapsed_time(done), seconds)
+        import threading
+
+        spans: list[tuple[float, float]] = []
+        started = threading.Event()
+
+        def kernels() -> None:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                torch.mm(a, a, out=out)
+                spans.append((t0, time.perf_counter()))
+                started.set()
+
+        thread = threading.Thread(target=kernels)
+        thread.start()
+        started.wait()
+        t0 = time.perf_counter()
+        if load is not None:
+            load()
+        ended = time.perf_counter()
+        thread.join()
+        first = spans[0][0]
+        return ([(e - b) * 1e3 for b, e in spans], [(b - first) * 1e3 for b, _ in spans], (ended - first) * 1e3,
+                ended - t0)
 
     def registered(self, store: Any, tag: str) -> Any:
         from tpusync.kv.torch_pages import register_pool

@@ -157,7 +157,12 @@ SECTIONS = [
      "an 8K-token Qwen3-235B request device -> pool A -> pull -> pool B -> device, against copy out + 4 raw TCP "
      "streams + copy in. pd-reference: make demo's P/D with its model servers on the device (tokens equal to "
      "monolithic serving, then a prefix hit). JAX cannot register memory it did not allocate as page-locked, "
-     "so tpusync's copies go through the pool's pageable shared memory."),
+     "so tpusync's copies go through the pool's pageable shared memory. d2h-torch, h2d-torch: the same for a "
+     "torch paged cache (tpusync.kv.torch_pages) against torch's pin_memory copies, the pool registered with "
+     "CUDA (cudaHostRegister) and, -pageable, not. stall-torch-unpaced, -paced: matmul kernels on the compute "
+     "stream while a 1 GiB load from the pool runs on a side stream, whole or paced (16 MiB chunks, 64 MiB in "
+     "flight); ratio = the kernels' median time alone over beside the load (1: untouched), with the longest "
+     "kernel beside it: whether loads are paced by default is decided on these."),
     ("operator", "Operator", "bench/operator_bench.py",
      "One TPUSyncPool and N DisaggregatedServing objects on the e2e control plane, everything on the same "
      "cores: time until all are Ready, reconcile latencies, the operator's CPU and memory. A pass's wall time "

@@ -6,6 +6,7 @@ tensors, so the device check's torch half does not rot between loans of a GPU.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from tpusync import KVStore, errors
-from tpusync.kv.torch_pages import block_view, load_blocks, register_pool, save_blocks
+from tpusync.kv.torch_pages import Pace, block_view, load_blocks, register_pool, save_blocks
 from tpusync.local import sidecars
 from tpusync.local.sidecars import write_secret
 
@@ -116,3 +117,114 @@ def test_the_device_checks_torch_steps_run_on_the_cpu(tmp_path):
                 assert r["device"] == "cpu" and r["baseline"] == "memcpy" and r["reps"] == 2, r
                 assert r["ratio"] == pytest.approx(r["baseline_seconds"] / r["seconds"]), r
     assert not any(c.endswith("-pageable") for c in results)  # the unregistered variant is CUDA's alone
+    for name in ("unpaced", "paced"):  # kernels on a thread beside the loading one (bytes checked by the script)
+        r = results[f"stall-torch-{name}"]
+        assert r["kernels_beside"] > 0 and r["kernel_ms_beside_max"] >= r["kernel_ms_beside"] > 0, r
+        assert r["ratio"] == pytest.approx(r["kernel_ms"] / r["kernel_ms_beside"]), r
+        assert r["bytes"] == 8 << 20 and r["device"] == "cpu", r
+
+
+def test_a_paced_load_lands_the_same_bytes_in_chunks_that_cut_across_its_layers(store):
+    src = cache(5)
+    save_blocks(store, keys(5), src, range(BLOCKS))
+    dst = [torch.zeros_like(x) for x in src]
+    # 1000-byte chunks: every layer's 4096-byte part of a block is cut mid-element, four times
+    assert load_blocks(store, keys(5), dst, range(BLOCKS), pace=Pace(chunk_bytes=1000, in_flight_bytes=3000)) == BLOCKS
+    for s, d in zip(src, dst):
+        assert torch.equal(d.view(torch.uint8), s.view(torch.uint8))
+
+
+def test_a_pace_whose_chunk_exceeds_its_bound_is_refused():
+    for chunk, bound in ((0, 1), (2, 1), (-1, 4)):
+        with pytest.raises(errors.InvalidArgumentError, match="chunk_bytes"):
+            Pace(chunk_bytes=chunk, in_flight_bytes=bound)
+
+
+class RecordedCudart:
+    """cudaHostRegister and cudaHostUnregister as calls recorded (no CUDA here; the device check
+    runs the real ones on a GPU). `fail`: the error code the next registration returns."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.fail = 0
+
+    def cudaHostRegister(self, address, size, flags):
+        self.calls.append(("register", address, size, flags))
+        err, self.fail = self.fail, 0
+        return err
+
+    def cudaHostUnregister(self, address):
+        self.calls.append(("unregister", address))
+        return 0
+
+
+@pytest.fixture
+def cudart(monkeypatch):
+    fake = RecordedCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    return fake
+
+
+def test_registrations_of_one_pool_nest_and_the_last_out_unregisters_it(store, cudart):
+    address, size = store.pool_region()
+    with register_pool(store) as first:
+        with register_pool(store) as second:
+            assert first and second
+        assert cudart.calls == [("register", address, size, 0)]  # once, though held twice
+    assert cudart.calls[-1] == ("unregister", address)
+    cudart.fail = 712  # cudaErrorHostMemoryAlreadyRegistered: another library holds the range
+    with pytest.raises(errors.UnavailableError, match="CUDA error 712"), register_pool(store):
+        pass
+    with register_pool(store) as again:  # the failure left nothing behind: a fresh registration
+        assert again and cudart.calls[-1] == ("register", address, size, 0)
+
+
+def test_the_link_holds_its_companion_exactly_while_each_store_is_open(cudart):
+    from tpusync.engines.connector.config import ConnectorConfig
+    from tpusync.engines.connector.link import StoreLink
+
+    held: list[str] = []
+
+    @contextlib.contextmanager
+    def companion(s):
+        held.append("enter")
+        try:
+            yield True
+        finally:
+            held.append("exit")
+
+    cfg = ConnectorConfig(store="local", pool_path=f"/dev/shm/tpusync-link-{uuid.uuid4().hex[:8]}",
+                          dram_bytes=8 * BLOCK, retry_s=0.0)
+    link = StoreLink(cfg, BLOCK, "the test", companion=companion)
+    try:
+        s = link.get()
+        assert s is not None and held == ["enter"]
+        assert link.get() is s and held == ["enter"]  # one store, one companion
+        link.failed(RuntimeError("a call failed"))
+        assert held == ["enter", "exit"]  # out before the store goes
+        assert link.get() is not None and held == ["enter", "exit", "enter"]
+    finally:
+        link.close()
+        if cfg.pool_path and os.path.exists(cfg.pool_path):
+            os.unlink(cfg.pool_path)
+    assert held[-1] == "exit"
+
+
+def test_a_companion_that_fails_leaves_the_store_in_use(cudart):
+    from tpusync.engines.connector.config import ConnectorConfig
+    from tpusync.engines.connector.link import StoreLink
+
+    cudart.fail = 2  # cudaErrorMemoryAllocation
+    cfg = ConnectorConfig(store="local", pool_path=f"/dev/shm/tpusync-link-{uuid.uuid4().hex[:8]}",
+                          dram_bytes=8 * BLOCK)
+    link = StoreLink(cfg, BLOCK, "the test", companion=register_pool)
+    try:
+        s = link.get()
+        assert s is not None  # used unregistered: CUDA stages its copies
+        assert cudart.calls == [("register", *s.pool_region(), 0)]
+    finally:
+        link.close()
+        if cfg.pool_path and os.path.exists(cfg.pool_path):
+            os.unlink(cfg.pool_path)
+    assert ("unregister", s.pool_region()[0]) not in cudart.calls  # nothing was registered

@@ -7,6 +7,8 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +36,16 @@ class StoreLink:
     """One connection to the block store, dropped on failure and reopened after retry_s.
 
     Thread-safe. Pins belong to a connection: `current()` tells whether pins taken through an
-    earlier store object are still held.
+    earlier store object are still held. `companion(store)`, when given, is a context entered
+    once a store opens and exited before it closes (the worker's registration of the pool with
+    CUDA); one that fails is logged and the store used without it.
     """
 
-    def __init__(self, cfg: ConnectorConfig, block_bytes: int, purpose: str) -> None:
+    def __init__(self, cfg: ConnectorConfig, block_bytes: int, purpose: str, *,
+                 companion: Callable[[KVStore], AbstractContextManager[object]] | None = None) -> None:
         self._cfg, self._block_bytes, self._purpose = cfg, block_bytes, purpose
+        self._companion = companion
+        self._companions: dict[int, contextlib.ExitStack] = {}  # id(store) -> its companion, entered
         self._store: KVStore | None = None
         self._down_until = 0.0
         self._lock = threading.Lock()
@@ -63,6 +70,7 @@ class StoreLink:
                 self._down_until = math.inf
                 return None
             self._store = store
+            self._enter_companion(store)
             return store
 
     def current(self) -> KVStore | None:
@@ -95,12 +103,27 @@ class StoreLink:
         if store is not None:
             self._close(store)
 
+    def _enter_companion(self, store: KVStore) -> None:
+        if self._companion is None:
+            return
+        stack = contextlib.ExitStack()
+        try:
+            got = stack.enter_context(self._companion(store))
+        except (errors.TpuSyncError, OSError) as e:
+            log.warning("tpusync store for %s: %s; running without it", self._purpose, e)
+            return
+        self._companions[id(store)] = stack
+        log.info("tpusync store for %s: %s", self._purpose, "pool registered" if got else "pool not registered")
+
     def _open(self) -> KVStore:
         if self._cfg.store == "local":
             return _local_store(self._cfg, self._block_bytes)
         return KVStore.connect(f"unix://{self._cfg.control_socket}", timeout=self._cfg.timeout_s)
 
     def _close(self, store: KVStore) -> None:
+        companion = self._companions.pop(id(store), None)
+        if companion is not None:  # before the store: a registration of its pool would outlive the mapping
+            companion.close()
         if self._cfg.store == "local":
             return  # shared by the process's connectors
         with contextlib.suppress(Exception):

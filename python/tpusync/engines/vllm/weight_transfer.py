@@ -58,6 +58,7 @@ from vllm.logger import init_logger
 from tpusync import errors
 from tpusync.engines.vllm.plugin import BACKEND
 from tpusync.kv import served_weights
+from tpusync.kv.torch_pages import register_pool
 from tpusync.store import KVStore, connect_sidecar
 from tpusync.weights.codec import manifest_digest
 from tpusync.weights.inplace import await_version, iter_torch, pinned_version
@@ -89,16 +90,25 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
         super().__init__(*args, **kwargs)
         self.info: TpusyncInitInfo | None = None
         self.store: KVStore | None = None
+        self._registration = contextlib.ExitStack()  # the pool registered with CUDA while the store is open
         self.loaded: int | None = None  # the version this engine serves (None: what it started with)
         self._engine_id = _engine_id(self.vllm_config)
         if self._engine_id is not None:
             served_weights.forget(self._engine_id)
 
     def init_transfer_engine(self, init_info: TpusyncInitInfo) -> None:
-        if self.store is not None:
-            self.store.close()
+        self._close_store()
         self.store = connect_sidecar(init_info.control_socket, secret_file=init_info.secret_file)
         self.info = init_info
+        if _on_cuda(self.model):
+            # The leaves are read off the pool's slots straight into the parameters: with the pool
+            # page-locked, each copy is one DMA from the slot (no staging through CUDA's buffers).
+            try:
+                registered = self._registration.enter_context(register_pool(self.store))
+            except errors.UnavailableError as e:  # CUDA stages the copies instead: slower, the same bytes
+                log.warning("tpusync: %s; weight updates copy from the pool unregistered", e)
+                return
+            log.info("tpusync: the pool is %sregistered with CUDA for weight updates", "" if registered else "not ")
 
     def start_weight_update(self) -> None:
         """Nothing to do yet: the engine changes only once the version is here and pinned."""
@@ -127,9 +137,19 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
         """Nothing to do: each update is a whole version, finished when update_weights returns."""
 
     def shutdown(self) -> None:
+        self._close_store()
+
+    def _close_store(self) -> None:
+        self._registration.close()
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def _on_cuda(model: torch.nn.Module | None) -> bool:
+    """Whether the model's parameters live on a CUDA device."""
+    param = next(model.parameters(), None) if model is not None else None
+    return param is not None and param.device.type == "cuda"
 
 
 def load_in_place(model: torch.nn.Module, model_config: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:

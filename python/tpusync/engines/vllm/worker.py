@@ -17,7 +17,7 @@ from tpusync.engines.connector.common import log
 from tpusync.engines.connector.config import ConnectorConfig
 from tpusync.engines.connector.link import StoreLink
 from tpusync.engines.connector.messages import TPUSyncConnectorMetadata, Transfer, WorkerResults
-from tpusync.kv.torch_pages import block_view
+from tpusync.kv.torch_pages import block_view, register_pool
 
 
 @dataclass
@@ -61,7 +61,10 @@ class WorkerSide(WorkerResults):
             self.layers.append(_Layer(name, view, offset))
             offset += view.shape[1]
         self.block_bytes = offset
-        self.link = StoreLink(self.cfg, offset, "loads and saves")
+        # On a CUDA device the pool is registered as page-locked host memory: the copies below are
+        # DMA straight between the caches and the pool's slots, not staged by CUDA.
+        on_cuda = any(kv.device.type == "cuda" for kv in kv_caches.values())
+        self.link = StoreLink(self.cfg, offset, "loads and saves", companion=register_pool if on_cuda else None)
         if self.cfg.layerwise and all(kv.device.type == "cpu" for kv in kv_caches.values()):
             self.loader = ThreadPoolExecutor(1, thread_name_prefix="tpusync-load")
         log.info("TPUSyncConnector: %d layers, %d bytes per block, layerwise=%s", len(self.layers), offset,
