@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .builders import names
@@ -10,9 +11,9 @@ from .builders.pool import build_auth_secret
 from .kube import Kube, KubeError
 from .models import TPUSyncPoolSpec, TPUSyncPoolStatus
 from .nodepools import reconcile_node_pools
-from .ownership import CONFLICT_RETRY_SECONDS, conflict_message
-from .pool_plan import SHARED_CAPACITY_BEYOND_CLAIM, PlanError, plan_pool, shared_claim_problem
-from .reconcile import Deps, Pass, apply_all, read_wanted
+from .ownership import CONFLICT_RETRY_SECONDS, Conflict, conflict_message
+from .pool_plan import SHARED_CAPACITY_BEYOND_CLAIM, Child, PlanError, PoolPlan, plan_pool, shared_claim_problem
+from .reconcile import Deps, Pass, Written, apply_all, read_wanted
 from .status import (
     NAME_CONFLICT,
     Capacity,
@@ -34,45 +35,14 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         plan = plan_pool(owner, spec)
     except PlanError as e:
         await p.invalid(deps, str(e))
-
-    node_pool: dict[str, Any] = {"name": None, "state": "Existing", "operation": None}
-    node_pools: list[dict[str, Any]] | None = None
-    node_pool_ready, node_pool_message, node_pool_updating = True, "", ""
-    if spec.provisioning.mode != "gke":
-        existing = spec.provisioning.existing
-        node_pool["name"] = existing.node_pool_name if existing else None
-
+    node_pools = _NodePools.existing(spec)
     try:
-        secret_name = names.pool_auth(owner.name, spec)
-        once = []
-        if spec.auth.secret_name:    # the user's Secret: only read, never written
-            if await kube.get("v1", "Secret", owner.namespace, secret_name) is None:
-                p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
-        else:   # generated: created once, never re-applied (that would rotate the token under running pods)
-            once = [build_auth_secret(owner, spec, deps.token())]
-        shared = spec.tiers.shared
-        if shared is not None and shared.claim_name and shared.capacity:   # the user's claim: only read
-            claim = await kube.get("v1", "PersistentVolumeClaim", owner.namespace, shared.claim_name)
-            if problem := shared_claim_problem(spec, claim):
-                p.issue(SHARED_CAPACITY_BEYOND_CLAIM, problem, retry=60)   # a resized claim sends no event here
+        secret_name, once = await _read_inputs(deps, p, owner, spec)
         read = await read_wanted(kube, owner, plan.apply, once)
         if spec.provisioning.mode == "gke":
-            if read.conflicts:  # nothing is written, GKE's node pools included: as last reported
-                node_pool = old.get("nodePool") or {"name": None, "state": None, "operation": None}
-                node_pools = old.get("nodePools")
-                node_pool_ready, node_pool_message = False, "not reconciled while a name is held (NameConflict)"
-            else:
-                report = await reconcile_node_pools(deps, p, owner, spec, plan, old)
-                node_pools, node_pool = report.entries, report.entries[0]
-                node_pool_ready, node_pool_message, node_pool_updating = report.ready, report.message, report.updating
+            node_pools = await _gke_node_pools(deps, p, owner, spec, plan, read.conflicts)
         written = await apply_all(kube, owner, read, plan.delete)
-        if secret_name in written.created:
-            p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
-        if written.conflicts:
-            message = conflict_message(owner, written.conflicts)
-            if any(c.kind == "Secret" and c.name == secret_name for c in written.conflicts):
-                message += f"; if Secret {secret_name} is meant as this pool's auth Secret, set spec.auth.secretName"
-            p.issue(NAME_CONFLICT, message, retry=CONFLICT_RETRY_SECONDS, first=True)
+        _report_written(p, owner, written, secret_name)
         nodes = await kube.list("v1", "Node", None, plan.node_selector) if plan.node_selector else []
         pods = await kube.list("v1", "Pod", owner.namespace, {POOL_LABEL: owner.name})
         if written.conflicts:     # the store's workload may be another's: not observed
@@ -83,7 +53,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         # Node pool entries are written even so: they record GKE operations started this pass.
         return await p.finish_held(deps, e, ("observedGeneration", "hosts", "readyHosts", "sidecars", "readySidecars",
                                              "dramBytes", "diskBytes", "peersService"),
-                                   nodePool=node_pool, nodePools=node_pools)
+                                   nodePool=node_pools.entry, nodePools=node_pools.entries)
     ready_hosts = sum(1 for n in nodes if node_ready(n))
     cap: Capacity = pool_capacity(pods)
     # The workload's count and the pods were read at different moments: a store pod counts as
@@ -93,8 +63,8 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
     obs = PoolObservation(mode=spec.provisioning.mode, desired_hosts=plan.desired_hosts,
                           min_ready_hosts=plan.min_ready_hosts, ready_hosts=ready_hosts, capacity=cap,
                           store_desired=store_desired, store_ready=store_ready,
-                          node_pool_state=node_pool["state"], node_pool_ready=node_pool_ready,
-                          node_pool_message=node_pool_message, node_pool_updating=node_pool_updating,
+                          node_pool_state=node_pools.entry["state"], node_pool_ready=node_pools.ready,
+                          node_pool_message=node_pools.message, node_pool_updating=node_pools.updating,
                           issues=p.issues)
     if p.failures:      # GKE did not answer: whether its node pools are ready is not known
         conds = held_conditions(old.get("conditions"), p.failures + p.issues, p.generation, deps.now())
@@ -102,11 +72,68 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         conds = p.conditions(deps, pool_conditions(obs))
     return await p.finish(deps, {
         "observedGeneration": old.get("observedGeneration") if p.failures else p.generation, "conditions": conds,
-        "nodePool": node_pool, "nodePools": node_pools,
+        "nodePool": node_pools.entry, "nodePools": node_pools.entries,
         "hosts": plan.desired_hosts, "readyHosts": ready_hosts, "sidecars": cap.sidecars,
         "readySidecars": cap.ready_sidecars, "dramBytes": cap.dram_bytes, "diskBytes": cap.disk_bytes,
         "peersService": names.peers_dns(owner.name, owner.namespace),
     })
+
+
+@dataclass
+class _NodePools:
+    """What the status says of the pool's node pools."""
+
+    entry: dict[str, Any]                        # status.nodePool
+    entries: list[dict[str, Any]] | None = None  # status.nodePools (mode gke)
+    ready: bool = True
+    message: str = ""
+    updating: str = ""
+
+    @staticmethod
+    def existing(spec: TPUSyncPoolSpec) -> _NodePools:
+        """Before any GKE call: mode existing's named node pool (none for mode gke yet)."""
+        existing = spec.provisioning.existing if spec.provisioning.mode != "gke" else None
+        return _NodePools({"name": existing.node_pool_name if existing else None, "state": "Existing",
+                           "operation": None})
+
+
+async def _read_inputs(deps: Deps, p: Pass, owner: Owner, spec: TPUSyncPoolSpec) -> tuple[str, list[Child]]:
+    """The auth Secret's name and the children created once (a generated Secret); the user's
+    Secret and shared-tier claim read, their problems raised as issues."""
+    secret_name = names.pool_auth(owner.name, spec)
+    once = []
+    if spec.auth.secret_name:    # the user's Secret: only read, never written
+        if await deps.kube.get("v1", "Secret", owner.namespace, secret_name) is None:
+            p.issue("AuthSecretMissing", f"spec.auth.secretName: Secret {secret_name} not found", retry=30)
+    else:   # generated: created once, never re-applied (that would rotate the token under running pods)
+        once = [build_auth_secret(owner, spec, deps.token())]
+    shared = spec.tiers.shared
+    if shared is not None and shared.claim_name and shared.capacity:   # the user's claim: only read
+        claim = await deps.kube.get("v1", "PersistentVolumeClaim", owner.namespace, shared.claim_name)
+        if problem := shared_claim_problem(spec, claim):
+            p.issue(SHARED_CAPACITY_BEYOND_CLAIM, problem, retry=60)   # a resized claim sends no event here
+    return secret_name, once
+
+
+async def _gke_node_pools(deps: Deps, p: Pass, owner: Owner, spec: TPUSyncPoolSpec, plan: PoolPlan,
+                          conflicts: list[Conflict]) -> _NodePools:
+    """Mode gke: the node pools reconciled through GKE's API, unless a child's name is held."""
+    if conflicts:  # nothing is written, GKE's node pools included: as last reported
+        return _NodePools(p.old.get("nodePool") or {"name": None, "state": None, "operation": None},
+                          p.old.get("nodePools"), False, "not reconciled while a name is held (NameConflict)")
+    report = await reconcile_node_pools(deps, p, owner, spec, plan, p.old)
+    return _NodePools(report.entries[0], report.entries, report.ready, report.message, report.updating)
+
+
+def _report_written(p: Pass, owner: Owner, written: Written, secret_name: str) -> None:
+    """The pass's events and issues of what apply_all wrote: a generated Secret, names held by others."""
+    if secret_name in written.created:
+        p.event("Normal", "SecretGenerated", f"generated auth Secret {secret_name}")
+    if written.conflicts:
+        message = conflict_message(owner, written.conflicts)
+        if any(c.kind == "Secret" and c.name == secret_name for c in written.conflicts):
+            message += f"; if Secret {secret_name} is meant as this pool's auth Secret, set spec.auth.secretName"
+        p.issue(NAME_CONFLICT, message, retry=CONFLICT_RETRY_SECONDS, first=True)
 
 
 async def _store_nodes(kube: Kube, owner: Owner, spec: TPUSyncPoolSpec, desired: int | None) -> tuple[int, int]:

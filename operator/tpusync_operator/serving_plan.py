@@ -373,6 +373,19 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, a
                  role_pools: dict[str, PoolInfo] | None = None) -> ServingPlan:
     """available_kinds: the optional kinds (OPTIONAL_KINDS) served by the cluster; role_pools: the
     pool of each role with a spec.<role>.poolRef of its own (spec.poolRef's `pool` runs the others)."""
+    check_spec(spec)
+    roles = plan_roles(spec, pool, role_pools)
+    check_serving_name(owner, spec, roles)
+    required = required_kinds(spec, roles)
+    missing = sorted(required - available_kinds)
+    apply, delete = role_children(owner, spec, roles, available_kinds, missing)
+    routed = routing_children(owner, spec, roles, available_kinds, missing)
+    return ServingPlan(roles=roles, apply=apply + routed[0], delete=delete + routed[1], missing_kinds=missing,
+                       required_kinds=sorted(required))
+
+
+def check_spec(spec: DisaggregatedServingSpec) -> None:
+    """Every check of a serving's spec alone (most the schema makes too): PlanError names the field."""
     if spec.engine.type == "sglang-jax" and not spec.engine.image:     # the schema rejects it too
         raise PlanError(SGLANG_IMAGE_REQUIRED)
     if spec.model.uri.startswith("gs://") and spec.engine.type != "vllm-tpu":    # so does this
@@ -389,13 +402,14 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, a
     if spec.routing.proxy_kv_connector is not None and \
             (spec.routing.proxy_kv_connector == "sglang") != (spec.engine.type == "sglang-jax"):   # and this
         raise PlanError(PROXY_SGLANG_PAIR)
-    lockstep = spec.rollout.strategy == "Lockstep"
-    if lockstep:
+    if spec.rollout.strategy == "Lockstep":
         check_lockstep(spec)
-    roles = plan_roles(spec, pool, role_pools)
-    check_serving_name(owner, spec, roles)
+
+
+def required_kinds(spec: DisaggregatedServingSpec, roles: list[RolePlan]) -> set[str]:
+    """The optional kinds (OPTIONAL_KINDS) this serving's children need."""
     required: set[str] = {p.kind for p in roles if p.kind == "LeaderWorkerSet"}
-    if lockstep:
+    if spec.rollout.strategy == "Lockstep":
         required.add("DisaggregatedSet")
     if spec.routing.enabled:
         required |= {"InferencePool", "InferenceObjective"}
@@ -403,7 +417,14 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, a
             required.add("HTTPRoute")
         if spec.routing.gke_gateway_policies:
             required |= set(GKE_POLICY_KINDS)
-    missing = sorted(required - available_kinds)
+    return required
+
+
+def role_children(owner: Owner, spec: DisaggregatedServingSpec, roles: list[RolePlan], available_kinds: set[str],
+                  missing: list[str]) -> tuple[list[Child], list[Ref]]:
+    """The roles' workloads and Services (or the DisaggregatedSet over them, in lockstep), the
+    serving's NetworkPolicy and SGLang's bootstrap; and the workloads of another kind to delete."""
+    lockstep = spec.rollout.strategy == "Lockstep"
     apply: list[Child] = []
     delete: list[Ref] = []
     if lockstep and not {"DisaggregatedSet", "LeaderWorkerSet"} & set(missing):
@@ -431,6 +452,15 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, a
     if spec.engine.type == "sglang-jax":     # spec.engine.type is immutable: nothing to prune
         apply += [sglang_pd.build_bootstrap_deployment(owner, spec),
                   sglang_pd.build_bootstrap_service(owner)]
+    return apply, delete
+
+
+def routing_children(owner: Owner, spec: DisaggregatedServingSpec, roles: list[RolePlan], available_kinds: set[str],
+                     missing: list[str]) -> tuple[list[Child], list[Ref]]:
+    """llm-d's objects for a routed serving (the endpoint picker and its RBAC, the
+    InferencePool, InferenceObjective, HTTPRoute, GKE's policies); those no longer wanted to delete."""
+    apply: list[Child] = []
+    delete: list[Ref] = []
     epp = names.epp(owner.name)
     epp_children = [Ref("apps/v1", "Deployment", epp), Ref("v1", "Service", epp), Ref("v1", "ConfigMap", epp),
                     Ref("rbac.authorization.k8s.io/v1", "RoleBinding", epp),
@@ -465,5 +495,4 @@ def plan_serving(owner: Owner, spec: DisaggregatedServingSpec, pool: PoolInfo, a
             else spec.routing.gke_gateway_policies if kind in GKE_POLICY_KINDS else True)
         if not wanted and kind in available_kinds:
             delete.append(Ref(OPTIONAL_KINDS[kind][0], kind, owner.name))
-    return ServingPlan(roles=roles, apply=apply, delete=delete, missing_kinds=missing,
-                       required_kinds=sorted(required))
+    return apply, delete

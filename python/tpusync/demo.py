@@ -15,6 +15,7 @@ mismatch; stops everything it started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -112,82 +115,114 @@ def _main(argv: list[str]) -> int:
     rng = np.random.default_rng(7)
     prefix = rng.integers(0, cfg.vocab, SHARED_PREFIX).tolist()
     prompts = [prefix + rng.integers(0, cfg.vocab, SUFFIX).tolist() for _ in range(args.requests)]
-    seen: dict[str, list[float]] = {"mono": [], "pd": [], "hit": [], "pulled": [], "prompt_kv": []}
+    table = Table(title=f"tpusync demo: {args.requests} requests, {SHARED_PREFIX}-token shared prefix + "
+                        f"{SUFFIX} own tokens, {MAX_TOKENS} generated (TTFT in ms; a tiny model on the CPU)")
+    for col in ("req", "mono TTFT", "P/D TTFT", "prefill computed", "KV pulled", "transfer ms", "hit TTFT",
+                "hit computed", "tokens"):
+        table.add_column(col, justify="right")
+    runs: list[Run] = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("starting sidecars and model servers", total=5 + args.requests)
+        with servers(block, lambda n: progress.advance(task, n)) as serving:
+            for i, prompt in enumerate(prompts):
+                progress.update(task, description=f"request {i + 1}/{args.requests}")
+                runs.append(serving.run(prompt, len(prompt) // cfg.page_size * block))
+                table.add_row(str(i), *runs[-1].row)
+                progress.advance(task)
+    console.print(table)
+    console.print(legend(cfg))
+    return summary(console, runs)
+
+
+@dataclass
+class Run:
+    """One prompt served the three ways: its times (s), the decode host's pull, the table row."""
+
+    same: bool           # the three produced the same tokens
+    mono: float          # TTFT, monolithic
+    pd: float            # TTFT, prefill + decode
+    hit: float           # TTFT, the prefix-cache hit
+    pulled: int          # KV bytes decode pulled
+    prompt_kv: int       # the prompt's KV bytes
+    row: list[str]
+
+
+@dataclass
+class Servers:
+    mono: Any
+    prefill: Any
+    decode: Any
+
+    def run(self, prompt: list[int], prompt_kv: int) -> Run:
+        """The prompt monolithic, then prefill -> decode through the sidecars, then again on
+        decode (a prefix hit)."""
+        _, mono_ttft, mono_tokens = post(self.mono.url, {"prompt": prompt, "max_tokens": MAX_TOKENS})
+        p_final, p_ttft, p_tokens = post(self.prefill.url, {"prompt": prompt, "max_tokens": 1})
+        params = p_final.get("kv_transfer_params")
+        if params is None:
+            raise RuntimeError(f"the prefill server returned no kv_transfer_params: {p_final}")
+        d_final, d_ttft, d_tokens = post(self.decode.url, {"prompt": prompt, "max_tokens": MAX_TOKENS,
+                                                           "kv_transfer_params": params})
+        h_final, h_ttft, h_tokens = post(self.decode.url, {"prompt": prompt, "max_tokens": MAX_TOKENS})
+        d_stats, p_stats, h_stats = d_final["tpusync"], p_final["tpusync"], h_final["tpusync"]
+        same = mono_tokens == d_tokens == h_tokens and p_tokens == mono_tokens[:1]
+        row = [f"{mono_ttft * 1e3:.0f}", f"{(p_ttft + d_ttft) * 1e3:.0f}", f"{p_stats['computed_tokens']}",
+               f"{d_stats['pulled_bytes'] / 2**20:.1f} MiB", f"{d_stats['transfer_seconds'] * 1e3:.1f}",
+               f"{h_ttft * 1e3:.0f}", f"{h_stats['computed_tokens']}",
+               "[green]equal[/]" if same else "[red]MISMATCH[/]"]
+        return Run(same, mono_ttft, p_ttft + d_ttft, h_ttft, d_stats["pulled_bytes"], prompt_kv, row)
+
+
+@contextlib.contextmanager
+def servers(block: int, started_one: Callable[[int], None]) -> Iterator[Servers]:
+    """The prefill and decode hosts' sidecars on 127.0.0.1, a monolithic server without a cache,
+    a prefill and a decode server on those sidecars; `started_one(n)` as they come up. All
+    stopped, and the pools removed, on exit."""
     started: list[Any] = []
     pools = [f"/dev/shm/tpusync-demo-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    failures = 0
-    with tempfile.TemporaryDirectory() as work, Progress(console=console, transient=True) as progress:
+    with tempfile.TemporaryDirectory() as work:
         try:
             secret = os.path.join(work, "secret")
             sidecar.write_secret(secret, uuid.uuid4().hex * 2)
-            task = progress.add_task("starting sidecars and model servers", total=5 + args.requests)
             p_side, d_side = (
                 sidecar.launch(pool_path=pool, secret_file=secret, dram_bytes=256 << 20, block_bytes=block,
                                control_socket=os.path.join(work, f"{name}.sock"), stderr=subprocess.DEVNULL)
                 for name, pool in zip(("prefill", "decode"), pools)
             )
             started += [p_side, d_side]
-            progress.advance(task, 2)
+            started_one(2)
             quiet = subprocess.DEVNULL
-            mono = start_server("both", model_config=MODEL, prefix_cache=False, stderr=quiet)
-            started.append(mono)
-            progress.advance(task)
-            prefill = start_server("prefill", model_config=MODEL, control_socket=p_side.control_socket,
-                                   data_address=p_side.address, stderr=quiet)
-            started.append(prefill)
-            progress.advance(task)
-            decode = start_server("decode", model_config=MODEL, control_socket=d_side.control_socket,
-                                  data_address=d_side.address, peers=[p_side.address], stderr=quiet)
-            started.append(decode)
-            progress.advance(task)
-
-            table = Table(title=f"tpusync demo: {args.requests} requests, {SHARED_PREFIX}-token shared prefix + "
-                                f"{SUFFIX} own tokens, {MAX_TOKENS} generated (TTFT in ms; a tiny model on the CPU)")
-            for col in ("req", "mono TTFT", "P/D TTFT", "prefill computed", "KV pulled", "transfer ms",
-                        "hit TTFT", "hit computed", "tokens"):
-                table.add_column(col, justify="right")
-            for i, prompt in enumerate(prompts):
-                progress.update(task, description=f"request {i + 1}/{args.requests}")
-                _, mono_ttft, mono_tokens = post(mono.url, {"prompt": prompt, "max_tokens": MAX_TOKENS})
-                p_final, p_ttft, p_tokens = post(prefill.url, {"prompt": prompt, "max_tokens": 1})
-                params = p_final.get("kv_transfer_params")
-                if params is None:
-                    raise RuntimeError(f"the prefill server returned no kv_transfer_params: {p_final}")
-                d_final, d_ttft, d_tokens = post(decode.url, {"prompt": prompt, "max_tokens": MAX_TOKENS,
-                                                              "kv_transfer_params": params})
-                h_final, h_ttft, h_tokens = post(decode.url, {"prompt": prompt, "max_tokens": MAX_TOKENS})
-                d_stats, p_stats, h_stats = d_final["tpusync"], p_final["tpusync"], h_final["tpusync"]
-                same = mono_tokens == d_tokens == h_tokens and p_tokens == mono_tokens[:1]
-                failures += not same
-                seen["mono"].append(mono_ttft)
-                seen["pd"].append(p_ttft + d_ttft)
-                seen["hit"].append(h_ttft)
-                seen["pulled"].append(d_stats["pulled_bytes"])
-                seen["prompt_kv"].append(len(prompt) // cfg.page_size * block)
-                table.add_row(
-                    str(i), f"{mono_ttft * 1e3:.0f}", f"{(p_ttft + d_ttft) * 1e3:.0f}",
-                    f"{p_stats['computed_tokens']}", f"{d_stats['pulled_bytes'] / 2**20:.1f} MiB",
-                    f"{d_stats['transfer_seconds'] * 1e3:.1f}", f"{h_ttft * 1e3:.0f}", f"{h_stats['computed_tokens']}",
-                    "[green]equal[/]" if same else "[red]MISMATCH[/]")
-                progress.advance(task)
+            for role, options in (("both", {"prefix_cache": False}),
+                                  ("prefill", {"control_socket": p_side.control_socket,
+                                               "data_address": p_side.address}),
+                                  ("decode", {"control_socket": d_side.control_socket, "data_address": d_side.address,
+                                              "peers": [p_side.address]})):
+                started.append(start_server(role, model_config=MODEL, stderr=quiet, **options))
+                started_one(1)
+            yield Servers(*started[2:])
         finally:
             for proc in reversed(started):
                 proc.stop()
             for pool in pools:
                 if os.path.exists(pool):
                     os.unlink(pool)
-    console.print(table)
-    console.print(legend(cfg))
+
+
+def summary(console: Console, runs: list[Run]) -> int:
+    """What the run showed, or which requests differed: the exit status."""
+    failures = sum(not r.same for r in runs)
     if failures:
         console.print(f"[red]{failures} request(s) produced different tokens[/]")
         return 1
     console.print("[green]all runs produced identical tokens[/]")
     median = statistics.median
-    not_pulled = sum(seen["prompt_kv"]) - sum(seen["pulled"])
+    mono = median(r.mono for r in runs)
+    pulled = sum(r.pulled for r in runs)
+    not_pulled = sum(r.prompt_kv for r in runs) - pulled
     console.print(
-        f"What this showed: P/D TTFT {median(seen['pd']) / median(seen['mono']):.2f} x and a DRAM prefix hit "
-        f"{median(seen['hit']) / median(seen['mono']):.2f} x monolithic (medians); the decode host pulled "
-        f"{sum(seen['pulled']) / 2**20:.1f} MiB of KV and did not pull {not_pulled / 2**20:.1f} MiB it already held "
+        f"What this showed: P/D TTFT {median(r.pd for r in runs) / mono:.2f} x and a DRAM prefix hit "
+        f"{median(r.hit for r in runs) / mono:.2f} x monolithic (medians); the decode host pulled "
+        f"{pulled / 2**20:.1f} MiB of KV and did not pull {not_pulled / 2**20:.1f} MiB it already held "
         "(the shared prefix, after the first request).\n"
         "Next: `make test` (every tier, real engines included), docs/serving.md (the reference server), "
         "docs/vllm.md (vLLM with TPUSyncConnector), docs/weights.md (RL weight updates), docs/gke.md (install).")

@@ -180,6 +180,42 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RoleP
     role, pool = plan.role, plan.pool
     dram, disk = _tiers(spec, pool)
     port = engine_port(spec, role)
+    labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
+    if serving:
+        labels[LLMD_ROLE_LABEL] = role
+        labels[LLMD_SERVING_LABEL] = "true"
+    sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True,
+                                      shared_layout=shared_layout(spec, pool.tpu.tensor_parallel(plan.chips)),
+                                      peers=[f"{names.peers_dns(p.name, owner.namespace)}:{p.spec.sidecar.data_port}"
+                                             for p in plan.peer_pools])
+    init = [sidecar]
+    if uses_proxy(spec, role) and serving:
+        init.append(_proxy_container(spec, port))
+    node_selector = pool_node_selector(pool.name, owner.namespace, pool.spec, pool.tpu)
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": pod_security_context(),
+        "initContainers": init,
+        "containers": [_engine_container(owner, spec, plan, port=port, serving=serving)],
+        "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk, shared=True)
+        + engine_volumes(spec),
+    }
+    if plan.chips_per_host:
+        node_selector = {**node_selector, **tpu_node_labels(pool.tpu)}
+        pod["tolerations"] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    annotations = {DRAM_ANNOTATION: str(dram), DISK_ANNOTATION: str(to_bytes(disk.size) if disk else 0)}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+
+
+def _engine_container(owner: Owner, spec: DisaggregatedServingSpec, plan: RolePlan, *, port: int,
+                      serving: bool) -> dict[str, Any]:
+    """The role's engine: its command, ports, probes (none on a multi-host follower), the
+    sidecar's shared memory and socket, its TPU chips."""
+    role, pool = plan.role, plan.pool
     multi_host: MultiHost = None if plan.hosts_per_replica == 1 else ("leader" if serving else "worker")
     command, args = engine_command(owner, spec, role, port=port, tensor_parallel=pool.tpu.tensor_parallel(plan.chips),
                                    data_port=pool.spec.sidecar.data_port,
@@ -188,19 +224,13 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RoleP
     # A worker of a multi-host replica (vLLM's Ray worker, a reference engine's follower) serves no
     # HTTP: the leader's probes speak for the group.
     follower = spec.engine.type in ("vllm-tpu", "reference") and multi_host == "worker"
-    labels = {**base_labels(owner, role), POOL_LABEL: pool.name, SERVING_LABEL: owner.name, ROLE_LABEL: role}
-    if serving:
-        labels[LLMD_ROLE_LABEL] = role
-        labels[LLMD_SERVING_LABEL] = "true"
-    tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
-    env = engine_env(owner, spec, role, data_port=pool.spec.sidecar.data_port, multi_host=multi_host)
     engine: dict[str, Any] = {
         "name": "engine",
         "image": engine_image(spec),
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": command,
         "args": args,
-        "env": env,
+        "env": engine_env(owner, spec, role, data_port=pool.spec.sidecar.data_port, multi_host=multi_host),
         # The engine publishes the KV events (it knows each block's tokens).
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"},
                   {"name": "kv-events", "containerPort": pool.spec.sidecar.kv_events_port, "protocol": "TCP"},
@@ -221,43 +251,25 @@ def build_pod_template(owner: Owner, spec: DisaggregatedServingSpec, plan: RoleP
             {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR},
         ],
     }
+    tpu_request = {TPU_RESOURCE: str(plan.chips_per_host)} if plan.chips_per_host else {}
     res = resources(spec.role(role).resources, tpu_request)
     if res:
         engine["resources"] = res
-    sidecar = build_sidecar_container(pool.name, owner.namespace, pool.spec, dram_bytes=dram, disk=disk, native=True,
-                                      shared_layout=shared_layout(spec, pool.tpu.tensor_parallel(plan.chips)),
-                                      peers=[f"{names.peers_dns(p.name, owner.namespace)}:{p.spec.sidecar.data_port}"
-                                             for p in plan.peer_pools])
-    init = [sidecar]
-    if uses_proxy(spec, role) and serving:
-        init.append({
-            "name": PROXY_NAME,
-            "image": spec.routing.proxy_image,
-            "imagePullPolicy": "IfNotPresent",
-            "restartPolicy": "Always",
-            "args": routing_proxy_args(spec, port),
-            "ports": [{"name": "proxy", "containerPort": spec.port, "protocol": "TCP"}],
-            "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
-            "securityContext": container_security_context(read_only_root=True),
-        })
-    node_selector = pool_node_selector(pool.name, owner.namespace, pool.spec, pool.tpu)
-    pod: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
-        "securityContext": pod_security_context(),
-        "initContainers": init,
-        "containers": [engine],
-        "volumes": build_sidecar_volumes(pool.name, pool.spec, shm_bytes=dram + to_bytes("1Gi"), disk=disk, shared=True)
-        + engine_volumes(spec),
+    return engine
+
+
+def _proxy_container(spec: DisaggregatedServingSpec, port: int) -> dict[str, Any]:
+    """The routing proxy in front of a serving pod's engine (a native sidecar: restartPolicy Always)."""
+    return {
+        "name": PROXY_NAME,
+        "image": spec.routing.proxy_image,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "args": routing_proxy_args(spec, port),  # the engine's port, behind it
+        "ports": [{"name": "proxy", "containerPort": spec.port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": spec.port}, "periodSeconds": 5},
+        "securityContext": container_security_context(read_only_root=True),
     }
-    if plan.chips_per_host:
-        node_selector = {**node_selector, **tpu_node_labels(pool.tpu)}
-        pod["tolerations"] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    if node_selector:
-        pod["nodeSelector"] = node_selector
-    annotations = {DRAM_ANNOTATION: str(dram), DISK_ANNOTATION: str(to_bytes(disk.size) if disk else 0)}
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
 def _workload_labels(owner: Owner, plan: RolePlan) -> dict[str, str]:

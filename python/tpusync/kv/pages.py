@@ -327,6 +327,28 @@ def source_parts(layers: Sequence[jax.Array], src_shards: int, axis: int) -> lis
     return sorted({m for r in ranges.values() for m, *_ in reshard_ranges(layers[0].shape[axis], src_shards, r)})
 
 
+def _stored_parts(layers: list[jax.Array], src_shards: int, axis: int, page_axis: int,
+                  src_page: int) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The shape of each layer's part in a block stored split in `src_shards` along `axis`
+    (pages of `src_page` tokens), and where each layer's part starts in the block (its last
+    offset: the block's length). Refuses layers that cannot have been stored so."""
+    token_axis = page_axis + 1
+    page_tokens = layers[0].shape[token_axis]
+    if axis in (page_axis, token_axis) or any(layer.shape[token_axis] != page_tokens for layer in layers):
+        raise errors.InvalidArgumentError("the layers' pages must hold one number of tokens, split on another axis")
+    ranges = _axis_ranges(layers[0], axis)
+    if any(_axis_ranges(layer, axis) != ranges for layer in layers[1:]):
+        raise errors.InvalidArgumentError("layers are sharded differently")
+    part_shapes = []
+    for layer in layers:
+        if layer.shape[axis] % src_shards:
+            raise errors.InvalidArgumentError(f"axis {axis} of a layer {layer.shape} cannot be split in {src_shards}")
+        part_shapes.append(tuple(d // src_shards if i == axis else src_page if i == token_axis else d
+                                 for i, d in enumerate(layer.shape) if i != page_axis))
+    sizes = [int(np.prod(shape)) * layer.dtype.itemsize for shape, layer in zip(part_shapes, layers)]
+    return part_shapes, np.cumsum([0] + sizes).tolist()
+
+
 def load_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequence[jax.Array], page_ids: Sequence[int],
                          src_shards: int, axis: int, *, page_axis: int = 0, src_page_tokens: int = 0,
                          first_token: int = 0) -> tuple[list[jax.Array], int]:
@@ -344,22 +366,10 @@ def load_pages_resharded(store: KVStore, keys: Sequence[int], layers: Sequence[j
     a page loads only when every part this host needs of every block it overlaps is stored,
     with a part's length."""
     layers = list(layers)
-    token_axis = page_axis + 1
-    page_tokens = layers[0].shape[token_axis]
+    page_tokens = layers[0].shape[page_axis + 1]
     src_page = src_page_tokens or page_tokens
-    if axis in (page_axis, token_axis) or any(layer.shape[token_axis] != page_tokens for layer in layers):
-        raise errors.InvalidArgumentError("the layers' pages must hold one number of tokens, split on another axis")
+    part_shapes, offsets = _stored_parts(layers, src_shards, axis, page_axis, src_page)
     ranges = _axis_ranges(layers[0], axis)
-    if any(_axis_ranges(layer, axis) != ranges for layer in layers[1:]):
-        raise errors.InvalidArgumentError("layers are sharded differently")
-    part_shapes = []
-    for layer in layers:
-        if layer.shape[axis] % src_shards:
-            raise errors.InvalidArgumentError(f"axis {axis} of a layer {layer.shape} cannot be split in {src_shards}")
-        part_shapes.append(tuple(d // src_shards if i == axis else src_page if i == token_axis else d
-                                 for i, d in enumerate(layer.shape) if i != page_axis))
-    sizes = [int(np.prod(shape)) * layer.dtype.itemsize for shape, layer in zip(part_shapes, layers)]
-    offsets = np.cumsum([0] + sizes).tolist()
     _check_fits(store, offsets[-1])
     _, shards = _layer_shards(layers, page_axis)
     heads = {n: reshard_ranges(layers[0].shape[axis], src_shards, ranges[n]) for n in shards}
