@@ -414,10 +414,13 @@ class TorchSteps(Steps):
         from tpusync import VersionedWeights
         from tpusync.kv.torch_pages import register_pool
         from tpusync.weights.inplace import iter_torch, pinned_version
+        from tpusync.weights.leaves import single_block
 
         def land(store: Any, params: dict) -> None:
             """The version into `params` (each leaf's lease on its slot ends with this call)."""
             with pinned_version(store, "device-check", 1) as manifest:
+                if not all(single_block(leaf) for leaf in manifest.leaves):
+                    self.check.problems.append(f"weights-torch{tag}: a leaf spans blocks (not read in place)")
                 for name, tensor in iter_torch(store, manifest):
                     params[name].copy_(tensor)
 
