@@ -18,7 +18,8 @@ sidecars started on 127.0.0.1:
    whose arrays are host memory already, a memcpy.
 4. pd-qwen3-235b-<N>k: the KV cache of an N-token request shaped like Qwen3-235B (94 layers x
    K,V x 4 KV heads x 128 x bf16 a token, 16-token pages) moved device -> pool A -> pull ->
-   pool B -> device, against the framework's copy out + raw TCP streams + its copy in.
+   pool B -> device, against the framework's copy out + raw TCP streams + its copy in;
+   dma-map-jax, whether the device's PJRT client takes the pool as DMA-mapped host memory.
 5. torch (tpusync.kv.torch_pages, the blocks of vLLM's per-layer caches): pages-torch, a round
    trip with bytes equal; d2h-torch / h2d-torch as in 3, against torch's copies into and out of
    pinned host memory (pin_memory); on a CUDA device with the pool registered as page-locked
@@ -32,9 +33,10 @@ sidecars started on 127.0.0.1:
 
 ratio = tpusync's throughput / the baseline's (the target is >= 0.9); each case names the
 device. Prints a table and writes JSON (`--out`; a device run's goes to bench/results/device.json).
-Exits non-zero when bytes or tokens differ. JAX cannot register memory it did not allocate as
-page-locked host memory, so on a GPU its copies go through pageable memory (the pool's shared
-memory): the figures say what that costs against JAX's pinned copies. `--frameworks` picks the
+Exits non-zero when bytes or tokens differ. tpusync's JAX page copies stage through host buffers
+of their own (pageable memory): the figures say what that costs against JAX's pinned copies, and
+dma-map-jax whether the device's client could take the pool itself for DMA (jaxlib's
+Client.dma_map) and so spare the staging. `--frameworks` picks the
 steps (make test runs the JAX ones in the main tier, the torch ones in the vLLM tier's torch).
 """
 
@@ -253,12 +255,26 @@ class JaxSteps(Steps):
         self.baseline = "jax pinned_host copy" if self.pinned else "memcpy"
 
     def run(self) -> list[dict]:
-        results = [self.pd_reference(), self.pages()]
+        results = [self.pd_reference(), self.pages(), self.dma_map()]
         for block in self.sizes.blocks:
             for layers in (1, STRIDED_LAYERS):
                 results += self.d2h_h2d(block, layers)
         results.append(self.pd_qwen())
         return results
+
+    def dma_map(self) -> dict:
+        """Whether the device's PJRT client takes the pool as DMA-mapped host memory
+        (Client.dma_map, jaxlib's binding of PjRtClient::DmaMap; the CPU's answers UNIMPLEMENTED):
+        the way for JAX's page copies to go straight from and into the pool, not staged."""
+        client = self.device.client
+        with self.check.sidecar(MIB, 8 * MIB) as (_, store):
+            address, size = store.pool_region()
+            try:
+                client.dma_map(address, size)
+            except Exception as e:  # noqa: BLE001 - jaxlib's JaxRuntimeError, whatever the plugin says
+                return {"case": "dma-map-jax", "supported": False, "error": str(e)[:200]}
+            client.dma_unmap(address)
+        return {"case": "dma-map-jax", "supported": True}
 
     # ---- the framework's own copies (the baselines)
 
