@@ -35,7 +35,7 @@ async def reconcile_pool(body: dict[str, Any], deps: Deps) -> dict[str, Any]:
         plan = plan_pool(owner, spec)
     except PlanError as e:
         await p.invalid(deps, str(e))
-    node_pools = _NodePools.existing(spec)
+    node_pools = _NodePools.initial(spec)
     try:
         secret_name, once = await _read_inputs(deps, p, owner, spec)
         read = await read_wanted(kube, owner, plan.apply, once)
@@ -90,7 +90,7 @@ class _NodePools:
     updating: str = ""
 
     @staticmethod
-    def existing(spec: TPUSyncPoolSpec) -> _NodePools:
+    def initial(spec: TPUSyncPoolSpec) -> _NodePools:
         """Before any GKE call: mode existing's named node pool (none for mode gke yet)."""
         existing = spec.provisioning.existing if spec.provisioning.mode != "gke" else None
         return _NodePools({"name": existing.node_pool_name if existing else None, "state": "Existing",

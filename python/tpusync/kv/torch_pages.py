@@ -69,18 +69,17 @@ def _views(store: KVStore, layers: Sequence[torch.Tensor], keys: Sequence[int],
 
 
 def _copy_block(slot: memoryview, views: list[torch.Tensor], sizes: list[int], block_id: int, *,
-                into_slot: bool, pacer: _Pacer | None = None) -> None:
-    """Block `block_id` of every layer into a slot's memory, layer after layer, or back out."""
+                load: _Pacer | None = None) -> None:
+    """Block `block_id` of every layer into a slot's memory, layer after layer, or with `load`,
+    back out through it."""
     pool = torch.frombuffer(slot, dtype=torch.uint8, count=sum(sizes))  # freed on return, before the slot's view
     offset = 0
     for v, size in zip(views, sizes):
         part = pool[offset:offset + size]
-        if into_slot:
+        if load is None:
             part.copy_(v[block_id], non_blocking=True)
-        elif pacer is not None:
-            pacer.copy(v[block_id], part)
         else:
-            v[block_id].copy_(part, non_blocking=True)
+            load.copy(v[block_id], part)
         offset += size
 
 
@@ -198,7 +197,7 @@ def save_blocks(store: KVStore, keys: Sequence[int], layers: Sequence[torch.Tens
         with store.reserve_many(keys[g:g + _GROUP]) as slots:
             filled = [(slot, block_ids[g + j]) for j, slot in enumerate(slots) if slot is not None]
             for slot, block_id in filled:  # a stored key has no slot: content-addressed, skipped
-                _copy_block(slot.view, views, sizes, block_id, into_slot=True)
+                _copy_block(slot.view, views, sizes, block_id)
             _wait(views[0].device)
             for slot, _ in filled:
                 slot.commit(nbytes)
@@ -218,8 +217,7 @@ def load_blocks(store: KVStore, keys: Sequence[int], layers: Sequence[torch.Tens
         with store.acquire_many(keys[g:g + _GROUP]) as stored:
             present = next((i for i, s in enumerate(stored) if s is None or len(s) != nbytes), len(stored))
             for i in range(present):
-                _copy_block(cast(memoryview, stored[i]), views, sizes, block_ids[g + i], into_slot=False,
-                            pacer=pacer)
+                _copy_block(cast(memoryview, stored[i]), views, sizes, block_ids[g + i], load=pacer)
             _wait(views[0].device)  # the slots are read before they are given back
             pacer.drained()
         loaded += present

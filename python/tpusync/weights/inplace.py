@@ -18,7 +18,7 @@ from typing import Any
 from tpusync import errors
 from tpusync.weights.head import read_head
 from tpusync.weights.keys import check_version
-from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, leaf_leases, single_block
 from tpusync.weights.manifest import Manifest
 from tpusync.weights.polling import backoff
 from tpusync.weights.storage import commit_on_host, read_manifest, version_keys
@@ -101,9 +101,7 @@ def iter_torch(store: Any, manifest: Manifest, *, verify: bool = False,
     leaves = manifest.leaves
     for g in range(0, len(leaves), _LEASE_GROUP):
         group = leaves[g:g + _LEASE_GROUP]
-        in_place = [leaf for leaf in group if zero_copy and single_block(leaf)]
-        leases = dict(zip((leaf.name for leaf in in_place),
-                          store.acquire_each([leaf.shards[0].blocks[0].key for leaf in in_place]) if in_place else []))
+        leases = leaf_leases(store, [leaf for leaf in group if zero_copy and single_block(leaf)])
         for leaf in group:
             if leaf.name in leases:  # a block gone since the pin: leaf_in_place asks again, then says so
                 data = leaf_in_place(store, leaf, verify=verify, lease=leases.pop(leaf.name))

@@ -30,7 +30,7 @@ from tpusync.weights.checksums import CHECKSUM, checksum
 from tpusync.weights.head import read_head
 from tpusync.weights.inplace import await_version
 from tpusync.weights.keys import check_version, commit_key, weight_key
-from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, single_block
+from tpusync.weights.leaves import VersionGoneError, leaf_bytes, leaf_in_place, leaf_leases, single_block
 from tpusync.weights.manifest import BlockRef, LeafEntry, Manifest, ShardEntry, tiling_problem
 from tpusync.weights.storage import commit_on_host, read_block, read_manifest, version_keys, write_manifest
 from tpusync.weights.tensors import HostLeaf, as_torch, dtype_name, host_leaf, is_state_dict, iter_leaves, numpy_dtype
@@ -237,9 +237,7 @@ class VersionedWeights:
         self.check_template(manifest)
         entries = [(name, tmpl, manifest.leaf(name)) for name, tmpl in self._template]
         # The leaves used in place hold their blocks' leases, taken in one round trip.
-        in_place = [entry for _, tmpl, entry in entries if _in_place(entry, tmpl)]
-        leases = dict(zip((e.name for e in in_place),
-                          self.store.acquire_each([e.shards[0].blocks[0].key for e in in_place])))
+        leases = leaf_leases(self.store, [entry for _, tmpl, entry in entries if _in_place(entry, tmpl)])
         host, leaves = {}, []
         for name, tmpl, entry in entries:
             arr, buf = self._leaf_from_pool(entry, tmpl, leases.pop(name, None))

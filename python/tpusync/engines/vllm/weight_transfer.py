@@ -105,7 +105,7 @@ class TpusyncWeightTransferEngine(WeightTransferEngine[TpusyncInitInfo, TpusyncU
             # page-locked, each copy is one DMA from the slot (no staging through CUDA's buffers).
             try:
                 registered = self._registration.enter_context(register_pool(self.store))
-            except errors.UnavailableError as e:  # CUDA stages the copies instead: slower, the same bytes
+            except errors.TpuSyncError as e:  # CUDA stages the copies instead: slower, the same bytes
                 log.warning("tpusync: %s; weight updates copy from the pool unregistered", e)
                 return
             log.info("tpusync: the pool is %sregistered with CUDA for weight updates", "" if registered else "not ")
