@@ -7,6 +7,16 @@ CACHE := $(HOME)/.cache/tpusync
 export PIP_CACHE_DIR := $(CACHE)/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 BUILD_DEPS := scikit-build-core==0.11.6 pybind11==3.0.1
+# Every C++ build goes through ccache (CMake takes its launcher from the environment; so does the
+# extension's build under pip): a clean clone on a machine that has built these sources before
+# compiles only what changed. Paths under the checkout are hashed relative to it, so another
+# clone's objects serve; the sanitizers' reports name files relative to it too.
+export CCACHE_DIR := $(CACHE)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+export CCACHE_MAXSIZE := 8G
+export CMAKE_CXX_COMPILER_LAUNCHER := ccache
+export CMAKE_C_COMPILER_LAUNCHER := ccache
 NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
 
 .PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace profile device-carry performance-doc clean system-deps caches \
@@ -20,7 +30,8 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 # Debian packages, per target: each installs what it needs when missing, and nothing else (make
 # demo needs the native build only: no SSH server, no clang, no firewall tools).
 #   native-deps (the extension and the sidecar: install, demo): a C++ compiler, CMake, Ninja,
-#     xxHash (header-only), OpenSSL (HMAC for peer authentication), intel-ipsec-mb (AES-GCM of
+#     ccache (every build's compiler launcher, above), xxHash (header-only), OpenSSL (HMAC for
+#     peer authentication), intel-ipsec-mb (AES-GCM of
 #     the data port's sessions)
 #   native-test-deps: and GoogleTest       fuzz-deps: and clang with its runtimes (libFuzzer)
 #   lint-deps: and clang-tidy, over a compile database that has the tests (GoogleTest)
@@ -29,7 +40,7 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 #   node-deps (the real-node tier, harness/nodes.py): the CNI plugins, iptables and conntrack of a
 #     node, curl for its probes, libseccomp for runc's build
 # system-deps is all of them: make test's (caches, its first step, installs them up front).
-NATIVE_PACKAGES := g++ cmake ninja-build libxxhash-dev libssl-dev libipsec-mb-dev
+NATIVE_PACKAGES := g++ cmake ninja-build ccache libxxhash-dev libssl-dev libipsec-mb-dev
 NATIVE_TEST_PACKAGES := $(NATIVE_PACKAGES) libgtest-dev
 FUZZ_PACKAGES := $(NATIVE_PACKAGES) clang-14 libclang-rt-14-dev
 LINT_PACKAGES := $(NATIVE_TEST_PACKAGES) clang-tidy-14
@@ -109,13 +120,20 @@ lint-stub: install
 	  "built module (the bindings changed?): run 'make stubs' and commit the result"; exit 1; }
 	@echo "$(NATIVE_STUB): the stub of the built module"
 
+# A pass is kept under ~/.cache/tpusync/clang-tidy, named by the hash of everything it read (the
+# sources by name and content, the configuration, clang-tidy's version, the headers' packages and
+# pybind11's pin): the same inputs are not checked twice.
+TIDY_INPUTS = $(sort $(filter native/%,$(NATIVE_SRCS))) CMakeLists.txt .clang-tidy
+TIDY_PASS = $(CACHE)/clang-tidy/$$({ sha256sum $(TIDY_INPUTS); clang-tidy-14 --version; echo $(BUILD_DEPS); \
+  dpkg-query -W $(sort $(LINT_PACKAGES)); } | sha256sum | cut -c1-16).ok
 build/lint/clang-tidy.ok: $(filter native/%,$(NATIVE_SRCS)) CMakeLists.txt .clang-tidy | install lint-deps
+	@mkdir -p build/lint $(CACHE)/clang-tidy; pass=$(TIDY_PASS); \
+	if [ -e $$pass ]; then echo "clang-tidy: these sources passed before ($$pass)"; touch $@; exit 0; fi; \
 	cmake -S . -B build/lint -G Ninja -DTPUSYNC_BUILD_TESTS=ON -DTPUSYNC_BUILD_PYTHON=ON -DTPUSYNC_FUZZ=ON \
-	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
-	run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/(?!tests/layering/)' >build/lint/clang-tidy.log 2>&1 \
-	  || { sed 's/\x1b\[[0-9;]*m//g' build/lint/clang-tidy.log | grep -E -A3 '(warning|error):'; exit 1; }
-	@echo "clang-tidy: no findings (build/lint/clang-tidy.log)"
-	touch $@
+	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null && \
+	{ run-clang-tidy-14 -quiet -clang-tidy-binary clang-tidy-14 -p build/lint '$(CURDIR)/native/(?!tests/layering/)' >build/lint/clang-tidy.log 2>&1 \
+	  || { sed 's/\x1b\[[0-9;]*m//g' build/lint/clang-tidy.log | grep -E -A3 '(warning|error):'; exit 1; }; } && \
+	echo "clang-tidy: no findings (build/lint/clang-tidy.log)" && touch $$pass $@
 
 # C++ unit tests, three times: optimised, with AddressSanitizer + UndefinedBehaviorSanitizer,
 # and with ThreadSanitizer (the store's and the servers' concurrency).
@@ -147,28 +165,37 @@ fuzz: fuzz-deps
 pytest: install pytest-deps
 	$(PY) -m pytest -q
 
-# make test, in three steps of two lanes each (each lane one target after the other; a lane's
-# make runs -j1, else the -j2 jobserver above would run its targets at once):
+# make test, in three steps (each lane one target after the other; a lane's make runs -j1, else
+# the -j2 jobserver above would run its targets at once):
 #   1. the caches (downloads, and Go builds under nice 19) beside the static checks and the
 #      native suites (compiles, at normal priority: they take the cores the downloads leave);
 #   2. the Python and engine tiers beside fuzzing, the chart, the CRDs, the images' builds (nice
-#      10), the release and llm-d's indexer tier (measured warm: the Python tier's CPU time is
-#      1.08 x its wall time, vLLM's 1.33 x, e2e's 0.54 x, on two cores: each leaves room);
-#   3. the e2e suite beside the real nodes (cluster-tiers).
+#      10), the release, llm-d's indexer tier and the e2e suite (measured warm: the Python tier's
+#      CPU time is 1.08 x its wall time, vLLM's 1.33 x, tpu-inference's 1.77 x, e2e's 0.54 x, on
+#      two cores; the engine lane is the longer one, by about the e2e suite without it);
+#   3. the real nodes (cluster-tier: it runs the images, and waits on kubelets more than cores).
 CHECK_LANE := lint native-test
 ENGINE_LANE := pytest vllm-test tpu-inference-test sglang-test
-IMAGE_LANE := fuzz chart-test verify images release-test llmd-test
+IMAGE_LANE := fuzz chart-test verify images release-test llmd-test e2e
+# Each step's and each lane target's wall time is printed after it (CI's log shows where the
+# time went).
 test: system-deps
-	$(MAKE) -j2 --output-sync=target caches check-lane
-	$(MAKE) -j2 --output-sync=target engine-lane image-lane
-	$(MAKE) cluster-tiers
+	@set -e; t0=$$(date +%s); step() { s=$$(date +%s); $(MAKE) "$$@"; echo "make test: step '$$*' took $$(( $$(date +%s) - s )) s"; }; \
+	step -j2 --output-sync=target caches check-lane; \
+	step -j2 --output-sync=target engine-lane image-lane; \
+	step cluster-tier; \
+	echo "make test: passed in $$(( $$(date +%s) - t0 )) s"
 
+# $(call lane,TARGETS): the targets one after the other, each its own make (-j1), its time printed.
+define lane
+@set -e; for t in $(1); do s=$$(date +%s); $(MAKE) -j1 $$t; echo "lane: $$t took $$(( $$(date +%s) - s )) s"; done
+endef
 check-lane:
-	$(MAKE) -j1 $(CHECK_LANE)
+	$(call lane,$(CHECK_LANE))
 engine-lane: install
-	$(MAKE) -j1 $(ENGINE_LANE)
+	$(call lane,$(ENGINE_LANE))
 image-lane: install
-	$(MAKE) -j1 $(IMAGE_LANE)
+	$(call lane,$(IMAGE_LANE))
 
 # The slow prerequisites of the tiers, each cached under ~/.cache/tpusync and a no-op when present,
 # built side by side first: on a cold machine the downloads (the two engines' environments, ~17 GB,

@@ -35,8 +35,10 @@ BUILDAH := buildah --storage-driver overlay --root $(IMAGE_CACHE)/storage --runr
 IMAGE_STORE_MAX_GB ?= 20
 # RUN steps share pip's cache with this machine (the local Python bases have the mount point and
 # trust the CA bundle pip is given here: images/base/local-base.sh).
+# Their compiles share a ccache of their own (the builders' compiler is not this machine's).
+IMAGE_CCACHE := $(CACHE)/ccache-images
 IMAGE_BUILD = nice -n 10 $(BUILDAH) bud --layers --isolation chroot --pull-never --quiet \
-  -v $(PIP_CACHE_DIR):/root/.cache/pip --build-arg VERSION=$(IMAGE_VERSION)
+  -v $(PIP_CACHE_DIR):/root/.cache/pip -v $(IMAGE_CCACHE):/root/.cache/ccache --build-arg VERSION=$(IMAGE_VERSION)
 
 images: image-check image-archives image-test
 
@@ -56,7 +58,7 @@ image-tools:
 	fi
 
 image-bases: image-tools
-	@mkdir -p $(IMAGE_CACHE) $(IMAGE_OUT) $(PIP_CACHE_DIR); \
+	@mkdir -p $(IMAGE_CACHE) $(IMAGE_OUT) $(PIP_CACHE_DIR) $(IMAGE_CCACHE); \
 	if [ -d $(IMAGE_CACHE)/storage ] && [ $$(du -s --block-size=1G $(IMAGE_CACHE)/storage | cut -f1) -gt $(IMAGE_STORE_MAX_GB) ]; then \
 	  echo "images: layer cache over $(IMAGE_STORE_MAX_GB) GB, emptied"; $(BUILDAH) rmi --all --force >/dev/null; \
 	fi
