@@ -138,7 +138,7 @@ class Check:
     @contextlib.contextmanager
     def sidecar(self, block: int, pool_bytes: int) -> Iterator[tuple[Any, Any]]:
         """A sidecar with `pool_bytes` of `block`-byte slots and an engine's store on it; both
-        closed, and the pool file removed, when the block exits."""
+        closed, and the pool removed (its file, its weight heads), when the block exits."""
         import tpusync
         from tpusync.local import sidecars
 
@@ -154,8 +154,7 @@ class Check:
                 yield side, store
         finally:
             side.stop()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(pool)
+            side.remove_pool()
 
     def expect_equal(self, what: str, got: list, want: list, pages: int) -> None:
         """The first `pages` pages of every layer equal byte for byte (numpy arrays, or arrays numpy reads)."""

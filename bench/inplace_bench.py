@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -256,9 +255,7 @@ def main() -> None:
         finally:
             for car in cars.values():
                 car.stop()
-                if os.path.exists(car.pool_path):
-                    os.unlink(car.pool_path)
-                shutil.rmtree(car.pool_path + ".weights", ignore_errors=True)
+                car.remove_pool()
 
     columns = [("case", "case", ""), ("seconds", "seconds", ".2f"), ("baseline s", "baseline_seconds", ".2f"),
                ("ratio", "ratio", ".2f"), ("GB/s", "gbps", ".2f"), ("push s", "push_seconds", ".2f"),

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -120,9 +119,7 @@ class Cluster:
     def close(self) -> None:
         for car in self.cars:
             car.kill()
-            if os.path.exists(car.pool_path):
-                os.unlink(car.pool_path)
-            shutil.rmtree(car.pool_path + ".weights", ignore_errors=True)
+            car.remove_pool()
 
 
 def engine(car) -> KVStore:

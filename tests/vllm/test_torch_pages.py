@@ -104,6 +104,7 @@ def test_without_cuda_the_pool_is_not_registered_and_the_region_is_the_mapping(s
 @pytest.mark.timeout(600)
 def test_the_device_checks_torch_steps_run_on_the_cpu(tmp_path):
     out = tmp_path / "device.json"
+    before = set(Path("/dev/shm").glob("tpusync-device-*"))
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "device_check.py"), "--platform", "cpu",
                            "--frameworks", "torch", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=550)
@@ -122,6 +123,8 @@ def test_the_device_checks_torch_steps_run_on_the_cpu(tmp_path):
         assert r["kernels_beside"] > 0 and r["kernel_ms_beside_max"] >= r["kernel_ms_beside"] > 0, r
         assert r["ratio"] == pytest.approx(r["kernel_ms"] / r["kernel_ms_beside"]), r
         assert r["bytes"] == 8 << 20 and r["device"] == "cpu", r
+    # Its sidecars' pools, and the weight heads beside them, removed (weights-torch publishes).
+    assert set(Path("/dev/shm").glob("tpusync-device-*")) == before
 
 
 def test_a_paced_load_lands_the_same_bytes_in_chunks_that_cut_across_its_layers(store):

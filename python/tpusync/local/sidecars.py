@@ -5,6 +5,7 @@ On Kubernetes the operator runs the sidecar; this module is for one machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -72,6 +73,13 @@ class Sidecar:
         self.process.wait()
         if self.process.stdout:
             self.process.stdout.close()
+
+    def remove_pool(self) -> None:
+        """Removes what the sidecar leaves in shared memory once stopped: its pool file and the
+        weight versions' head files beside it (`<pool>.weights/`)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pool_path)
+        shutil.rmtree(self.pool_path + ".weights", ignore_errors=True)
 
     def __enter__(self) -> Sidecar:
         return self

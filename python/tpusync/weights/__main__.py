@@ -103,9 +103,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         for car in cars:
             car.kill()
-            if os.path.exists(car.pool_path):
-                os.unlink(car.pool_path)
-            shutil.rmtree(car.pool_path + ".weights", ignore_errors=True)
+            car.remove_pool()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
