@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NATIVE_BUILD = {"g++", "cmake", "ninja-build", "libxxhash-dev", "libssl-dev", "libipsec-mb-dev"}
+# ccache: every C++ build's compiler launcher (the Makefile exports it), so the demo's too.
+NATIVE_BUILD = {"g++", "cmake", "ninja-build", "ccache", "libxxhash-dev", "libssl-dev", "libipsec-mb-dev"}
 TESTS_ONLY = {"openssh-server", "sshfs", "iptables", "iproute2", "clang-14", "libclang-rt-14-dev", "clang-tidy-14",
               "libgtest-dev"}
 
