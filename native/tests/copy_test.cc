@@ -8,9 +8,9 @@
 namespace tpusync {
 namespace {
 
-// CopyBytes takes the streaming path from 64 KiB: four pages side by side, then whole lines,
-// then the bytes left. Every size around those edges, at every alignment of either side, must
-// land every byte and touch nothing past the end.
+// CopyBytes takes the streaming path from 64 KiB: on Intel four pages side by side, then whole
+// lines (elsewhere lines only), then the bytes left. Every size around those edges, at every
+// alignment of either side, must land every byte and touch nothing past the end.
 TEST(CopyBytesTest, CopiesEveryByteAtEverySizeAndAlignment) {
   const size_t kPage = 4096, kGroup = 4 * kPage;
   std::vector<size_t> sizes = {0, 1, 31, 63, 64, 65, 4095, (64 << 10) - 1};
