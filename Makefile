@@ -17,7 +17,9 @@ export CCACHE_NOHASHDIR := 1
 export CCACHE_MAXSIZE := 8G
 export CMAKE_CXX_COMPILER_LAUNCHER := ccache
 export CMAKE_C_COMPILER_LAUNCHER := ccache
-NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' \)) CMakeLists.txt pyproject.toml
+# Source tarballs CMake fetches (libaegis, native/cmake/aegis.cmake), kept between build trees.
+export TPUSYNC_DOWNLOADS := $(CACHE)/downloads
+NATIVE_SRCS := $(shell find native -type f \( -name '*.cc' -o -name '*.h' -o -name 'CMakeLists.txt' -o -name '*.cmake' \)) CMakeLists.txt pyproject.toml
 
 .PHONY: all test check-lane engine-lane image-lane demo install lint lint-python lint-stub stubs native-test fuzz pytest bench bench-inplace profile device-carry performance-doc clean system-deps caches \
   native-deps native-test-deps fuzz-deps lint-deps pytest-deps
@@ -31,8 +33,8 @@ include operator/operator.mk e2e/e2e.mk charts/charts.mk images/images.mk tests/
 # demo needs the native build only: no SSH server, no clang, no firewall tools).
 #   native-deps (the extension and the sidecar: install, demo): a C++ compiler, CMake, Ninja,
 #     ccache (every build's compiler launcher, above), xxHash (header-only), OpenSSL (HMAC for
-#     peer authentication), intel-ipsec-mb (AES-GCM of
-#     the data port's sessions)
+#     peer authentication), intel-ipsec-mb (the shared tier's GMAC tags; libaegis, the data
+#     port's sessions, is built from its pinned sources: native/cmake/aegis.cmake)
 #   native-test-deps: and GoogleTest       fuzz-deps: and clang with its runtimes (libFuzzer)
 #   lint-deps: and clang-tidy, over a compile database that has the tests (GoogleTest)
 #   pytest-deps: iproute2 and iptables for the simulated-hosts fabric (harness/fabric.py),

@@ -42,7 +42,7 @@ COLUMNS = [
     ("load_avg_1m", "load avg", ".1f"),
     # where the time goes (profile): CPU seconds per GB in each bucket
     ("kernel_copy_cpu_s_per_gb", "kernel copy", ".3f"), ("kernel_other_cpu_s_per_gb", "kernel other", ".3f"),
-    ("gcm_cpu_s_per_gb", "AES-GCM / GMAC", ".3f"), ("libc_copy_cpu_s_per_gb", "libc copy", ".3f"),
+    ("aegis_cpu_s_per_gb", "AEGIS", ".3f"), ("libc_copy_cpu_s_per_gb", "libc copy", ".3f"),
     ("tpusync_cpu_s_per_gb", "tpusync", ".3f"), ("other_cpu_s_per_gb", "other", ".3f"),
     ("idle_cpu_s_per_gb", "idle", ".3f"), ("busy_cpu_s_per_gb", "busy", ".3f"), ("wall_s_per_gb", "wall s/GB", ".3f"),
 ]
@@ -54,16 +54,18 @@ PROFILE_PROSE = (
     "each in one pair of processes, so their start and their buffers' first touch cancel out. Both ends of a "
     "loopback transfer share these two cores, so a CPU second either end spends beyond the baseline's is a "
     "second the other end waits for. What it shows: the kernel spends on a pull about what it spends on raw "
-    "TCP of the same bytes (its copies to and from the socket buffers, its TCP stack); the sidecars' own code "
-    "(framing, the store) is about 0.01 CPU s/GB; what a pull adds is the frames' authentication, GMAC over "
-    "every byte on both ends (AES-GCM with --encrypt), 0.09-0.13. From four streams on, both are CPU-bound "
-    "(idle near 0), so time per GB is busy CPU over the two cores, and an authenticated pull can reach at "
-    "most raw TCP's busy / (raw TCP's busy + GMAC) of raw TCP, 0.8-0.85 here, whatever the framing: the tag "
-    "costs cores that the other end of the transfer needs too. Runs of this table move by 0.05-0.1 CPU s/GB "
-    "(raw TCP's, a difference of two runs, the most). On two hosts each end "
-    "has its own cores and the tag costs one end about 0.05 CPU seconds per GB (some 20 GB/s a core, "
-    "intel-ipsec-mb's VAES/AVX-512 GMAC). The engine's gets through the "
-    "pool (shm-get, dram-get) run at memcpy's rate: their time is the streaming copy itself.")
+    "TCP of the same bytes (its copies to and from the socket buffers, its TCP stack), a little more with "
+    "256 KiB blocks (more frames: more reads, writes and wake-ups); the sidecars' own code (framing, the "
+    "store) is 0.005-0.02 CPU s/GB; the frames' tags, AEGIS-128X2-MAC over every byte on both ends, "
+    "0.07-0.08 (0.23 with --encrypt's AEGIS-128X2, which writes the ciphertext to a buffer before the "
+    "socket copies it). Wire protocol 2 tagged frames with AES-GCM's GMAC, which on this machine (AMD "
+    "EPYC, no AVX-512: intel-ipsec-mb ran GMAC at 4 GB/s a core) cost 0.5 CPU s/GB, as much as the "
+    "kernel's whole transfer, and held pulls and pushes of two or more streams to 0.45-0.8 of raw TCP. "
+    "From four streams on, both are CPU-bound (idle near 0), so time per GB is busy CPU over the two cores, "
+    "and an authenticated pull can reach at most raw TCP's busy / (raw TCP's busy + the tags) of raw TCP, "
+    "about 0.9 here, whatever the framing. Runs of this table move by 0.05-0.1 CPU s/GB (raw TCP's, a "
+    "difference of two runs, the most). On two hosts each end has its own cores and pays half the tags. "
+    "The engine's gets through the pool (shm-get, dram-get) spend their time in the streaming copy itself.")
 
 SECTIONS = [
     ("native", "Native engine", "bench/native_bench.py",

@@ -7,7 +7,8 @@ timed reps run under a system-wide perf sampling both cores. Every sample is put
 
   kernel copy      the kernel's copies between user memory and socket buffers
   kernel other     the rest of the kernel (the TCP/IP stack, softirqs, scheduling, page faults)
-  AES-GCM / GMAC   intel-ipsec-mb in the sidecar: the frame tags (and --encrypt's encryption)
+  AEGIS            libaegis in the sidecar: the frame tags (AEGIS-128X2-MAC; --encrypt's
+                   AEGIS-128X2 encryption)
   libc copy        libc's memcpy/memmove (numpy's copies among them)
   tpusync          the rest of the sidecar's and the extension's own code: framing, the store,
                    the streaming copies between pool slots and engine buffers, checksums
@@ -46,12 +47,14 @@ from tpusync.local.sidecars import write_secret
 
 REPO = Path(__file__).resolve().parents[1]
 HZ = 1000
-BUCKETS = {"kernel copy": "kernel_copy", "kernel other": "kernel_other", "AES-GCM / GMAC": "gcm",
+BUCKETS = {"kernel copy": "kernel_copy", "kernel other": "kernel_other", "AEGIS": "aegis",
            "libc copy": "libc_copy", "tpusync": "tpusync", "other": "other", "idle": "idle"}
 KERNEL_COPY = re.compile(r"copy_(to|from)_iter|copy_user|copy_page_to_iter|copy_page_from_iter|memcpy_orig|rep_movs")
-# intel-ipsec-mb's functions, and the local labels of its assembly (NASM's ..@N. prefix): the only
-# assembly linked into the sidecar.
-CRYPTO = re.compile(r"gmac|ghash|gcm|aes|imb_|^\.\.@", re.I)
+# libaegis's functions: its API (aegis128x2_*) and the static ones of each implementation
+# (state_mac_update, state_encrypt_update, aes_round, ...); and intel-ipsec-mb's, with the local
+# labels of its assembly (NASM's ..@N. prefix), should a GMAC (the shared tier's) show up.
+CRYPTO = re.compile(r"aegis|^state_(mac|encrypt|decrypt|init)|^(en|de)crypt_(detached|unauthenticated)$|"
+                    r"^stream(_xor)?$|gmac|ghash|gcm|aes|imb_|^\.\.@", re.I)
 LIBC_COPY = re.compile(r"memmove|memcpy")
 # CPU seconds per GB moved, a column a bucket; then the busy total and the wall time per GB.
 COLUMNS = [("case", "case", ""), *((name, f"{key}_cpu_s_per_gb", ".3f") for name, key in BUCKETS.items()),
@@ -66,7 +69,7 @@ def classify(comm: str, dso: str, sym: str) -> str:
     if dso.startswith("libc.so"):
         return "libc copy" if LIBC_COPY.search(sym) else "other"
     if dso == "tpusync-sidecar" or dso.startswith("_native."):
-        return "AES-GCM / GMAC" if CRYPTO.search(sym) else "tpusync"
+        return "AEGIS" if CRYPTO.search(sym) else "tpusync"
     return "other"
 
 

@@ -5,7 +5,7 @@ Measured in one run, so results are ratios:
 - network pull and push between two sidecars, for each block size and stream count N,
   against N raw TCP streams carrying the same bytes between two processes (bench/rawtcp.cc,
   native, as fast as the kernel allows); CPU seconds per GB of both sidecars beside the raw
-  sender's and receiver's. Every frame is authenticated (AES-256-GCM tags: GMAC); the
+  sender's and receiver's. Every frame is authenticated (AEGIS-128X2-MAC tags); the
   `-encrypted` cases run both sidecars with --encrypt, against the same raw streams;
 - an engine putting into and getting from its sidecar through the shared-memory pool
   (control socket), against a single-thread memcpy of the same bytes;

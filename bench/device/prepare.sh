@@ -9,12 +9,14 @@
 #            pyzmq (the reference engine's KV events), at pyproject.toml's pins (the image has
 #            numpy, rich, xxhash, msgpack, pybind11, scikit-build-core, cmake and ninja: the
 #            device library's KINDS.md).
+#   downloads/ libaegis's sources (native/cmake/aegis.cmake's pinned tarball): CMake finds it
+#            there (TPUSYNC_DOWNLOADS) and checks its hash rather than downloading it.
 # Then, on the device machine: bench/device/run.sh (README: "On a GPU").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.device
 rm -rf "$out"
-mkdir -p "$out/debs" "$out/wheels"
+mkdir -p "$out/debs" "$out/wheels" "$out/downloads"
 lists=$(mktemp -d)
 trap 'rm -rf "$lists"' EXIT
 apt_opts=(-o APT::Architecture=amd64 -o APT::Architectures=amd64 -o "Dir::State::Lists=$lists"
@@ -25,5 +27,7 @@ apt-get "${apt_opts[@]}" update -qq
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_26_x86_64 \
   --platform manylinux_2_28_x86_64 -d "$out/wheels" "cbor2==5.7.1" "pyzmq==27.3.0"
-ls -l "$out"/debs "$out"/wheels
+aegis_url=$(sed -n 's/^ *"\(https:[^"]*pyaegis[^"]*\)")$/\1/p' native/cmake/aegis.cmake)
+curl -fsSL -o "$out/downloads/${aegis_url##*/}" "$aegis_url"
+ls -l "$out"/debs "$out"/wheels "$out"/downloads
 du -sh "$out"

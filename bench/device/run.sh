@@ -14,7 +14,7 @@ mkdir -p "$sysroot" "$prefix"
 for deb in "$carry"/debs/*.deb; do dpkg-deb -x "$deb" "$sysroot"; done
 site=$(python3 -c "import sysconfig as s; v = {'base': '$prefix', 'platbase': '$prefix'}; \
 print(s.get_path('purelib', vars=v) + ':' + s.get_path('platlib', vars=v))")
-export PYTHONPATH=$site PATH=$prefix/bin:$PATH PYTHONUNBUFFERED=1
+export PYTHONPATH=$site PATH=$prefix/bin:$PATH PYTHONUNBUFFERED=1 TPUSYNC_DOWNLOADS=$PWD/$carry/downloads
 python3 -m pip install -q --no-index --no-deps --no-compile --prefix "$prefix" "$carry"/wheels/*.whl
 start=$(date +%s)
 # FindOpenSSL looks in <root>/lib, not Debian's multiarch directory: its paths are named.

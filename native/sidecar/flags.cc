@@ -267,7 +267,7 @@ const std::vector<FlagDef>& Defs() {
        "headless Service of the pool, a name (RFC 1123) without a port: its addresses are members at this "
        "sidecar's --data-port; reported on /readyz"},
       {"encrypt", Bool(&SidecarFlags::encrypt),
-       "encrypt every data-port session, both ways (AES-256-GCM); sessions are authenticated either way"},
+       "encrypt every data-port session, both ways (AEGIS-128X2); sessions are authenticated either way"},
       {"help", Bool(&SidecarFlags::help), "print this help"},
   };
   return defs;

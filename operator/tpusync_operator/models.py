@@ -263,7 +263,7 @@ class SidecarSpec(Model):
     kv_events_port: Port = 5557
     resources: Resources = sub(Resources, "Sidecar resources.")
     encrypt: bool = Field(False, description="Encrypt every data-port session of the pool's sidecars, both ways "
-                                             "(AES-256-GCM, tpusync-sidecar --encrypt); sessions are authenticated "
+                                             "(AEGIS-128X2, tpusync-sidecar --encrypt); sessions are authenticated "
                                              "either way. A session is encrypted when either end asks.")
 
 

@@ -68,8 +68,8 @@ Status SameBlockSize(uint64_t mine, uint64_t theirs, std::string_view who) {
 // this side's sending key.
 Result<std::unique_ptr<SessionCipher>> SessionFor(const Secret& secret, std::span<const std::byte> transcript,
                                                   bool client, bool encrypt) {
-  TPUSYNC_ASSIGN_OR_RETURN(auto c2s, Mac(secret, "tpusync/2 key client->server", transcript));
-  TPUSYNC_ASSIGN_OR_RETURN(auto s2c, Mac(secret, "tpusync/2 key server->client", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto c2s, Mac(secret, "tpusync/3 key client->server", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto s2c, Mac(secret, "tpusync/3 key server->client", transcript));
   SessionKey up, down;
   std::copy_n(c2s.begin(), kKeyBytes, up.begin());
   std::copy_n(s2c.begin(), kKeyBytes, down.begin());
@@ -320,12 +320,12 @@ Status ServerHandshake(FramedConn& c, const Secret& secret, const HandshakeOptio
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kChallenge, challenge, d));
   const std::vector<std::byte> transcript = Transcript(hello.body, challenge);
   TPUSYNC_ASSIGN_OR_RETURN(Frame auth, c.Expect(Op::kAuth, d, kMacBytes));
-  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 client proof", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/3 client proof", transcript));
   if (!ConstantTimeEqual(auth.body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the peer does not hold this pool's secret");
   }
   if (admit) TPUSYNC_RETURN_IF_ERROR(admit());
-  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/2 server proof", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/3 server proof", transcript));
   TPUSYNC_ASSIGN_OR_RETURN(auto session, SessionFor(secret, transcript, false, encrypt));
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kAuthOk, proof, d));
   c.Seal(std::move(session));
@@ -343,7 +343,7 @@ Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, const Hand
   const bool encrypt = (server.flags & kFlagEncrypt) != 0;
   if (options.encrypt && !encrypt) return BadFrame("the server did not agree to encrypt the session");
   const std::vector<std::byte> transcript = Transcript(hello, ch.body);
-  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/2 client proof", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto proof, Mac(secret, "tpusync/3 client proof", transcript));
   TPUSYNC_RETURN_IF_ERROR(c.Send(Op::kAuth, proof, d));
   auto ok = c.Expect(Op::kAuthOk, d, kMacBytes);
   if (!ok.ok()) {
@@ -352,7 +352,7 @@ Result<uint64_t> ClientHandshake(FramedConn& c, const Secret& secret, const Hand
     }
     return ok.status();
   }
-  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/2 server proof", transcript));
+  TPUSYNC_ASSIGN_OR_RETURN(auto want, Mac(secret, "tpusync/3 server proof", transcript));
   if (!ConstantTimeEqual(ok->body, want)) {
     return Status(StatusCode::kUnauthenticated, "authentication failed: the server does not hold this pool's secret");
   }

@@ -144,7 +144,7 @@ def test_a_relayed_handshake_gives_the_relay_nothing(launch, request_kind, forge
             request = frame(op, keys_body(keys), count=len(keys))
         else:  # the transcript is public, the secret is not: the best key the attacker can derive
             transcript = hello[HEADER.size:] + challenge[HEADER.size:]
-            guess = hmac.new(b"attacker's guess at the secret", b"tpusync/2 key client->server" + transcript,
+            guess = hmac.new(b"attacker's guess at the secret", b"tpusync/3 key client->server" + transcript,
                              hashlib.sha256).digest()
             header = HEADER.pack(MAGIC, VERSION, op, 0, 0, len(keys), 16 * len(keys), 0)
             request = Session(guess, encrypt=False).seal(header, keys_body(keys))
@@ -575,13 +575,16 @@ def test_clients_that_ask_for_encryption_get_it(launch, tmp_path):
     assert MARKER not in bytes(relay.downstream)
 
 
-# -- i. a v1 peer --------------------------------------------------------------------------------
+# -- i. an older peer ---------------------------------------------------------------------------
 
-def test_a_version_1_peer_is_told_which_versions_differ(launch):
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_peer_is_told_which_versions_differ(launch, version):
+    """Version 2 is the AES-256-GCM session of before AEGIS-128X2 (version 3): a sidecar of a
+    pool half rolled out names both versions rather than failing on a tag."""
     a = launch("a")
     w = WireClient(a.data_port)
-    w.send(frame(HELLO, os.urandom(32), version=1))  # what a v1 client sends first: a 32-byte nonce
+    w.send(frame(HELLO, os.urandom(32), version=version))  # what a v1 client sends first: a 32-byte nonce
     op, _, _, body = w.recv_frame()
-    assert op == ERROR and b"protocol version 1, this build speaks 2" in body, body
+    assert op == ERROR and f"protocol version {version}, this build speaks 3".encode() in body, body
     assert w.closed_by_peer()
     assert metric(a, "tpusync_auth_failures_total") == 1

@@ -1,7 +1,8 @@
 """A minimal client of the tpusync wire protocol in Python, written from docs/wire-protocol.md,
 to send what the C++ client never would: malformed frames, unannounced blocks, bad tags, a
-relayed handshake. Its AEAD is `cryptography`'s AES-256-GCM (OpenSSL's), an implementation
-independent of the sidecar's OpenSSL one.
+relayed handshake. Its framing, nonces and key derivation are this file's own; AEGIS-128X2
+and AEGIS-128X2-MAC come from pyaegis (libaegis's author's binding, built from its own sdist),
+held like the sidecar's libaegis to the draft's test vectors (native/tests/session_test.cc).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import socket
 import struct
 
 import xxhash
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pyaegis import Aegis128X2, AegisMac128X2
 
-MAGIC, VERSION = 0x59535054, 2
+MAGIC, VERSION = 0x59535054, 3
 HELLO, CHALLENGE, AUTH, AUTH_OK = 1, 2, 3, 4
 EXISTS, TIERS, PULL, PUSH, PUSH_DONE, BLOCK, END = 10, 11, 12, 13, 14, 15, 16
 ERROR = 61
@@ -40,30 +41,35 @@ def handshake_body(nonce: bytes, block_bytes: int = 0, flags: int = 0) -> bytes:
 
 
 def proof(secret: bytes, label: bytes, hello: bytes, challenge: bytes) -> bytes:
-    return hmac.new(secret, b"tpusync/2 " + label + hello + challenge, hashlib.sha256).digest()
+    return hmac.new(secret, b"tpusync/3 " + label + hello + challenge, hashlib.sha256).digest()
 
 
 class Session:
-    """One direction's key and frame counter: the nonce of frame n is n."""
+    """One direction's key and frame counter: the nonce of frame n is n (8 bytes, little-endian),
+    then eight zero bytes; tags are 16 bytes."""
 
     def __init__(self, key: bytes, encrypt: bool):
-        self.aead, self.encrypt, self.seq = AESGCM(key), encrypt, 0
+        self.key, self.encrypt, self.seq = key[:16], encrypt, 0
 
     def _nonce(self) -> bytes:
-        nonce = b"\0" * 4 + struct.pack("<Q", self.seq)
+        nonce = struct.pack("<Q", self.seq) + b"\0" * 8
         self.seq += 1
         return nonce
 
     def seal(self, header: bytes, body: bytes) -> bytes:
         """header + (encrypted) body + tag."""
         if self.encrypt:
-            return header + self.aead.encrypt(self._nonce(), body, header)
-        return header + body + self.aead.encrypt(self._nonce(), b"", header + body)
+            return header + Aegis128X2(tag_size=16).encrypt(self.key, self._nonce(), body, header)
+        mac = AegisMac128X2(self.key, self._nonce(), tag_size=16)
+        mac.update(header + body)
+        return header + body + mac.final()
 
     def open(self, header: bytes, body: bytes, tag: bytes) -> bytes:
         if self.encrypt:
-            return self.aead.decrypt(self._nonce(), body + tag, header)
-        self.aead.decrypt(self._nonce(), tag, header + body)
+            return Aegis128X2(tag_size=16).decrypt(self.key, self._nonce(), body + tag, header)
+        mac = AegisMac128X2(self.key, self._nonce(), tag_size=16)
+        mac.update(header + body)
+        mac.verify(tag)  # raises pyaegis.DecryptionError on a bad tag
         return body
 
 
@@ -143,7 +149,7 @@ class WireClient:
             assert hmac.compare_digest(body, proof(secret, b"server proof", hello, challenge))
             sealed = bool(struct.unpack_from("<Q", challenge, 40)[0] & FLAG_ENCRYPT)
             transcript = hello + challenge
-            up = hmac.new(secret, b"tpusync/2 key client->server" + transcript, hashlib.sha256).digest()
-            down = hmac.new(secret, b"tpusync/2 key server->client" + transcript, hashlib.sha256).digest()
+            up = hmac.new(secret, b"tpusync/3 key client->server" + transcript, hashlib.sha256).digest()
+            down = hmac.new(secret, b"tpusync/3 key server->client" + transcript, hashlib.sha256).digest()
             self.tx, self.rx = Session(up, sealed), Session(down, sealed)
         return body

@@ -1,4 +1,4 @@
-// The tpusync wire protocol, version 2: fixed 32-byte frame headers, then a body; on the data
+// The tpusync wire protocol, version 3: fixed 32-byte frame headers, then a body; on the data
 // port every frame after the handshake is sealed (net/session.h).
 // Every field is little-endian. docs/wire-protocol.md is the normative description.
 #pragma once
@@ -16,7 +16,7 @@
 namespace tpusync::net {
 
 constexpr uint32_t kMagic = 0x59535054;  // "TPSY"
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;  // 3: AEGIS-128X2 sessions (2: AES-256-GCM)
 constexpr size_t kHeaderBytes = 32;
 constexpr uint64_t kMaxBodyBytes = 64ull << 20;  // metadata bodies; block payloads are bounded by block_bytes
 constexpr uint32_t kMaxKeys = 1u << 20;

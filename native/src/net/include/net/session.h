@@ -1,12 +1,15 @@
 // SessionCipher: what makes a data-port connection one authenticated session rather than an
-// authenticated handshake. Every frame after the handshake carries an AES-256-GCM tag under a
-// key of its direction, derived from the pool's secret and the handshake transcript, with the
-// frame's sequence number as the nonce: a frame injected, replayed, reordered, dropped or
-// spliced in from another connection fails its tag, and a relay that passed the handshake
-// through learns no key. Bodies are authenticated (GMAC: the AEAD's associated data) or, when
-// the session is encrypted, encrypted as well. AES-GCM comes from intel-ipsec-mb, whose VAES
-// and VPCLMULQDQ code authenticates at about the speed of the XXH3 pass it replaces (GMAC
-// 20 GB/s a core here, Poly1305 12.5, XXH3 38; bench/transfer_bench.py has the end-to-end cost).
+// authenticated handshake. Every frame after the handshake carries a 128-bit AEGIS-128X2 tag
+// (draft-irtf-cfrg-aegis-aead) under a key of its direction, derived from the pool's secret and
+// the handshake transcript, with the frame's sequence number as the nonce: a frame injected,
+// replayed, reordered, dropped or spliced in from another connection fails its tag, and a relay
+// that passed the handshake through learns no key. Bodies are authenticated (AEGIS-128X2-MAC
+// over the header and the body) or, when the session is encrypted, encrypted as well
+// (AEGIS-128X2, the header as associated data). From libaegis (native/cmake/aegis.cmake): on
+// CPUs without AVX-512 AES-GCM's GHASH is the slow half of the pair; measured on this project's
+// machine (AMD EPYC, AES-NI, VAES and VPCLMULQDQ on AVX2), a 256 KiB body already in cache is
+// tagged at 31 GB/s a core by AEGIS-128X2-MAC and encrypted at 19 GB/s, where intel-ipsec-mb's
+// GMAC did 4.1 and its AES-256-GCM 2.3 (docs/wire-protocol.md).
 #pragma once
 
 #include <array>
@@ -19,7 +22,7 @@
 
 namespace tpusync::net {
 
-constexpr size_t kKeyBytes = 32;
+constexpr size_t kKeyBytes = 16;  // AEGIS-128X2's key
 constexpr size_t kTagBytes = 16;
 using SessionKey = std::array<std::byte, kKeyBytes>;
 
