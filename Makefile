@@ -87,7 +87,12 @@ $(VENV)/.created:
 	touch $@
 
 # Editable install: Python edits are live; the native extension rebuilds when its sources change.
+# It builds without isolation (BUILD_DEPS above), so a dependency published only as an sdist,
+# pyaegis (the tests' wire client), is installed first at pyproject's pin, built in pip's own
+# isolated environment from its build requirements (pip's cache keeps the wheel).
+SDIST_DEPS := $(shell grep -o '"pyaegis==[^"]*"' pyproject.toml | tr -d '"')
 $(VENV)/.installed: $(VENV)/.created $(NATIVE_SRCS) | native-deps
+	$(PY) -m pip install -q $(SDIST_DEPS)
 	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
 	touch $@
 
